@@ -1,0 +1,39 @@
+# Amber — the two commands that matter are in README.md:
+#   make demo   runs Amber (installs what it needs first)
+#   make test   runs the tests (installs and starts what they need first)
+SHELL := /bin/bash
+export AMBER_CACHE ?= /var/cache/amber
+export PATH := $(AMBER_CACHE)/bin:$(PATH)
+export AMBER_TEST_PG ?= postgres://amber:amber@127.0.0.1:5432/amber_test?sslmode=disable
+GO ?= go
+BIN := bin/amber
+
+-include mk/setup.mk
+
+.PHONY: build test test-unit test-extended bench fuzz chaos demo vet clean
+
+build:
+	$(GO) build -o $(BIN) ./cmd/amber
+
+vet:
+	$(GO) vet ./...
+
+# The default test run: everything real (SQLite, PostgreSQL, MinIO, runsc, CRIU),
+# plus a short fuzz of every parser. Long soak/chaos/bench runs have their own targets.
+test: setup-test build vet
+	$(GO) test -count=1 -timeout 25m ./...
+	$(MAKE) fuzz FUZZTIME=10s
+
+# Fuzz targets, each run for FUZZTIME.
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEnvelope$$' -fuzztime $(FUZZTIME) ./core/eventlog
+
+bench: setup-test build
+	scripts/bench.sh
+
+demo: setup build
+	scripts/demo.sh
+
+clean:
+	rm -rf bin

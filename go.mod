@@ -1,0 +1,3 @@
+module github.com/amber-run/amber
+
+go 1.26.8
