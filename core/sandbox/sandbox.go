@@ -1,0 +1,200 @@
+// Package sandbox is the contract between Amber's engine and an isolation
+// driver (drivers/gvisor, drivers/criu).
+//
+// # Vocabulary
+//
+// A template is a read-only root filesystem plus defaults (env, working
+// directory, user, limits). A sandbox is one isolated machine born from a
+// template: its own writable layer on top of the template (an overlay; the
+// template is shared read-only by many sandboxes), its own PID, mount, IPC,
+// UTS and network namespaces, its own cgroup limits. A sandbox's network
+// namespace has only loopback until the egress gateway gives it a route: no
+// sandbox reaches the host's services, another sandbox, or link-local and
+// metadata addresses.
+//
+// # Lifecycle
+//
+//	Create ──▶ running ──Kill──▶ crashed (processes gone, writable layer kept)
+//	              │
+//	              └──Destroy──▶ gone (processes, namespaces, cgroups, mounts, writable layer)
+//
+// Create returns once the sandbox runs an init process and accepts Exec.
+// Everything a driver makes on the host (mounts, cgroups, network namespaces,
+// runtime state) is named after the sandbox id and removed by Destroy, also
+// after a crash of the daemon: Destroy of a half-created sandbox succeeds.
+//
+// A driver keeps its own state under its state directory, so that after a
+// daemon restart List finds every sandbox it had and reports whether each
+// still runs (the engine reattaches or marks it crashed — never forgets it).
+//
+// # Optional powers
+//
+// Checkpoint/restore and port forwarding are separate interfaces found by
+// type assertion; Capabilities says what a driver can do so callers and tests
+// can ask before trying.
+package sandbox
+
+import (
+	"context"
+	"io"
+	"os"
+	"time"
+)
+
+// Template is what a sandbox is born from.
+type Template struct {
+	Name string `json:"name"`
+	// Version identifies the template's content (a digest).
+	Version string `json:"version"`
+	// RootFS is the host path of the read-only root filesystem.
+	RootFS string   `json:"rootfs"`
+	Env    []string `json:"env,omitempty"`
+	Cwd    string   `json:"cwd,omitempty"`
+	User   string   `json:"user,omitempty"` // "uid:gid" inside the sandbox
+	Limits Limits   `json:"limits,omitempty"`
+}
+
+// Limits bound a sandbox's resources. Zero means the driver's default.
+type Limits struct {
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	// MilliCPUs: 1000 is one core.
+	MilliCPUs int64 `json:"millicpus,omitempty"`
+	Pids      int64 `json:"pids,omitempty"`
+	// DiskBytes bounds the writable layer.
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
+}
+
+// Spec describes a sandbox to create.
+type Spec struct {
+	// ID is chosen by the engine: [a-z0-9-], at most 48 bytes.
+	ID       string   `json:"id"`
+	Tenant   string   `json:"tenant,omitempty"`
+	Template Template `json:"template"`
+	Limits   Limits   `json:"limits"`
+	// Env is added to the template's env for every process.
+	Env []string `json:"env,omitempty"`
+}
+
+// Capabilities declares what a driver can do.
+type Capabilities struct {
+	Checkpoint bool `json:"checkpoint"`
+	// LazyRestore: a restored sandbox runs before all its memory is loaded.
+	LazyRestore bool `json:"lazy_restore"`
+	// LiveOutsideTCP: TCP connections to peers outside the sandbox survive a
+	// restore. When false, such connections are reset cleanly after restore.
+	LiveOutsideTCP bool `json:"live_outside_tcp"`
+	PTY            bool `json:"pty"`
+	PortForward    bool `json:"port_forward"`
+}
+
+// State of a sandbox as the driver sees it.
+type State string
+
+const (
+	StateRunning State = "running"
+	StateStopped State = "stopped" // no processes; writable layer kept (killed, crashed or checkpointed)
+	StateUnknown State = "unknown"
+)
+
+// Info describes an existing sandbox.
+type Info struct {
+	ID      string    `json:"id"`
+	State   State     `json:"state"`
+	Created time.Time `json:"created"`
+	// InitPID is the host PID of the sandbox's init (or its runtime), for
+	// diagnostics; 0 when stopped.
+	InitPID int `json:"init_pid,omitempty"`
+}
+
+// ExecSpec is one command to run inside a sandbox.
+type ExecSpec struct {
+	Args []string
+	Env  []string // added to the sandbox's env
+	Cwd  string
+	// Stdin, Stdout, Stderr: nil means empty input / discarded output. The
+	// driver copies through pipes; it never hands the daemon's or the
+	// client's file descriptors to the sandbox.
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+	// TTY runs the command on a pseudo-terminal; Stderr is merged into Stdout.
+	TTY bool
+	// Timeout kills the command (SIGKILL) after this long; 0 means none.
+	Timeout time.Duration
+}
+
+// ExitStatus is how a command ended.
+type ExitStatus struct {
+	Code     int    `json:"code"`
+	Signal   string `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out,omitempty"`
+}
+
+// Process is a process inside a sandbox, with its sandbox-side PID.
+type Process struct {
+	PID  int      `json:"pid"`
+	PPID int      `json:"ppid"`
+	Args []string `json:"args"`
+	// Started is the process's start time as the sandbox's kernel reports it
+	// (clock ticks since the sandbox's boot); tests use it to tell a
+	// restored process from a restarted one.
+	StartTicks uint64 `json:"start_ticks"`
+	State      string `json:"state"`
+}
+
+// Driver runs sandboxes. A Driver is safe for concurrent use; calls for
+// different sandboxes proceed in parallel.
+type Driver interface {
+	Name() string
+	Capabilities() Capabilities
+	// Check verifies the runtime is installed and works on this host, and
+	// names the command that fixes it when not.
+	Check(ctx context.Context) error
+
+	Create(ctx context.Context, spec Spec) (Info, error)
+	Inspect(ctx context.Context, id string) (Info, error)
+	// List returns every sandbox the driver has state for, running or not.
+	List(ctx context.Context) ([]Info, error)
+	// Kill SIGKILLs every process of the sandbox (a crash); the writable
+	// layer stays.
+	Kill(ctx context.Context, id string) error
+	// Destroy removes everything of the sandbox. It is idempotent.
+	Destroy(ctx context.Context, id string) error
+
+	// Exec runs a command to completion, streaming its output.
+	Exec(ctx context.Context, id string, spec ExecSpec) (ExitStatus, error)
+	// Start runs a command in the background; it keeps running between
+	// Execs. Its output goes to a log file inside the sandbox
+	// (/run/amber/proc/<pid>.log). It returns the sandbox-side PID.
+	Start(ctx context.Context, id string, spec ExecSpec) (int, error)
+	Processes(ctx context.Context, id string) ([]Process, error)
+	Signal(ctx context.Context, id string, pid int, sig os.Signal) error
+
+	// Files gives access to the sandbox's filesystem, confined to it.
+	Files(ctx context.Context, id string) (FS, error)
+}
+
+// FileInfo describes a file inside a sandbox.
+type FileInfo struct {
+	Name    string      `json:"name"`
+	Size    int64       `json:"size"`
+	Mode    os.FileMode `json:"mode"`
+	ModTime time.Time   `json:"mtime"`
+	// Link is the target of a symlink, as stored (never resolved on the host).
+	Link string `json:"link,omitempty"`
+}
+
+// FS is a sandbox's filesystem seen from the host. Paths are absolute
+// sandbox paths ("/home/user/x"); every path is resolved inside the sandbox's
+// root: "..", absolute symlinks and symlink swaps during the call cannot reach
+// a host file (errdefs.ErrInvalidArgument or ErrPermissionDenied).
+type FS interface {
+	ReadFile(ctx context.Context, path string, w io.Writer) error
+	WriteFile(ctx context.Context, path string, r io.Reader, mode os.FileMode) error
+	Stat(ctx context.Context, path string) (FileInfo, error)
+	List(ctx context.Context, dir string) ([]FileInfo, error)
+	Mkdir(ctx context.Context, path string, mode os.FileMode) error
+	Remove(ctx context.Context, path string, recursive bool) error
+	// TarOut writes a tar of path to w; TarIn extracts a tar under dir.
+	TarOut(ctx context.Context, path string, w io.Writer) error
+	TarIn(ctx context.Context, dir string, r io.Reader) error
+}
