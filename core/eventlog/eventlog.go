@@ -47,6 +47,14 @@
 // expired and someone else acquired it) finds its appends refused with
 // ErrFenced. The lease table lives in the same database as the log and is
 // checked in the same transaction as each append.
+//
+// # Bad input
+//
+// Every method reports malformed input as errdefs.ErrInvalidArgument and
+// changes nothing: an invalid stream name (ValidateStreamName), an Append
+// without events, with an event ValidateNew rejects, or naming the same id
+// twice in one batch; a Read with limit < 1; a lease for an empty holder or
+// with ttl <= 0.
 package eventlog
 
 import (
