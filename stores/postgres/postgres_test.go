@@ -1,0 +1,70 @@
+package postgres_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/amber-run/amber/core/clock"
+	"github.com/amber-run/amber/stores/postgres"
+)
+
+// testDSN is the database the tests use. The README's test command starts a
+// local PostgreSQL; a test that cannot reach it fails rather than skips.
+func testDSN() string {
+	if dsn := os.Getenv("AMBER_TEST_PG"); dsn != "" {
+		return dsn
+	}
+	return "postgres://amber:amber@127.0.0.1:5432/amber_test?sslmode=disable"
+}
+
+// freshSchema returns a schema name no other test run uses and drops the
+// schema when t ends.
+func freshSchema(t testing.TB) string {
+	t.Helper()
+	var b [6]byte
+	rand.Read(b[:])
+	schema := "t_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() { dropSchema(t, schema) })
+	return schema
+}
+
+func dropSchema(t testing.TB, schema string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, testDSN())
+	if err != nil {
+		t.Errorf("drop schema %s: %v", schema, err)
+		return
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		t.Errorf("drop schema %s: %v", schema, err)
+	}
+}
+
+// openStore opens a Store on schema and closes it when t ends.
+func openStore(t testing.TB, schema string, clk clock.Clock) *postgres.Store {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := postgres.Open(ctx, testDSN(), postgres.Options{Clock: clk, Schema: schema, MaxConns: 16})
+	if err != nil {
+		t.Fatalf("cannot open the PostgreSQL test database %s: %v\n"+
+			"The tests need a running PostgreSQL: run `make test` (which runs scripts/setup/postgres.sh) "+
+			"or set AMBER_TEST_PG to a reachable database.", testDSN(), err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// newStore is a Store in a schema of its own.
+func newStore(t testing.TB, clk clock.Clock) *postgres.Store {
+	t.Helper()
+	return openStore(t, freshSchema(t), clk)
+}

@@ -1,0 +1,415 @@
+package postgres_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/amber-run/amber/core/clock"
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/stores/postgres"
+)
+
+var t0 = time.Date(2030, 1, 2, 3, 4, 5, 6, time.UTC)
+
+func ev(id string, payload string) eventlog.Event {
+	return eventlog.Event{Tenant: "acme", ID: id, Type: "test.note", Version: 1, Payload: json.RawMessage(payload)}
+}
+
+func mustAppend(t *testing.T, s eventlog.Store, stream string, epoch, expected uint64, evs ...eventlog.Event) eventlog.AppendResult {
+	t.Helper()
+	res, err := s.Append(context.Background(), stream, epoch, expected, evs...)
+	if err != nil {
+		t.Fatalf("append %s: %v", stream, err)
+	}
+	return res
+}
+
+func wantKind(t *testing.T, err, kind error) {
+	t.Helper()
+	if !errors.Is(err, kind) {
+		t.Fatalf("got error %v, want kind %q", err, kind)
+	}
+}
+
+func TestAppendReadIdempotency(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewFake(t0)
+	s := newStore(t, clk)
+
+	res := mustAppend(t, s, "session/a", 0, 0, ev("e1", `{"n": 1}`), ev("e2", `{"n":2}`))
+	if res != (eventlog.AppendResult{First: 1, Last: 2}) {
+		t.Fatalf("first append: %+v", res)
+	}
+	// A retry with whitespace-different payload is the same append, even
+	// with a stale expectedSeq.
+	res = mustAppend(t, s, "session/a", 0, 0, ev("e1", `{"n":1}`), ev("e2", `{"n": 2}`))
+	if res != (eventlog.AppendResult{First: 1, Last: 2, Duplicate: true}) {
+		t.Fatalf("retry: %+v", res)
+	}
+	_, err := s.Append(ctx, "session/a", 0, 2, ev("e1", `{"n":3}`))
+	wantKind(t, err, errdefs.ErrConflict)
+	_, err = s.Append(ctx, "session/a", 0, 2, ev("e2", `{"n":2}`), ev("e3", `{}`))
+	wantKind(t, err, errdefs.ErrConflict)
+	_, err = s.Append(ctx, "session/b", 0, 0, ev("e1", `{"n":1}`)) // same id, other stream
+	wantKind(t, err, errdefs.ErrConflict)
+	_, err = s.Append(ctx, "session/a", 0, 1, ev("e3", `{}`))
+	wantKind(t, err, errdefs.ErrConflict)
+	other := ev("x1", `{}`)
+	other.Tenant = "globex"
+	_, err = s.Append(ctx, "session/a", 0, eventlog.Any, other)
+	wantKind(t, err, errdefs.ErrInvalidArgument)
+	res = mustAppend(t, s, "session/a", 0, eventlog.Any, ev("e3", `{"n":3}`))
+	if res.First != 3 || res.Last != 3 || res.Duplicate {
+		t.Fatalf("append e3: %+v", res)
+	}
+
+	got, err := s.Read(ctx, "session/a", 1, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 {
+		t.Fatalf("read %d events", len(got))
+	}
+	for i, e := range got {
+		if e.Seq != uint64(i+1) || e.Stream != "session/a" || !e.Time.Equal(t0) || e.ID != fmt.Sprintf("e%d", i+1) {
+			t.Fatalf("event %d: %+v", i, e)
+		}
+	}
+	if got, _ := s.Read(ctx, "session/a", 4, 10); len(got) != 0 {
+		t.Fatalf("read past head: %v", got)
+	}
+	if got, _ := s.Read(ctx, "session/none", 1, 10); got == nil || len(got) != 0 {
+		t.Fatalf("read of unknown stream: %#v", got)
+	}
+	if b, _ := s.Bounds(ctx, "session/a"); b != (eventlog.Bounds{First: 1, Head: 3}) {
+		t.Fatalf("bounds %+v", b)
+	}
+}
+
+func TestFencing(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewFake(t0)
+	s := newStore(t, clk)
+
+	mustAppend(t, s, "session/f", 0, eventlog.Any, ev("f0", `{}`)) // before any lease: epoch 0 is current
+	l1, err := s.Acquire(ctx, "session/f", "a", 10*time.Second)
+	if err != nil || l1.Epoch != 1 || !l1.Expires.Equal(t0.Add(10*time.Second)) {
+		t.Fatalf("acquire: %+v %v", l1, err)
+	}
+	_, err = s.Acquire(ctx, "session/f", "b", 10*time.Second)
+	wantKind(t, err, errdefs.ErrConflict)
+	_, err = s.Append(ctx, "session/f", 0, eventlog.Any, ev("f1", `{}`))
+	wantKind(t, err, errdefs.ErrFenced)
+	mustAppend(t, s, "session/f", 1, eventlog.Any, ev("f1", `{}`))
+
+	clk.Advance(11 * time.Second)
+	// Expired but not taken over: the holder may still write.
+	mustAppend(t, s, "session/f", 1, eventlog.Any, ev("f2", `{}`))
+	l2, err := s.Acquire(ctx, "session/f", "b", 10*time.Second)
+	if err != nil || l2.Epoch != 2 {
+		t.Fatalf("takeover: %+v %v", l2, err)
+	}
+	_, err = s.Append(ctx, "session/f", 1, eventlog.Any, ev("f3", `{}`))
+	wantKind(t, err, errdefs.ErrFenced)
+	// Fenced and stale expectedSeq together: fencing wins.
+	_, err = s.Append(ctx, "session/f", 1, 0, ev("f3", `{}`))
+	wantKind(t, err, errdefs.ErrFenced)
+	// A retry of an append that happened answers Duplicate even when fenced.
+	if res, err := s.Append(ctx, "session/f", 1, eventlog.Any, ev("f2", `{}`)); err != nil || !res.Duplicate || res.First != 3 {
+		t.Fatalf("fenced retry: %+v %v", res, err)
+	}
+	_, err = s.Renew(ctx, l1, time.Minute)
+	wantKind(t, err, errdefs.ErrFenced)
+	wantKind(t, s.Release(ctx, l1), errdefs.ErrFenced)
+
+	l2r, err := s.Renew(ctx, l2, time.Minute)
+	if err != nil || l2r.Epoch != 2 || !l2r.Expires.Equal(clk.Now().Add(time.Minute)) {
+		t.Fatalf("renew: %+v %v", l2r, err)
+	}
+	if err := s.Release(ctx, l2r); err != nil {
+		t.Fatal(err)
+	}
+	cur, err := s.CurrentLease(ctx, "session/f")
+	if err != nil || cur.Epoch != 2 || cur.Expires.After(clk.Now()) {
+		t.Fatalf("after release: %+v %v", cur, err)
+	}
+	l3, err := s.Acquire(ctx, "session/f", "a", time.Second)
+	if err != nil || l3.Epoch != 3 {
+		t.Fatalf("acquire after release: %+v %v", l3, err)
+	}
+	// Re-acquiring one's own lease fences one's earlier incarnation.
+	l4, err := s.Acquire(ctx, "session/f", "a", time.Second)
+	if err != nil || l4.Epoch != 4 {
+		t.Fatalf("re-acquire: %+v %v", l4, err)
+	}
+	_, err = s.Append(ctx, "session/f", 3, eventlog.Any, ev("f3", `{}`))
+	wantKind(t, err, errdefs.ErrFenced)
+	if cur, _ := s.CurrentLease(ctx, "session/none"); cur.Epoch != 0 || cur.Holder != "" || !cur.Expires.IsZero() {
+		t.Fatalf("lease of unknown stream: %+v", cur)
+	}
+}
+
+// TestLeaseRace: many holders acquiring one stream at once get distinct
+// epochs, and exactly one wins while the lease is live.
+func TestLeaseRace(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewFake(t0)
+	s := newStore(t, clk)
+	var wg sync.WaitGroup
+	var wins atomic.Int32
+	for i := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := s.Acquire(ctx, "session/race", fmt.Sprintf("h%d", i), time.Minute)
+			switch {
+			case err == nil:
+				wins.Add(1)
+			case !errdefs.IsConflict(err):
+				t.Errorf("acquire: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if wins.Load() != 1 {
+		t.Fatalf("%d winners", wins.Load())
+	}
+}
+
+func TestConcurrentWriters(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, clock.Real{})
+	const writers, each = 64, 20
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stream := fmt.Sprintf("session/w%d", w)
+			for i := range each {
+				if _, err := s.Append(ctx, stream, 0, uint64(i), ev(fmt.Sprintf("w%d-%d", w, i), `{}`)); err != nil {
+					t.Errorf("%s: %v", stream, err)
+					return
+				}
+			}
+		}()
+	}
+	// Two writers racing on one stream, the older one fenced.
+	l, err := s.Acquire(ctx, "session/shared", "new", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fenced, okNew atomic.Int32
+	for _, epoch := range []uint64{l.Epoch - 1, l.Epoch} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				_, err := s.Append(ctx, "session/shared", epoch, eventlog.Any, ev(fmt.Sprintf("s%d-%d", epoch, i), `{}`))
+				switch {
+				case err == nil && epoch == l.Epoch:
+					okNew.Add(1)
+				case errdefs.IsFenced(err) && epoch < l.Epoch:
+					fenced.Add(1)
+				default:
+					t.Errorf("epoch %d: %v", epoch, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if fenced.Load() != each || okNew.Load() != each {
+		t.Fatalf("fenced %d, new %d", fenced.Load(), okNew.Load())
+	}
+	for w := range writers {
+		b, err := s.Bounds(ctx, fmt.Sprintf("session/w%d", w))
+		if err != nil || b.Head != each {
+			t.Fatalf("writer %d: %+v %v", w, b, err)
+		}
+	}
+}
+
+// TestRacingSameIDs: concurrent appends of one event id resolve to one
+// append; everyone else gets Duplicate (same stream) or Conflict (another
+// stream), never an error of the wrong kind.
+func TestRacingSameIDs(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, clock.NewFake(t0))
+	var wg sync.WaitGroup
+	var fresh, dup, conflict atomic.Int32
+	for i := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stream := "session/same"
+			if i%2 == 1 {
+				stream = fmt.Sprintf("session/other%d", i)
+			}
+			res, err := s.Append(ctx, stream, 0, eventlog.Any, ev("dup-a", `{}`), ev("dup-b", `{}`))
+			switch {
+			case err == nil && res.Duplicate:
+				dup.Add(1)
+			case err == nil:
+				fresh.Add(1)
+			case errdefs.IsConflict(err):
+				conflict.Add(1)
+			default:
+				t.Errorf("%s: %v", stream, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if fresh.Load() != 1 || fresh.Load()+dup.Load()+conflict.Load() != 32 {
+		t.Fatalf("fresh %d dup %d conflict %d", fresh.Load(), dup.Load(), conflict.Load())
+	}
+}
+
+func TestTruncate(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, clock.NewFake(t0))
+	for i := 1; i <= 10; i++ {
+		e := ev(fmt.Sprintf("t%d", i), `{}`)
+		if i == 6 {
+			e.CheckpointRef = "ckpt-1"
+		}
+		mustAppend(t, s, "session/t", 0, eventlog.Any, e)
+	}
+	wantKind(t, s.Truncate(ctx, "session/t", 7), errdefs.ErrFailedPrecondition)
+	wantKind(t, s.Truncate(ctx, "session/t", 11), errdefs.ErrFailedPrecondition)
+	if err := s.Truncate(ctx, "session/t", 6); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Truncate(ctx, "session/t", 3); err != nil { // nothing left to drop
+		t.Fatal(err)
+	}
+	if b, _ := s.Bounds(ctx, "session/t"); b != (eventlog.Bounds{First: 6, Head: 10}) {
+		t.Fatalf("bounds %+v", b)
+	}
+	_, err := s.Read(ctx, "session/t", 5, 10)
+	wantKind(t, err, errdefs.ErrCompacted)
+	got, err := s.Read(ctx, "session/t", 6, 10)
+	if err != nil || len(got) != 5 || got[0].CheckpointRef != "ckpt-1" {
+		t.Fatalf("read after truncate: %v %v", got, err)
+	}
+	_, err = eventlog.Subscribe(s, "session/t", 1).Next(ctx)
+	wantKind(t, err, errdefs.ErrCompacted)
+	// Ids of dropped events stay taken.
+	if res, err := s.Append(ctx, "session/t", 0, eventlog.Any, ev("t2", `{}`)); err != nil || !res.Duplicate || res.First != 2 {
+		t.Fatalf("retry of a dropped event: %+v %v", res, err)
+	}
+}
+
+func TestCorruptEnvelopeIsDataLoss(t *testing.T) {
+	ctx := context.Background()
+	for name, sql := range map[string]string{
+		"flipped byte": `UPDATE events SET envelope = set_byte(envelope, 10, get_byte(envelope, 10) # 1) WHERE stream = $1 AND seq = 2`,
+		"truncated":    `UPDATE events SET envelope = substring(envelope from 1 for 20) WHERE stream = $1 AND seq = 2`,
+		"moved":        `UPDATE events SET envelope = (SELECT envelope FROM events WHERE stream = $1 AND seq = 1) WHERE stream = $1 AND seq = 2`,
+		"deleted":      `DELETE FROM events WHERE stream = $1 AND seq = 2`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := newStore(t, clock.NewFake(t0))
+			for i := 1; i <= 3; i++ {
+				mustAppend(t, s, "session/c", 0, eventlog.Any, ev(fmt.Sprintf("c%d", i), `{"text":"hello"}`))
+			}
+			if _, err := s.Pool().Exec(ctx, sql, "session/c"); err != nil {
+				t.Fatal(err)
+			}
+			_, err := s.Read(ctx, "session/c", 1, 10)
+			wantKind(t, err, errdefs.ErrDataLoss)
+			if !strings.Contains(err.Error(), "session/c/2") {
+				t.Fatalf("error does not name the position: %v", err)
+			}
+			if got, err := s.Read(ctx, "session/c", 3, 10); err != nil || len(got) != 1 {
+				t.Fatalf("read after the damage: %v %v", got, err)
+			}
+		})
+	}
+}
+
+// TestNotifyAcrossStores: a Subscribe on one Store wakes promptly at an
+// append through another Store (another pool, as another process would be),
+// by LISTEN/NOTIFY rather than polling.
+func TestNotifyAcrossStores(t *testing.T) {
+	old := eventlog.PollInterval
+	eventlog.PollInterval = time.Hour
+	t.Cleanup(func() { eventlog.PollInterval = old })
+
+	schema := freshSchema(t)
+	a := openStore(t, schema, clock.Real{})
+	b := openStore(t, schema, clock.Real{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	for _, tc := range []struct {
+		name   string
+		writer *postgres.Store
+	}{{"other store", a}, {"same store", b}} {
+		sub := eventlog.Subscribe(b, "session/n-"+tc.name, 1)
+		got := make(chan time.Time, 1)
+		go func() {
+			if _, err := sub.Next(ctx); err != nil {
+				t.Error(err)
+			}
+			got <- time.Now()
+		}()
+		time.Sleep(100 * time.Millisecond) // let the subscriber block
+		start := time.Now()
+		mustAppend(t, tc.writer, "session/n-"+tc.name, 0, 0, ev("n-"+tc.name, `{}`))
+		acked := time.Now()
+		select {
+		case woke := <-got:
+			t.Logf("%s: append took %v, subscriber woke %v after the ack", tc.name, acked.Sub(start), woke.Sub(acked))
+		case <-ctx.Done():
+			t.Fatalf("%s: subscriber not woken", tc.name)
+		}
+	}
+}
+
+func TestDurabilitySettings(t *testing.T) {
+	s := newStore(t, clock.Real{})
+	d, err := s.Durability(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("server durability settings: %v", d)
+	if d["synchronous_commit"] != "on" || d["fsync"] != "on" {
+		t.Fatalf("PostgreSQL does not flush commits before acknowledging them: synchronous_commit=%s fsync=%s "+
+			"(an acknowledged append would not survive a crash of the database host)", d["synchronous_commit"], d["fsync"])
+	}
+}
+
+// TestMigrations: concurrent Opens of one schema agree, and re-opening
+// applies nothing.
+func TestMigrations(t *testing.T) {
+	schema := freshSchema(t)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := postgres.Open(context.Background(), testDSN(), postgres.Options{Schema: schema})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			s.Close()
+		}()
+	}
+	wg.Wait()
+	s := openStore(t, schema, clock.Real{})
+	var n int
+	if err := s.Pool().QueryRow(context.Background(), `SELECT count(*) FROM schema_version`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("schema_version rows: %d %v", n, err)
+	}
+	_, err := postgres.Open(context.Background(), testDSN(), postgres.Options{Schema: "Bad-Name"})
+	wantKind(t, err, errdefs.ErrInvalidArgument)
+}
