@@ -39,11 +39,11 @@ var errRetry = errors.New("retry after savepoint rollback")
 // writer owns the write connection and commits in groups (see the package
 // comment).
 type writer struct {
-	s     *Store
-	conn  *sql.Conn
-	st    stmts
-	ops   chan *op // unbuffered: a send succeeds only when the writer takes it
-	quit  chan struct{}
+	s      *Store
+	conn   *sql.Conn
+	st     stmts
+	ops    chan *op // unbuffered: a send succeeds only when the writer takes it
+	quit   chan struct{}
 	exited chan struct{}
 	// commits counts successful COMMITs (checkpointLoop watches it).
 	commits atomic.Uint64
@@ -216,8 +216,12 @@ func (w *writer) applyOne(o *op) (err, fatal error) {
 }
 
 // dbErr turns a database failure into an error kind: SQLite's corruption
-// codes are ErrDataLoss, everything else ErrUnavailable.
+// codes are ErrDataLoss, a cancelled context stays itself, everything else
+// is ErrUnavailable.
 func dbErr(path, what string, err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("sqlite %s: %s: %w", path, what, err)
+	}
 	var se *msqlite.Error
 	if errors.As(err, &se) {
 		switch se.Code() & 0xff {
