@@ -1,0 +1,195 @@
+// Package api holds Amber's HTTP wire types and its OpenAPI document. It
+// imports nothing from Amber: the server (internal/server) and the Go SDK
+// (client/) both speak these types.
+//
+// Conventions: every path is under /v1; bodies are JSON; an error is
+// {"error":{"kind":…,"message":…}} where kind is one of the errdefs kinds
+// ("not found", "invalid argument", …, or "internal"); byte strings ([]byte
+// fields) are base64 as encoding/json writes them. Streams (exec output,
+// followed events) are newline-delimited JSON (Content-Type
+// application/x-ndjson): one object per line, flushed as it happens.
+package api
+
+import (
+	_ "embed"
+	"encoding/json"
+	"time"
+)
+
+// OpenAPI is the OpenAPI 3 document served at GET /v1/openapi.json.
+//
+//go:embed openapi.json
+var OpenAPI []byte
+
+// Error is the body of every failed call.
+type Error struct {
+	Error ErrorBody `json:"error"`
+}
+
+// ErrorBody names the kind of failure and explains it.
+type ErrorBody struct {
+	Kind    string `json:"kind"`
+	Message string `json:"message"`
+}
+
+// Limits bound a sandbox's resources; zero means the template's default.
+type Limits struct {
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	MilliCPUs   int64 `json:"millicpus,omitempty"` // 1000 is one core
+	Pids        int64 `json:"pids,omitempty"`
+	DiskBytes   int64 `json:"disk_bytes,omitempty"` // the writable layer
+}
+
+// CreateSandboxRequest is the body of POST /v1/sandboxes.
+type CreateSandboxRequest struct {
+	Template string   `json:"template"`
+	Limits   Limits   `json:"limits,omitempty"`
+	Env      []string `json:"env,omitempty"` // KEY=VALUE, added to every process
+	// Cold skips the warm pool (to measure a cold create).
+	Cold bool `json:"cold,omitempty"`
+}
+
+// Sandbox describes one sandbox.
+type Sandbox struct {
+	ID              string    `json:"id"`
+	Tenant          string    `json:"tenant"`
+	Template        string    `json:"template"`
+	TemplateVersion string    `json:"template_version"`
+	Driver          string    `json:"driver"`
+	State           string    `json:"state"` // creating, running, stopped, crashed, destroyed
+	Reason          string    `json:"reason,omitempty"`
+	Limits          Limits    `json:"limits"`
+	Env             []string  `json:"env,omitempty"`
+	FromPool        bool      `json:"from_pool"`
+	Created         time.Time `json:"created"`
+	Updated         time.Time `json:"updated"`
+}
+
+// SandboxList is the body of GET /v1/sandboxes.
+type SandboxList struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+// Template describes a template sandboxes can be created from.
+type Template struct {
+	Name    string   `json:"name"`
+	Version string   `json:"version"`
+	Env     []string `json:"env,omitempty"`
+	Cwd     string   `json:"cwd,omitempty"`
+	User    string   `json:"user,omitempty"`
+	Limits  Limits   `json:"limits"`
+	// PoolSize is the number of warm sandboxes kept; PoolReady how many are
+	// ready now.
+	PoolSize  int `json:"pool_size"`
+	PoolReady int `json:"pool_ready"`
+}
+
+// TemplateList is the body of GET /v1/templates.
+type TemplateList struct {
+	Templates []Template `json:"templates"`
+}
+
+// Info is the body of GET /v1/info.
+type Info struct {
+	Version      string          `json:"version"`
+	Driver       string          `json:"driver"`
+	Capabilities map[string]bool `json:"capabilities"`
+	Tenant       string          `json:"tenant"` // the caller's
+}
+
+// ExecRequest runs a command to completion (POST /v1/sandboxes/{id}/exec
+// with Content-Type application/json). Stdin, when set, is the command's
+// whole input. To stream input instead, send the command as query
+// parameters (arg, env, cwd, tty, timeout_ms) and the input as the raw
+// request body (Content-Type application/octet-stream).
+type ExecRequest struct {
+	Args      []string `json:"args"`
+	Env       []string `json:"env,omitempty"`
+	Cwd       string   `json:"cwd,omitempty"`
+	Stdin     []byte   `json:"stdin,omitempty"`
+	TTY       bool     `json:"tty,omitempty"`
+	TimeoutMS int64    `json:"timeout_ms,omitempty"`
+}
+
+// ExecFrame is one line of an exec response stream: output
+// ({"stream":"stdout","data":…}), then exactly one last frame holding Exit
+// or Error.
+type ExecFrame struct {
+	Stream string      `json:"stream,omitempty"` // "stdout" or "stderr"
+	Data   []byte      `json:"data,omitempty"`
+	Exit   *ExitStatus `json:"exit,omitempty"`
+	Error  *ErrorBody  `json:"error,omitempty"`
+}
+
+// ExitStatus is how a command ended.
+type ExitStatus struct {
+	Code     int    `json:"code"`
+	Signal   string `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out,omitempty"`
+}
+
+// StartProcessRequest starts a background process (POST …/processes).
+type StartProcessRequest struct {
+	Args []string `json:"args"`
+	Env  []string `json:"env,omitempty"`
+	Cwd  string   `json:"cwd,omitempty"`
+}
+
+// StartProcessResponse gives the started process's sandbox-side PID.
+type StartProcessResponse struct {
+	PID int `json:"pid"`
+}
+
+// SignalRequest sends a signal (POST …/processes/{pid}/signal): a name
+// ("TERM", "SIGKILL") or a number ("9").
+type SignalRequest struct {
+	Signal string `json:"signal"`
+}
+
+// Process is a process inside a sandbox.
+type Process struct {
+	PID        int      `json:"pid"`
+	PPID       int      `json:"ppid"`
+	Args       []string `json:"args"`
+	StartTicks uint64   `json:"start_ticks"`
+	State      string   `json:"state"`
+}
+
+// ProcessList is the body of GET …/processes.
+type ProcessList struct {
+	Processes []Process `json:"processes"`
+}
+
+// FileInfo describes a file inside a sandbox.
+type FileInfo struct {
+	Name    string    `json:"name"`
+	Type    string    `json:"type"` // file, dir, symlink or other
+	Size    int64     `json:"size"`
+	Mode    string    `json:"mode"` // octal permission bits, e.g. "0644"
+	ModTime time.Time `json:"mtime"`
+	Link    string    `json:"link,omitempty"`
+}
+
+// FileList is a directory listing (GET …/files?path=DIR).
+type FileList struct {
+	Path    string     `json:"path"`
+	Entries []FileInfo `json:"entries"`
+}
+
+// Event is one event of a sandbox's stream in the log.
+type Event struct {
+	Seq         uint64          `json:"seq"`
+	ID          string          `json:"id"`
+	Type        string          `json:"type"`
+	Version     int             `json:"version"`
+	Time        time.Time       `json:"time"`
+	CausationID string          `json:"causation_id,omitempty"`
+	Payload     json.RawMessage `json:"payload"`
+}
+
+// EventList is the body of GET …/events (without follow).
+type EventList struct {
+	Events []Event `json:"events"`
+	// Next is the position to read from to continue.
+	Next uint64 `json:"next"`
+}

@@ -1,0 +1,301 @@
+// Package engine manages sandboxes: it turns API requests into driver calls,
+// records every sandbox in the metadata store (internal/meta) before the
+// driver makes it, appends lifecycle events to the event log, keeps a warm
+// pool per template, and on start reconciles what it recorded with what the
+// driver still runs.
+//
+// # Durability order
+//
+// Create: meta row (creating) → driver.Create → meta running → events
+// sandbox.created + sandbox.started. Destroy: driver.Destroy → meta destroyed
+// → sandbox.destroyed. Kill: driver.Kill → meta stopped → sandbox.killed.
+// Because the row comes first, a daemon crash at any point leaves a row the
+// next start reconciles (Start): a row still "creating" is torn down and
+// marked crashed, a "running" row whose sandbox is gone is marked crashed
+// with a sandbox.crashed event, one whose sandbox runs is reattached.
+//
+// # Warm pool
+//
+// See pool.go.
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/amber-run/amber/core/clock"
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/meta"
+)
+
+// Options configure New.
+type Options struct {
+	Driver    sandbox.Driver
+	Meta      *meta.Store
+	Log       eventlog.Store
+	Registry  *eventlog.Registry // lifecycle types are registered into it; default a new one
+	Templates *Catalog
+	// Pool is the number of warm sandboxes to keep per template name.
+	Pool map[string]int
+	// WatchInterval is how often running sandboxes are checked for a dead
+	// init (default 5s; negative disables the watch).
+	WatchInterval time.Duration
+	Clock         clock.Clock
+	Logger        *slog.Logger
+}
+
+// Engine is the sandbox manager. It is safe for concurrent use.
+type Engine struct {
+	drv   sandbox.Driver
+	meta  *meta.Store
+	log   eventlog.Store
+	reg   *eventlog.Registry
+	tmpl  *Catalog
+	clock clock.Clock
+	lg    *slog.Logger
+	watch time.Duration
+
+	locks sync.Map // sandbox id → *sync.Mutex: serialises lifecycle changes
+	pool  *pool
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New returns an Engine. Call Start before serving requests.
+func New(o Options) (*Engine, error) {
+	if o.Driver == nil || o.Meta == nil || o.Log == nil || o.Templates == nil {
+		return nil, errdefs.InvalidArgumentf("engine: driver, meta, log and templates are required")
+	}
+	if o.Registry == nil {
+		o.Registry = eventlog.NewRegistry()
+	}
+	RegisterEvents(o.Registry)
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.WatchInterval == 0 {
+		o.WatchInterval = 5 * time.Second
+	}
+	e := &Engine{drv: o.Driver, meta: o.Meta, log: o.Log, reg: o.Registry, tmpl: o.Templates,
+		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval}
+	for name := range o.Pool {
+		if _, err := o.Templates.Get(name); err != nil {
+			return nil, fmt.Errorf("warm pool: %w", err)
+		}
+	}
+	e.pool = newPool(e, o.Pool)
+	return e, nil
+}
+
+// Driver returns the engine's driver.
+func (e *Engine) Driver() sandbox.Driver { return e.drv }
+
+// Templates returns the template catalog.
+func (e *Engine) Templates() *Catalog { return e.tmpl }
+
+// Start reconciles the metadata with the driver (see reconcile.go), then
+// starts the warm pool and the watch loop. It returns once reconciliation is
+// done; the pool fills in the background.
+func (e *Engine) Start(ctx context.Context) error {
+	if err := e.reconcile(ctx); err != nil {
+		return err
+	}
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	e.cancel = cancel
+	e.pool.start(bg)
+	if e.watch > 0 {
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.watchLoop(bg)
+		}()
+	}
+	return nil
+}
+
+// Close stops the background work and destroys the pooled sandboxes that
+// are waiting (they belong to nobody). Tenants' sandboxes keep running: the
+// next daemon reattaches them.
+func (e *Engine) Close(ctx context.Context) error {
+	if e.cancel != nil {
+		e.cancel()
+	}
+	e.wg.Wait()
+	return e.pool.drain(ctx)
+}
+
+func (e *Engine) lock(id string) func() {
+	m, _ := e.locks.LoadOrStore(id, &sync.Mutex{})
+	mu := m.(*sync.Mutex)
+	mu.Lock()
+	return mu.Unlock
+}
+
+var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// newID returns a fresh sandbox id: "sbx-" and 16 random base32 characters.
+func newID() string {
+	b := make([]byte, 10)
+	rand.Read(b)
+	return "sbx-" + idEncoding.EncodeToString(b)
+}
+
+// Get returns sandbox id if tenant may see it. Pooled sandboxes and other
+// tenants' sandboxes are not found.
+func (e *Engine) Get(ctx context.Context, tenant, id string) (meta.Sandbox, error) {
+	if id == "" || len(id) > 48 || strings.Trim(id, "abcdefghijklmnopqrstuvwxyz0123456789-") != "" {
+		return meta.Sandbox{}, errdefs.InvalidArgumentf("sandbox id %.60q is malformed", id)
+	}
+	sb, err := e.meta.Get(ctx, id)
+	if err != nil {
+		return sb, err
+	}
+	if sb.Pooled || sb.Tenant != tenant {
+		return meta.Sandbox{}, errdefs.NotFoundf("sandbox %s", id)
+	}
+	return sb, nil
+}
+
+// List returns tenant's sandboxes that are not destroyed, oldest first.
+func (e *Engine) List(ctx context.Context, tenant string) ([]meta.Sandbox, error) {
+	return e.meta.List(ctx, meta.Filter{Tenant: &tenant})
+}
+
+// CreateRequest asks for a new sandbox.
+type CreateRequest struct {
+	Tenant   string
+	Template string
+	Limits   sandbox.Limits // zero fields: the template's defaults
+	Env      []string
+	// Cold bypasses the warm pool.
+	Cold bool
+}
+
+// Create returns a running sandbox for r: one claimed from the warm pool
+// when a compatible one is ready (see pool.go), else a new one.
+func (e *Engine) Create(ctx context.Context, r CreateRequest) (meta.Sandbox, error) {
+	if r.Tenant == "" {
+		return meta.Sandbox{}, errdefs.InvalidArgumentf("create: tenant is empty")
+	}
+	t, err := e.tmpl.Get(r.Template)
+	if err != nil {
+		return meta.Sandbox{}, err
+	}
+	if err := ValidateLimits(r.Limits); err != nil {
+		return meta.Sandbox{}, err
+	}
+	for _, kv := range r.Env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return meta.Sandbox{}, errdefs.InvalidArgumentf("env entry %.60q is not KEY=VALUE", kv)
+		}
+	}
+	limits := MergeLimits(t.Limits, r.Limits)
+	if !r.Cold {
+		sb, ok, err := e.pool.claim(ctx, t, r.Tenant, limits, r.Env)
+		if err != nil || ok {
+			return sb, err
+		}
+	}
+	return e.coldCreate(ctx, t, r.Tenant, limits, r.Env, false)
+}
+
+// coldCreate makes a new sandbox; pooled ones have no tenant and no events.
+func (e *Engine) coldCreate(ctx context.Context, t sandbox.Template, tenant string, limits sandbox.Limits, env []string, pooled bool) (meta.Sandbox, error) {
+	id := newID()
+	defer e.lock(id)()
+	sb, err := e.meta.Insert(ctx, meta.Sandbox{
+		ID: id, Tenant: tenant, Template: t.Name, TemplateVersion: t.Version, Driver: e.drv.Name(),
+		Limits: limits, Env: env, State: meta.StateCreating, Pooled: pooled,
+	})
+	if err != nil {
+		return sb, err
+	}
+	lg := e.lg.With("sandbox", id, "template", t.Name, "pooled", pooled)
+	start := time.Now()
+	_, err = e.drv.Create(ctx, sandbox.Spec{ID: id, Tenant: tenant, Template: t, Limits: limits, Env: env})
+	if err != nil {
+		lg.Warn("create failed", "err", err)
+		cleanup := context.WithoutCancel(ctx)
+		if derr := e.drv.Destroy(cleanup, id); derr != nil {
+			lg.Error("destroy after failed create", "err", derr)
+		}
+		if _, merr := e.meta.SetState(cleanup, id, meta.StateDestroyed, "create failed: "+err.Error()); merr != nil {
+			lg.Error("record failed create", "err", merr)
+		}
+		return sb, fmt.Errorf("create sandbox from %s: %w", t.Name, err)
+	}
+	if sb, err = e.meta.SetState(ctx, id, meta.StateRunning, "", meta.StateCreating); err != nil {
+		return sb, err
+	}
+	if err := e.appendEvents(ctx, sb, createdEvents(sb)...); err != nil {
+		// The sandbox runs and is recorded; the log will get its events
+		// when the call is retried through reconcile. Tell the caller.
+		return sb, err
+	}
+	lg.Info("sandbox created", "tenant", tenant, "took", time.Since(start).Round(time.Millisecond))
+	return sb, nil
+}
+
+// Destroy removes sandbox id and everything of it. Destroying a destroyed
+// sandbox succeeds.
+func (e *Engine) Destroy(ctx context.Context, tenant, id string) error {
+	sb, err := e.Get(ctx, tenant, id)
+	if err != nil {
+		return err
+	}
+	defer e.lock(id)()
+	if sb, err = e.meta.Get(ctx, id); err != nil {
+		return err
+	}
+	return e.destroy(ctx, sb, "destroyed on request")
+}
+
+func (e *Engine) destroy(ctx context.Context, sb meta.Sandbox, reason string) error {
+	if sb.State != meta.StateDestroyed {
+		if err := e.drv.Destroy(ctx, sb.ID); err != nil {
+			return fmt.Errorf("destroy %s: %w", sb.ID, err)
+		}
+		var err error
+		if sb, err = e.meta.SetState(ctx, sb.ID, meta.StateDestroyed, reason); err != nil {
+			return err
+		}
+		e.lg.Info("sandbox destroyed", "sandbox", sb.ID, "reason", reason)
+	}
+	return e.appendEvents(ctx, sb, lifecycleEvent(sb, EventDestroyed, StatePayload{State: string(meta.StateDestroyed), Reason: sb.Reason}))
+}
+
+// Kill SIGKILLs every process of sandbox id; it becomes stopped and keeps
+// its files until destroyed.
+func (e *Engine) Kill(ctx context.Context, tenant, id string) (meta.Sandbox, error) {
+	sb, err := e.Get(ctx, tenant, id)
+	if err != nil {
+		return sb, err
+	}
+	defer e.lock(id)()
+	if sb, err = e.meta.Get(ctx, id); err != nil {
+		return sb, err
+	}
+	if sb.State != meta.StateRunning {
+		return sb, errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
+	}
+	if err := e.drv.Kill(ctx, id); err != nil {
+		return sb, fmt.Errorf("kill %s: %w", id, err)
+	}
+	const reason = "killed on request"
+	if sb, err = e.meta.SetState(ctx, id, meta.StateStopped, reason, meta.StateRunning); err != nil {
+		return sb, err
+	}
+	return sb, e.appendEvents(ctx, sb, lifecycleEvent(sb, EventKilled, StatePayload{State: string(sb.State), Reason: reason}))
+}

@@ -1,0 +1,108 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/meta"
+)
+
+// running returns sandbox id if tenant owns it and it runs.
+func (e *Engine) running(ctx context.Context, tenant, id string) (meta.Sandbox, error) {
+	sb, err := e.Get(ctx, tenant, id)
+	if err != nil {
+		return sb, err
+	}
+	if sb.State != meta.StateRunning {
+		return sb, errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
+	}
+	return sb, nil
+}
+
+// withEnv adds the sandbox's claimed env in front of a command's own: the
+// driver already has the env of sandboxes it created for a tenant, but a
+// sandbox from the warm pool was created before its env was known.
+func withEnv(sb meta.Sandbox, spec sandbox.ExecSpec) sandbox.ExecSpec {
+	if sb.FromPool && len(sb.Env) > 0 {
+		spec.Env = append(append([]string{}, sb.Env...), spec.Env...)
+	}
+	return spec
+}
+
+func validateExec(spec sandbox.ExecSpec) error {
+	if len(spec.Args) == 0 || spec.Args[0] == "" {
+		return errdefs.InvalidArgumentf("no command given")
+	}
+	if spec.Timeout < 0 {
+		return errdefs.InvalidArgumentf("timeout must not be negative")
+	}
+	return nil
+}
+
+// Exec runs a command in sandbox id to completion, streaming its output.
+func (e *Engine) Exec(ctx context.Context, tenant, id string, spec sandbox.ExecSpec) (sandbox.ExitStatus, error) {
+	if err := validateExec(spec); err != nil {
+		return sandbox.ExitStatus{}, err
+	}
+	sb, err := e.running(ctx, tenant, id)
+	if err != nil {
+		return sandbox.ExitStatus{}, err
+	}
+	st, err := e.drv.Exec(ctx, id, withEnv(sb, spec))
+	if err != nil {
+		return st, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	return st, nil
+}
+
+// StartProcess runs a command in the background in sandbox id and returns
+// its sandbox-side PID.
+func (e *Engine) StartProcess(ctx context.Context, tenant, id string, spec sandbox.ExecSpec) (int, error) {
+	if err := validateExec(spec); err != nil {
+		return 0, err
+	}
+	sb, err := e.running(ctx, tenant, id)
+	if err != nil {
+		return 0, err
+	}
+	pid, err := e.drv.Start(ctx, id, withEnv(sb, spec))
+	if err != nil {
+		return 0, fmt.Errorf("start in %s: %w", id, err)
+	}
+	return pid, nil
+}
+
+// Processes lists the processes of sandbox id.
+func (e *Engine) Processes(ctx context.Context, tenant, id string) ([]sandbox.Process, error) {
+	if _, err := e.running(ctx, tenant, id); err != nil {
+		return nil, err
+	}
+	return e.drv.Processes(ctx, id)
+}
+
+// Signal sends sig to process pid of sandbox id.
+func (e *Engine) Signal(ctx context.Context, tenant, id string, pid int, sig os.Signal) error {
+	if pid <= 0 {
+		return errdefs.InvalidArgumentf("pid %d is not a process", pid)
+	}
+	if _, err := e.running(ctx, tenant, id); err != nil {
+		return err
+	}
+	return e.drv.Signal(ctx, id, pid, sig)
+}
+
+// Files gives access to sandbox id's filesystem. A stopped or crashed
+// sandbox keeps its files, so they stay readable until it is destroyed.
+func (e *Engine) Files(ctx context.Context, tenant, id string) (sandbox.FS, error) {
+	sb, err := e.Get(ctx, tenant, id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State == meta.StateDestroyed || sb.State == meta.StateCreating {
+		return nil, errdefs.FailedPreconditionf("sandbox %s is %s", id, sb.State)
+	}
+	return e.drv.Files(ctx, id)
+}

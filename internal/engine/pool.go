@@ -1,0 +1,248 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/meta"
+)
+
+// The warm pool keeps, per template, N sandboxes created and running before
+// anyone asks, so that Create only has to hand one over.
+//
+//   - A pooled sandbox is created with the template's default limits and no
+//     tenant, env or events. Its meta row says pooled.
+//   - A claim takes the oldest ready sandbox of the template and, in one
+//     conditional meta update, gives it the tenant, its limits and env; only
+//     then does the sandbox's stream begin (sandbox.created with from_pool
+//     true, sandbox.started). A claimed sandbox never returns to the pool:
+//     destroying it destroys it.
+//   - Env: the driver saw no env at creation, so the engine adds the claimed
+//     env to every Exec and Start of a sandbox that came from the pool.
+//   - Limits: a claim whose limits equal the template's defaults always
+//     fits. Other limits fit only when the driver can change a running
+//     sandbox's limits (LimitUpdater) and the disk limit is the default (a
+//     writable layer's size is fixed at creation); otherwise the request
+//     is served by a cold create. The pool never hands out a sandbox whose
+//     limits differ from what was asked.
+//   - The pool refills in the background, one create at a time per template
+//     (creating is CPU-heavy; the pool must not starve claimed sandboxes).
+//   - Shutdown (Engine.Close) destroys the pooled sandboxes: they belong to
+//     nobody and would hold memory while no daemon can hand them out. After
+//     a daemon crash, pooled sandboxes that still run and whose template
+//     version is current rejoin the pool (reconcile); the others are
+//     destroyed.
+type pool struct {
+	e    *Engine
+	want map[string]int
+
+	mu    sync.Mutex
+	ready map[string][]string // template → pooled ids, oldest first
+	kicks map[string]chan struct{}
+}
+
+// LimitUpdater is an optional power of a sandbox.Driver: change the memory,
+// CPU and pids limits of a running sandbox. (Proposed for core/sandbox.)
+type LimitUpdater interface {
+	UpdateLimits(ctx context.Context, id string, l sandbox.Limits) error
+}
+
+func newPool(e *Engine, want map[string]int) *pool {
+	p := &pool{e: e, want: map[string]int{}, ready: map[string][]string{}, kicks: map[string]chan struct{}{}}
+	for name, n := range want {
+		if n > 0 {
+			p.want[name] = n
+			p.kicks[name] = make(chan struct{}, 1)
+		}
+	}
+	return p
+}
+
+func (p *pool) start(ctx context.Context) {
+	for name := range p.want {
+		p.e.wg.Add(1)
+		go func() {
+			defer p.e.wg.Done()
+			p.fill(ctx, name)
+		}()
+	}
+}
+
+func (p *pool) kick(name string) {
+	if ch, ok := p.kicks[name]; ok {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Size returns how many sandboxes of template are wanted and ready.
+func (e *Engine) PoolSize(template string) (want, ready int) {
+	e.pool.mu.Lock()
+	defer e.pool.mu.Unlock()
+	return e.pool.want[template], len(e.pool.ready[template])
+}
+
+// fill keeps template name's pool full until ctx ends.
+func (p *pool) fill(ctx context.Context, name string) {
+	backoff := time.Second
+	for ctx.Err() == nil {
+		p.mu.Lock()
+		need := p.want[name] - len(p.ready[name])
+		p.mu.Unlock()
+		if need <= 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-p.kicks[name]:
+				continue
+			}
+		}
+		t, err := p.e.tmpl.Get(name)
+		if err == nil {
+			var sb meta.Sandbox
+			sb, err = p.e.coldCreate(ctx, t, "", t.Limits, nil, true)
+			if err == nil {
+				p.mu.Lock()
+				p.ready[name] = append(p.ready[name], sb.ID)
+				p.mu.Unlock()
+				backoff = time.Second
+				continue
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		p.e.lg.Warn("warm pool: create failed; retrying", "template", name, "in", backoff, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+// pop takes the oldest ready sandbox of name.
+func (p *pool) pop(name string) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ids := p.ready[name]
+	if len(ids) == 0 {
+		return "", false
+	}
+	p.ready[name] = ids[1:]
+	return ids[0], true
+}
+
+// claim hands a ready pooled sandbox of t to tenant. ok is false when none
+// fits (the caller creates one cold).
+func (p *pool) claim(ctx context.Context, t sandbox.Template, tenant string, limits sandbox.Limits, env []string) (meta.Sandbox, bool, error) {
+	if p.want[t.Name] == 0 {
+		return meta.Sandbox{}, false, nil
+	}
+	upd, canUpdate := p.e.drv.(LimitUpdater)
+	if limits != t.Limits && (!canUpdate || limits.DiskBytes != t.Limits.DiskBytes) {
+		return meta.Sandbox{}, false, nil
+	}
+	defer p.kick(t.Name)
+	for {
+		id, ok := p.pop(t.Name)
+		if !ok {
+			return meta.Sandbox{}, false, nil
+		}
+		sb, ok, err := p.claimOne(ctx, id, t, tenant, limits, env, upd)
+		if ok || err != nil {
+			return sb, ok, err
+		}
+	}
+}
+
+func (p *pool) claimOne(ctx context.Context, id string, t sandbox.Template, tenant string, limits sandbox.Limits, env []string, upd LimitUpdater) (meta.Sandbox, bool, error) {
+	e := p.e
+	defer e.lock(id)()
+	sb, err := e.meta.Get(ctx, id)
+	if err != nil || !sb.Pooled || sb.State != meta.StateRunning || sb.TemplateVersion != t.Version {
+		return sb, false, nil
+	}
+	if limits != sb.Limits {
+		if err := upd.UpdateLimits(ctx, id, limits); err != nil {
+			e.lg.Warn("warm pool: cannot apply limits; discarding", "sandbox", id, "err", err)
+			if err := e.destroy(context.WithoutCancel(ctx), sb, "pooled sandbox refused new limits"); err != nil {
+				e.lg.Error("destroy pooled sandbox", "sandbox", id, "err", err)
+			}
+			return sb, false, nil
+		}
+	}
+	sb, err = e.meta.Claim(ctx, id, tenant, limits, env)
+	if errors.Is(err, errdefs.ErrFailedPrecondition) {
+		return sb, false, nil
+	}
+	if err != nil {
+		return sb, false, err
+	}
+	if err := e.appendEvents(ctx, sb, createdEvents(sb)...); err != nil {
+		return sb, true, err
+	}
+	e.lg.Info("sandbox claimed from warm pool", "sandbox", id, "template", t.Name, "tenant", tenant)
+	return sb, true, nil
+}
+
+// forget removes id from the ready list.
+func (p *pool) forget(name, id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ids := p.ready[name]
+	for i, x := range ids {
+		if x == id {
+			p.ready[name] = append(ids[:i:i], ids[i+1:]...)
+			break
+		}
+	}
+	p.kick(name)
+}
+
+// adopt puts a pooled sandbox found running after a restart back in the pool,
+// or destroys it when its template changed or the pool is full.
+func (p *pool) adopt(ctx context.Context, sb meta.Sandbox) {
+	t, err := p.e.tmpl.Get(sb.Template)
+	p.mu.Lock()
+	fits := err == nil && t.Version == sb.TemplateVersion && t.Limits == sb.Limits && len(p.ready[sb.Template]) < p.want[sb.Template]
+	if fits {
+		p.ready[sb.Template] = append(p.ready[sb.Template], sb.ID)
+	}
+	p.mu.Unlock()
+	if fits {
+		p.e.lg.Info("pooled sandbox rejoined the warm pool", "sandbox", sb.ID, "template", sb.Template)
+		return
+	}
+	if err := p.e.destroy(ctx, sb, "pooled sandbox not reusable after restart"); err != nil {
+		p.e.lg.Error("destroy stale pooled sandbox", "sandbox", sb.ID, "err", err)
+	}
+}
+
+// drain destroys every pooled sandbox (at shutdown).
+func (p *pool) drain(ctx context.Context) error {
+	p.mu.Lock()
+	p.ready = map[string][]string{}
+	p.mu.Unlock()
+	pooled := true
+	rows, err := p.e.meta.List(ctx, meta.Filter{Pooled: &pooled})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, sb := range rows {
+		unlock := p.e.lock(sb.ID)
+		if err := p.e.destroy(ctx, sb, "warm pool drained at shutdown"); err != nil {
+			errs = append(errs, err)
+		}
+		unlock()
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,96 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/amber-run/amber/api"
+	"github.com/amber-run/amber/core/errdefs"
+)
+
+// maxJSONBody bounds JSON request bodies (file contents and tars stream).
+const maxJSONBody = 8 << 20
+
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	return enc.Encode(v)
+}
+
+// errBody is the wire form of err.
+func errBody(err error) api.ErrorBody {
+	return api.ErrorBody{Kind: errdefs.Kind(err), Message: err.Error()}
+}
+
+// writeError writes err with the status of its kind.
+func writeError(w http.ResponseWriter, err error) {
+	writeJSON(w, errdefs.HTTPStatus(err), api.Error{Error: errBody(err)})
+}
+
+func errNotFoundRoute(r *http.Request) error {
+	return errdefs.NotFoundf("no route %s %s (see GET /v1/openapi.json)", r.Method, r.URL.Path)
+}
+
+// readJSON decodes the request body into v, refusing unknown fields.
+func readJSON(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxJSONBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return errdefs.InvalidArgumentf("request body is empty; expected JSON")
+		}
+		return errdefs.InvalidArgumentf("request body: %v", err)
+	}
+	return nil
+}
+
+// queryBool parses an optional boolean query parameter.
+func queryBool(r *http.Request, name string) (bool, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, errdefs.InvalidArgumentf("query parameter %s=%q is not a boolean", name, v)
+	}
+	return b, nil
+}
+
+// queryInt parses an optional non-negative integer query parameter.
+func queryInt(r *http.Request, name string, def int64) (int64, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return 0, errdefs.InvalidArgumentf("query parameter %s=%q is not a non-negative integer", name, v)
+	}
+	return n, nil
+}
+
+func requireQuery(r *http.Request, name string) (string, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return "", errdefs.InvalidArgumentf("query parameter %s is required", name)
+	}
+	return v, nil
+}
+
+// parseMode parses an octal file mode ("0644"); def when empty.
+func parseMode(s string, def uint32) (uint32, error) {
+	if s == "" {
+		return def, nil
+	}
+	m, err := strconv.ParseUint(s, 8, 32)
+	if err != nil || m > 0o7777 {
+		return 0, errdefs.InvalidArgumentf("mode %q is not an octal permission like 0644", s)
+	}
+	return uint32(m), nil
+}
+

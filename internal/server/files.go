@@ -1,0 +1,152 @@
+package server
+
+import (
+	"net/http"
+	"os"
+	"path"
+
+	"github.com/amber-run/amber/api"
+	"github.com/amber-run/amber/core/sandbox"
+)
+
+func toAPIFile(fi sandbox.FileInfo) api.FileInfo {
+	typ := "other"
+	switch {
+	case fi.Mode.IsDir():
+		typ = "dir"
+	case fi.Mode&os.ModeSymlink != 0:
+		typ = "symlink"
+	case fi.Mode.IsRegular():
+		typ = "file"
+	}
+	return api.FileInfo{Name: fi.Name, Type: typ, Size: fi.Size, Mode: "0" + formatOctal(uint32(fi.Mode.Perm())),
+		ModTime: fi.ModTime, Link: fi.Link}
+}
+
+func formatOctal(m uint32) string {
+	s := ""
+	for i := 0; i < 3; i++ {
+		s = string(rune('0'+m&7)) + s
+		m >>= 3
+	}
+	return s
+}
+
+// fs returns the filesystem of the request's sandbox and the path query
+// parameter, cleaned to an absolute sandbox path.
+func (s *Server) fs(r *http.Request, c *call, param string) (sandbox.FS, string, error) {
+	p, err := requireQuery(r, param)
+	if err != nil {
+		return nil, "", err
+	}
+	fsys, err := s.eng.Files(r.Context(), c.tenant, r.PathValue("id"))
+	if err != nil {
+		return nil, "", err
+	}
+	return fsys, path.Clean("/" + p), nil
+}
+
+// getFile returns a file's content, a directory's listing, or (stat=true)
+// a FileInfo.
+func (s *Server) getFile(w http.ResponseWriter, r *http.Request, c *call) error {
+	stat, err := queryBool(r, "stat")
+	if err != nil {
+		return err
+	}
+	fsys, p, err := s.fs(r, c, "path")
+	if err != nil {
+		return err
+	}
+	fi, err := fsys.Stat(r.Context(), p)
+	if err != nil {
+		return err
+	}
+	switch {
+	case stat:
+		return writeJSON(w, http.StatusOK, toAPIFile(fi))
+	case fi.Mode.IsDir():
+		ents, err := fsys.List(r.Context(), p)
+		if err != nil {
+			return err
+		}
+		out := api.FileList{Path: p, Entries: []api.FileInfo{}}
+		for _, e := range ents {
+			out.Entries = append(out.Entries, toAPIFile(e))
+		}
+		return writeJSON(w, http.StatusOK, out)
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	return fsys.ReadFile(r.Context(), p, w)
+}
+
+func (s *Server) putFile(w http.ResponseWriter, r *http.Request, c *call) error {
+	mode, err := parseMode(r.URL.Query().Get("mode"), 0o644)
+	if err != nil {
+		return err
+	}
+	fsys, p, err := s.fs(r, c, "path")
+	if err != nil {
+		return err
+	}
+	if err := fsys.WriteFile(r.Context(), p, r.Body, os.FileMode(mode)); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, c *call) error {
+	rec, err := queryBool(r, "recursive")
+	if err != nil {
+		return err
+	}
+	fsys, p, err := s.fs(r, c, "path")
+	if err != nil {
+		return err
+	}
+	if err := fsys.Remove(r.Context(), p, rec); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) mkdir(w http.ResponseWriter, r *http.Request, c *call) error {
+	mode, err := parseMode(r.URL.Query().Get("mode"), 0o755)
+	if err != nil {
+		return err
+	}
+	fsys, p, err := s.fs(r, c, "path")
+	if err != nil {
+		return err
+	}
+	if err := fsys.Mkdir(r.Context(), p, os.FileMode(mode)); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) getTar(w http.ResponseWriter, r *http.Request, c *call) error {
+	fsys, p, err := s.fs(r, c, "path")
+	if err != nil {
+		return err
+	}
+	if _, err := fsys.Stat(r.Context(), p); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/x-tar")
+	return fsys.TarOut(r.Context(), p, w)
+}
+
+func (s *Server) putTar(w http.ResponseWriter, r *http.Request, c *call) error {
+	fsys, p, err := s.fs(r, c, "path")
+	if err != nil {
+		return err
+	}
+	if err := fsys.TarIn(r.Context(), p, r.Body); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}

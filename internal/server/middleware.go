@@ -1,0 +1,124 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/meta"
+)
+
+// statusWriter remembers the status a handler wrote, for the access log.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach Flush and EnableFullDuplex.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// requestID returns the client's X-Request-Id when it is sane, else a new one.
+func requestID(r *http.Request) string {
+	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 64 && strings.Trim(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.") == "" {
+		return id
+	}
+	b := make([]byte, 8)
+	rand.Read(b)
+	return "req-" + hex.EncodeToString(b)
+}
+
+// wrap adds request ids, access logging, panic recovery and authentication
+// around a route's handler.
+func (s *Server) wrap(rt Route) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rid := requestID(r)
+		w.Header().Set("X-Request-Id", rid)
+		sw := &statusWriter{ResponseWriter: w}
+		lg := s.lg.With("request_id", rid)
+		if id := r.PathValue("id"); id != "" {
+			lg = lg.With("sandbox", id)
+		}
+		c := &call{lg: lg}
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler {
+					panic(p)
+				}
+				lg.Error("handler panicked", "panic", p)
+				if sw.status == 0 {
+					writeError(sw, fmt.Errorf("internal error (request %s)", rid))
+				}
+			}
+			lvl := "debug"
+			if sw.status >= 500 {
+				lvl = "error"
+			}
+			attrs := []any{"method", r.Method, "path", r.URL.Path, "status", sw.status,
+				"took", time.Since(start).Round(time.Microsecond), "tenant", c.tenant}
+			if lvl == "error" {
+				lg.Error("request", attrs...)
+			} else {
+				lg.Info("request", attrs...)
+			}
+		}()
+		if !rt.Public {
+			tenant, err := s.authenticate(r)
+			if err != nil {
+				sw.Header().Set("WWW-Authenticate", `Bearer realm="amber"`)
+				writeError(sw, err)
+				return
+			}
+			c.tenant = tenant
+			c.lg = lg.With("tenant", tenant)
+		}
+		r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, c))
+		if err := rt.h(sw, r, c); err != nil {
+			if sw.status != 0 {
+				// Headers are out (a stream broke): the client sees a cut stream.
+				c.lg.Warn("error after response started", "err", err)
+				return
+			}
+			if errdefs.HTTPStatus(err) >= 500 {
+				c.lg.Error("request failed", "err", err)
+			}
+			writeError(sw, err)
+		}
+	})
+}
+
+// authenticate maps the request's Bearer token to its tenant.
+func (s *Server) authenticate(r *http.Request) (string, error) {
+	h := r.Header.Get("Authorization")
+	token, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok || strings.TrimSpace(token) == "" {
+		return "", fmt.Errorf("missing Authorization: Bearer <api key> (the admin key is in DATA_DIR/admin.key): %w", errdefs.ErrUnauthenticated)
+	}
+	k, err := s.meta.KeyByHash(r.Context(), meta.HashKey(strings.TrimSpace(token)))
+	if errdefs.IsNotFound(err) {
+		return "", fmt.Errorf("the API key is not valid: %w", errdefs.ErrUnauthenticated)
+	}
+	if err != nil {
+		return "", err
+	}
+	return k.Tenant, nil
+}

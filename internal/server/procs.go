@@ -1,0 +1,77 @@
+package server
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/amber-run/amber/api"
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox"
+)
+
+func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request, c *call) error {
+	ps, err := s.eng.Processes(r.Context(), c.tenant, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	out := api.ProcessList{Processes: []api.Process{}}
+	for _, p := range ps {
+		out.Processes = append(out.Processes, api.Process{PID: p.PID, PPID: p.PPID, Args: p.Args, StartTicks: p.StartTicks, State: p.State})
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) startProcess(w http.ResponseWriter, r *http.Request, c *call) error {
+	var req api.StartProcessRequest
+	if err := readJSON(r, &req); err != nil {
+		return err
+	}
+	pid, err := s.eng.StartProcess(r.Context(), c.tenant, r.PathValue("id"), sandbox.ExecSpec{Args: req.Args, Env: req.Env, Cwd: req.Cwd})
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusCreated, api.StartProcessResponse{PID: pid})
+}
+
+func (s *Server) signalProcess(w http.ResponseWriter, r *http.Request, c *call) error {
+	pid, err := strconv.Atoi(r.PathValue("pid"))
+	if err != nil || pid <= 0 {
+		return errdefs.InvalidArgumentf("pid %q is not a process id", r.PathValue("pid"))
+	}
+	var req api.SignalRequest
+	if err := readJSON(r, &req); err != nil {
+		return err
+	}
+	sig, err := ParseSignal(req.Signal)
+	if err != nil {
+		return err
+	}
+	if err := s.eng.Signal(r.Context(), c.tenant, r.PathValue("id"), pid, sig); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+var signals = map[string]syscall.Signal{
+	"HUP": syscall.SIGHUP, "INT": syscall.SIGINT, "QUIT": syscall.SIGQUIT, "KILL": syscall.SIGKILL,
+	"USR1": syscall.SIGUSR1, "USR2": syscall.SIGUSR2, "PIPE": syscall.SIGPIPE, "ALRM": syscall.SIGALRM,
+	"TERM": syscall.SIGTERM, "CONT": syscall.SIGCONT, "STOP": syscall.SIGSTOP, "TSTP": syscall.SIGTSTP,
+	"WINCH": syscall.SIGWINCH,
+}
+
+// ParseSignal reads "TERM", "SIGTERM", "term" or "15".
+func ParseSignal(s string) (syscall.Signal, error) {
+	if n, err := strconv.Atoi(s); err == nil {
+		if n < 1 || n > 64 {
+			return 0, errdefs.InvalidArgumentf("signal %d is out of range 1..64", n)
+		}
+		return syscall.Signal(n), nil
+	}
+	if sig, ok := signals[strings.TrimPrefix(strings.ToUpper(s), "SIG")]; ok {
+		return sig, nil
+	}
+	return 0, errdefs.InvalidArgumentf("unknown signal %q (use a name like TERM or a number)", s)
+}
