@@ -1,0 +1,29 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/amber-run/amber/api"
+)
+
+func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
+
+// Processes lists the processes of sandbox id.
+func (c *Client) Processes(ctx context.Context, id string) ([]api.Process, error) {
+	var out api.ProcessList
+	return out.Processes, c.do(ctx, "GET", sbPath(id, "/processes"), nil, nil, &out)
+}
+
+// StartProcess starts a background process and returns its PID.
+func (c *Client) StartProcess(ctx context.Context, id string, r api.StartProcessRequest) (int, error) {
+	var out api.StartProcessResponse
+	return out.PID, c.do(ctx, "POST", sbPath(id, "/processes"), nil, r, &out)
+}
+
+// Signal sends signal (a name like "TERM" or a number) to process pid.
+func (c *Client) Signal(ctx context.Context, id string, pid int, signal string) error {
+	return c.do(ctx, "POST", sbPath(id, fmt.Sprintf("/processes/%d/signal", pid)), nil, api.SignalRequest{Signal: signal}, nil)
+}

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/amber-run/amber/internal/meta"
+)
+
+// ensureAdminKey makes sure DATA_DIR/admin.key holds a key the daemon
+// accepts, for tenant "default":
+//
+//   - no file: a new random key is written (0600; temp file, fsync,
+//     rename, fsync dir) and its hash replaces any previous admin key;
+//   - a file: its hash is (re)registered, so a lost meta.db does not lock
+//     the operator out.
+//
+// Only the key's SHA-256 is stored in the metadata store.
+func ensureAdminKey(ctx context.Context, m *meta.Store, dataDir string) (path string, created bool, err error) {
+	path = filepath.Join(dataDir, "admin.key")
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		key := strings.TrimSpace(string(b))
+		if len(key) < 32 {
+			return path, false, fmt.Errorf("%s holds no usable key (too short); delete it and restart to get a new one", path)
+		}
+		return path, false, m.PutKey(ctx, "admin", "default", meta.HashKey(key))
+	case !os.IsNotExist(err):
+		return path, false, err
+	}
+	raw := make([]byte, 32)
+	if _, err := rand.Read(raw); err != nil {
+		return path, false, err
+	}
+	key := "amber_" + base64.RawURLEncoding.EncodeToString(raw)
+	if err := writeFileAtomic(path, []byte(key+"\n"), 0o600); err != nil {
+		return path, false, err
+	}
+	return path, true, m.PutKey(ctx, "admin", "default", meta.HashKey(key))
+}
+
+// writeFileAtomic writes data to path so that a reader sees the old content
+// or the new, never a part, and the new survives power loss once it returns.
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

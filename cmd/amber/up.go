@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/server"
+	"github.com/amber-run/amber/stores/sqlite"
+)
+
+type upOptions struct {
+	addr, driver, pool, logLevel string
+	watch                        time.Duration
+}
+
+func newUpCmd(g *globalFlags) *cobra.Command {
+	o := &upOptions{}
+	c := &cobra.Command{
+		Use:   "up [--data-dir DIR] [--addr 127.0.0.1:7777] [--driver gvisor|criu] [--pool N]",
+		Short: "Run the daemon in the foreground",
+		Long: `Run the Amber daemon in the foreground until SIGINT or SIGTERM.
+
+It never installs anything: it checks that the driver's runtime and the
+templates are there and, when something is missing, names the command that
+fixes it (make setup). On first start it writes an admin API key to
+DATA_DIR/admin.key (mode 0600); clients on this machine read it from there.
+
+--pool sets the warm pool: N sandboxes per template ("--pool 2"), or per
+template ("--pool python=2,minimal=1"); 0 disables it. Pooled sandboxes are
+destroyed when the daemon stops; after a crash, the ones still running are
+reused.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error { return runUp(cmd, g, o) },
+	}
+	f := c.Flags()
+	f.StringVar(&o.addr, "addr", defaultAddr, "address to listen on")
+	f.StringVar(&o.driver, "driver", "gvisor", "sandbox driver: gvisor or criu")
+	f.StringVar(&o.pool, "pool", "1", "warm sandboxes per template: N, or NAME=N,NAME=N")
+	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.DurationVar(&o.watch, "watch-interval", 5*time.Second, "how often running sandboxes are checked for a dead init")
+	return c
+}
+
+func cacheDir() string { return firstNonEmpty(os.Getenv("AMBER_CACHE"), "/var/cache/amber") }
+
+// parsePool reads "N" (every template) or "name=N,name=N".
+func parsePool(s string, names []string) (map[string]int, error) {
+	out := map[string]int{}
+	if n, err := strconv.Atoi(s); err == nil {
+		if n < 0 || n > 64 {
+			return nil, usageError{fmt.Errorf("--pool %d is out of range 0..64", n)}
+		}
+		for _, name := range names {
+			out[name] = n
+		}
+		return out, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		name, v, ok := strings.Cut(part, "=")
+		n, err := strconv.Atoi(v)
+		if !ok || err != nil || n < 0 || n > 64 {
+			return nil, usageError{fmt.Errorf("--pool %q: want N or NAME=N,NAME=N with N in 0..64", s)}
+		}
+		out[name] = n
+	}
+	return out, nil
+}
+
+func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return usageError{fmt.Errorf("--log-level %q: %v", o.logLevel, err)}
+	}
+	lg := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+	dataDir, err := filepath.Abs(g.resolvedDataDir())
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	unlock, err := lockDataDir(dataDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	// Check before touching any state: a missing runtime or template is
+	// the operator's to fix, with the command named.
+	drv, err := newDriver(o.driver, dataDir, cacheDir(), lg)
+	if err != nil {
+		return err
+	}
+	if err := drv.Check(ctx); err != nil {
+		msg := err.Error()
+		if !strings.Contains(msg, "make setup") {
+			msg += "\nfix: run `make setup` (as root) in the amber source tree; it installs the runtimes and templates into " + cacheDir()
+		}
+		return fmt.Errorf("driver %s is not ready: %s", o.driver, msg)
+	}
+	tdir := filepath.Join(cacheDir(), "templates")
+	cat, err := engine.LoadCatalog(tdir)
+	if err != nil {
+		return err
+	}
+	if len(cat.Names()) == 0 {
+		return fmt.Errorf("no templates under %s\nfix: run `make setup` (as root) in the amber source tree; it builds the minimal and python templates", tdir)
+	}
+	pool, err := parsePool(o.pool, cat.Names())
+	if err != nil {
+		return err
+	}
+
+	m, err := meta.Open(filepath.Join(dataDir, "meta.db"), meta.Options{})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	keyPath, created, err := ensureAdminKey(ctx, m, dataDir)
+	if err != nil {
+		return fmt.Errorf("admin key: %w", err)
+	}
+	if created {
+		lg.Info("wrote a new admin API key", "path", keyPath)
+	}
+	log, err := sqlite.Open(filepath.Join(dataDir, "events.db"), sqlite.Options{Logger: lg.With("component", "eventlog")})
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+
+	eng, err := engine.New(engine.Options{
+		Driver: drv, Meta: m, Log: log, Registry: eventlog.NewRegistry(), Templates: cat,
+		Pool: pool, WatchInterval: o.watch, Logger: lg.With("component", "engine"),
+	})
+	if err != nil {
+		return err
+	}
+	if err := eng.Start(ctx); err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := eng.Close(cctx); err != nil {
+			lg.Error("stop engine", "err", err)
+		}
+	}()
+
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w (is another amber up running? pick another --addr)", o.addr, err)
+	}
+	addrFile := filepath.Join(dataDir, "addr")
+	if err := writeFileAtomic(addrFile, []byte(ln.Addr().String()+"\n"), 0o644); err != nil {
+		return err
+	}
+	defer os.Remove(addrFile)
+	srv := &http.Server{
+		Handler:           server.New(server.Options{Engine: eng, Meta: m, Logger: lg.With("component", "api"), Version: version}),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	lg.Info("amber is up", "addr", "http://"+ln.Addr().String(), "driver", drv.Name(), "data_dir", dataDir,
+		"templates", strings.Join(cat.Names(), ","), "admin_key", keyPath)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	lg.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}
+
+// lockDataDir makes sure one daemon at a time uses dataDir.
+func lockDataDir(dataDir string) (func(), error) {
+	path := filepath.Join(dataDir, "daemon.lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		b, _ := os.ReadFile(path)
+		f.Close()
+		return nil, fmt.Errorf("another amber up (pid %s) uses data dir %s", strings.TrimSpace(string(b)), dataDir)
+	}
+	f.Truncate(0)
+	fmt.Fprintf(f, "%d\n", os.Getpid())
+	return func() { f.Close() }, nil
+}
