@@ -148,7 +148,9 @@ func sbPath(id string, rest ...string) string {
 }
 
 // Health checks that the daemon answers (no key needed).
-func (c *Client) Health(ctx context.Context) error { return c.do(ctx, "GET", "/healthz", nil, nil, nil) }
+func (c *Client) Health(ctx context.Context) error {
+	return c.do(ctx, "GET", "/healthz", nil, nil, nil)
+}
 
 // Info returns the daemon's version, driver and the caller's tenant.
 func (c *Client) Info(ctx context.Context) (api.Info, error) {
