@@ -43,6 +43,7 @@ func (s *Store) Append(ctx context.Context, stream string, epoch, expectedSeq ui
 		if err == nil {
 			if !res.Duplicate {
 				s.notify.wake(stream)
+				s.publish(stream)
 			}
 			return res, nil
 		}
@@ -241,7 +242,6 @@ func (s *Store) appendOnce(ctx context.Context, b *batch, epoch, expectedSeq uin
 	w.Queue(`INSERT INTO event_ids (id, stream, seq, digest)
 		SELECT u.id, $1, u.seq, u.digest FROM unnest($2::text[], $3::bigint[], $4::text[]) AS u(id, seq, digest)`,
 		b.stream, b.ids, idSeqs, idDigests)
-	w.Queue(`SELECT pg_notify($1, $2)`, s.channel, b.stream)
 	w.Queue("COMMIT")
 	if err := conn.SendBatch(ctx, w).Close(); err != nil {
 		return res, err

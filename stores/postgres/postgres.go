@@ -21,11 +21,11 @@
 //
 // An append is one transaction: lock the stream row, check idempotency,
 // owner, lease epoch and expected head, insert the events, their ids and the
-// new head, queue a NOTIFY, COMMIT. Append returns only after COMMIT
-// returned, and COMMIT returns only after the server flushed the
-// transaction's WAL (synchronous_commit=on, fsync=on; Durability reports
-// both and the tests assert them). Only then are in-process subscribers woken
-// and the NOTIFY delivered to other processes: nothing is announced before it
+// new head, COMMIT. Append returns only after COMMIT returned, and COMMIT
+// returns only after the server flushed the transaction's WAL
+// (synchronous_commit=on, fsync=on; Durability reports both and the tests
+// assert them). Only then are in-process subscribers woken and a NOTIFY
+// queued for other processes (see Changed): nothing is announced before it
 // is durable. A COMMIT whose answer is lost (connection dropped) is reported
 // as errdefs.ErrUnavailable with an unknown outcome; the caller retries with
 // the same event ids and gets either the original positions (Duplicate) or a
@@ -95,12 +95,13 @@ type Store struct {
 	schema  string
 	channel string // LISTEN/NOTIFY channel of this schema
 
-	notify  notifier
-	ownPIDs sync.Map // backend PIDs of pool connections: their NOTIFYs are already delivered in-process
+	notify  notifier  // in-process waiters
+	pub     publisher // NOTIFYs to other processes
+	ownPIDs sync.Map  // backend PIDs of pool connections: their NOTIFYs are already delivered in-process
 
-	stopListen context.CancelFunc
-	listenDone chan struct{}
-	closeOnce  sync.Once
+	stop      context.CancelFunc // ends the listener and the publisher
+	bg        sync.WaitGroup
+	closeOnce sync.Once
 }
 
 var (
@@ -121,11 +122,10 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		return nil, errdefs.InvalidArgumentf("postgres dsn: %v", err)
 	}
 	s := &Store{
-		clk:        opts.Clock,
-		log:        opts.Logger,
-		schema:     opts.Schema,
-		channel:    channelName(opts.Schema),
-		listenDone: make(chan struct{}),
+		clk:     opts.Clock,
+		log:     opts.Logger,
+		schema:  opts.Schema,
+		channel: channelName(opts.Schema),
 	}
 	if s.clk == nil {
 		s.clk = clock.Real{}
@@ -155,19 +155,20 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		s.pool.Close()
 		return nil, err
 	}
-	if err := s.startListener(ctx, cfg.ConnConfig); err != nil {
+	if err := s.startBackground(ctx, cfg.ConnConfig); err != nil {
 		s.pool.Close()
 		return nil, err
 	}
 	return s, nil
 }
 
-// Close stops the listener and closes the pool. Appends in flight finish or
-// fail first.
+// Close stops the listener, sends the last notifications and closes the
+// pool, waiting for connections in use to be returned. A second Close does
+// nothing.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
-		s.stopListen()
-		<-s.listenDone
+		s.stop()
+		s.bg.Wait()
 		s.pool.Close()
 		s.notify.wakeAll()
 	})

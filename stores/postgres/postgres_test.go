@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"log/slog"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -53,7 +55,7 @@ func openStore(t testing.TB, schema string, clk clock.Clock) *postgres.Store {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := postgres.Open(ctx, testDSN(), postgres.Options{Clock: clk, Schema: schema, MaxConns: 16})
+	s, err := postgres.Open(ctx, testDSN(), postgres.Options{Clock: clk, Schema: schema, MaxConns: benchConns(), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatalf("cannot open the PostgreSQL test database %s: %v\n"+
 			"The tests need a running PostgreSQL: run `make test` (which runs scripts/setup/postgres.sh) "+
@@ -67,4 +69,16 @@ func openStore(t testing.TB, schema string, clk clock.Clock) *postgres.Store {
 func newStore(t testing.TB, clk clock.Clock) *postgres.Store {
 	t.Helper()
 	return openStore(t, freshSchema(t), clk)
+}
+
+// testLogger writes the Store's log lines into the test's output.
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+func benchConns() int32 {
+	if n, err := strconv.Atoi(os.Getenv("AMBER_PG_CONNS")); err == nil {
+		return int32(n)
+	}
+	return 16
 }
