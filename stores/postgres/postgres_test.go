@@ -13,8 +13,40 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/amber-run/amber/core/clock"
+	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/core/eventlog/logtest"
 	"github.com/amber-run/amber/stores/postgres"
 )
+
+// TestConformance runs the event log suite against a real PostgreSQL, in a
+// schema of its own that is dropped afterwards. Every subtest gets its own
+// Store (pool and listener) on that schema.
+func TestConformance(t *testing.T) {
+	schema := freshSchema(t)
+	logtest.Run(t, func(t *testing.T, clk clock.Clock) eventlog.Store {
+		return openStore(t, schema, clk)
+	}, logtest.Options{
+		Corrupt: corruptEnvelope,
+		Reopen: func(t *testing.T, store eventlog.Store, clk clock.Clock) eventlog.Store {
+			if err := store.Close(); err != nil {
+				t.Fatal(err)
+			}
+			return openStore(t, schema, clk)
+		},
+	})
+}
+
+// corruptEnvelope flips one bit in the middle of the stored envelope of
+// stream/seq, behind the Store's back.
+func corruptEnvelope(t *testing.T, store eventlog.Store, stream string, seq uint64) {
+	t.Helper()
+	tag, err := store.(*postgres.Store).Pool().Exec(context.Background(), `
+		UPDATE events SET envelope = set_byte(envelope, length(envelope) / 2, get_byte(envelope, length(envelope) / 2) # 1)
+		WHERE stream = $1 AND seq = $2`, stream, int64(seq))
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("corrupt %s/%d: %v (%d rows)", stream, seq, err, tag.RowsAffected())
+	}
+}
 
 // testDSN is the database the tests use. The README's test command starts a
 // local PostgreSQL; a test that cannot reach it fails rather than skips.
