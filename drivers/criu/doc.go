@@ -1,0 +1,85 @@
+// Package criu is Amber's second isolation driver: Linux namespaces and
+// cgroup v1 through runc's libcontainer (used as a Go library, not the runc
+// binary), prepared for checkpoint/restore with CRIU.
+//
+// # What a sandbox is here
+//
+// Each sandbox is one libcontainer container whose init is a tiny reaper
+// (the template's /bin/sh sleeping in a loop and reaping orphans). Its root
+// filesystem is an overlay: the template's rootfs, seen through an idmapped
+// mount, under a per-sandbox writable upper directory. Exec runs further
+// processes in the container's namespaces (libcontainer's setns path).
+//
+// # Hardening, and why
+//
+// The host kernel is shared with the sandbox, so the driver stacks the
+// usual container defences and removes what it can of the kernel's attack
+// surface:
+//
+//   - User namespace. Sandbox root is an unprivileged host uid: each sandbox
+//     gets its own 65536-id range (Options.UIDBase + n·65536), so a process
+//     that escapes its other namespaces is still nobody on the host and
+//     cannot touch another sandbox's files or processes. The template, owned
+//     by host root, is shown to the sandbox through an idmapped mount so its
+//     files appear owned by sandbox root without copying or chowning it.
+//   - PID, mount, IPC, UTS, cgroup and time namespaces; a network namespace
+//     holding only loopback (no route anywhere: no egress until the gateway
+//     exists, and nothing on the host, another sandbox or link-local is
+//     reachable).
+//   - Capabilities reduced to a small set (see defaultCaps): no
+//     CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_NET_RAW, CAP_SYS_PTRACE, CAP_MKNOD,
+//     CAP_SYS_MODULE, ...; all of them only ever apply inside the user
+//     namespace anyway. no_new_privs is set, so setuid binaries and file
+//     capabilities cannot raise them again.
+//   - A seccomp filter (see defaultSeccomp) that denies the system calls
+//     which reach kernel code a sandbox has no business using and which
+//     have a history of privilege escalations: keyrings, bpf,
+//     perf_event_open, userfaultfd, io_uring, kernel modules, kexec, every
+//     mount API, pivot_root, setns, clock setting, and creating new user
+//     namespaces (unshare/clone with CLONE_NEWUSER; clone3 answers ENOSYS so
+//     libc falls back to clone, whose flags the filter can inspect). Sockets
+//     of family AF_VSOCK are refused: vsock is not network-namespaced and
+//     reaches the hypervisor's services on Firecracker hosts.
+//   - Mounts: only proc, sysfs (read-only), a tmpfs /dev with the standard
+//     device nodes, devpts, /dev/shm and mqueue. No host directory is
+//     mounted in. runc's masked paths (/proc/kcore, /proc/keys,
+//     /proc/sched_debug, /sys/firmware, ...) are hidden and its read-only
+//     paths (/proc/sys, /proc/sysrq-trigger, /proc/irq, ...) are remounted
+//     read-only. Device access is denied by the devices cgroup except the
+//     standard set (null, zero, full, random, urandom, tty, ptmx/pts).
+//   - cgroup v1 limits per sandbox (memory without swap, CPU quota, pids)
+//     under Options.CgroupParent/<id>; the sandbox's processes get a raised
+//     oom_score_adj so the host's own processes are not the kernel's first
+//     choice when the whole machine runs short.
+//
+// None of this makes a shared kernel safe against a kernel bug reachable
+// through the allowed system calls: the gvisor driver is the one fit for
+// untrusted multi-tenant code. See docs/security.md.
+//
+// # Re-exec init
+//
+// libcontainer starts every container process by re-executing the current
+// binary as "<argv0> init" (its nsexec C constructor, linked in through
+// libcontainer/nsenter, sets up namespaces before the Go runtime starts).
+// A program that uses this driver must therefore call InitIfRequested as
+// the first statement of main (and a test binary in TestMain). It returns
+// at once in a normal run.
+//
+// The cgo part (nsenter) and the seccomp filter (libseccomp, build tag
+// "seccomp") require building with CGO_ENABLED=1 and -tags seccomp, with
+// libseccomp-dev installed. A binary built without the tag refuses to create
+// sandboxes (Check says why) rather than run them unfiltered.
+//
+// # State
+//
+// Everything the driver keeps is under Options.StateDir:
+//
+//	<StateDir>/runc/<id>/            libcontainer's state (state.json)
+//	<StateDir>/sandboxes/<id>/       sandbox.json (this driver's record) and
+//	                                 the writable layer (upper, work, merged)
+//
+// After a daemon restart List and Inspect load both; mounts and cgroups
+// outlive the daemon, so running sandboxes are found running. Destroy
+// removes each piece independently, so it succeeds on a half-created
+// sandbox and when repeated.
+package criu

@@ -1,0 +1,265 @@
+package criu
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox"
+)
+
+// Defaults for Options.
+const (
+	DefaultStateDir     = "/var/lib/amber/criu"
+	DefaultCgroupParent = "/amber/criu"
+	// DefaultUIDBase is the first host uid of the first sandbox's range.
+	DefaultUIDBase = 100000
+	// idsPerSandbox is the size of each sandbox's uid and gid range.
+	idsPerSandbox = 65536
+)
+
+// DefaultLimits apply where neither the spec nor the template sets a limit.
+var DefaultLimits = sandbox.Limits{
+	MemoryBytes: 512 << 20,
+	MilliCPUs:   1000,
+	Pids:        512,
+	DiskBytes:   1 << 30,
+}
+
+// Options configure a Driver. Zero values take the defaults above.
+type Options struct {
+	// StateDir holds the driver's state; see the package doc for its layout.
+	StateDir string
+	// CriuPath is the CRIU binary Check runs. Default:
+	// ${AMBER_CACHE:-/var/cache/amber}/bin/criu, the patched build that
+	// `make setup` installs. A criu found on PATH is never used for Check:
+	// Debian 12's 3.17 does not start on this kernel.
+	CriuPath string
+	// CgroupParent is the cgroup (same path in every v1 hierarchy) under
+	// which each sandbox gets <CgroupParent>/<id>.
+	CgroupParent string
+	// UIDBase is the first host uid (and gid) given to sandboxes; sandbox n
+	// maps its ids 0..65535 to UIDBase+n·65536 onwards.
+	UIDBase int
+	// MaxSandboxes bounds the number of uid ranges (default 4096).
+	MaxSandboxes int
+	// Limits override DefaultLimits field by field.
+	Limits sandbox.Limits
+	Logger *slog.Logger
+}
+
+// Driver is the criu sandbox driver. It is safe for concurrent use.
+type Driver struct {
+	opts   Options
+	log    *slog.Logger
+	runc   string // libcontainer root: <StateDir>/runc
+	sbxDir string // <StateDir>/sandboxes
+
+	mu     sync.Mutex // guards locks, live and uid allocation
+	locks  map[string]*sync.Mutex
+	live   map[string]*liveSandbox
+	nofile uint64
+}
+
+var _ sandbox.Driver = (*Driver)(nil)
+
+// New returns a driver keeping its state under opts.StateDir (created if
+// missing). It does not check the host; Check does.
+func New(opts Options) (*Driver, error) {
+	if opts.StateDir == "" {
+		opts.StateDir = DefaultStateDir
+	}
+	if opts.CriuPath == "" {
+		cache := os.Getenv("AMBER_CACHE")
+		if cache == "" {
+			cache = "/var/cache/amber"
+		}
+		opts.CriuPath = filepath.Join(cache, "bin", "criu")
+	}
+	if opts.CgroupParent == "" {
+		opts.CgroupParent = DefaultCgroupParent
+	}
+	if opts.UIDBase == 0 {
+		opts.UIDBase = DefaultUIDBase
+	}
+	if opts.MaxSandboxes == 0 {
+		opts.MaxSandboxes = 4096
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	abs, err := filepath.Abs(opts.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	opts.StateDir = abs
+	d := &Driver{
+		opts:   opts,
+		log:    opts.Logger.With("driver", "criu"),
+		runc:   filepath.Join(abs, "runc"),
+		sbxDir: filepath.Join(abs, "sandboxes"),
+		locks:  map[string]*sync.Mutex{},
+		live:   map[string]*liveSandbox{},
+	}
+	// Sandbox root (an unprivileged host uid) must be able to walk down to
+	// its rootfs, so every directory on the way is searchable (not
+	// listable) by others.
+	for _, dir := range []string{abs, d.runc, d.sbxDir} {
+		if err := os.MkdirAll(dir, 0o711); err != nil {
+			return nil, fmt.Errorf("criu driver: %w", err)
+		}
+		if err := os.Chmod(dir, 0o711); err != nil {
+			return nil, fmt.Errorf("criu driver: %w", err)
+		}
+	}
+	if err := searchableByAll(abs); err != nil {
+		return nil, fmt.Errorf("criu driver: state dir %s: %w", abs, err)
+	}
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil {
+		d.nofile = min(rl.Max, 65536)
+	}
+	return d, nil
+}
+
+// searchableByAll checks that every parent of dir has the search bit for
+// others, which sandbox root (an unprivileged host uid) needs to reach the
+// rootfs below it.
+func searchableByAll(dir string) error {
+	for p := filepath.Dir(dir); ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return errdefs.FailedPreconditionf("%s is not searchable by others (mode %v); sandboxes cannot reach their rootfs", p, fi.Mode().Perm())
+		}
+		if p == "/" {
+			return nil
+		}
+	}
+}
+
+// Name implements sandbox.Driver.
+func (d *Driver) Name() string { return "criu" }
+
+// Capabilities implements sandbox.Driver. Checkpoint is false until the
+// checkpoint interface is implemented (next issue); CRIU restores live TCP
+// (TCP_REPAIR) and restores lazily (userfaultfd), which the driver will use.
+func (d *Driver) Capabilities() sandbox.Capabilities {
+	return sandbox.Capabilities{
+		Checkpoint:     false,
+		LazyRestore:    true,
+		LiveOutsideTCP: true,
+		PTY:            true,
+		PortForward:    false,
+	}
+}
+
+// setupHint is the command that installs what Check finds missing.
+const setupHint = "run `make setup` (scripts/setup/criu.sh builds the patched CRIU into $AMBER_CACHE/bin)"
+
+// Check implements sandbox.Driver: the binary was built with seccomp
+// support, the cgroup v1 controllers the driver uses are mounted, and the
+// patched CRIU at Options.CriuPath passes `criu check`.
+func (d *Driver) Check(ctx context.Context) error {
+	if !seccompSupported {
+		return errdefs.FailedPreconditionf("criu driver: this binary was built without seccomp support; build with CGO_ENABLED=1 -tags seccomp (libseccomp-dev installed)")
+	}
+	if os.Geteuid() != 0 {
+		return errdefs.FailedPreconditionf("criu driver: needs root (uid 0), running as uid %d", os.Geteuid())
+	}
+	for _, c := range []string{"memory", "cpu", "pids", "freezer", "devices"} {
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", c, "cgroup.procs")); err != nil {
+			return errdefs.FailedPreconditionf("criu driver: cgroup v1 controller %q not mounted at /sys/fs/cgroup/%s", c, c)
+		}
+	}
+	fi, err := os.Stat(d.opts.CriuPath)
+	if err != nil {
+		return errdefs.FailedPreconditionf("criu driver: CRIU not found at %s: %s", d.opts.CriuPath, setupHint)
+	}
+	if fi.Mode()&0o111 == 0 {
+		return errdefs.FailedPreconditionf("criu driver: %s is not executable: %s", d.opts.CriuPath, setupHint)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, d.opts.CriuPath, "--version").CombinedOutput()
+	if err != nil {
+		return errdefs.FailedPreconditionf("criu driver: %s --version: %v: %s; %s", d.opts.CriuPath, err, bytes.TrimSpace(out), setupHint)
+	}
+	if v := criuVersion(string(out)); v != "" && !versionAtLeast(v, 4, 1) {
+		return errdefs.FailedPreconditionf("criu driver: %s is CRIU %s, need >= 4.1: %s", d.opts.CriuPath, v, setupHint)
+	}
+	out, err = exec.CommandContext(ctx, d.opts.CriuPath, "check").CombinedOutput()
+	if err != nil {
+		return errdefs.FailedPreconditionf("criu driver: `%s check` failed: %v: %s; %s", d.opts.CriuPath, err, lastLines(out, 5), setupHint)
+	}
+	return nil
+}
+
+var criuVersionRE = regexp.MustCompile(`Version: ([0-9]+(?:\.[0-9]+)*)`)
+
+func criuVersion(out string) string {
+	m := criuVersionRE.FindStringSubmatch(out)
+	if m == nil {
+		return ""
+	}
+	return m[1]
+}
+
+func versionAtLeast(v string, major, minor int) bool {
+	var ma, mi int
+	if _, err := fmt.Sscanf(v, "%d.%d", &ma, &mi); err != nil {
+		// "4" alone
+		if _, err := fmt.Sscanf(v, "%d", &ma); err != nil {
+			return false
+		}
+	}
+	return ma > major || ma == major && mi >= minor
+}
+
+func lastLines(b []byte, n int) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// lock serializes lifecycle calls (Create, Kill, Destroy) for one id.
+func (d *Driver) lock(id string) func() {
+	d.mu.Lock()
+	l, ok := d.locks[id]
+	if !ok {
+		l = &sync.Mutex{}
+		d.locks[id] = l
+	}
+	d.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+var idRE = regexp.MustCompile(`^[a-z0-9-]{1,48}$`)
+
+func validID(id string) error {
+	if !idRE.MatchString(id) {
+		return errdefs.InvalidArgumentf("sandbox id %q: want [a-z0-9-], 1 to 48 bytes", id)
+	}
+	return nil
+}
+
+func isNotExist(err error) bool {
+	return errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENOENT)
+}

@@ -1,0 +1,407 @@
+package criu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/opencontainers/runc/libcontainer"
+	"golang.org/x/sys/unix"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox"
+)
+
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// drainGrace is how long Exec keeps copying output after the command
+// exited, for descendants that still hold its stdout/stderr; then the pipes
+// are closed and Exec returns.
+const drainGrace = 200 * time.Millisecond
+
+// parseUser reads a template's "uid:gid" (numeric; empty means 0:0).
+func parseUser(s string) (uid, gid int, err error) {
+	if s == "" {
+		return 0, 0, nil
+	}
+	u, g, ok := strings.Cut(s, ":")
+	if !ok {
+		g = u
+	}
+	uid, err1 := strconv.Atoi(u)
+	gid, err2 := strconv.Atoi(g)
+	if err1 != nil || err2 != nil || uid < 0 || gid < 0 || uid >= idsPerSandbox || gid >= idsPerSandbox {
+		return 0, 0, errdefs.InvalidArgumentf("template user %q: want numeric \"uid:gid\" below %d", s, idsPerSandbox)
+	}
+	return uid, gid, nil
+}
+
+// processEnv is the environment of a sandbox process: a default PATH and
+// HOME, the template's, the sandbox's, then the call's (later wins).
+func processEnv(rec *record, uid int, extra []string) []string {
+	home := "/root"
+	if uid != 0 {
+		home = "/"
+	}
+	env := []string{"PATH=" + defaultPath, "HOME=" + home}
+	env = append(env, rec.Template.Env...)
+	env = append(env, rec.Env...)
+	env = append(env, extra...)
+	// Keep the last value of each name.
+	seen := map[string]int{}
+	var out []string
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		if i, ok := seen[name]; ok {
+			out[i] = kv
+			continue
+		}
+		seen[name] = len(out)
+		out = append(out, kv)
+	}
+	return out
+}
+
+func (d *Driver) process(ls *liveSandbox, spec sandbox.ExecSpec) (*libcontainer.Process, error) {
+	if len(spec.Args) == 0 {
+		return nil, errdefs.InvalidArgumentf("exec: no command")
+	}
+	uid, gid, err := parseUser(ls.rec.Template.User)
+	if err != nil {
+		return nil, err
+	}
+	cwd := spec.Cwd
+	if cwd == "" {
+		cwd = ls.rec.Template.Cwd
+	}
+	if cwd == "" {
+		cwd = "/"
+	}
+	return &libcontainer.Process{
+		Args: spec.Args,
+		Env:  processEnv(ls.rec, uid, spec.Env),
+		Cwd:  cwd,
+		UID:  uid,
+		GID:  gid,
+	}, nil
+}
+
+func (d *Driver) running(id string) (*liveSandbox, error) {
+	ls, err := d.container(id)
+	if err != nil {
+		return nil, err
+	}
+	st, err := ls.c.Status()
+	if err != nil {
+		return nil, recordErr(id, err)
+	}
+	if st != libcontainer.Running {
+		return nil, errdefs.FailedPreconditionf("sandbox %s is %s", id, st)
+	}
+	return ls, nil
+}
+
+// Exec implements sandbox.Driver. The command's stdio are pipes (or a
+// pseudo-terminal) created for this call; no descriptor of the daemon is
+// passed in. libcontainer's init closes every other descriptor before it
+// execs the command.
+func (d *Driver) Exec(ctx context.Context, id string, spec sandbox.ExecSpec) (sandbox.ExitStatus, error) {
+	ls, err := d.running(id)
+	if err != nil {
+		return sandbox.ExitStatus{}, err
+	}
+	p, err := d.process(ls, spec)
+	if err != nil {
+		return sandbox.ExitStatus{}, err
+	}
+	if spec.TTY {
+		return d.execTTY(ctx, ls, p, spec)
+	}
+	var (
+		closers  []*os.File // our ends, closed when we are done
+		children []*os.File // the command's ends, closed once it started
+		copiers  sync.WaitGroup
+	)
+	defer func() {
+		for _, f := range append(closers, children...) {
+			f.Close()
+		}
+	}()
+	// stdin
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return sandbox.ExitStatus{}, err
+	}
+	children, closers = append(children, inR), append(closers, inW)
+	p.Stdin = inR
+	// stdout, stderr
+	outputs := []io.Writer{spec.Stdout, spec.Stderr}
+	readers := make([]*os.File, 2)
+	for i := range outputs {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return sandbox.ExitStatus{}, err
+		}
+		children, closers = append(children, w), append(closers, r)
+		readers[i] = r
+	}
+	p.Stdout, p.Stderr = children[1], children[2]
+
+	if err := ls.c.Run(p); err != nil {
+		return sandbox.ExitStatus{}, recordErr(id, fmt.Errorf("exec %q: %w", spec.Args[0], err))
+	}
+	for _, f := range children {
+		f.Close()
+	}
+	children = nil
+
+	go func() {
+		if spec.Stdin != nil {
+			_, _ = io.Copy(inW, spec.Stdin)
+		}
+		inW.Close()
+	}()
+	for i, r := range readers {
+		w := outputs[i]
+		if w == nil {
+			w = io.Discard
+		}
+		copiers.Add(1)
+		go func() {
+			defer copiers.Done()
+			_, _ = io.Copy(w, r)
+		}()
+	}
+	st, err := d.wait(ctx, ls, p, spec.Timeout)
+	// Let the output drain; descendants that keep the pipes open do not
+	// hold Exec beyond drainGrace.
+	drained := make(chan struct{})
+	go func() { copiers.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(drainGrace):
+		for _, r := range readers {
+			_ = r.SetReadDeadline(time.Now())
+		}
+		<-drained
+	}
+	return st, err
+}
+
+// wait waits for p, SIGKILLing it and its descendants on timeout or when
+// ctx ends.
+func (d *Driver) wait(ctx context.Context, ls *liveSandbox, p *libcontainer.Process, timeout time.Duration) (sandbox.ExitStatus, error) {
+	pid, err := p.Pid()
+	if err != nil {
+		return sandbox.ExitStatus{}, err
+	}
+	type result struct {
+		ps  *os.ProcessState
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ps, err := p.Wait()
+		done <- result{ps, err}
+	}()
+	var timer <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		timer = t.C
+	}
+	var st sandbox.ExitStatus
+	var ctxErr error
+	select {
+	case r := <-done:
+		return exitStatus(r.ps, r.err)
+	case <-timer:
+		st.TimedOut = true
+	case <-ctx.Done():
+		ctxErr = ctx.Err()
+	}
+	killTree(ls.c, pid)
+	r := <-done
+	s, err := exitStatus(r.ps, r.err)
+	s.TimedOut = st.TimedOut
+	if ctxErr != nil {
+		return s, ctxErr
+	}
+	return s, err
+}
+
+func exitStatus(ps *os.ProcessState, err error) (sandbox.ExitStatus, error) {
+	if ps == nil {
+		return sandbox.ExitStatus{}, err
+	}
+	ws, ok := ps.Sys().(syscall.WaitStatus)
+	if !ok {
+		return sandbox.ExitStatus{Code: ps.ExitCode()}, nil
+	}
+	switch {
+	case ws.Exited():
+		return sandbox.ExitStatus{Code: ws.ExitStatus()}, nil
+	case ws.Signaled():
+		return sandbox.ExitStatus{Code: 128 + int(ws.Signal()), Signal: unix.SignalName(ws.Signal())}, nil
+	}
+	return sandbox.ExitStatus{Code: ps.ExitCode()}, nil
+}
+
+// killTree SIGKILLs host pid and every descendant of it inside the
+// sandbox's cgroup, the cgroup frozen meanwhile so nothing forks away.
+func killTree(c *libcontainer.Container, pid int) {
+	paused := c.Pause() == nil
+	defer func() {
+		if paused {
+			_ = c.Resume()
+		}
+	}()
+	hostPids, err := c.Processes()
+	if err != nil {
+		_ = unix.Kill(pid, unix.SIGKILL)
+		return
+	}
+	parent := map[int]int{}
+	for _, hp := range hostPids {
+		if st, err := readStatus(hp); err == nil {
+			parent[hp] = st.ppid
+		}
+	}
+	victims := map[int]bool{pid: true}
+	for changed := true; changed; {
+		changed = false
+		for hp, pp := range parent {
+			if victims[pp] && !victims[hp] {
+				victims[hp], changed = true, true
+			}
+		}
+	}
+	for hp := range victims {
+		_ = unix.Kill(hp, unix.SIGKILL)
+	}
+}
+
+// execTTY runs p on a new pseudo-terminal that libcontainer creates inside
+// the sandbox (its devpts) and hands back through a socket.
+func (d *Driver) execTTY(ctx context.Context, ls *liveSandbox, p *libcontainer.Process, spec sandbox.ExecSpec) (sandbox.ExitStatus, error) {
+	parentSock, childSock, err := socketPair()
+	if err != nil {
+		return sandbox.ExitStatus{}, err
+	}
+	defer parentSock.Close()
+	p.ConsoleSocket = childSock
+	p.ConsoleWidth, p.ConsoleHeight = 80, 24
+	err = ls.c.Run(p)
+	childSock.Close()
+	if err != nil {
+		return sandbox.ExitStatus{}, recordErr(ls.rec.ID, fmt.Errorf("exec %q: %w", spec.Args[0], err))
+	}
+	master, err := recvFile(parentSock)
+	if err != nil {
+		pid, _ := p.Pid()
+		killTree(ls.c, pid)
+		_, _ = p.Wait()
+		return sandbox.ExitStatus{}, fmt.Errorf("receive pty: %w", err)
+	}
+	defer master.Close()
+	if spec.Stdin != nil {
+		go func() { _, _ = io.Copy(master, spec.Stdin) }()
+	}
+	out := spec.Stdout
+	if out == nil {
+		out = io.Discard
+	}
+	copied := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(out, master) // ends with EIO once the last slave fd closes
+		close(copied)
+	}()
+	st, err := d.wait(ctx, ls, p, spec.Timeout)
+	select {
+	case <-copied:
+	case <-time.After(drainGrace):
+		_ = master.SetReadDeadline(time.Now())
+		<-copied
+	}
+	return st, err
+}
+
+func socketPair() (parent, child *os.File, err error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	return os.NewFile(uintptr(fds[0]), "console-parent"), os.NewFile(uintptr(fds[1]), "console-child"), nil
+}
+
+// recvFile receives one file descriptor sent with SCM_RIGHTS.
+func recvFile(sock *os.File) (*os.File, error) {
+	conn, err := sock.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	name := make([]byte, 4096)
+	oob := make([]byte, unix.CmsgSpace(4))
+	var n, oobn int
+	var rerr error
+	err = conn.Read(func(fd uintptr) bool {
+		n, oobn, _, _, rerr = unix.Recvmsg(int(fd), name, oob, unix.MSG_CMSG_CLOEXEC)
+		return !errors.Is(rerr, unix.EAGAIN)
+	})
+	if err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return nil, fmt.Errorf("pty: want one control message, got %d (%v)", len(msgs), err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return nil, fmt.Errorf("pty: want one descriptor, got %d (%v)", len(fds), err)
+	}
+	return os.NewFile(uintptr(fds[0]), string(name[:n])), nil
+}
+
+// startScript starts "$@" in the background with output to
+// /run/amber/proc/<pid>.log and prints its PID. The inner sh learns its own
+// PID ($$) and execs the command, which keeps it.
+const startScript = `mkdir -p /run/amber/proc && /bin/sh -c 'exec "$@" </dev/null >/run/amber/proc/$$.log 2>&1' sh "$@" & echo $!`
+
+// Start implements sandbox.Driver.
+func (d *Driver) Start(ctx context.Context, id string, spec sandbox.ExecSpec) (int, error) {
+	if len(spec.Args) == 0 {
+		return 0, errdefs.InvalidArgumentf("start: no command")
+	}
+	var out, errb strings.Builder
+	wrapped := spec
+	wrapped.Args = append([]string{"/bin/sh", "-c", startScript, "sh"}, spec.Args...)
+	wrapped.Stdin, wrapped.Stdout, wrapped.Stderr, wrapped.TTY = nil, &out, &errb, false
+	if wrapped.Timeout == 0 {
+		wrapped.Timeout = 30 * time.Second
+	}
+	st, err := d.Exec(ctx, id, wrapped)
+	if err != nil {
+		return 0, err
+	}
+	if st.Code != 0 {
+		return 0, fmt.Errorf("sandbox %s: start %q: exit %d: %s", id, spec.Args[0], st.Code, strings.TrimSpace(errb.String()))
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(out.String()))
+	if err != nil {
+		return 0, fmt.Errorf("sandbox %s: start %q: wrapper printed %q", id, spec.Args[0], out.String())
+	}
+	return pid, nil
+}

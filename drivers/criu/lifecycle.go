@@ -1,0 +1,373 @@
+package criu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/opencontainers/cgroups"
+	"github.com/opencontainers/cgroups/manager"
+	"github.com/opencontainers/runc/libcontainer"
+	"golang.org/x/sys/unix"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox"
+)
+
+// reaperScript is the sandbox's init: it sleeps and reaps orphans (the
+// shell's wait reaps any child, including processes re-parented to it),
+// and exits on SIGTERM. It is plain POSIX sh, so it runs on busybox and
+// Debian templates alike.
+const reaperScript = `trap 'exit 0' TERM; while :; do sleep 86400 & wait; done`
+
+// liveSandbox is what the driver holds in memory for a sandbox.
+type liveSandbox struct {
+	c   *libcontainer.Container
+	rec *record
+}
+
+// Create implements sandbox.Driver.
+func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (info sandbox.Info, err error) {
+	if err := validID(spec.ID); err != nil {
+		return sandbox.Info{}, err
+	}
+	if !seccompSupported {
+		return sandbox.Info{}, d.Check(ctx)
+	}
+	if spec.Template.RootFS == "" || !filepath.IsAbs(spec.Template.RootFS) {
+		return sandbox.Info{}, errdefs.InvalidArgumentf("sandbox %s: template rootfs %q: want an absolute host path", spec.ID, spec.Template.RootFS)
+	}
+	if fi, err := os.Stat(spec.Template.RootFS); err != nil || !fi.IsDir() {
+		return sandbox.Info{}, errdefs.FailedPreconditionf("sandbox %s: template %s rootfs %s: not a directory", spec.ID, spec.Template.Name, spec.Template.RootFS)
+	}
+	if _, _, err := parseUser(spec.Template.User); err != nil {
+		return sandbox.Info{}, err
+	}
+	lim := d.effectiveLimits(spec.Limits, spec.Template.Limits)
+	if err := validateLimits(lim); err != nil {
+		return sandbox.Info{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	unlock := d.lock(spec.ID)
+	defer unlock()
+
+	rec := &record{
+		Version:  recordVersion,
+		ID:       spec.ID,
+		Tenant:   spec.Tenant,
+		Template: spec.Template,
+		Limits:   lim,
+		Env:      spec.Env,
+		Created:  time.Now().UTC(),
+		Phase:    phaseCreating,
+	}
+	// Claim the id and a uid range atomically with respect to other Creates.
+	d.mu.Lock()
+	if _, err := os.Lstat(d.recordDir(spec.ID)); err == nil {
+		d.mu.Unlock()
+		return sandbox.Info{}, errdefs.AlreadyExistsf("sandbox %s", spec.ID)
+	}
+	if _, err := os.Lstat(filepath.Join(d.runc, spec.ID)); err == nil {
+		d.mu.Unlock()
+		return sandbox.Info{}, errdefs.AlreadyExistsf("sandbox %s (libcontainer state left over; destroy it first)", spec.ID)
+	}
+	slot, err := d.allocSlot()
+	if err == nil {
+		rec.Slot = slot
+		rec.HostID = d.opts.UIDBase + slot*idsPerSandbox
+		if err = os.Mkdir(d.recordDir(spec.ID), 0o711); err == nil {
+			err = d.saveRecord(rec)
+		}
+	}
+	d.mu.Unlock()
+	if err != nil {
+		_ = os.RemoveAll(d.recordDir(spec.ID))
+		return sandbox.Info{}, recordErr(spec.ID, err)
+	}
+
+	defer func() {
+		if err != nil {
+			if derr := d.destroyLocked(context.WithoutCancel(ctx), spec.ID); derr != nil {
+				d.log.Error("cleanup after failed create", "sandbox", spec.ID, "err", derr)
+			}
+		}
+	}()
+
+	rootfs, err := d.mountRootfs(rec)
+	if err != nil {
+		return sandbox.Info{}, recordErr(spec.ID, err)
+	}
+	c, err := libcontainer.Create(d.runc, spec.ID, d.containerConfig(rec, rootfs))
+	if err != nil {
+		return sandbox.Info{}, recordErr(spec.ID, fmt.Errorf("libcontainer create: %w", err))
+	}
+	init := &libcontainer.Process{
+		Args: []string{"/bin/sh", "-c", reaperScript},
+		Env:  []string{"PATH=" + defaultPath},
+		Cwd:  "/",
+		Init: true,
+	}
+	if err := c.Run(init); err != nil {
+		return sandbox.Info{}, recordErr(spec.ID, fmt.Errorf("start init: %w", err))
+	}
+	// The init is our child: reap it when it dies, or it stays a zombie
+	// and the sandbox looks alive.
+	go func() { _, _ = init.Wait() }()
+
+	rec.Phase = phaseCreated
+	if err := d.saveRecord(rec); err != nil {
+		return sandbox.Info{}, recordErr(spec.ID, err)
+	}
+	d.mu.Lock()
+	d.live[spec.ID] = &liveSandbox{c: c, rec: rec}
+	d.mu.Unlock()
+	pid, _ := init.Pid()
+	d.log.Info("sandbox created", "sandbox", spec.ID, "template", spec.Template.Name, "init_pid", pid, "host_uid", rec.HostID)
+	return sandbox.Info{ID: spec.ID, State: sandbox.StateRunning, Created: rec.Created, InitPID: pid}, nil
+}
+
+// mountRootfs mounts the sandbox's root: the template through an idmapped
+// mount (host root's files appear owned by sandbox root) under a writable
+// layer whose root directory belongs to sandbox root.
+func (d *Driver) mountRootfs(rec *record) (string, error) {
+	ns, err := usernsFD(rec.HostID, idsPerSandbox)
+	if err != nil {
+		return "", err
+	}
+	defer ns.Close()
+	lower, err := idmappedTree(rec.Template.RootFS, ns)
+	if err != nil {
+		return "", err
+	}
+	defer lower.Close()
+	l, err := createLayer(d.layerDir(rec.ID), fmt.Sprintf("/proc/self/fd/%d", lower.Fd()), rec.Limits.DiskBytes)
+	if err != nil {
+		return "", err
+	}
+	// The overlay's root takes its owner from the upper directory, which
+	// host root created; hand it to sandbox root (and keep its mode).
+	merged := l.Merged()
+	if err := os.Lchown(merged, rec.HostID, rec.HostID); err != nil {
+		return "", err
+	}
+	return merged, nil
+}
+
+// container returns the sandbox's libcontainer container, loading it from
+// the state directory when this process did not create it.
+func (d *Driver) container(id string) (*liveSandbox, error) {
+	if err := validID(id); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	ls, ok := d.live[id]
+	d.mu.Unlock()
+	if ok {
+		return ls, nil
+	}
+	rec, err := d.loadRecord(id)
+	if err != nil {
+		return nil, err
+	}
+	c, err := libcontainer.Load(d.runc, id)
+	if err != nil {
+		if errors.Is(err, libcontainer.ErrNotExist) {
+			return nil, errdefs.FailedPreconditionf("sandbox %s: not started (creation did not finish); destroy it", id)
+		}
+		return nil, recordErr(id, fmt.Errorf("load container: %w", err))
+	}
+	ls = &liveSandbox{c: c, rec: rec}
+	d.mu.Lock()
+	if cur, ok := d.live[id]; ok {
+		ls = cur
+	} else {
+		d.live[id] = ls
+	}
+	d.mu.Unlock()
+	return ls, nil
+}
+
+// Inspect implements sandbox.Driver.
+func (d *Driver) Inspect(ctx context.Context, id string) (sandbox.Info, error) {
+	if err := validID(id); err != nil {
+		return sandbox.Info{}, err
+	}
+	rec, err := d.loadRecord(id)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			if _, serr := os.Lstat(filepath.Join(d.runc, id)); serr == nil {
+				// Only libcontainer's directory is left: a half-created or
+				// half-destroyed sandbox.
+				return sandbox.Info{ID: id, State: sandbox.StateUnknown}, nil
+			}
+		}
+		return sandbox.Info{}, err
+	}
+	info := sandbox.Info{ID: id, Created: rec.Created, State: sandbox.StateUnknown}
+	ls, err := d.container(id)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return sandbox.Info{}, err
+		}
+		return info, nil
+	}
+	st, err := ls.c.Status()
+	if err != nil {
+		return info, nil
+	}
+	switch st {
+	case libcontainer.Running, libcontainer.Paused:
+		info.State = sandbox.StateRunning
+		if s, err := ls.c.State(); err == nil {
+			info.InitPID = s.InitProcessPid
+		}
+	case libcontainer.Stopped:
+		info.State = sandbox.StateStopped
+	}
+	return info, nil
+}
+
+// List implements sandbox.Driver.
+func (d *Driver) List(ctx context.Context) ([]sandbox.Info, error) {
+	ids, err := d.ids()
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(ids)
+	out := make([]sandbox.Info, 0, len(ids))
+	for _, id := range ids {
+		info, err := d.Inspect(ctx, id)
+		if errdefs.IsNotFound(err) {
+			continue // destroyed meanwhile
+		}
+		if err != nil {
+			info = sandbox.Info{ID: id, State: sandbox.StateUnknown}
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+// Kill implements sandbox.Driver: freeze the cgroup, SIGKILL every process
+// in it, thaw, and wait until it is empty. Freezing first means no process
+// can fork a child that escapes the kill. The writable layer, the cgroup and
+// the container's state stay (a restore reuses them).
+func (d *Driver) Kill(ctx context.Context, id string) error {
+	unlock := d.lock(id)
+	defer unlock()
+	ls, err := d.container(id)
+	if err != nil {
+		return err
+	}
+	return d.killAll(ctx, ls.c)
+}
+
+func (d *Driver) killAll(ctx context.Context, c *libcontainer.Container) error {
+	cfg := c.Config()
+	cm, err := manager.New(cfg.Cgroups)
+	if err != nil {
+		return err
+	}
+	return killCgroup(ctx, cm)
+}
+
+// killCgroup SIGKILLs every process of a cgroup and waits (up to 10 s) for
+// it to be empty.
+func killCgroup(ctx context.Context, cm cgroups.Manager) error {
+	if !cm.Exists() {
+		return nil
+	}
+	frozen := cm.Freeze(cgroups.Frozen) == nil
+	pids, err := cm.GetAllPids()
+	if err != nil && !isNotExist(err) {
+		if frozen {
+			_ = cm.Freeze(cgroups.Thawed)
+		}
+		return err
+	}
+	for _, pid := range pids {
+		_ = unix.Kill(pid, unix.SIGKILL)
+	}
+	if frozen {
+		if err := cm.Freeze(cgroups.Thawed); err != nil {
+			return fmt.Errorf("thaw: %w", err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pids, err := cm.GetAllPids()
+		if err != nil || len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errdefs.Unavailablef("%d processes still in cgroup after SIGKILL", len(pids))
+		}
+		for _, pid := range pids { // forked between listing and freezing (no freezer)
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// Destroy implements sandbox.Driver. Every step tolerates its object being
+// absent, so Destroy finishes a half-created or half-destroyed sandbox.
+func (d *Driver) Destroy(ctx context.Context, id string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	unlock := d.lock(id)
+	defer unlock()
+	return d.destroyLocked(ctx, id)
+}
+
+func (d *Driver) destroyLocked(ctx context.Context, id string) error {
+	d.mu.Lock()
+	delete(d.live, id)
+	d.mu.Unlock()
+	var errs []error
+	// 1. Processes and cgroups. The cgroup path is derived from the id, so
+	// it is found even when libcontainer never saved its state.
+	cg := &cgroups.Cgroup{Path: filepath.Join(d.opts.CgroupParent, id), Resources: &cgroups.Resources{}}
+	if cm, err := manager.New(cg); err != nil {
+		errs = append(errs, err)
+	} else {
+		if err := killCgroup(ctx, cm); err != nil {
+			errs = append(errs, fmt.Errorf("kill: %w", err))
+		} else if err := cm.Destroy(); err != nil && !isNotExist(err) {
+			errs = append(errs, fmt.Errorf("remove cgroups: %w", err))
+		}
+	}
+	// 2. libcontainer's state (Destroy of a stopped container only
+	// removes its state directory and cgroups; the directory alone is
+	// left when Create failed before Run).
+	if c, err := libcontainer.Load(d.runc, id); err == nil {
+		if err := c.Destroy(); err != nil {
+			errs = append(errs, fmt.Errorf("libcontainer destroy: %w", err))
+		}
+	}
+	if err := os.RemoveAll(filepath.Join(d.runc, id)); err != nil {
+		errs = append(errs, err)
+	}
+	// 3. The writable layer and the record, last: while the record exists,
+	// List reports the sandbox and a repeated Destroy retries.
+	if err := destroyLayer(d.layerDir(id)); err != nil {
+		errs = append(errs, fmt.Errorf("layer: %w", err))
+	}
+	if len(errs) == 0 {
+		if err := os.RemoveAll(d.recordDir(id)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return recordErr(id, fmt.Errorf("destroy: %w", err))
+	}
+	d.log.Info("sandbox destroyed", "sandbox", id)
+	return nil
+}

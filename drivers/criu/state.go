@@ -1,0 +1,185 @@
+package criu
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox"
+)
+
+// recordVersion is the format of sandbox.json. Bump it (and teach
+// loadRecord to read the old one) when a field changes meaning.
+const recordVersion = 1
+
+// Phases of a record.
+const (
+	phaseCreating = "creating" // host objects may exist partly; Destroy cleans up
+	phaseCreated  = "created"  // the container was started at least once
+)
+
+// record is this driver's durable description of one sandbox, in
+// <StateDir>/sandboxes/<id>/sandbox.json. Together with libcontainer's
+// state.json it is everything needed to find, restore (next issue:
+// libcontainer's Restore runs CRIU against the same container and rootfs)
+// or destroy the sandbox after a daemon restart.
+type record struct {
+	Version  int              `json:"version"`
+	ID       string           `json:"id"`
+	Tenant   string           `json:"tenant,omitempty"`
+	Template sandbox.Template `json:"template"`
+	// Limits are the effective limits (spec, then template, then defaults).
+	Limits sandbox.Limits `json:"limits"`
+	Env    []string       `json:"env,omitempty"`
+	// Slot is the sandbox's uid range number; HostID the host uid/gid that
+	// sandbox id 0 maps to (UIDBase + Slot·65536). Files in the writable
+	// layer are owned by host ids HostID..HostID+65535; a checkpoint of
+	// the layer should store them relative to HostID so that it can be
+	// restored into another slot.
+	Slot    int       `json:"slot"`
+	HostID  int       `json:"host_id"`
+	Created time.Time `json:"created"`
+	Phase   string    `json:"phase"`
+}
+
+func (d *Driver) recordDir(id string) string  { return filepath.Join(d.sbxDir, id) }
+func (d *Driver) recordPath(id string) string { return filepath.Join(d.sbxDir, id, "sandbox.json") }
+func (d *Driver) layerDir(id string) string   { return filepath.Join(d.sbxDir, id, "layer") }
+
+func (d *Driver) loadRecord(id string) (*record, error) {
+	b, err := os.ReadFile(d.recordPath(id))
+	if err != nil {
+		if isNotExist(err) {
+			return nil, errdefs.NotFoundf("sandbox %s", id)
+		}
+		return nil, err
+	}
+	var r record
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, errdefs.DataLossf("sandbox %s: %s: %v", id, d.recordPath(id), err)
+	}
+	if r.Version != recordVersion {
+		return nil, errdefs.DataLossf("sandbox %s: %s has format version %d, this driver reads %d", id, d.recordPath(id), r.Version, recordVersion)
+	}
+	return &r, nil
+}
+
+// saveRecord writes the record atomically: temp file, fsync, rename, fsync
+// of the directory.
+func (d *Driver) saveRecord(r *record) error {
+	dir := d.recordDir(r.ID)
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, ".sandbox.json.*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), d.recordPath(r.ID)); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// ids lists the sandboxes the driver has any state for: a record directory
+// or a libcontainer state directory.
+func (d *Driver) ids() ([]string, error) {
+	seen := map[string]bool{}
+	var out []string
+	for _, dir := range []string{d.sbxDir, d.runc} {
+		ents, err := os.ReadDir(dir)
+		if err != nil && !isNotExist(err) {
+			return nil, err
+		}
+		for _, e := range ents {
+			if !e.IsDir() || validID(e.Name()) != nil || seen[e.Name()] {
+				continue
+			}
+			seen[e.Name()] = true
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
+// allocSlot picks the lowest uid range not used by any record. d.mu must
+// be held; the caller saves a record with the slot before releasing it.
+func (d *Driver) allocSlot() (int, error) {
+	ids, err := d.ids()
+	if err != nil {
+		return 0, err
+	}
+	used := map[int]bool{}
+	for _, id := range ids {
+		if r, err := d.loadRecord(id); err == nil {
+			used[r.Slot] = true
+		}
+	}
+	for s := 0; s < d.opts.MaxSandboxes; s++ {
+		if !used[s] {
+			return s, nil
+		}
+	}
+	return 0, errdefs.ResourceExhaustedf("criu driver: all %d uid ranges in use", d.opts.MaxSandboxes)
+}
+
+// effectiveLimits merges spec limits over the template's over the driver's.
+func (d *Driver) effectiveLimits(spec, tmpl sandbox.Limits) sandbox.Limits {
+	pick := func(vals ...int64) int64 {
+		for _, v := range vals {
+			if v > 0 {
+				return v
+			}
+		}
+		return 0
+	}
+	o := d.opts.Limits
+	return sandbox.Limits{
+		MemoryBytes: pick(spec.MemoryBytes, tmpl.MemoryBytes, o.MemoryBytes, DefaultLimits.MemoryBytes),
+		MilliCPUs:   pick(spec.MilliCPUs, tmpl.MilliCPUs, o.MilliCPUs, DefaultLimits.MilliCPUs),
+		Pids:        pick(spec.Pids, tmpl.Pids, o.Pids, DefaultLimits.Pids),
+		DiskBytes:   pick(spec.DiskBytes, tmpl.DiskBytes, o.DiskBytes, DefaultLimits.DiskBytes),
+	}
+}
+
+func validateLimits(l sandbox.Limits) error {
+	if l.MemoryBytes < 8<<20 {
+		return errdefs.InvalidArgumentf("memory limit %d bytes: at least 8 MiB", l.MemoryBytes)
+	}
+	if l.MilliCPUs < 10 {
+		return errdefs.InvalidArgumentf("cpu limit %d millicpus: at least 10", l.MilliCPUs)
+	}
+	if l.Pids < 8 {
+		return errdefs.InvalidArgumentf("pids limit %d: at least 8", l.Pids)
+	}
+	return nil
+}
+
+func recordErr(id string, err error) error {
+	return fmt.Errorf("sandbox %s: %w", id, err)
+}
