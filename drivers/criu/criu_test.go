@@ -390,12 +390,15 @@ func TestHardening(t *testing.T) {
 
 	// The syscall probe: a static binary copied into the sandbox.
 	probe := buildProbe(t)
-	dst := filepath.Join(td.layerDir(id), "merged", "probe")
 	data, err := os.ReadFile(probe)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(dst, data, 0o755); err != nil {
+	fs, err := td.Files(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.WriteFile(context.Background(), "/probe", bytes.NewReader(data), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	out := td.sh(id, "/probe")
@@ -656,4 +659,65 @@ func TestConcurrentCreates(t *testing.T) {
 			t.Fatalf("%s: %q", id, out)
 		}
 	}
+}
+
+// TestFiles: the host-side FS writes files the sandbox owns and reads what
+// the sandbox wrote; symlinks cannot lead it out of the sandbox.
+func TestFiles(t *testing.T) {
+	td := newTestDriver(t)
+	ctx := context.Background()
+	id := td.create(sandbox.Limits{})
+	fs, err := td.Files(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.Mkdir(ctx, "/home/user/dir", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.WriteFile(ctx, "/home/user/dir/in.txt", strings.NewReader("from-host"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := td.sh(id, "stat -c '%u:%g %a' /home/user/dir/in.txt; cat /home/user/dir/in.txt; echo -n from-sandbox > /tmp/out.txt; ln -s /etc/hostname /tmp/esc"); got != "0:0 644\nfrom-host" {
+		t.Fatalf("inside: %q", got)
+	}
+	var buf bytes.Buffer
+	if err := fs.ReadFile(ctx, "/tmp/out.txt", &buf); err != nil || buf.String() != "from-sandbox" {
+		t.Fatalf("read: %q %v", buf.String(), err)
+	}
+	// /tmp/esc -> /etc/hostname resolves inside the sandbox (no such file
+	// there), never to the host's /etc/hostname.
+	buf.Reset()
+	if err := fs.ReadFile(ctx, "/tmp/esc", &buf); err == nil {
+		host, _ := os.ReadFile("/etc/hostname")
+		if len(host) > 0 && buf.String() == string(host) {
+			t.Fatalf("symlink escaped to the host: %q", buf.String())
+		}
+	}
+	// Files works on a killed sandbox (its layer stays).
+	if err := td.Kill(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	fs, err = td.Files(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fs.Stat(ctx, "/tmp/out.txt"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDiskLimit: filling the writable layer stops at its limit with ENOSPC;
+// the host's filesystem does not fill.
+func TestDiskLimit(t *testing.T) {
+	td := newTestDriver(t)
+	id := td.create(sandbox.Limits{DiskBytes: 64 << 20})
+	out, errs, st := td.run(id, "dd", "if=/dev/zero", "of=/big", "bs=1M", "count=200")
+	if st.Code == 0 || !strings.Contains(out+errs, "No space left") {
+		t.Fatalf("disk filler: %+v %q %q", st, out, errs)
+	}
+	size := td.sh(id, "stat -c %s /big")
+	if n, _ := strconv.Atoi(strings.TrimSpace(size)); n > 64<<20 || n < 16<<20 {
+		t.Fatalf("wrote %s bytes into a 64 MiB layer", size)
+	}
+	td.sh(id, "rm /big && echo ok > /after")
 }

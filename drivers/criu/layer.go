@@ -1,37 +1,72 @@
 package criu
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/amber-run/amber/internal/layer"
 )
 
-// Interim writable layer: a plain overlay whose upper directory lives on the
-// state directory's filesystem, without a disk limit. It is replaced by
-// internal/layer (ext4 image with a size limit) once that package lands; the
-// shape (create in a directory over a lower path, Merged, destroy by
-// directory) is the same.
+// The sandbox's root filesystem is an internal/layer overlay (a writable,
+// size-bounded ext4 image on a loop device) over the template seen through
+// an idmapped mount. The idmapped mount is detached: it is handed to the
+// overlay as /proc/self/fd/N while the overlay is mounted and closed after,
+// the overlay holding the only reference. So the host mount table gains the
+// layer's two mounts and nothing else, and Destroy of the layer frees all.
 
-type overlayLayer struct{ dir string }
-
-func (l overlayLayer) Merged() string { return filepath.Join(l.dir, "merged") }
-
-func createLayer(dir, lower string, _ int64) (overlayLayer, error) {
-	l := overlayLayer{dir: dir}
-	for _, sub := range []string{"upper", "work", "merged"} {
-		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
-			return l, err
-		}
+// withIdmappedTemplate calls fn with the path of an idmapped, read-only view
+// of rec's template in which host uid u appears as rec.HostID+u.
+func withIdmappedTemplate(rec *record, fn func(lower string) error) error {
+	ns, err := usernsFD(rec.HostID, idsPerSandbox)
+	if err != nil {
+		return err
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off,xino=off",
-		lower, filepath.Join(dir, "upper"), filepath.Join(dir, "work"))
-	if err := unix.Mount("overlay", l.Merged(), "overlay", 0, opts); err != nil {
-		return l, fmt.Errorf("mount overlay at %s: %w", l.Merged(), err)
+	defer ns.Close()
+	tree, err := idmappedTree(rec.Template.RootFS, ns)
+	if err != nil {
+		return err
 	}
-	return l, nil
+	defer tree.Close()
+	return fn(fmt.Sprintf("/proc/self/fd/%d", tree.Fd()))
+}
+
+// mountRootfs creates and mounts the sandbox's layer and returns the path of
+// its root. The layer's upper directory takes the owner of the lower root,
+// which the idmapping shows as sandbox root: the sandbox owns its "/".
+func (d *Driver) mountRootfs(rec *record) (string, error) {
+	var l *layer.Layer
+	err := withIdmappedTemplate(rec, func(lower string) error {
+		var err error
+		l, err = layer.Create(d.layerDir(rec.ID), lower, rec.Limits.DiskBytes)
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	return l.Merged(), nil
+}
+
+// ensureRootfs returns the sandbox's root, mounting its layer again when it
+// is not mounted (after a host reboot). Mounts outlive the daemon, so after
+// a mere daemon restart this only checks.
+func (d *Driver) ensureRootfs(rec *record) (string, error) {
+	merged := filepath.Join(d.layerDir(rec.ID), "merged")
+	if isMountPoint(merged) {
+		return merged, nil
+	}
+	var l *layer.Layer
+	err := withIdmappedTemplate(rec, func(lower string) error {
+		var err error
+		l, err = layer.Open(d.layerDir(rec.ID), layer.WithLower(lower))
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("remount layer: %w", err)
+	}
+	return l.Merged(), nil
 }
 
 func isMountPoint(path string) bool {
@@ -42,22 +77,10 @@ func isMountPoint(path string) bool {
 	return st.Dev != parent.Dev
 }
 
-// destroyLayer unmounts and removes a layer directory; it succeeds when the
-// directory is already gone.
+// destroyLayer removes the layer directory; nil when it is already gone.
 func destroyLayer(dir string) error {
-	merged := filepath.Join(dir, "merged")
-	for i := 0; i < 8 && isMountPoint(merged); i++ {
-		if err := unix.Unmount(merged, 0); err != nil {
-			if errors.Is(err, unix.EBUSY) {
-				err = unix.Unmount(merged, unix.MNT_DETACH)
-			}
-			if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("unmount %s: %w", merged, err)
-			}
-		}
+	if _, err := os.Lstat(dir); isNotExist(err) {
+		return nil
 	}
-	if err := os.RemoveAll(dir); err != nil && !isNotExist(err) {
-		return err
-	}
-	return nil
+	return layer.Destroy(dir)
 }

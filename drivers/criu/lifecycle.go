@@ -129,33 +129,6 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (info sandbox.In
 	return sandbox.Info{ID: spec.ID, State: sandbox.StateRunning, Created: rec.Created, InitPID: pid}, nil
 }
 
-// mountRootfs mounts the sandbox's root: the template through an idmapped
-// mount (host root's files appear owned by sandbox root) under a writable
-// layer whose root directory belongs to sandbox root.
-func (d *Driver) mountRootfs(rec *record) (string, error) {
-	ns, err := usernsFD(rec.HostID, idsPerSandbox)
-	if err != nil {
-		return "", err
-	}
-	defer ns.Close()
-	lower, err := idmappedTree(rec.Template.RootFS, ns)
-	if err != nil {
-		return "", err
-	}
-	defer lower.Close()
-	l, err := createLayer(d.layerDir(rec.ID), fmt.Sprintf("/proc/self/fd/%d", lower.Fd()), rec.Limits.DiskBytes)
-	if err != nil {
-		return "", err
-	}
-	// The overlay's root takes its owner from the upper directory, which
-	// host root created; hand it to sandbox root (and keep its mode).
-	merged := l.Merged()
-	if err := os.Lchown(merged, rec.HostID, rec.HostID); err != nil {
-		return "", err
-	}
-	return merged, nil
-}
-
 // container returns the sandbox's libcontainer container, loading it from
 // the state directory when this process did not create it.
 func (d *Driver) container(id string) (*liveSandbox, error) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/layer"
 )
 
 // recordVersion is the format of sandbox.json. Bump it (and teach
@@ -173,6 +174,9 @@ func validateLimits(l sandbox.Limits) error {
 	}
 	if l.MilliCPUs < 10 {
 		return errdefs.InvalidArgumentf("cpu limit %d millicpus: at least 10", l.MilliCPUs)
+	}
+	if l.DiskBytes < layer.MinDiskBytes {
+		return errdefs.InvalidArgumentf("disk limit %d bytes: at least %d MiB", l.DiskBytes, layer.MinDiskBytes>>20)
 	}
 	if l.Pids < 8 {
 		return errdefs.InvalidArgumentf("pids limit %d: at least 8", l.Pids)
