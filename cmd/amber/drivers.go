@@ -51,6 +51,6 @@ func newDriver(name, dataDir, cache string, lg *slog.Logger) (sandbox.Driver, er
 	return f(driverConfig{
 		StateDir: filepath.Join(dataDir, "drivers", name),
 		Cache:    cache,
-		Logger:   lg.With("driver", name),
+		Logger:   lg,
 	})
 }

@@ -92,7 +92,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+	if err := os.MkdirAll(dataDir, 0o711); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
 	unlock, err := lockDataDir(dataDir)
@@ -111,11 +111,8 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		return err
 	}
 	if err := drv.Check(ctx); err != nil {
-		msg := err.Error()
-		if !strings.Contains(msg, "make setup") {
-			msg += "\nfix: run `make setup` (as root) in the amber source tree; it installs the runtimes and templates into " + cacheDir()
-		}
-		return fmt.Errorf("driver %s is not ready: %s", o.driver, msg)
+		// The driver's message names the command that fixes it.
+		return fmt.Errorf("driver %s is not ready: %w", o.driver, err)
 	}
 	tdir := filepath.Join(cacheDir(), "templates")
 	cat, err := engine.LoadCatalog(tdir)

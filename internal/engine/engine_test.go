@@ -1,0 +1,230 @@
+package engine_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/meta"
+)
+
+func TestMain(m *testing.M) { enginetest.Main(m) }
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func execOut(t *testing.T, e *engine.Engine, tenant, id string, args ...string) (string, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	st, err := e.Exec(ctxT(t), tenant, id, sandbox.ExecSpec{Args: args, Stdout: &out, Stderr: &errb})
+	if err != nil {
+		t.Fatalf("exec %v: %v", args, err)
+	}
+	return out.String(), st.Code
+}
+
+func eventTypes(t *testing.T, e *engine.Engine, tenant, id string) []string {
+	t.Helper()
+	evs, err := e.Events(ctxT(t), tenant, id, 1, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, ev := range evs {
+		out = append(out, ev.Type)
+	}
+	return out
+}
+
+func TestLifecycleAndEvents(t *testing.T) {
+	env := enginetest.New(t, engine.Options{})
+	e, ctx := env.Engine, ctxT(t)
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Env: []string{"GREETING=hi"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.State != meta.StateRunning || sb.FromPool || sb.Tenant != "default" {
+		t.Fatalf("created: %+v", sb)
+	}
+	if out, code := execOut(t, e, "default", sb.ID, "sh", "-c", "echo $GREETING; exit 3"); out != "hi\n" || code != 3 {
+		t.Fatalf("exec: %q %d", out, code)
+	}
+	// Another tenant sees nothing.
+	if _, err := e.Get(ctx, "other", sb.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("other tenant get: %v", err)
+	}
+	if _, err := e.Exec(ctx, "other", sb.ID, sandbox.ExecSpec{Args: []string{"true"}}); !errdefs.IsNotFound(err) {
+		t.Fatalf("other tenant exec: %v", err)
+	}
+	if _, err := e.Kill(ctx, "default", sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.Exec(ctx, "default", sb.ID, sandbox.ExecSpec{Args: []string{"true"}})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("exec in killed sandbox: %v", err)
+	}
+	if err := e.Destroy(ctx, "default", sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Destroy(ctx, "default", sb.ID); err != nil {
+		t.Fatalf("second destroy: %v", err)
+	}
+	if l, _ := e.List(ctx, "default"); len(l) != 0 {
+		t.Fatalf("listed after destroy: %+v", l)
+	}
+	got := strings.Join(eventTypes(t, e, "default", sb.ID), ",")
+	if got != "sandbox.created,sandbox.started,sandbox.killed,sandbox.destroyed" {
+		t.Fatalf("events: %s", got)
+	}
+	if infos, _ := env.Driver.List(ctx); len(infos) != 0 {
+		t.Fatalf("driver still has %+v", infos)
+	}
+}
+
+
+func TestCreateRefusesBadInput(t *testing.T) {
+	env := enginetest.New(t, engine.Options{})
+	ctx := ctxT(t)
+	for _, r := range []engine.CreateRequest{
+		{Tenant: "default", Template: "nope"},
+		{Tenant: "default", Template: "minimal", Limits: sandbox.Limits{MemoryBytes: 1}},
+		{Tenant: "default", Template: "minimal", Env: []string{"NOEQUALS"}},
+		{Template: "minimal"},
+	} {
+		if _, err := env.Engine.Create(ctx, r); err == nil || errdefs.HTTPStatus(err) >= 500 {
+			t.Errorf("create %+v: %v", r, err)
+		}
+	}
+}
+
+func waitPool(t *testing.T, e *engine.Engine, template string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if _, ready := e.PoolSize(template); ready >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("warm pool of %s never reached %d", template, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestWarmPoolClaim(t *testing.T) {
+	env := enginetest.New(t, engine.Options{Pool: map[string]int{"minimal": 1}})
+	e, ctx := env.Engine, ctxT(t)
+	waitPool(t, e, "minimal", 1)
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Env: []string{"WHO=claimer"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sb.FromPool || sb.Pooled {
+		t.Fatalf("not claimed from the pool: %+v", sb)
+	}
+	if out, _ := execOut(t, e, "default", sb.ID, "sh", "-c", "echo $WHO"); out != "claimer\n" {
+		t.Fatalf("claimed env: %q", out)
+	}
+	var p engine.CreatedPayload
+	evs, _ := e.Events(ctx, "default", sb.ID, 1, 10)
+	if len(evs) != 2 || json.Unmarshal(evs[0].Payload, &p) != nil || !p.FromPool {
+		t.Fatalf("claim events: %+v", evs)
+	}
+	// The pool refills; different limits are served cold unless the driver
+	// can change them.
+	waitPool(t, e, "minimal", 1)
+	other, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Limits: sandbox.Limits{MemoryBytes: 100 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, canUpdate := env.Driver.(engine.LimitUpdater); other.FromPool != canUpdate || other.Limits.MemoryBytes != 100<<20 {
+		t.Fatalf("create with other limits: %+v", other)
+	}
+	// A claimed sandbox never goes back: destroying it leaves the pool alone.
+	if err := e.Destroy(ctx, "default", sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, ready := e.PoolSize("minimal"); ready != 1 {
+		t.Fatalf("pool has %d ready", ready)
+	}
+	// Shutdown drains the pool.
+	env.Close(t)
+	pooled := true
+	m, _ := meta.Open(env.Dir+"/meta.db", meta.Options{})
+	defer m.Close()
+	if rows, _ := m.List(ctx, meta.Filter{Pooled: &pooled}); len(rows) != 0 {
+		t.Fatalf("pooled sandboxes left after Close: %+v", rows)
+	}
+}
+
+// TestRestartReconciles: a sandbox that still runs is reattached; one that
+// died while the daemon was down is marked crashed, with an event.
+func TestRestartReconciles(t *testing.T) {
+	env := enginetest.New(t, engine.Options{})
+	ctx := ctxT(t)
+	alive, err := env.Engine.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost, err := env.Engine.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.Close(t)
+	if err := env.Driver.Kill(ctx, lost.ID); err != nil { // behind the daemon's back
+		t.Fatal(err)
+	}
+	env.Restart(t)
+	e := env.Engine
+	if out, _ := execOut(t, e, "default", alive.ID, "echo", "back"); out != "back\n" {
+		t.Fatalf("reattached exec: %q", out)
+	}
+	got, err := e.Get(ctx, "default", lost.ID)
+	if err != nil || got.State != meta.StateCrashed || got.Reason == "" {
+		t.Fatalf("lost sandbox: %+v %v", got, err)
+	}
+	types := eventTypes(t, e, "default", lost.ID)
+	if types[len(types)-1] != engine.EventCrashed {
+		t.Fatalf("lost sandbox events: %v", types)
+	}
+	if got := eventTypes(t, e, "default", alive.ID); len(got) != 2 {
+		t.Fatalf("alive sandbox events: %v", got)
+	}
+}
+
+// TestWatchNoticesDeadInit: a sandbox killed behind the engine's back while
+// it runs is marked crashed with sandbox.exited.
+func TestWatchNoticesDeadInit(t *testing.T) {
+	env := enginetest.New(t, engine.Options{WatchInterval: 100 * time.Millisecond})
+	e, ctx := env.Engine, ctxT(t)
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Driver.Kill(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, _ := e.Get(ctx, "default", sb.ID)
+		types := eventTypes(t, e, "default", sb.ID)
+		if got.State == meta.StateCrashed && types[len(types)-1] == engine.EventExited {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never marked crashed: %+v, events %v", got, types)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

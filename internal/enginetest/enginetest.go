@@ -1,0 +1,204 @@
+// Package enginetest builds real engines for tests: a real sandbox driver
+// (gvisor by default; AMBER_TEST_DRIVER=criu for the other), SQLite metadata
+// and event log files in a temporary directory, and the templates installed
+// under $AMBER_CACHE/templates by `make setup`. Nothing is mocked.
+//
+// When the driver or the minimal template is missing the tests are skipped
+// with the command that installs them, except under CI (CI=true), where that
+// is a failure: `make test` installs everything first.
+package enginetest
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/stores/sqlite"
+)
+
+// Main runs a test binary's tests after the drivers' init hooks (a driver
+// may re-execute the test binary as a helper). Use it as TestMain:
+//
+//	func TestMain(m *testing.M) { enginetest.Main(m) }
+func Main(m *testing.M) {
+	for _, h := range initHooks {
+		h()
+	}
+	os.Exit(m.Run())
+}
+
+var (
+	initHooks []func()
+	factories = map[string]func(stateDir string, lg *slog.Logger) (sandbox.Driver, error){}
+)
+
+// DriverName is the driver the tests run against.
+func DriverName() string {
+	if d := os.Getenv("AMBER_TEST_DRIVER"); d != "" {
+		return d
+	}
+	return "gvisor"
+}
+
+// Cache is $AMBER_CACHE (default /var/cache/amber).
+func Cache() string {
+	if c := os.Getenv("AMBER_CACHE"); c != "" {
+		return c
+	}
+	return "/var/cache/amber"
+}
+
+// missing skips the test (or fails it under CI) because something that
+// `make setup` installs is not there.
+func missing(t testing.TB, what string) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatalf("%s (CI runs `make setup` first; it did not work)", what)
+	}
+	t.Skipf("%s; run `make setup` as root to install it", what)
+}
+
+// NewDriver returns the test driver keeping its state in stateDir.
+func NewDriver(t testing.TB, stateDir string) sandbox.Driver {
+	t.Helper()
+	f, ok := factories[DriverName()]
+	if !ok {
+		t.Fatalf("AMBER_TEST_DRIVER=%s: no such driver in enginetest", DriverName())
+	}
+	d, err := f(stateDir, Logger(t))
+	if err != nil {
+		t.Fatalf("new %s driver: %v", DriverName(), err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := d.Check(ctx); err != nil {
+		missing(t, "driver "+DriverName()+" is not usable: "+err.Error())
+	}
+	return d
+}
+
+// Catalog returns the installed templates; it needs at least "minimal".
+func Catalog(t testing.TB) *engine.Catalog {
+	t.Helper()
+	c, err := engine.LoadCatalog(filepath.Join(Cache(), "templates"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Get("minimal"); err != nil {
+		missing(t, "template minimal is not installed")
+	}
+	return c
+}
+
+// Logger logs to the test's output when -v is given, else nowhere.
+func Logger(t testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// Env is one engine with its stores, all under Dir.
+type Env struct {
+	Dir     string
+	Driver  sandbox.Driver
+	Meta    *meta.Store
+	Log     eventlog.Store
+	Engine  *engine.Engine
+	Catalog *engine.Catalog
+	opts    engine.Options
+}
+
+// New starts an engine in a fresh directory. opts may set Pool and
+// WatchInterval; the rest is filled in. Everything is destroyed and closed
+// when the test ends.
+func New(t testing.TB, opts engine.Options) *Env {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "amber-enginetest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Sandboxes (criu's user namespaces) must be able to reach their state.
+	os.Chmod(dir, 0o711)
+	env := &Env{Dir: dir, Catalog: Catalog(t), opts: opts}
+	env.Driver = NewDriver(t, filepath.Join(dir, "driver"))
+	env.open(t)
+	t.Cleanup(func() {
+		env.Close(t)
+		env.destroyAll(t)
+		os.RemoveAll(dir)
+	})
+	return env
+}
+
+func (env *Env) open(t testing.TB) {
+	t.Helper()
+	var err error
+	if env.Meta, err = meta.Open(filepath.Join(env.Dir, "meta.db"), meta.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if env.Log, err = sqlite.Open(filepath.Join(env.Dir, "events.db"), sqlite.Options{Logger: Logger(t)}); err != nil {
+		t.Fatal(err)
+	}
+	o := env.opts
+	o.Driver, o.Meta, o.Log, o.Templates, o.Logger = env.Driver, env.Meta, env.Log, env.Catalog, Logger(t)
+	if o.WatchInterval == 0 {
+		o.WatchInterval = -1
+	}
+	if env.Engine, err = engine.New(o); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := env.Engine.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Close stops the engine (draining its pool) and closes the stores. It is
+// safe to call twice.
+func (env *Env) Close(t testing.TB) {
+	if env.Engine == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := env.Engine.Close(ctx); err != nil {
+		t.Errorf("close engine: %v", err)
+	}
+	env.Log.Close()
+	env.Meta.Close()
+	env.Engine = nil
+}
+
+// Restart closes the engine and opens a new one over the same directory,
+// driver state and stores: what a daemon restart does.
+func (env *Env) Restart(t testing.TB) {
+	t.Helper()
+	env.Close(t)
+	env.open(t)
+}
+
+// destroyAll removes every sandbox the driver still has.
+func (env *Env) destroyAll(t testing.TB) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	infos, err := env.Driver.List(ctx)
+	if err != nil {
+		t.Errorf("list sandboxes to clean up: %v", err)
+		return
+	}
+	for _, in := range infos {
+		if err := env.Driver.Destroy(ctx, in.ID); err != nil {
+			t.Errorf("clean up %s: %v", in.ID, err)
+		}
+	}
+}
