@@ -92,7 +92,6 @@ func TestLifecycleAndEvents(t *testing.T) {
 	}
 }
 
-
 func TestCreateRefusesBadInput(t *testing.T) {
 	env := enginetest.New(t, engine.Options{})
 	ctx := ctxT(t)
