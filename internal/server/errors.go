@@ -93,4 +93,3 @@ func parseMode(s string, def uint32) (uint32, error) {
 	}
 	return uint32(m), nil
 }
-
