@@ -80,9 +80,9 @@ type Options struct {
 	// its own schema. It must match [a-z_][a-z0-9_]*, at most 63 bytes.
 	Schema string
 	// MaxConns bounds the connection pool (default: the DSN's
-	// pool_max_conns, else pgxpool's default). Concurrent appends to
-	// different streams proceed in parallel up to this many; the server
-	// then flushes their commits together.
+	// pool_max_conns, else DefaultMaxConns). Appends to different streams
+	// proceed in parallel up to this many, and the server flushes their
+	// commits together, so it bounds group commit too.
 	MaxConns int32
 }
 
@@ -108,6 +108,12 @@ var (
 	_ eventlog.Store    = (*Store)(nil)
 	_ eventlog.Notifier = (*Store)(nil)
 )
+
+// DefaultMaxConns is the pool size when neither Options nor the DSN sets
+// one. pgxpool's own default (max(4, CPUs)) starves group commit: on a
+// 2-core host 64 concurrent sessions appended about twice as fast with 16
+// connections as with 4, and no faster with 32 or 64.
+const DefaultMaxConns = 16
 
 var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
@@ -138,8 +144,11 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		s.log = s.log.With("schema", opts.Schema)
 		cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{opts.Schema}.Sanitize()
 	}
-	if opts.MaxConns > 0 {
+	switch {
+	case opts.MaxConns > 0:
 		cfg.MaxConns = opts.MaxConns
+	case !strings.Contains(dsn, "pool_max_conns"):
+		cfg.MaxConns = DefaultMaxConns
 	}
 	cfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
 		s.ownPIDs.Store(c.PgConn().PID(), struct{}{})

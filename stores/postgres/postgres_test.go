@@ -87,7 +87,7 @@ func openStore(t testing.TB, schema string, clk clock.Clock) *postgres.Store {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := postgres.Open(ctx, testDSN(), postgres.Options{Clock: clk, Schema: schema, MaxConns: benchConns(), Logger: testLogger(t)})
+	s, err := postgres.Open(ctx, testDSN(), postgres.Options{Clock: clk, Schema: schema, MaxConns: testMaxConns(), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatalf("cannot open the PostgreSQL test database %s: %v\n"+
 			"The tests need a running PostgreSQL: run `make test` (which runs scripts/setup/postgres.sh) "+
@@ -108,9 +108,9 @@ func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
-func benchConns() int32 {
-	if n, err := strconv.Atoi(os.Getenv("AMBER_PG_CONNS")); err == nil {
-		return int32(n)
-	}
-	return 16
+// testMaxConns lets a benchmark run try other pool sizes
+// (AMBER_PG_CONNS=64); 0 means the Store's default.
+func testMaxConns() int32 {
+	n, _ := strconv.Atoi(os.Getenv("AMBER_PG_CONNS"))
+	return int32(n)
 }

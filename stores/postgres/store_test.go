@@ -39,61 +39,6 @@ func wantKind(t *testing.T, err, kind error) {
 	}
 }
 
-func TestAppendReadIdempotency(t *testing.T) {
-	ctx := context.Background()
-	clk := clock.NewFake(t0)
-	s := newStore(t, clk)
-
-	res := mustAppend(t, s, "session/a", 0, 0, ev("e1", `{"n": 1}`), ev("e2", `{"n":2}`))
-	if res != (eventlog.AppendResult{First: 1, Last: 2}) {
-		t.Fatalf("first append: %+v", res)
-	}
-	// A retry with whitespace-different payload is the same append, even
-	// with a stale expectedSeq.
-	res = mustAppend(t, s, "session/a", 0, 0, ev("e1", `{"n":1}`), ev("e2", `{"n": 2}`))
-	if res != (eventlog.AppendResult{First: 1, Last: 2, Duplicate: true}) {
-		t.Fatalf("retry: %+v", res)
-	}
-	_, err := s.Append(ctx, "session/a", 0, 2, ev("e1", `{"n":3}`))
-	wantKind(t, err, errdefs.ErrConflict)
-	_, err = s.Append(ctx, "session/a", 0, 2, ev("e2", `{"n":2}`), ev("e3", `{}`))
-	wantKind(t, err, errdefs.ErrConflict)
-	_, err = s.Append(ctx, "session/b", 0, 0, ev("e1", `{"n":1}`)) // same id, other stream
-	wantKind(t, err, errdefs.ErrConflict)
-	_, err = s.Append(ctx, "session/a", 0, 1, ev("e3", `{}`))
-	wantKind(t, err, errdefs.ErrConflict)
-	other := ev("x1", `{}`)
-	other.Tenant = "globex"
-	_, err = s.Append(ctx, "session/a", 0, eventlog.Any, other)
-	wantKind(t, err, errdefs.ErrInvalidArgument)
-	res = mustAppend(t, s, "session/a", 0, eventlog.Any, ev("e3", `{"n":3}`))
-	if res.First != 3 || res.Last != 3 || res.Duplicate {
-		t.Fatalf("append e3: %+v", res)
-	}
-
-	got, err := s.Read(ctx, "session/a", 1, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 3 {
-		t.Fatalf("read %d events", len(got))
-	}
-	for i, e := range got {
-		if e.Seq != uint64(i+1) || e.Stream != "session/a" || !e.Time.Equal(t0) || e.ID != fmt.Sprintf("e%d", i+1) {
-			t.Fatalf("event %d: %+v", i, e)
-		}
-	}
-	if got, _ := s.Read(ctx, "session/a", 4, 10); len(got) != 0 {
-		t.Fatalf("read past head: %v", got)
-	}
-	if got, _ := s.Read(ctx, "session/none", 1, 10); got == nil || len(got) != 0 {
-		t.Fatalf("read of unknown stream: %#v", got)
-	}
-	if b, _ := s.Bounds(ctx, "session/a"); b != (eventlog.Bounds{First: 1, Head: 3}) {
-		t.Fatalf("bounds %+v", b)
-	}
-}
-
 func TestFencing(t *testing.T) {
 	ctx := context.Background()
 	clk := clock.NewFake(t0)
@@ -184,59 +129,6 @@ func TestLeaseRace(t *testing.T) {
 	}
 }
 
-func TestConcurrentWriters(t *testing.T) {
-	ctx := context.Background()
-	s := newStore(t, clock.Real{})
-	const writers, each = 64, 20
-	var wg sync.WaitGroup
-	for w := range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			stream := fmt.Sprintf("session/w%d", w)
-			for i := range each {
-				if _, err := s.Append(ctx, stream, 0, uint64(i), ev(fmt.Sprintf("w%d-%d", w, i), `{}`)); err != nil {
-					t.Errorf("%s: %v", stream, err)
-					return
-				}
-			}
-		}()
-	}
-	// Two writers racing on one stream, the older one fenced.
-	l, err := s.Acquire(ctx, "session/shared", "new", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var fenced, okNew atomic.Int32
-	for _, epoch := range []uint64{l.Epoch - 1, l.Epoch} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range each {
-				_, err := s.Append(ctx, "session/shared", epoch, eventlog.Any, ev(fmt.Sprintf("s%d-%d", epoch, i), `{}`))
-				switch {
-				case err == nil && epoch == l.Epoch:
-					okNew.Add(1)
-				case errdefs.IsFenced(err) && epoch < l.Epoch:
-					fenced.Add(1)
-				default:
-					t.Errorf("epoch %d: %v", epoch, err)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if fenced.Load() != each || okNew.Load() != each {
-		t.Fatalf("fenced %d, new %d", fenced.Load(), okNew.Load())
-	}
-	for w := range writers {
-		b, err := s.Bounds(ctx, fmt.Sprintf("session/w%d", w))
-		if err != nil || b.Head != each {
-			t.Fatalf("writer %d: %+v %v", w, b, err)
-		}
-	}
-}
-
 // TestRacingSameIDs: concurrent appends of one event id resolve to one
 // append; everyone else gets Duplicate (same stream) or Conflict (another
 // stream), never an error of the wrong kind.
@@ -272,7 +164,9 @@ func TestRacingSameIDs(t *testing.T) {
 	}
 }
 
-func TestTruncate(t *testing.T) {
+// TestTruncateKeepsIDs: ids of dropped events stay taken, so a late retry
+// of a dropped append answers Duplicate with its original positions.
+func TestTruncateKeepsIDs(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t, clock.NewFake(t0))
 	for i := 1; i <= 10; i++ {
@@ -282,29 +176,14 @@ func TestTruncate(t *testing.T) {
 		}
 		mustAppend(t, s, "session/t", 0, eventlog.Any, e)
 	}
-	wantKind(t, s.Truncate(ctx, "session/t", 7), errdefs.ErrFailedPrecondition)
-	wantKind(t, s.Truncate(ctx, "session/t", 11), errdefs.ErrFailedPrecondition)
 	if err := s.Truncate(ctx, "session/t", 6); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Truncate(ctx, "session/t", 3); err != nil { // nothing left to drop
-		t.Fatal(err)
-	}
-	if b, _ := s.Bounds(ctx, "session/t"); b != (eventlog.Bounds{First: 6, Head: 10}) {
-		t.Fatalf("bounds %+v", b)
-	}
-	_, err := s.Read(ctx, "session/t", 5, 10)
-	wantKind(t, err, errdefs.ErrCompacted)
-	got, err := s.Read(ctx, "session/t", 6, 10)
-	if err != nil || len(got) != 5 || got[0].CheckpointRef != "ckpt-1" {
-		t.Fatalf("read after truncate: %v %v", got, err)
-	}
-	_, err = eventlog.Subscribe(s, "session/t", 1).Next(ctx)
-	wantKind(t, err, errdefs.ErrCompacted)
-	// Ids of dropped events stay taken.
 	if res, err := s.Append(ctx, "session/t", 0, eventlog.Any, ev("t2", `{}`)); err != nil || !res.Duplicate || res.First != 2 {
 		t.Fatalf("retry of a dropped event: %+v %v", res, err)
 	}
+	_, err := s.Append(ctx, "session/t", 0, eventlog.Any, ev("t2", `{"other":1}`))
+	wantKind(t, err, errdefs.ErrConflict)
 }
 
 func TestCorruptEnvelopeIsDataLoss(t *testing.T) {
