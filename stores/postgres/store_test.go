@@ -289,6 +289,24 @@ func TestMigrations(t *testing.T) {
 	if err := s.Pool().QueryRow(context.Background(), `SELECT count(*) FROM schema_version`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("schema_version rows: %d %v", n, err)
 	}
-	_, err := postgres.Open(context.Background(), testDSN(), postgres.Options{Schema: "Bad-Name"})
+	if _, err := s.Pool().Exec(context.Background(), `INSERT INTO schema_version (version, applied_ns) VALUES (99, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	if s2, err := postgres.Open(context.Background(), testDSN(), postgres.Options{Schema: schema}); err == nil || !strings.Contains(err.Error(), "newer") {
+		if s2 != nil {
+			s2.Close()
+		}
+		t.Fatalf("Open of a schema from a newer binary: %v", err)
+	}
+}
+
+func TestOpenErrors(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := postgres.Open(ctx, testDSN(), postgres.Options{Schema: "Bad-Name"})
+	wantKind(t, err, errdefs.ErrInvalidArgument)
+	_, err = postgres.Open(ctx, "postgres://amber@127.0.0.1:1/x?connect_timeout=5", postgres.Options{})
+	wantKind(t, err, errdefs.ErrUnavailable)
+	_, err = postgres.Open(ctx, "postgres://%zz", postgres.Options{})
 	wantKind(t, err, errdefs.ErrInvalidArgument)
 }
