@@ -310,3 +310,42 @@ func TestOpenErrors(t *testing.T) {
 	_, err = postgres.Open(ctx, "postgres://%zz", postgres.Options{})
 	wantKind(t, err, errdefs.ErrInvalidArgument)
 }
+
+// TestListenerReconnects: when the server drops the LISTEN connection, the
+// Store reconnects and cross-process wake-ups resume.
+func TestListenerReconnects(t *testing.T) {
+	old := eventlog.PollInterval
+	eventlog.PollInterval = time.Hour
+	t.Cleanup(func() { eventlog.PollInterval = old })
+
+	schema := freshSchema(t)
+	a := openStore(t, schema, clock.Real{})
+	b := openStore(t, schema, clock.Real{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var killed int
+	err := a.Pool().QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE query LIKE 'LISTEN %' AND query LIKE '%' || $1 || '%'`, schema).Scan(&killed)
+	if err != nil || killed != 2 {
+		t.Fatalf("terminated %d listeners: %v", killed, err)
+	}
+	for i := range 5 {
+		stream := fmt.Sprintf("session/re%d", i)
+		sub := eventlog.Subscribe(b, stream, 1)
+		got := make(chan error, 1)
+		go func() {
+			_, err := sub.Next(ctx)
+			got <- err
+		}()
+		time.Sleep(200 * time.Millisecond)
+		mustAppend(t, a, stream, 0, 0, ev(fmt.Sprintf("re%d", i), `{}`))
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("append %d after the listener was dropped did not wake the other store", i)
+		}
+	}
+}
