@@ -1,0 +1,5 @@
+//go:build seccomp
+
+package main
+
+func init() { buildTags = "seccomp" }
