@@ -238,13 +238,33 @@ func (d *Driver) Kill(ctx context.Context, id string) error {
 	return d.killAll(ctx, ls.c)
 }
 
+// killAll kills every process of c and waits until libcontainer sees the
+// container stopped: a process leaves its cgroup a moment before it is a
+// zombie, and until then libcontainer still counts the init as running.
 func (d *Driver) killAll(ctx context.Context, c *libcontainer.Container) error {
 	cfg := c.Config()
 	cm, err := manager.New(cfg.Cgroups)
 	if err != nil {
 		return err
 	}
-	return killCgroup(ctx, cm)
+	if err := killCgroup(ctx, cm); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := c.Status()
+		if err != nil || st == libcontainer.Stopped {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return errdefs.Unavailablef("container %s still %s after SIGKILL", c.ID(), st)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
 }
 
 // killCgroup SIGKILLs every process of a cgroup and waits (up to 10 s) for
@@ -305,32 +325,32 @@ func (d *Driver) destroyLocked(ctx context.Context, id string) error {
 	delete(d.live, id)
 	d.mu.Unlock()
 	var errs []error
-	// 1. Processes and cgroups. The cgroup path is derived from the id, so
-	// it is found even when libcontainer never saved its state.
+	// 1. The container: kill its processes, wait until it is stopped, and
+	// let libcontainer remove its cgroups and state directory.
+	if c, err := libcontainer.Load(d.runc, id); err == nil {
+		if err := d.killAll(ctx, c); err != nil {
+			errs = append(errs, fmt.Errorf("kill: %w", err))
+		} else if err := c.Destroy(); err != nil {
+			errs = append(errs, fmt.Errorf("libcontainer destroy: %w", err))
+		}
+	}
+	// 2. What libcontainer has no state for (Create failed or crashed
+	// before the container started): the cgroups, found by their path,
+	// which derives from the id, and the bare state directory.
 	cg := &cgroups.Cgroup{Path: filepath.Join(d.opts.CgroupParent, id), Resources: &cgroups.Resources{}}
 	if cm, err := manager.New(cg); err != nil {
 		errs = append(errs, err)
-	} else {
-		if err := killCgroup(ctx, cm); err != nil {
-			errs = append(errs, fmt.Errorf("kill: %w", err))
-		} else if err := cm.Destroy(); err != nil && !isNotExist(err) {
-			errs = append(errs, fmt.Errorf("remove cgroups: %w", err))
-		}
-	}
-	// 2. libcontainer's state (Destroy of a stopped container only
-	// removes its state directory and cgroups; the directory alone is
-	// left when Create failed before Run).
-	if c, err := libcontainer.Load(d.runc, id); err == nil {
-		if err := c.Destroy(); err != nil {
-			errs = append(errs, fmt.Errorf("libcontainer destroy: %w", err))
-		}
+	} else if err := killCgroup(ctx, cm); err != nil {
+		errs = append(errs, fmt.Errorf("kill: %w", err))
+	} else if err := cm.Destroy(); err != nil && !isNotExist(err) {
+		errs = append(errs, fmt.Errorf("remove cgroups: %w", err))
 	}
 	if err := os.RemoveAll(filepath.Join(d.runc, id)); err != nil {
 		errs = append(errs, err)
 	}
 	// 3. The writable layer and the record, last: while the record exists,
 	// List reports the sandbox and a repeated Destroy retries.
-	if err := destroyLayer(d.layerDir(id)); err != nil {
+	if err := d.destroyLayerRetry(ctx, id); err != nil {
 		errs = append(errs, fmt.Errorf("layer: %w", err))
 	}
 	if len(errs) == 0 {
@@ -343,4 +363,23 @@ func (d *Driver) destroyLocked(ctx context.Context, id string) error {
 	}
 	d.log.Info("sandbox destroyed", "sandbox", id)
 	return nil
+}
+
+// destroyLayerRetry destroys the sandbox's layer, retrying for a while when
+// its loop device is still held: the kernel releases a loop device
+// asynchronously after the last unmount, which takes longer on a loaded host.
+func (d *Driver) destroyLayerRetry(ctx context.Context, id string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := destroyLayer(d.layerDir(id))
+		if err == nil || !errdefs.IsUnavailable(err) || time.Now().After(deadline) {
+			return err
+		}
+		d.log.Debug("layer busy, retrying", "sandbox", id, "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
