@@ -15,7 +15,7 @@ import (
 )
 
 func newExecCmd(g *globalFlags) *cobra.Command {
-	var interactive, tty bool
+	var interactive, tty, detach bool
 	var timeout time.Duration
 	var env []string
 	var cwd string
@@ -25,6 +25,10 @@ func newExecCmd(g *globalFlags) *cobra.Command {
 		Long: `Run a command in a sandbox to completion. Its stdout and stderr stream to
 amber's own as they are produced, and amber exits with the command's exit code
 (128+N if it died of signal N, 124 if --timeout killed it).
+
+With -d, the command starts in the background instead (it keeps running
+between execs; its output goes to /run/amber/proc/<pid>.log inside the
+sandbox) and amber prints its PID.
 
 With -i, amber's stdin is streamed to the command; without it the command's
 stdin is empty. -t runs the command on a pseudo-terminal. With --json, amber
@@ -39,6 +43,20 @@ prints one JSON object at the end: {"exit":{…},"stdout":…,"stderr":…}.`,
 			cl, err := g.client()
 			if err != nil {
 				return err
+			}
+			if detach {
+				if interactive || tty || timeout != 0 {
+					return usageError{fmt.Errorf("--detach runs in the background: -i, -t and --timeout do not apply")}
+				}
+				pid, err := cl.StartProcess(cmd.Context(), args[0], api.StartProcessRequest{Args: args[1:], Env: env, Cwd: cwd})
+				if err != nil {
+					return err
+				}
+				if g.json {
+					return printJSON(cmd, api.StartProcessResponse{PID: pid})
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), pid)
+				return nil
 			}
 			req := api.ExecRequest{Args: args[1:], Env: env, Cwd: cwd, TTY: tty, TimeoutMS: timeout.Milliseconds()}
 			var stdin io.Reader
@@ -73,6 +91,7 @@ prints one JSON object at the end: {"exit":{…},"stdout":…,"stderr":…}.`,
 	f := c.Flags()
 	f.BoolVarP(&interactive, "interactive", "i", false, "stream stdin to the command")
 	f.BoolVarP(&tty, "tty", "t", false, "run on a pseudo-terminal")
+	f.BoolVarP(&detach, "detach", "d", false, "start in the background and print the PID")
 	f.DurationVar(&timeout, "timeout", 0, "kill the command after this long (e.g. 30s); 0 means none")
 	f.StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE for the command (repeatable)")
 	f.StringVarP(&cwd, "workdir", "w", "", "working directory inside the sandbox")
