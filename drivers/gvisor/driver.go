@@ -1,0 +1,244 @@
+package gvisor
+
+import (
+	"context"
+	"debug/buildinfo"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox"
+)
+
+// Defaults for Options.
+const (
+	DefaultStateDir     = "/var/lib/amber/gvisor"
+	DefaultCgroupParent = "/amber/gvisor"
+	// PinnedVersion is the gvisor.dev/gvisor module version of the runsc
+	// this driver is written and tested against (scripts/setup/runsc.sh
+	// installs it). Check refuses any other build.
+	PinnedVersion = "v0.0.0-20260905035102-160fafc42237"
+)
+
+// DefaultLimits apply where neither the spec nor the template sets a limit
+// (the same numbers as the criu driver's, so a template behaves alike on
+// both).
+var DefaultLimits = sandbox.Limits{
+	MemoryBytes: 512 << 20,
+	MilliCPUs:   1000,
+	Pids:        512,
+	DiskBytes:   1 << 30,
+}
+
+// Options configure a Driver. Zero values take the defaults.
+type Options struct {
+	// StateDir holds everything the driver keeps (layout in the package
+	// doc). Default DefaultStateDir.
+	StateDir string
+	// RunscPath is the runsc binary. Default:
+	// ${AMBER_CACHE:-/var/cache/amber}/bin/runsc, what `make setup`
+	// installs. A runsc found on PATH is never used.
+	RunscPath string
+	// CgroupParent is the cgroup (same path in every v1 hierarchy) under
+	// which each sandbox gets <CgroupParent>/<id>. Default
+	// DefaultCgroupParent.
+	CgroupParent string
+	// Limits override DefaultLimits field by field.
+	Limits sandbox.Limits
+	Logger *slog.Logger
+}
+
+// Driver runs sandboxes with gVisor's runsc. It is safe for concurrent use:
+// lifecycle calls (Create, Kill, Destroy) for one id are serialised, every
+// other call runs in parallel.
+type Driver struct {
+	opts     Options
+	log      *slog.Logger
+	runsc    string
+	root     string // runsc --root
+	sbxDir   string // <StateDir>/sandboxes
+	netnsDir string // <StateDir>/netns
+	limits   sandbox.Limits
+
+	mu    sync.Mutex
+	locks map[string]*idLock
+}
+
+type idLock struct {
+	mu   sync.Mutex
+	refs int
+}
+
+var _ sandbox.Driver = (*Driver)(nil)
+
+// New returns a driver keeping its state under opts.StateDir (created if
+// missing). It does not check the host; Check does.
+func New(opts Options) (*Driver, error) {
+	if opts.StateDir == "" {
+		opts.StateDir = DefaultStateDir
+	}
+	if opts.RunscPath == "" {
+		cache := os.Getenv("AMBER_CACHE")
+		if cache == "" {
+			cache = "/var/cache/amber"
+		}
+		opts.RunscPath = filepath.Join(cache, "bin", "runsc")
+	}
+	if opts.CgroupParent == "" {
+		opts.CgroupParent = DefaultCgroupParent
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	abs, err := filepath.Abs(opts.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	opts.StateDir = abs
+	d := &Driver{
+		opts:     opts,
+		log:      opts.Logger.With("driver", "gvisor"),
+		runsc:    opts.RunscPath,
+		root:     filepath.Join(abs, "runsc-root"),
+		sbxDir:   filepath.Join(abs, "sandboxes"),
+		netnsDir: filepath.Join(abs, "netns"),
+		limits:   mergeLimits(opts.Limits, DefaultLimits),
+		locks:    map[string]*idLock{},
+	}
+	for _, dir := range []string{d.root, d.sbxDir, d.netnsDir} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("gvisor: state dir: %w", err)
+		}
+	}
+	return d, nil
+}
+
+// Name implements sandbox.Driver.
+func (d *Driver) Name() string { return "gvisor" }
+
+// Capabilities implements sandbox.Driver. Checkpoint comes with the next
+// issue (runsc checkpoint/restore); outside TCP connections cannot survive a
+// runsc restore (they are reset), and runsc has no lazy restore.
+func (d *Driver) Capabilities() sandbox.Capabilities {
+	return sandbox.Capabilities{
+		Checkpoint:     false,
+		LazyRestore:    false,
+		LiveOutsideTCP: false,
+		PTY:            true,
+		PortForward:    false,
+	}
+}
+
+// Check verifies that the pinned runsc is installed and boots a sandbox on
+// the systrap platform. Every error names the command that fixes it.
+func (d *Driver) Check(ctx context.Context) error {
+	const fix = "run `make setup` (scripts/setup/runsc.sh installs it)"
+	st, err := os.Stat(d.runsc)
+	if err != nil {
+		return errdefs.FailedPreconditionf("gvisor: runsc not found at %s: %v; %s", d.runsc, err, fix)
+	}
+	if !st.Mode().IsRegular() || st.Mode()&0o111 == 0 {
+		return errdefs.FailedPreconditionf("gvisor: %s is not an executable file; %s", d.runsc, fix)
+	}
+	bi, err := buildinfo.ReadFile(d.runsc)
+	if err != nil {
+		return errdefs.FailedPreconditionf("gvisor: %s: cannot read its Go build info (%v); %s", d.runsc, err, fix)
+	}
+	version := bi.Main.Version
+	if bi.Main.Path != "gvisor.dev/gvisor" {
+		// Built with `go install gvisor.dev/gvisor/runsc@v`: the main
+		// module is gvisor.dev/gvisor at v.
+		version = ""
+		for _, m := range bi.Deps {
+			if m.Path == "gvisor.dev/gvisor" {
+				version = m.Version
+			}
+		}
+	}
+	if version != PinnedVersion {
+		return errdefs.FailedPreconditionf("gvisor: %s is gvisor.dev/gvisor %q, this driver needs %s; %s", d.runsc, version, PinnedVersion, fix)
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "CGO_ENABLED" && s.Value != "0" {
+			return errdefs.FailedPreconditionf("gvisor: %s was built with CGO_ENABLED=%s; runsc must be static; %s", d.runsc, s.Value, fix)
+		}
+	}
+	for _, ctrl := range []string{"memory", "cpu", "cpuacct", "pids"} {
+		if _, err := os.Stat(filepath.Join(cgroupRoot, ctrl)); err != nil {
+			return errdefs.FailedPreconditionf("gvisor: cgroup v1 controller %q is not mounted at %s: the driver needs cgroup v1 memory, cpu, cpuacct and pids", ctrl, filepath.Join(cgroupRoot, ctrl))
+		}
+	}
+	// Boot a throwaway sandbox: proves the platform (systrap), the
+	// runtime's namespaces and seccomp work on this kernel.
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	tmp, err := os.MkdirTemp("", "amber-gvisor-check-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	out, err := d.command(ctx, "--root="+filepath.Join(tmp, "root"), "--platform=systrap", "--network=none",
+		"do", "--", "/bin/true").CombinedOutput()
+	// `runsc do` leaves the gofer's null network namespace mounted under
+	// its root.
+	unmountAll(tmp)
+	if err != nil {
+		return errdefs.FailedPreconditionf("gvisor: `runsc --platform=systrap do /bin/true` failed: %v: %s; %s", err, strings.TrimSpace(string(out)), fix)
+	}
+	return nil
+}
+
+// idRE is the sandbox id syntax of core/sandbox.Spec.
+var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,47}$`)
+
+func validID(id string) error {
+	if !idRE.MatchString(id) {
+		return errdefs.InvalidArgumentf("sandbox id %q: want [a-z0-9-], at most 48 bytes, not starting with '-'", id)
+	}
+	return nil
+}
+
+// lock serialises lifecycle calls for one id. The returned function
+// unlocks.
+func (d *Driver) lock(id string) func() {
+	d.mu.Lock()
+	l := d.locks[id]
+	if l == nil {
+		l = &idLock{}
+		d.locks[id] = l
+	}
+	l.refs++
+	d.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		d.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(d.locks, id)
+		}
+		d.mu.Unlock()
+	}
+}
+
+// mergeLimits fills each zero field of l from def.
+func mergeLimits(l, def sandbox.Limits) sandbox.Limits {
+	if l.MemoryBytes == 0 {
+		l.MemoryBytes = def.MemoryBytes
+	}
+	if l.MilliCPUs == 0 {
+		l.MilliCPUs = def.MilliCPUs
+	}
+	if l.Pids == 0 {
+		l.Pids = def.Pids
+	}
+	if l.DiskBytes == 0 {
+		l.DiskBytes = def.DiskBytes
+	}
+	return l
+}

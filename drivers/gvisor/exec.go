@@ -1,0 +1,369 @@
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/creack/pty"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox"
+)
+
+// drainGrace is how long Exec keeps copying output after the command has
+// exited, for descendants that still hold its stdout/stderr (`cmd &`); then
+// the pipes are closed and Exec returns.
+const drainGrace = 200 * time.Millisecond
+
+// killGrace bounds how long Exec waits for a command it killed (timeout or
+// cancelled context) before it gives up on runsc exec itself.
+const killGrace = 10 * time.Second
+
+// Exec implements sandbox.Driver.
+//
+// Each call is one `runsc exec --process=<file>` whose standard streams are
+// the only descriptors that reach the sandbox: pipes created by os/exec
+// (never a file of the daemon or of the client: spec's readers and writers
+// are wrapped so that os/exec cannot pass an *os.File through), or the
+// replica of a pseudo-terminal opened here for TTY mode. os/exec marks
+// every other descriptor of the daemon close-on-exec and ExtraFiles is
+// empty, so runsc exec holds fds 0-2 only, and runsc donates exactly those
+// to the new process.
+//
+// The process spec is a file rather than flags so that arguments, the
+// environment (merged here: template, sandbox, call; later wins) and the
+// working directory pass through verbatim. The sandbox-side PID comes back
+// in --internal-pid-file; a timeout or a cancelled context kills the
+// command's process group inside the sandbox with `runsc kill --pgid`
+// (every exec'd process leads a new session and group), which also ends
+// children that did not detach.
+func (d *Driver) Exec(ctx context.Context, id string, spec sandbox.ExecSpec) (sandbox.ExitStatus, error) {
+	rec, err := d.running(id)
+	if err != nil {
+		return sandbox.ExitStatus{}, err
+	}
+	return d.exec(ctx, rec, spec)
+}
+
+// running loads the record of a sandbox that was started.
+func (d *Driver) running(id string) (*record, error) {
+	if err := validID(id); err != nil {
+		return nil, errdefs.NotFoundf("sandbox %s", id)
+	}
+	rec, err := d.loadRecord(id)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Phase != phaseCreated {
+		return nil, errdefs.FailedPreconditionf("sandbox %s is being created", id)
+	}
+	return rec, nil
+}
+
+// readerOnly wraps a reader so that os/exec copies from it through a pipe
+// instead of passing it to the child when it is an *os.File.
+type readerOnly struct{ io.Reader }
+
+// writerOnly does the same for a writer.
+type writerOnly struct{ io.Writer }
+
+func (d *Driver) exec(ctx context.Context, rec *record, spec sandbox.ExecSpec) (sandbox.ExitStatus, error) {
+	if len(spec.Args) == 0 {
+		return sandbox.ExitStatus{}, errdefs.InvalidArgumentf("exec: no command")
+	}
+	cwd := spec.Cwd
+	if cwd == "" {
+		cwd = rec.Cwd
+	}
+	if !strings.HasPrefix(cwd, "/") {
+		return sandbox.ExitStatus{}, errdefs.InvalidArgumentf("exec: cwd %q is not absolute", cwd)
+	}
+	proc := specs.Process{
+		Terminal:     spec.TTY,
+		Args:         spec.Args,
+		Env:          mergeEnv(rec.UID, rec.Env, spec.Env),
+		Cwd:          cwd,
+		User:         specs.User{UID: rec.UID, GID: rec.GID},
+		Capabilities: caps(),
+	}
+	if spec.TTY {
+		proc.Env = mergeEnv(rec.UID, []string{"TERM=xterm"}, rec.Env, spec.Env)
+	}
+	files, err := d.newExecFiles(rec.ID, &proc)
+	if err != nil {
+		return sandbox.ExitStatus{}, err
+	}
+	defer files.remove()
+
+	args := append(d.globalFlags(rec, files.log), "exec", "--process="+files.process, "--internal-pid-file="+files.pid, rec.ID)
+	cmd := exec.Command(d.runsc, args...)
+	cmd.Env = []string{"PATH=" + defaultPath}
+	var (
+		ptm      *os.File // TTY mode: our end of the pseudo-terminal
+		copyDone chan struct{}
+	)
+	if spec.TTY {
+		m, s, err := pty.Open()
+		if err != nil {
+			return sandbox.ExitStatus{}, fmt.Errorf("exec: pty: %w", err)
+		}
+		ptm = m
+		defer ptm.Close()
+		_ = pty.Setsize(ptm, &pty.Winsize{Rows: 24, Cols: 80})
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = s, s, s
+		// runsc exec must have the terminal as its controlling
+		// terminal to forward job-control signals to the command.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+		defer s.Close()
+		copyDone = make(chan struct{})
+		go func() {
+			defer close(copyDone)
+			out := spec.Stdout
+			if out == nil {
+				out = io.Discard
+			}
+			_, _ = io.Copy(out, ptm) // ends with EIO once every replica is closed
+		}()
+		if spec.Stdin != nil {
+			go func() { _, _ = io.Copy(ptm, spec.Stdin) }()
+		}
+	} else {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if spec.Stdin != nil {
+			cmd.Stdin = readerOnly{spec.Stdin}
+		}
+		if spec.Stdout != nil {
+			cmd.Stdout = writerOnly{spec.Stdout}
+		}
+		if spec.Stderr != nil {
+			cmd.Stderr = writerOnly{spec.Stderr}
+		}
+		cmd.WaitDelay = drainGrace
+	}
+	if err := cmd.Start(); err != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("exec: start runsc: %w", err)
+	}
+	if spec.TTY {
+		// The child has the replica now; ours would keep the master
+		// from ever seeing EOF.
+		cmd.Stdin.(*os.File).Close()
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+
+	var timeout <-chan time.Time
+	if spec.Timeout > 0 {
+		t := time.NewTimer(spec.Timeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var (
+		waitErr  error
+		timedOut bool
+		ctxErr   error
+	)
+	select {
+	case waitErr = <-done:
+	case <-timeout:
+		timedOut = true
+		waitErr = d.killExec(rec, files.pid, cmd, done)
+	case <-ctx.Done():
+		ctxErr = ctx.Err()
+		waitErr = d.killExec(rec, files.pid, cmd, done)
+	}
+	if copyDone != nil {
+		select {
+		case <-copyDone:
+		case <-time.After(drainGrace):
+		}
+	}
+	if msgs := logMessages(files.log); len(msgs) > 0 && !timedOut && ctxErr == nil {
+		return d.execFailure(rec, spec, strings.Join(msgs, "; "))
+	}
+	if ctxErr != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("exec in %s: %w", rec.ID, ctxErr)
+	}
+	if timedOut {
+		return sandbox.ExitStatus{Code: 128 + int(syscall.SIGKILL), Signal: "SIGKILL", TimedOut: true}, nil
+	}
+	if waitErr != nil && !errors.Is(waitErr, exec.ErrWaitDelay) {
+		var ee *exec.ExitError
+		if !errors.As(waitErr, &ee) {
+			return sandbox.ExitStatus{}, fmt.Errorf("exec in %s: %w", rec.ID, waitErr)
+		}
+	}
+	// runsc exec exits with the command's status, or 128+n when a signal
+	// n ended it (like a shell); the two cannot be told apart here.
+	code := cmd.ProcessState.ExitCode()
+	if code < 0 {
+		return sandbox.ExitStatus{}, fmt.Errorf("exec in %s: runsc exec ended by %v", rec.ID, cmd.ProcessState)
+	}
+	return sandbox.ExitStatus{Code: code}, nil
+}
+
+// execFailure turns runsc's own error for an exec into the caller's
+// result: a missing or non-executable program is exit status 127 or 126
+// with runsc's reason on stderr (what a shell does); a dead sandbox is an
+// error.
+func (d *Driver) execFailure(rec *record, spec sandbox.ExecSpec, msg string) (sandbox.ExitStatus, error) {
+	// runsc's message names host-independent things only (the command and
+	// the sandbox path); keep the part after the last "in sandbox:".
+	short := msg
+	if i := strings.LastIndex(short, "in sandbox: "); i >= 0 {
+		short = short[i+len("in sandbox: "):]
+	}
+	// runsc has already written its message to the command's stderr (its
+	// stderr is the command's).
+	switch {
+	case strings.Contains(msg, "failed to load") && strings.Contains(msg, "no such file or directory"):
+		return sandbox.ExitStatus{Code: 127}, nil
+	case strings.Contains(msg, "failed to load"):
+		return sandbox.ExitStatus{Code: 126}, nil
+	case strings.Contains(msg, "initial working directory"):
+		return sandbox.ExitStatus{}, errdefs.InvalidArgumentf("exec in %s: %s", rec.ID, short)
+	}
+	return sandbox.ExitStatus{}, d.deadOrErr(rec, msg)
+}
+
+// deadOrErr explains a failure to reach the sandbox: stopped (killed,
+// crashed, or out of memory) or another error.
+func (d *Driver) deadOrErr(rec *record, msg string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, ok, err := d.state(ctx, rec, rec.ID)
+	if err == nil && (!ok || st.Status != "running") {
+		if n := oomKills(rec.Cgroup); n > 0 {
+			return errdefs.ResourceExhaustedf("sandbox %s was stopped by the out-of-memory killer (memory limit %d bytes); its files are kept", rec.ID, rec.Limits.MemoryBytes)
+		}
+		return errdefs.FailedPreconditionf("sandbox %s is not running", rec.ID)
+	}
+	return fmt.Errorf("exec in %s: runsc: %s", rec.ID, msg)
+}
+
+// killExec kills an exec'd command's process group inside the sandbox and
+// waits for runsc exec to report its end. It returns runsc exec's Wait
+// result.
+func (d *Driver) killExec(rec *record, pidFile string, cmd *exec.Cmd, done <-chan error) error {
+	deadline := time.Now().Add(killGrace)
+	var pid int
+	for pid == 0 && time.Now().Before(deadline) {
+		if b, err := os.ReadFile(pidFile); err == nil {
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		}
+		if pid != 0 {
+			break
+		}
+		select {
+		case err := <-done:
+			return err // ended before it started
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if pid > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), killGrace)
+		_, err := d.run(ctx, rec, "kill", "--pgid="+strconv.Itoa(pid), rec.ID, "KILL")
+		if err != nil {
+			_, _ = d.run(ctx, rec, "kill", "--pid="+strconv.Itoa(pid), rec.ID, "KILL")
+		}
+		cancel()
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(time.Until(deadline)):
+	}
+	d.log.Warn("runsc exec does not return after killing its command; killing runsc exec", "sandbox", rec.ID, "pid", pid)
+	_ = cmd.Process.Kill()
+	return <-done
+}
+
+// execFiles are the per-exec files runsc exec reads and writes, in
+// <sandbox dir>/exec/.
+type execFiles struct {
+	process, pid, log string
+}
+
+func (d *Driver) newExecFiles(id string, proc *specs.Process) (*execFiles, error) {
+	dir := d.execDir(id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	base := filepath.Join(dir, hex.EncodeToString(rnd[:]))
+	f := &execFiles{process: base + ".json", pid: base + ".pid", log: base + ".log"}
+	b, err := json.Marshal(proc)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(f.process, b, 0o600); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+func (f *execFiles) remove() {
+	for _, p := range []string{f.process, f.pid, f.log} {
+		_ = os.Remove(p)
+	}
+}
+
+// startScript runs a background command: the outer shell starts an inner
+// one in the background and prints its PID ($!); the inner shell points
+// its stdio at /run/amber/proc/<its own pid>.log and execs the command,
+// which so keeps that PID. The outer shell then exits: the command is
+// re-parented to the sandbox's init, which reaps it, and no host process
+// (no runsc exec) stays behind for it. A sandbox process and nothing else,
+// it is part of a checkpoint like any other.
+const startScript = `mkdir -p ` + procLogDir + ` && /bin/sh -c 'exec </dev/null >"` + procLogDir + `/$$.log" 2>&1; exec "$@"' amber-proc "$@" & echo $!`
+
+// Start implements sandbox.Driver. The command's stdin is /dev/null and its
+// stdout and stderr go to /run/amber/proc/<pid>.log inside the sandbox;
+// spec's Stdin, Stdout, Stderr, TTY and Timeout do not apply. It needs a
+// POSIX /bin/sh in the template.
+func (d *Driver) Start(ctx context.Context, id string, spec sandbox.ExecSpec) (int, error) {
+	rec, err := d.running(id)
+	if err != nil {
+		return 0, err
+	}
+	if len(spec.Args) == 0 {
+		return 0, errdefs.InvalidArgumentf("start: no command")
+	}
+	if spec.TTY {
+		return 0, errdefs.InvalidArgumentf("start: a background process has no terminal")
+	}
+	var out, errb bytes.Buffer
+	st, err := d.exec(ctx, rec, sandbox.ExecSpec{
+		Args:    append([]string{"/bin/sh", "-c", startScript, "amber-start"}, spec.Args...),
+		Env:     spec.Env,
+		Cwd:     spec.Cwd,
+		Stdout:  &out,
+		Stderr:  &errb,
+		Timeout: 30 * time.Second,
+	})
+	if err != nil {
+		return 0, err
+	}
+	if st.Code != 0 {
+		return 0, fmt.Errorf("start in %s: exit %d: %s", id, st.Code, strings.TrimSpace(errb.String()))
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(out.String()))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("start in %s: unexpected output %q (%s)", id, out.String(), strings.TrimSpace(errb.String()))
+	}
+	return pid, nil
+}

@@ -1,0 +1,274 @@
+package gvisor
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// This file holds the host objects a sandbox owns besides runsc's own
+// state: its network namespace and its cgroups.
+
+// createNetns makes a new network namespace whose only interface is
+// loopback, up, and pins it by bind-mounting it on path (which must not
+// exist). runsc (--network=sandbox) runs the sandbox in it and copies its
+// interfaces and routes into the sandbox's own network stack: loopback only,
+// no route anywhere. The gateway issue adds a veth to this namespace before
+// the sandbox starts; a restore finds the namespace at the same path.
+//
+// The namespace is made on a locked OS thread that is never unlocked: when
+// the goroutine returns, the Go runtime ends the thread, so no thread of the
+// daemon is ever left in the sandbox's namespace.
+func createNetns(path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// No UnlockOSThread: see above.
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("unshare(CLONE_NEWNET): %w", err)
+			return
+		}
+		src := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
+		if err := unix.Mount(src, path, "", unix.MS_BIND, ""); err != nil {
+			errc <- fmt.Errorf("bind %s on %s: %w", src, path, err)
+			return
+		}
+		errc <- loopbackUp()
+	}()
+	if err := <-errc; err != nil {
+		removeNetns(path)
+		return fmt.Errorf("network namespace %s: %w", path, err)
+	}
+	return nil
+}
+
+// loopbackUp sets IFF_UP on "lo" in the calling thread's network namespace.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("SIOCGIFFLAGS lo: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("SIOCSIFFLAGS lo: %w", err)
+	}
+	return nil
+}
+
+// removeNetns unpins the namespace at path and removes the file; the
+// namespace itself goes when its last process (the sandbox) has gone.
+func removeNetns(path string) error {
+	for i := 0; i < 4 && isMountPoint(path); i++ {
+		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("unmount %s: %w", path, err)
+		}
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// isMountPoint reports whether path is a mount point (of anything,
+// including an nsfs bind mount) according to /proc/self/mountinfo.
+func isMountPoint(path string) bool {
+	for _, m := range mountsUnder(path) {
+		if m == path {
+			return true
+		}
+	}
+	return false
+}
+
+// mountsUnder lists the mount points at or below dir, deepest first.
+func mountsUnder(dir string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	dir = filepath.Clean(dir)
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMountPath(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out
+}
+
+// unescapeMountPath undoes mountinfo's octal escapes (\040 for space, ...).
+func unescapeMountPath(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// unmountAll detaches every mount at or below dir.
+func unmountAll(dir string) {
+	for _, m := range mountsUnder(dir) {
+		_ = unix.Unmount(m, unix.MNT_DETACH)
+	}
+}
+
+// cgroupRoot is where the v1 hierarchies are mounted.
+const cgroupRoot = "/sys/fs/cgroup"
+
+// cgroupDirs lists the directories of cgroup path in every v1 hierarchy
+// that has it.
+func cgroupDirs(path string) []string {
+	ents, err := os.ReadDir(cgroupRoot)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		if !e.IsDir() || e.Name() == "unified" {
+			continue
+		}
+		p := filepath.Join(cgroupRoot, e.Name(), path)
+		if st, err := os.Stat(p); err == nil && st.IsDir() {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// cgroupProcs returns the host pids in cgroup path (read from the pids
+// hierarchy, falling back to memory).
+func cgroupProcs(path string) []int {
+	for _, ctrl := range []string{"pids", "memory", "cpu"} {
+		b, err := os.ReadFile(filepath.Join(cgroupRoot, ctrl, path, "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		var pids []int
+		for _, f := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, n)
+			}
+		}
+		return pids
+	}
+	return nil
+}
+
+// killCgroup SIGKILLs every process left in cgroup path (a sandbox whose
+// runtime could not be told to stop) and waits up to timeout for them to
+// go. Only processes inside the sandbox's own cgroup are touched.
+func killCgroup(path string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		pids := cgroupProcs(path)
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup %s: processes %v do not exit", path, pids)
+		}
+		for _, p := range pids {
+			_ = syscall.Kill(p, syscall.SIGKILL)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// removeCgroup removes cgroup path from every hierarchy (children first),
+// retrying briefly while the kernel still counts exiting tasks.
+func removeCgroup(path string) error {
+	var errs []error
+	for _, dir := range cgroupDirs(path) {
+		var sub []string
+		_ = filepath.WalkDir(dir, func(p string, de os.DirEntry, err error) error {
+			if err == nil && de.IsDir() {
+				sub = append(sub, p)
+			}
+			return nil
+		})
+		sort.Slice(sub, func(i, j int) bool { return len(sub[i]) > len(sub[j]) })
+		for _, p := range sub {
+			var err error
+			for i := 0; i < 50; i++ {
+				if err = unix.Rmdir(p); err == nil || errors.Is(err, unix.ENOENT) {
+					err = nil
+					break
+				}
+				if !errors.Is(err, unix.EBUSY) {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("rmdir %s: %w", p, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// readCgroupInt reads an integer cgroup file ("memory", "memory.max_usage_in_bytes").
+func readCgroupInt(ctrl, path, file string) (int64, error) {
+	b, err := os.ReadFile(filepath.Join(cgroupRoot, ctrl, path, file))
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+}
+
+// oomKills returns the oom_kill count of cgroup path's memory controller.
+func oomKills(path string) int64 {
+	b, err := os.ReadFile(filepath.Join(cgroupRoot, "memory", path, "memory.oom_control"))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
+}

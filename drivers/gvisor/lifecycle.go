@@ -1,0 +1,401 @@
+package gvisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/layer"
+)
+
+// tmpKeep is an empty file the driver keeps in the sandbox's /tmp. runsc
+// mounts a tmpfs over /tmp when it is empty at boot; with the file there,
+// /tmp stays a directory of the writable layer (on disk, under the disk
+// limit, visible to Files and captured with the layer) on every boot,
+// including a restore, whose mount table must match the checkpoint's.
+// Binding the layer's /tmp explicitly would do the same, but would hand
+// runsc a second host path inside the tenant-writable tree (a symlink
+// planted there through Files would be followed on the host at the next
+// boot); the file is written through confinedfs and cannot be.
+const tmpKeep = "/tmp/.amber-keep"
+
+// Create implements sandbox.Driver. The order below is chosen so that a
+// crash at any point leaves something Destroy removes: the record (phase
+// "creating") first, then the layer, the network namespace, the bundle,
+// and the runtime.
+func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (_ sandbox.Info, err error) {
+	id := spec.ID
+	if err := validID(id); err != nil {
+		return sandbox.Info{}, err
+	}
+	if spec.Template.RootFS == "" {
+		return sandbox.Info{}, errdefs.InvalidArgumentf("sandbox %s: template has no rootfs", id)
+	}
+	if st, err := os.Stat(spec.Template.RootFS); err != nil || !st.IsDir() {
+		return sandbox.Info{}, errdefs.InvalidArgumentf("sandbox %s: template rootfs %s is not a directory", id, spec.Template.RootFS)
+	}
+	uid, gid, err := parseUser(spec.Template.User)
+	if err != nil {
+		return sandbox.Info{}, err
+	}
+	unlock := d.lock(id)
+	defer unlock()
+	if err := os.Mkdir(d.dir(id), 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return sandbox.Info{}, errdefs.AlreadyExistsf("sandbox %s", id)
+		}
+		return sandbox.Info{}, err
+	}
+	cwd := spec.Template.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	rec := &record{
+		Version:      recordVersion,
+		ID:           id,
+		Tenant:       spec.Tenant,
+		Template:     spec.Template,
+		Limits:       mergeLimits(mergeLimits(spec.Limits, spec.Template.Limits), d.limits),
+		Env:          mergeEnv(uid, spec.Template.Env, spec.Env),
+		Cwd:          cwd,
+		UID:          uid,
+		GID:          gid,
+		RunscFlags:   append([]string(nil), runtimeFlags...),
+		RunscVersion: PinnedVersion,
+		Cgroup:       d.cgroupPath(id),
+		Netns:        d.netnsPath(id),
+		Created:      time.Now().UTC(),
+		Phase:        phaseCreating,
+	}
+	defer func() {
+		if err != nil {
+			// A background context: the caller's may be what failed.
+			dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if derr := d.destroy(dctx, id); derr != nil {
+				d.log.Warn("cleanup after failed create", "sandbox", id, "err", derr)
+			}
+		}
+	}()
+	if err := d.saveRecord(rec); err != nil {
+		return sandbox.Info{}, err
+	}
+	t0 := time.Now()
+	l, err := layer.Create(d.layerDir(id), spec.Template.RootFS, rec.Limits.DiskBytes)
+	d.log.Debug("create: layer", "sandbox", id, "took", time.Since(t0))
+	if err != nil {
+		return sandbox.Info{}, fmt.Errorf("sandbox %s: layer: %w", id, err)
+	}
+	if err := prepareRoot(l.Merged()); err != nil {
+		return sandbox.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	d.log.Debug("create: root prepared", "sandbox", id, "took", time.Since(t0))
+	if err := createNetns(rec.Netns); err != nil {
+		return sandbox.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	d.log.Debug("create: netns", "sandbox", id, "took", time.Since(t0))
+	if err := d.writeBundle(rec, l.Merged()); err != nil {
+		return sandbox.Info{}, fmt.Errorf("sandbox %s: bundle: %w", id, err)
+	}
+	if err := d.boot(ctx, rec); err != nil {
+		return sandbox.Info{}, err
+	}
+	d.log.Debug("create: booted", "sandbox", id, "took", time.Since(t0))
+	rec.Phase = phaseCreated
+	if err := d.saveRecord(rec); err != nil {
+		return sandbox.Info{}, err
+	}
+	d.log.Info("sandbox created", "sandbox", id, "limits", rec.Limits)
+	return d.inspect(ctx, rec)
+}
+
+// prepareRoot makes what the driver needs in a fresh root: /tmp (if the
+// template lacks it) and the file that keeps runsc from hiding it under a
+// tmpfs. Paths are resolved by the kernel inside the root (openat2 with
+// RESOLVE_IN_ROOT), so a template whose /tmp is a symlink cannot make us
+// write on the host. Nothing is fsynced: the file is re-made before every
+// boot.
+func prepareRoot(root string) error {
+	rfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(rfd)
+	if err := unix.Mkdirat(rfd, "tmp", 0o777); err == nil {
+		if fd, err := unix.Openat(rfd, "tmp", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
+			_ = unix.Fchmod(fd, 0o1777) // mkdir's mode is masked by umask
+			unix.Close(fd)
+		}
+	} else if !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("mkdir /tmp: %w", err)
+	}
+	fd, err := unix.Openat2(rfd, strings.TrimPrefix(tmpKeep, "/"), &unix.OpenHow{
+		Flags:   unix.O_CREAT | unix.O_WRONLY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+		Mode:    0o444,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return fmt.Errorf("create %s: %w", tmpKeep, err)
+	}
+	return unix.Close(fd)
+}
+
+// writeBundle writes <dir>/bundle/config.json.
+func (d *Driver) writeBundle(rec *record, rootfs string) error {
+	if err := os.MkdirAll(d.bundleDir(rec.ID), 0o700); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(ociSpec(rec, rootfs), "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(d.bundleDir(rec.ID), "config.json"), b, 0o600)
+}
+
+// boot runs `runsc run --detach`: create the sandbox (gofer and gVisor
+// kernel processes, cgroups) and start its init. The init's stdio is
+// /dev/null: anything else would be a host file or pipe the sandbox could
+// reach through /proc/1/fd forever. runsc's own errors go to the --log
+// file.
+func (d *Driver) boot(ctx context.Context, rec *record) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	logFile := filepath.Join(d.dir(rec.ID), "runsc.log")
+	_ = os.Remove(logFile)
+	args := append(d.globalFlags(rec, logFile), "run", "--detach", "--bundle="+d.bundleDir(rec.ID), rec.ID)
+	cmd := d.command(ctx, args...)
+	if err := cmd.Run(); err != nil {
+		msg := strings.Join(logMessages(logFile), "; ")
+		return fmt.Errorf("sandbox %s: runsc run: %v: %s", rec.ID, err, msg)
+	}
+	return nil
+}
+
+// Inspect implements sandbox.Driver.
+func (d *Driver) Inspect(ctx context.Context, id string) (sandbox.Info, error) {
+	if err := validID(id); err != nil {
+		return sandbox.Info{}, errdefs.NotFoundf("sandbox %s", id)
+	}
+	rec, err := d.loadRecord(id)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			if _, serr := os.Stat(d.dir(id)); serr == nil {
+				// A create that crashed before writing its record.
+				return sandbox.Info{ID: id, State: sandbox.StateUnknown}, nil
+			}
+		}
+		return sandbox.Info{}, err
+	}
+	return d.inspect(ctx, rec)
+}
+
+func (d *Driver) inspect(ctx context.Context, rec *record) (sandbox.Info, error) {
+	st, ok, err := d.state(ctx, rec, rec.ID)
+	if err != nil {
+		return sandbox.Info{}, err
+	}
+	return infoOf(rec, st, ok), nil
+}
+
+// infoOf maps runsc's status of a sandbox to the contract's states. A
+// "paused" sandbox (frozen by a checkpoint in progress) still has its
+// processes and counts as running.
+func infoOf(rec *record, st containerState, known bool) sandbox.Info {
+	info := sandbox.Info{ID: rec.ID, Created: rec.Created, State: sandbox.StateUnknown}
+	switch {
+	case !known:
+		if rec.Phase == phaseCreated {
+			// runsc forgot it (its root was cleaned): nothing runs.
+			info.State = sandbox.StateStopped
+		}
+	case st.Status == "running" || st.Status == "paused":
+		info.State = sandbox.StateRunning
+		info.InitPID = st.Pid
+	case st.Status == "stopped":
+		info.State = sandbox.StateStopped
+	}
+	return info
+}
+
+// List implements sandbox.Driver: every sandbox directory, with the state
+// runsc reports for it (one `runsc list` for all of them).
+func (d *Driver) List(ctx context.Context) ([]sandbox.Info, error) {
+	ents, err := os.ReadDir(d.sbxDir)
+	if err != nil {
+		return nil, err
+	}
+	states, err := d.list(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []sandbox.Info
+	for _, e := range ents {
+		if !e.IsDir() || validID(e.Name()) != nil {
+			continue
+		}
+		rec, err := d.loadRecord(e.Name())
+		if err != nil {
+			if errdefs.IsNotFound(err) {
+				out = append(out, sandbox.Info{ID: e.Name(), State: sandbox.StateUnknown})
+				continue
+			}
+			return nil, err
+		}
+		st, ok := states[rec.ID]
+		out = append(out, infoOf(rec, st, ok))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// Kill implements sandbox.Driver: SIGKILL to every process of the sandbox
+// (`runsc kill --all`). The init dies with the rest, so the gVisor kernel
+// exits; Kill returns once no host process of the sandbox is left. The
+// writable layer, the network namespace and the runtime's record stay, so
+// that Destroy, or a restore, finds them.
+func (d *Driver) Kill(ctx context.Context, id string) error {
+	if err := validID(id); err != nil {
+		return errdefs.NotFoundf("sandbox %s", id)
+	}
+	unlock := d.lock(id)
+	defer unlock()
+	rec, err := d.loadRecord(id)
+	if err != nil {
+		return err
+	}
+	if _, err := d.run(ctx, rec, "kill", "--all", id, "KILL"); err != nil {
+		st, ok, serr := d.state(ctx, rec, id)
+		if serr != nil || (ok && st.Status == "running") {
+			return classify(id, err)
+		}
+		// Already stopped (or unknown to runsc): nothing to kill.
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, ok, err := d.state(ctx, rec, id)
+		if err != nil {
+			return err
+		}
+		if !ok || st.Status == "stopped" {
+			break
+		}
+		if time.Now().After(deadline) {
+			d.log.Warn("sandbox does not stop after runsc kill; killing its host processes", "sandbox", id)
+			break
+		}
+		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	// The gofer and the gVisor kernel leave shortly after the init; make
+	// sure nothing of the sandbox runs on the host any more.
+	if err := waitCgroupEmpty(ctx, rec.Cgroup, 5*time.Second); err != nil {
+		if err := killCgroup(rec.Cgroup, 10*time.Second); err != nil {
+			return err
+		}
+	}
+	d.log.Info("sandbox killed", "sandbox", id)
+	return nil
+}
+
+// Destroy implements sandbox.Driver. Each step works from the id alone, so
+// it also removes a half-created sandbox, and repeating it is harmless.
+func (d *Driver) Destroy(ctx context.Context, id string) error {
+	if err := validID(id); err != nil {
+		return nil // no such sandbox can exist
+	}
+	unlock := d.lock(id)
+	defer unlock()
+	if err := d.destroy(ctx, id); err != nil {
+		return fmt.Errorf("destroy %s: %w", id, err)
+	}
+	d.log.Info("sandbox destroyed", "sandbox", id)
+	return nil
+}
+
+// destroy undoes Create from the top. The caller holds the id's lock.
+func (d *Driver) destroy(ctx context.Context, id string) error {
+	rec, _ := d.loadRecord(id) // nil for a half-created sandbox
+	cg := d.cgroupPath(id)
+	if rec != nil && rec.Cgroup != "" {
+		cg = rec.Cgroup
+	}
+	// 1. The runtime: processes, runsc's state, its cgroups.
+	if d.runtimeStateExists(id) {
+		if _, err := d.run(ctx, rec, "delete", "--force", id); err != nil && !notExist(err) {
+			d.log.Warn("runsc delete failed; removing by hand", "sandbox", id, "err", err)
+		}
+	}
+	if err := killCgroup(cg, 10*time.Second); err != nil {
+		return err
+	}
+	if err := d.removeRuntimeState(id); err != nil {
+		return err
+	}
+	// 2. The network namespace.
+	if err := removeNetns(d.netnsPath(id)); err != nil {
+		return err
+	}
+	// 3. The writable layer. A mount namespace that a runsc process was
+	// setting up while copying our mounts may hold the layer's image for
+	// a moment (see internal/layer: ErrUnavailable); retry briefly.
+	var err error
+	for i := 0; i < 50; i++ {
+		if err = layer.Destroy(d.layerDir(id)); err == nil || !errdefs.IsUnavailable(err) {
+			break
+		}
+		if serr := sleepCtx(ctx, 100*time.Millisecond); serr != nil {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("layer: %w", err)
+	}
+	// 4. Cgroups (runsc delete removes them; not after a failed start).
+	if err := removeCgroup(cg); err != nil {
+		return err
+	}
+	// 5. The directory, once nothing is mounted below it.
+	if m := mountsUnder(d.dir(id)); len(m) > 0 {
+		return errdefs.Unavailablef("sandbox %s: still mounted: %v", id, m)
+	}
+	if err := os.RemoveAll(d.dir(id)); err != nil {
+		return err
+	}
+	return nil
+}
+
+// waitCgroupEmpty waits until cgroup path has no process.
+func waitCgroupEmpty(ctx context.Context, path string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for len(cgroupProcs(path)) > 0 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup %s: processes remain", path)
+		}
+		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,177 @@
+package gvisor
+
+import (
+	"strconv"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/amber-run/amber/core/errdefs"
+)
+
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// ociVersion is the runtime-spec version runsc implements.
+const ociVersion = "1.2.1"
+
+// initScript is the sandbox's init (PID 1): a shell that makes the
+// background-process log directory and then sleeps forever. A shell
+// waiting for its foreground child waits for any child (wait4(-1)), so
+// orphans re-parented to PID 1 (background processes whose starter exited)
+// are reaped as they exit. TERM is trapped so that only an explicit KILL
+// ends the sandbox.
+const initScript = `trap : TERM INT HUP; mkdir -p ` + procLogDir + `; while :; do sleep 3600; done`
+
+// procLogDir holds the output of background processes, <pid>.log.
+const procLogDir = "/run/amber/proc"
+
+// defaultCaps is the capability set of sandbox processes (bounding,
+// effective, permitted): the criu driver's, which is Docker's default less
+// CAP_NET_RAW, CAP_MKNOD, CAP_SETFCAP, CAP_SYS_CHROOT and CAP_AUDIT_WRITE.
+// These capabilities act on gVisor's kernel, not the host's. Leaving out
+// CAP_SYS_ADMIN and CAP_SYS_RESOURCE matters here for another reason too:
+// gVisor exempts tasks holding either from RLIMIT_NPROC, which is how the
+// pids limit is enforced inside the sandbox (see pidsHostHeadroom).
+var defaultCaps = []string{
+	"CAP_CHOWN",
+	"CAP_DAC_OVERRIDE",
+	"CAP_FOWNER",
+	"CAP_FSETID",
+	"CAP_KILL",
+	"CAP_SETGID",
+	"CAP_SETUID",
+	"CAP_SETPCAP",
+	"CAP_NET_BIND_SERVICE",
+}
+
+// oomScoreAdj makes the sandbox's host processes the kernel's preferred
+// victims when the whole host runs out of memory (each sandbox's own limit
+// is enforced by its memory cgroup first).
+const oomScoreAdj = 500
+
+// pidsHostHeadroom: the pids limit is enforced twice. Inside the sandbox,
+// RLIMIT_NPROC = Limits.Pids makes fork fail with EAGAIN, and the sandbox
+// keeps working. On the host, the sandbox's pids cgroup bounds the host
+// tasks of the gVisor kernel (its Go threads, and roughly two host tasks
+// per sandbox process for the systrap stubs). Hitting the host limit kills
+// the whole sandbox (the Go runtime cannot start a thread), so it is set
+// well above what Limits.Pids sandbox processes need: it is only a
+// backstop.
+func hostPidsLimit(pids int64) int64 { return 4*pids + 256 }
+
+// cpuPeriod is the CFS period; the quota is MilliCPUs·period/1000.
+const cpuPeriod = 100000
+
+// parseUser reads a template's "uid:gid" (numeric; empty means 0:0).
+func parseUser(s string) (uid, gid uint32, err error) {
+	if s == "" {
+		return 0, 0, nil
+	}
+	u, g, ok := strings.Cut(s, ":")
+	if !ok {
+		g = u
+	}
+	uu, err1 := strconv.ParseUint(u, 10, 32)
+	gg, err2 := strconv.ParseUint(g, 10, 32)
+	if err1 != nil || err2 != nil {
+		return 0, 0, errdefs.InvalidArgumentf("template user %q: want numeric \"uid:gid\"", s)
+	}
+	return uint32(uu), uint32(gg), nil
+}
+
+// mergeEnv returns a default PATH and HOME, then each list in order; the
+// last value of each name wins and keeps the position of its first one.
+func mergeEnv(uid uint32, lists ...[]string) []string {
+	home := "/root"
+	if uid != 0 {
+		home = "/"
+	}
+	env := []string{"PATH=" + defaultPath, "HOME=" + home}
+	for _, l := range lists {
+		env = append(env, l...)
+	}
+	seen := map[string]int{}
+	var out []string
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		if i, ok := seen[name]; ok {
+			out[i] = kv
+			continue
+		}
+		seen[name] = len(out)
+		out = append(out, kv)
+	}
+	return out
+}
+
+// caps returns the capability sets of sandbox processes.
+func caps() *specs.LinuxCapabilities {
+	c := func() []string { return append([]string(nil), defaultCaps...) }
+	return &specs.LinuxCapabilities{Bounding: c(), Effective: c(), Permitted: c()}
+}
+
+// rlimits are the resource limits of every sandbox process (runsc applies
+// the root spec's rlimits to exec'd processes too).
+func rlimits(rec *record) []specs.POSIXRlimit {
+	n := uint64(rec.Limits.Pids)
+	return []specs.POSIXRlimit{
+		{Type: "RLIMIT_NPROC", Hard: n, Soft: n},
+		{Type: "RLIMIT_NOFILE", Hard: 1 << 20, Soft: 1 << 20},
+	}
+}
+
+// ociSpec is the config.json of a sandbox whose root is rootfs (the layer's
+// merged directory).
+func ociSpec(rec *record, rootfs string) *specs.Spec {
+	lim := rec.Limits
+	mem := lim.MemoryBytes
+	quota := lim.MilliCPUs * cpuPeriod / 1000
+	period := uint64(cpuPeriod)
+	swappiness := uint64(0)
+	oom := oomScoreAdj
+	hostPids := hostPidsLimit(lim.Pids)
+	noSuid := []string{"nosuid", "noexec", "nodev"}
+	return &specs.Spec{
+		Version: ociVersion,
+		Process: &specs.Process{
+			Args:         []string{"/bin/sh", "-c", initScript},
+			Env:          rec.Env,
+			Cwd:          "/",
+			User:         specs.User{UID: rec.UID, GID: rec.GID},
+			Capabilities: caps(),
+			Rlimits:      rlimits(rec),
+			OOMScoreAdj:  &oom,
+		},
+		Root:     &specs.Root{Path: rootfs},
+		Hostname: rec.ID,
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: noSuid},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: append([]string{"ro"}, noSuid...)},
+			// runsc mounts a tmpfs on an empty /tmp unless the spec
+			// mounts something there. A tmpfs would hold /tmp in the
+			// sandbox's memory (a big temp file would count against the
+			// memory limit, not the disk limit) and out of reach of
+			// Files(). Binding the layer's own /tmp keeps it on disk,
+			// in the writable layer, like every other directory.
+			{Destination: "/tmp", Type: "bind", Source: rootfs + "/tmp", Options: []string{"rbind", "rw"}},
+		},
+		Linux: &specs.Linux{
+			CgroupsPath: rec.Cgroup,
+			Resources: &specs.LinuxResources{
+				Memory: &specs.LinuxMemory{Limit: &mem, Swap: &mem, Swappiness: &swappiness},
+				CPU:    &specs.LinuxCPU{Quota: &quota, Period: &period},
+				Pids:   &specs.LinuxPids{Limit: &hostPids},
+			},
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace},
+				{Type: specs.NetworkNamespace, Path: rec.Netns},
+			},
+		},
+	}
+}
