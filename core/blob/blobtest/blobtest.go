@@ -138,9 +138,9 @@ func testEmpty(t *testing.T, s blob.Store) {
 func testNotFound(t *testing.T, s blob.Store) {
 	mustNotExist(t, s, "missing")
 	put(t, s, "dir/x", []byte("x"))
-	mustNotExist(t, s, "dir")        // a "directory" is not an object
-	mustNotExist(t, s, "dir/x/y")    // below an object
-	mustNotExist(t, s, "dir/xx")     // a longer sibling
+	mustNotExist(t, s, "dir")         // a "directory" is not an object
+	mustNotExist(t, s, "dir/x/y")     // below an object
+	mustNotExist(t, s, "dir/xx")      // a longer sibling
 	mustNotExist(t, s, "other/dir/x") // elsewhere
 }
 

@@ -1,0 +1,195 @@
+package chunkstore
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
+)
+
+// FormatVersion is the manifest format this package writes. Restore refuses
+// (errdefs.ErrFailedPrecondition) manifests of a newer version than it knows.
+const FormatVersion = 1
+
+// Entry types.
+const (
+	TypeFile    = "file"
+	TypeDir     = "dir"
+	TypeSymlink = "symlink"
+)
+
+// Manifest describes one checkpoint image. It is stored sealed; its digest
+// (SHA-256 of its JSON encoding) is what the commit pointer names.
+type Manifest struct {
+	FormatVersion int       `json:"format_version"`
+	Tenant        string    `json:"tenant"`
+	Checkpoint    string    `json:"checkpoint"`
+	CreatedAt     time.Time `json:"created_at"`
+	// Meta is the caller's (PutOptions.Meta): e.g. the log position the
+	// checkpoint is a cut of, the sandbox, the driver.
+	Meta map[string]string `json:"meta,omitempty"`
+	// Chunker names the chunking parameters (dedup happens only between
+	// checkpoints chunked alike).
+	Chunker string  `json:"chunker"`
+	Entries []Entry `json:"entries"`
+	// Size is the total size of the regular files.
+	Size int64 `json:"size"`
+	// ImageDigest is "sha256:<hex>" over every entry's type, path, mode,
+	// size, content digest and link target, in manifest order.
+	ImageDigest string `json:"image_digest"`
+}
+
+// Entry is one file, directory or symlink of the image.
+type Entry struct {
+	// Path is relative to the image root, "/"-separated and clean; an
+	// entry's parent directory is listed before it.
+	Path string `json:"path"`
+	Type string `json:"type"`
+	// Mode holds the permission bits (including setuid, setgid, sticky).
+	Mode uint32 `json:"mode"`
+	// Size and SHA256 (hex) describe a regular file's content.
+	Size   int64  `json:"size,omitempty"`
+	SHA256 string `json:"sha256,omitempty"`
+	// Target is a symlink's target.
+	Target string `json:"target,omitempty"`
+	// Chunks are a file's content in order.
+	Chunks []ChunkRef `json:"chunks,omitempty"`
+}
+
+// ChunkRef is one chunk of a file: its plaintext SHA-256 (hex) and size.
+type ChunkRef struct {
+	SHA256 string `json:"sha256"`
+	Size   int64  `json:"size"`
+}
+
+// imageDigest computes Manifest.ImageDigest over entries.
+func imageDigest(entries []Entry) string {
+	h := sha256.New()
+	for _, e := range entries {
+		fmt.Fprintf(h, "%s\x00%s\x00%o\x00%d\x00%s\x00%s\n", e.Type, e.Path, e.Mode, e.Size, e.SHA256, e.Target)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// encode returns the manifest's JSON and its digest (hex SHA-256).
+func (m *Manifest) encode() ([]byte, string, error) {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, "", err
+	}
+	sum := sha256.Sum256(b)
+	return b, hex.EncodeToString(sum[:]), nil
+}
+
+// decodeManifest parses and checks a manifest whose plaintext was read for
+// (tenant, id) under digest.
+func decodeManifest(b []byte, tenant, id, digest string, maxChunk int64) (*Manifest, error) {
+	where := fmt.Sprintf("checkpoint %s/%s: manifest %s", tenant, id, short(digest))
+	sum := sha256.Sum256(b)
+	if hex.EncodeToString(sum[:]) != digest {
+		return nil, errdefs.DataLossf("%s: content does not match its digest", where)
+	}
+	var probe struct {
+		FormatVersion int `json:"format_version"`
+	}
+	if err := json.Unmarshal(b, &probe); err != nil {
+		return nil, errdefs.DataLossf("%s: %v", where, err)
+	}
+	if probe.FormatVersion > FormatVersion || probe.FormatVersion < 1 {
+		return nil, errdefs.FailedPreconditionf("%s: format version %d; this build reads up to %d",
+			where, probe.FormatVersion, FormatVersion)
+	}
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, errdefs.DataLossf("%s: %v", where, err)
+	}
+	if m.Tenant != tenant || m.Checkpoint != id {
+		return nil, errdefs.DataLossf("%s: describes %s/%s", where, m.Tenant, m.Checkpoint)
+	}
+	if err := m.check(maxChunk); err != nil {
+		return nil, errdefs.DataLossf("%s: %v", where, err)
+	}
+	return &m, nil
+}
+
+// check validates the manifest's structure: paths are clean, relative and
+// under a directory entry listed before them; sizes add up; the image digest
+// matches the entries.
+func (m *Manifest) check(maxChunk int64) error {
+	dirs := map[string]bool{".": true}
+	seen := map[string]bool{}
+	var total int64
+	for _, e := range m.Entries {
+		p := e.Path
+		if p == "" || p == "." || path.Clean(p) != p || path.IsAbs(p) || p == ".." || strings.HasPrefix(p, "../") {
+			return fmt.Errorf("entry %q: bad path", p)
+		}
+		if seen[p] {
+			return fmt.Errorf("entry %q: listed twice", p)
+		}
+		seen[p] = true
+		if !dirs[path.Dir(p)] {
+			return fmt.Errorf("entry %q: parent is not a directory listed before it", p)
+		}
+		if e.Mode&^0o7777 != 0 {
+			return fmt.Errorf("entry %q: bad mode %o", p, e.Mode)
+		}
+		switch e.Type {
+		case TypeDir:
+			dirs[p] = true
+		case TypeSymlink:
+			if e.Target == "" {
+				return fmt.Errorf("entry %q: symlink without target", p)
+			}
+		case TypeFile:
+			var sum int64
+			for i, c := range e.Chunks {
+				if c.Size <= 0 || c.Size > maxChunk || !isHex64(c.SHA256) {
+					return fmt.Errorf("entry %q: chunk #%d: bad size or digest", p, i)
+				}
+				sum += c.Size
+			}
+			if sum != e.Size || !isHex64(e.SHA256) {
+				return fmt.Errorf("entry %q: chunks add up to %d bytes, size is %d", p, sum, e.Size)
+			}
+			total += e.Size
+		default:
+			return fmt.Errorf("entry %q: unknown type %q", p, e.Type)
+		}
+	}
+	if total != m.Size {
+		return fmt.Errorf("files add up to %d bytes, size is %d", total, m.Size)
+	}
+	if imageDigest(m.Entries) != m.ImageDigest {
+		return fmt.Errorf("image digest does not match the entries")
+	}
+	return nil
+}
+
+func isHex64(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil
+}
+
+func short(digest string) string {
+	if len(digest) > 12 {
+		return digest[:12]
+	}
+	return digest
+}
+
+// pointer is the content of a COMMITTED object.
+type pointer struct {
+	FormatVersion int       `json:"format_version"`
+	Checkpoint    string    `json:"checkpoint"`
+	Manifest      string    `json:"manifest"`
+	CommittedAt   time.Time `json:"committed_at"`
+}

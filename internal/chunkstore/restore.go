@@ -1,0 +1,374 @@
+package chunkstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/amber-run/amber/core/blob"
+	"github.com/amber-run/amber/core/errdefs"
+)
+
+// RestoreOptions are the optional parts of Restore.
+type RestoreOptions struct {
+	// Progress, when set, is called as file content is written (verified).
+	Progress func(Progress)
+}
+
+// RestoreResult tells what a Restore read.
+type RestoreResult struct {
+	Manifest *Manifest
+	Files    int
+	// Size is the bytes of file content restored; Chunks the chunk
+	// references; Fetched the chunk objects read from the store (repeated
+	// chunks, e.g. runs of zero pages, are fetched once while they fit a
+	// 64 MiB cache).
+	Size            int64
+	Chunks, Fetched int
+	Duration        time.Duration
+}
+
+// repeatCache bounds the memory that holds chunks referenced more than once.
+const repeatCache = 64 << 20
+
+// Restore writes checkpoint id of tenant into dst, which must not exist.
+// Every chunk is checked against the manifest (size and SHA-256), then every
+// file's SHA-256 and the whole-image digest; a missing or damaged object is
+// errdefs.ErrDataLoss naming the file and chunk. The tree is built in a
+// temporary directory beside dst and renamed to dst only once all of it
+// verified, so a failed Restore leaves nothing at dst. Files are not
+// fsynced: a restore interrupted by a crash is simply run again.
+func (s *Store) Restore(ctx context.Context, tenant, id, dst string, opts RestoreOptions) (RestoreResult, error) {
+	if dst == "" {
+		return RestoreResult{}, errdefs.InvalidArgumentf("restore %s/%s: no destination", tenant, id)
+	}
+	return s.restore(ctx, tenant, id, dst, opts)
+}
+
+// Verify reads and checks checkpoint id of tenant as Restore does, writing
+// nothing.
+func (s *Store) Verify(ctx context.Context, tenant, id string, opts RestoreOptions) (RestoreResult, error) {
+	return s.restore(ctx, tenant, id, "", opts)
+}
+
+func (s *Store) restore(ctx context.Context, tenant, id, dst string, opts RestoreOptions) (res RestoreResult, err error) {
+	start := time.Now()
+	defer func() { res.Duration = time.Since(start) }()
+	m, err := s.Manifest(ctx, tenant, id)
+	if err != nil {
+		return res, err
+	}
+	res.Manifest = m
+	keys, err := s.tenantKeys(tenant)
+	if err != nil {
+		return res, err
+	}
+	tmp := ""
+	if dst != "" {
+		if _, err := os.Lstat(dst); err == nil {
+			return res, errdefs.AlreadyExistsf("restore %s/%s: %s exists", tenant, id, dst)
+		}
+		tmp, err = os.MkdirTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".restore-")
+		if err != nil {
+			return res, fmt.Errorf("restore %s/%s: %w", tenant, id, err)
+		}
+		defer func() {
+			if err != nil {
+				_ = os.RemoveAll(tmp)
+			}
+		}()
+	}
+	r := &restorer{s: s, keys: keys, m: m, root: tmp, progress: opts.Progress}
+	if err := r.run(ctx); err != nil {
+		return res, err
+	}
+	res.Files, res.Size, res.Chunks, res.Fetched = r.files, m.Size, r.chunks, int(r.fetched.Load())
+	if dst != "" {
+		if err := os.Rename(tmp, dst); err != nil {
+			return res, fmt.Errorf("restore %s/%s: %w", tenant, id, err)
+		}
+	}
+	return res, nil
+}
+
+type restorer struct {
+	s        *Store
+	keys     *tenantKeys
+	m        *Manifest
+	root     string // "" verifies only
+	progress func(Progress)
+
+	files, chunks int
+	done          int64
+	fetched       atomic.Int64
+	observed      []Entry // entries with the digests the content had
+
+	mu      sync.Mutex
+	refs    map[string]int // chunk name → references not yet written
+	cache   map[string]*cached
+	cacheSz int64
+}
+
+type cached struct {
+	ready chan struct{}
+	data  []byte
+	err   error
+}
+
+// job is one chunk reference, in manifest order.
+type job struct {
+	entry  *Entry
+	index  int
+	offset int64
+	name   string
+}
+
+type fetched struct {
+	data []byte
+	err  error
+}
+
+func (r *restorer) where(j job) string {
+	c := j.entry.Chunks[j.index]
+	return fmt.Sprintf("checkpoint %s/%s: file %q: chunk #%d at offset %d (sha256 %s, object %s)",
+		r.m.Tenant, r.m.Checkpoint, j.entry.Path, j.index, j.offset, c.SHA256, chunkKey(r.m.Tenant, j.name))
+}
+
+func (r *restorer) run(ctx context.Context) error {
+	// Fetchers stop (cancel) before they are waited for (wg.Wait).
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var jobs []job
+	r.refs = map[string]int{}
+	r.cache = map[string]*cached{}
+	for i := range r.m.Entries {
+		e := &r.m.Entries[i]
+		var off int64
+		for ci, c := range e.Chunks {
+			sum, _ := hex.DecodeString(c.SHA256)
+			name := r.keys.chunkName([32]byte(sum))
+			jobs = append(jobs, job{entry: e, index: ci, offset: off, name: name})
+			r.refs[name]++
+			off += c.Size
+		}
+	}
+	// Fetch ahead with Concurrency workers; consume in order. A slot is
+	// freed only when its chunk is consumed, which bounds memory.
+	results := make([]chan fetched, len(jobs))
+	for i := range results {
+		results[i] = make(chan fetched, 1)
+	}
+	slots := make(chan struct{}, r.s.cfg.Concurrency)
+	wg.Go(func() {
+		for i, j := range jobs {
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			wg.Go(func() {
+				data, err := r.fetch(ctx, j)
+				results[i] <- fetched{data, err}
+			})
+		}
+	})
+	next := 0
+	take := func() (job, []byte, error) {
+		j := jobs[next]
+		var f fetched
+		select {
+		case f = <-results[next]:
+		case <-ctx.Done():
+			return j, nil, ctx.Err()
+		}
+		next++
+		<-slots
+		r.release(j.name)
+		return j, f.data, f.err
+	}
+	total := r.m.Size
+	r.report(total)
+	var dirs []*Entry
+	r.observed = make([]Entry, len(r.m.Entries))
+	for i := range r.m.Entries {
+		e := &r.m.Entries[i]
+		r.observed[i] = *e
+		p := r.path(e)
+		switch e.Type {
+		case TypeDir:
+			if p != "" {
+				if err := os.Mkdir(p, 0o700); err != nil {
+					return fmt.Errorf("restore %q: %w", e.Path, err)
+				}
+			}
+			dirs = append(dirs, e)
+		case TypeSymlink:
+			if p != "" {
+				if err := os.Symlink(e.Target, p); err != nil {
+					return fmt.Errorf("restore %q: %w", e.Path, err)
+				}
+			}
+		case TypeFile:
+			r.files++
+			sum, err := r.file(e, p, take, total)
+			if err != nil {
+				return err
+			}
+			r.observed[i].SHA256 = sum
+		}
+	}
+	// Directory modes last (a read-only directory would refuse its files).
+	for i := len(dirs) - 1; i >= 0 && r.root != ""; i-- {
+		if err := os.Chmod(r.path(dirs[i]), fileMode(dirs[i].Mode)); err != nil {
+			return fmt.Errorf("restore %q: %w", dirs[i].Path, err)
+		}
+	}
+	if got := imageDigest(r.observed); got != r.m.ImageDigest {
+		return errdefs.DataLossf("checkpoint %s/%s: image digest %s, manifest says %s", r.m.Tenant, r.m.Checkpoint, got, r.m.ImageDigest)
+	}
+	return nil
+}
+
+func (r *restorer) path(e *Entry) string {
+	if r.root == "" {
+		return ""
+	}
+	return filepath.Join(r.root, filepath.FromSlash(e.Path))
+}
+
+func (r *restorer) report(total int64) {
+	if r.progress != nil {
+		r.progress(Progress{Done: r.done, Total: total})
+	}
+}
+
+// file writes one file from its chunks, skipping (leaving sparse) chunks of
+// zeros, and checks the whole file's digest.
+func (r *restorer) file(e *Entry, p string, take func() (job, []byte, error), total int64) (string, error) {
+	var f *os.File
+	if p != "" {
+		var err error
+		f, err = os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+		if err != nil {
+			return "", fmt.Errorf("restore %q: %w", e.Path, err)
+		}
+		defer f.Close()
+	}
+	var h hash.Hash = sha256.New()
+	for range e.Chunks {
+		j, data, err := take()
+		if err != nil {
+			return "", err
+		}
+		r.chunks++
+		h.Write(data)
+		if f != nil && !isZero(data) {
+			if _, err := f.WriteAt(data, j.offset); err != nil {
+				return "", fmt.Errorf("restore %q: %w", e.Path, err)
+			}
+		}
+		r.done += int64(len(data))
+		r.report(total)
+	}
+	got := hex.EncodeToString(h.Sum(nil))
+	if got != e.SHA256 {
+		return "", errdefs.DataLossf("checkpoint %s/%s: file %q: content sha256 %s, manifest says %s",
+			r.m.Tenant, r.m.Checkpoint, e.Path, got, e.SHA256)
+	}
+	if f == nil {
+		return got, nil
+	}
+	if err := f.Truncate(e.Size); err != nil {
+		return "", fmt.Errorf("restore %q: %w", e.Path, err)
+	}
+	if err := f.Chmod(fileMode(e.Mode)); err != nil {
+		return "", fmt.Errorf("restore %q: %w", e.Path, err)
+	}
+	return got, f.Close()
+}
+
+func isZero(b []byte) bool {
+	for len(b) >= 8 {
+		if b[0]|b[1]|b[2]|b[3]|b[4]|b[5]|b[6]|b[7] != 0 {
+			return false
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// fetch returns chunk j's verified plaintext, sharing one read among the
+// references of a repeated chunk while the cache has room.
+func (r *restorer) fetch(ctx context.Context, j job) ([]byte, error) {
+	r.mu.Lock()
+	if c, ok := r.cache[j.name]; ok {
+		r.mu.Unlock()
+		<-c.ready
+		return c.data, c.err
+	}
+	if r.refs[j.name] <= 1 || r.cacheSz+MaxChunk > repeatCache {
+		r.mu.Unlock()
+		return r.load(ctx, j)
+	}
+	c := &cached{ready: make(chan struct{})}
+	r.cache[j.name] = c
+	r.cacheSz += MaxChunk
+	r.mu.Unlock()
+	c.data, c.err = r.load(ctx, j)
+	close(c.ready)
+	return c.data, c.err
+}
+
+// release notes that one reference to name was written.
+func (r *restorer) release(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.refs[name]--
+	if r.refs[name] <= 0 {
+		if _, ok := r.cache[name]; ok {
+			delete(r.cache, name)
+			r.cacheSz -= MaxChunk
+		}
+	}
+}
+
+func (r *restorer) load(ctx context.Context, j job) ([]byte, error) {
+	ref := j.entry.Chunks[j.index]
+	key := chunkKey(r.m.Tenant, j.name)
+	obj, err := blob.ReadAll(ctx, r.s.cfg.Blobs, key, MaxChunk+SealOverhead+1024)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil, errdefs.DataLossf("%s: missing", r.where(j))
+		}
+		if errors.Is(err, errdefs.ErrResourceExhausted) {
+			return nil, errdefs.DataLossf("%s: stored object is too large", r.where(j))
+		}
+		return nil, fmt.Errorf("%s: %w", r.where(j), err)
+	}
+	r.fetched.Add(1)
+	plain, err := r.keys.open(kindChunk, key, obj, MaxChunk)
+	if err != nil {
+		return nil, errdefs.DataLossf("%s: %v", r.where(j), err)
+	}
+	sum := sha256.Sum256(plain)
+	if int64(len(plain)) != ref.Size || hex.EncodeToString(sum[:]) != ref.SHA256 {
+		return nil, errdefs.DataLossf("%s: content is %d bytes with sha256 %x", r.where(j), len(plain), sum)
+	}
+	return plain, nil
+}
