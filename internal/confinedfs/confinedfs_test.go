@@ -506,3 +506,124 @@ func TestRootReplaced(t *testing.T) {
 	_, err := fx.read(t, "/etc/passwd")
 	wantKind(t, err, errdefs.ErrUnavailable, "after the root was replaced")
 }
+
+// TestWriteFilePlantedTempName: a sandbox that guessed the temporary name
+// and planted a symlink there does not get WriteFile to write through it.
+func TestWriteFilePlantedTempName(t *testing.T) {
+	fx := newFixture(t)
+	old := tempName
+	tempName = func() string { return ".amber-planted.tmp" }
+	t.Cleanup(func() { tempName = old })
+	// Resolved on the host, this relative link is the host's marker.
+	if err := os.Symlink("../outside/marker", filepath.Join(fx.root, ".amber-planted.tmp")); err != nil {
+		t.Fatal(err)
+	}
+	err := fx.fs.WriteFile(bg, "/f", strings.NewReader("pwned"), 0o644)
+	wantKind(t, err, errdefs.ErrAlreadyExists, "WriteFile with a planted temp name")
+	err = fx.fs.TarIn(bg, "/", bytes.NewReader(tarOf(t, tarFile("g", "pwned"))))
+	wantKind(t, err, errdefs.ErrAlreadyExists, "TarIn with a planted temp name")
+	fx.checkOutside(t)
+}
+
+// TestRemoveRace swaps a directory inside a tree being removed with a
+// symlink to the host directory: the walk must unlink the symlink, never
+// descend through it.
+func TestRemoveRace(t *testing.T) {
+	fx := newFixture(t)
+	tree := filepath.Join(fx.root, "t")
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	defer func() { stop.Store(true); wg.Wait() }()
+	wg.Go(func() {
+		for !stop.Load() {
+			_ = unix.Renameat2(unix.AT_FDCWD, tree+"/x/sub", unix.AT_FDCWD, tree+"/x/alt", unix.RENAME_EXCHANGE)
+		}
+	})
+	deadline := time.Now().Add(300 * time.Millisecond)
+	n := 0
+	for ; time.Now().Before(deadline); n++ {
+		mustMkdir(t, tree+"/x/sub/a", tree+"/x/sub/b")
+		mustWrite(t, tree+"/x/sub/a/f", []byte("x"))
+		_ = os.Symlink(fx.outside, tree+"/x/alt")
+		err := fx.fs.Remove(bg, "/t", true)
+		fx.checkErr(t, err)
+		fx.checkOutside(t)
+		_ = os.RemoveAll(tree)
+	}
+	t.Logf("%d removals", n)
+}
+
+func TestTarInHardLinkToSymlink(t *testing.T) {
+	fx := newFixture(t)
+	// s is a symlink to the host's marker by its host path; h is a hard
+	// link to s: it must be another name for the symlink, not for the file
+	// the host would resolve s to.
+	if err := fx.fs.TarIn(bg, "/d", bytes.NewReader(tarOf(t, tarLink("s", fx.outside+"/marker"), tarHard("h", "s")))); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Lstat(filepath.Join(fx.root, "d/h"))
+	if err != nil || st.Mode()&os.ModeSymlink == 0 {
+		t.Fatalf("h is %v (%v), want a symlink", st, err)
+	}
+	m, _ := os.Stat(filepath.Join(fx.outside, "marker"))
+	if os.SameFile(st, m) {
+		t.Fatal("h is a hard link to the host's marker")
+	}
+	fx.checkOutside(t)
+}
+
+// TestSwapAtEveryRacePoint swaps the entry about to be used for a symlink
+// to the host's outside directory (or its marker) at each point where a
+// sandbox could race us — deterministically, through raceHook.
+func TestSwapAtEveryRacePoint(t *testing.T) {
+	fx := newFixture(t)
+	fired := 0
+	swap := func(point, victim, target string) {
+		raceHook = func(p string, dirfd int, name string) {
+			if p != point || name != victim {
+				return
+			}
+			fired++
+			_ = unix.Renameat(dirfd, name, dirfd, ".swapped-"+name)
+			_ = unix.Symlinkat(target, dirfd, name)
+		}
+	}
+	t.Cleanup(func() { raceHook = nil })
+
+	// Remove: the subdirectory becomes a symlink to the host directory.
+	mustMkdir(t, filepath.Join(fx.root, "t/sub"))
+	mustWrite(t, filepath.Join(fx.root, "t/sub/f"), []byte("x"))
+	swap("remove", "sub", fx.outside)
+	err := fx.fs.Remove(bg, "/t", true)
+	fx.checkErr(t, err)
+	fx.checkOutside(t)
+
+	// TarOut: a file, and a directory, become symlinks to the host's.
+	for _, c := range []struct{ name, target string }{{"file", fx.outside + "/marker"}, {"dir", fx.outside}} {
+		mustMkdir(t, filepath.Join(fx.root, "o/dir"))
+		mustWrite(t, filepath.Join(fx.root, "o/file"), []byte("x"))
+		swap("tarout", c.name, c.target)
+		var out bytes.Buffer
+		if err := fx.fs.TarOut(bg, "/o", &out); err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(out.Bytes(), fx.marker) {
+			t.Fatalf("TarOut (%s swapped) returned the host marker", c.name)
+		}
+		raceHook = nil
+		_ = os.RemoveAll(filepath.Join(fx.root, "o"))
+	}
+
+	// Mkdir: the new directory becomes a symlink to the host directory
+	// before its owner and mode are set.
+	swap("mkdir", "n", fx.outside)
+	_ = fx.fs.Mkdir(bg, "/m/n", 0o777)
+	raceHook = nil
+	if st, _ := os.Stat(fx.outside); st.Mode().Perm() != 0o755 {
+		t.Fatalf("host directory's mode changed to %v", st.Mode())
+	}
+	fx.checkOutside(t)
+	if fired != 4 {
+		t.Fatalf("race hook fired %d times, want 4", fired)
+	}
+}

@@ -158,7 +158,9 @@ func syncDir(opath int) error {
 	return unix.Fsync(fd)
 }
 
-func tempName() string {
+// tempName names temporary files; a variable so that tests can make the
+// name predictable, as an attacker who guessed it would.
+var tempName = func() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return ".amber-" + hex.EncodeToString(b[:]) + ".tmp"
@@ -344,6 +346,7 @@ func removeTree(ctx context.Context, dfd int, name string, depth int) error {
 	if depth > maxDepth {
 		return errdefs.ResourceExhaustedf("deeper than %d levels", maxDepth)
 	}
+	race("remove", dfd, name)
 	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err == unix.ELOOP || err == unix.ENOTDIR {
 		// Swapped for a symlink or a file since we looked: unlink that.

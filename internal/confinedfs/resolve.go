@@ -128,6 +128,17 @@ func reopen(opath int, flags int) (int, error) {
 	return fd, nil
 }
 
+// raceHook, when set (tests only), is called at the points where a
+// sandbox could swap name in the directory dirfd between our look and our
+// use: the tests swap in a symlink there, deterministically.
+var raceHook func(point string, dirfd int, name string)
+
+func race(point string, dirfd int, name string) {
+	if raceHook != nil {
+		raceHook(point, dirfd, name)
+	}
+}
+
 // errNotRegular is returned for paths that are not regular files.
 var errNotRegular = errors.New("not a regular file")
 
@@ -178,6 +189,7 @@ func mkdirAll(start int, rel string, perm uint32, uid, gid int, resolve uint64) 
 		if err == unix.ENOENT {
 			err = unix.Mkdirat(cur, c, 0o700)
 			if err == nil {
+				race("mkdir", cur, c)
 				err = fixupDir(cur, c, perm, uid, gid)
 			} else if err == unix.EEXIST {
 				err = nil // raced with someone: use theirs

@@ -88,6 +88,7 @@ func (t *tarOut) walk(dfd int, name, tname, spath string, depth int) error {
 		}
 		return wrap(op, spath, err)
 	}
+	race("tarout", dfd, name)
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
 		opath, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
