@@ -36,6 +36,8 @@ cleanup() {
         echo "--- last lines of the daemon's log ---" >&2
         tail -n 25 "$DATA/up.log" >&2
     fi
+    # The gvisor driver keeps a network namespace mounted in its state.
+    findmnt -rn -o TARGET | grep -F "$DATA/" | sort -r | xargs -r -n1 umount -l 2>/dev/null
     rm -rf "$DATA"
     exit $rc
 }

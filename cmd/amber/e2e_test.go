@@ -22,9 +22,17 @@ import (
 // loopback port with a fresh data directory, and drive it with the CLI, as a
 // user would. The driver is enginetest.DriverName() (gvisor by default).
 
-func TestMain(m *testing.M) { enginetest.Main(m) }
+func TestMain(m *testing.M) {
+	enginetest.RunInitHooks()
+	code := m.Run()
+	if builtBin != "" {
+		os.Remove(builtBin)
+	}
+	os.Exit(code)
+}
 
-var amberBin string
+// amberBin is the binary under test; builtBin is set when the tests built it.
+var amberBin, builtBin string
 
 // buildAmber builds the binary once per test run (or uses $AMBER_BIN).
 func buildAmber(t *testing.T) string {
@@ -45,7 +53,7 @@ func buildAmber(t *testing.T) string {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, b)
 	}
-	amberBin = out
+	amberBin, builtBin = out, out
 	return out
 }
 
@@ -192,7 +200,7 @@ func e2eSetup(t *testing.T) (string, string) {
 		t.Fatal(err)
 	}
 	os.Chmod(dir, 0o711)
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() { enginetest.RemoveAll(dir) })
 	enginetest.NewDriver(t, filepath.Join(dir, "check")) // skips (or fails under CI) without a runtime
 	return buildAmber(t), dir
 }

@@ -14,6 +14,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,10 +32,16 @@ import (
 //
 //	func TestMain(m *testing.M) { enginetest.Main(m) }
 func Main(m *testing.M) {
+	RunInitHooks()
+	os.Exit(m.Run())
+}
+
+// RunInitHooks runs the drivers' init hooks; a TestMain that does more than
+// Main calls it first.
+func RunInitHooks() {
 	for _, h := range initHooks {
 		h()
 	}
-	os.Exit(m.Run())
 }
 
 var (
@@ -134,7 +143,9 @@ func New(t testing.TB, opts engine.Options) *Env {
 	t.Cleanup(func() {
 		env.Close(t)
 		env.destroyAll(t)
-		os.RemoveAll(dir)
+		if err := RemoveAll(dir); err != nil {
+			t.Errorf("clean up: %v", err)
+		}
 	})
 	return env
 }
@@ -201,4 +212,24 @@ func (env *Env) destroyAll(t testing.TB) {
 			t.Errorf("clean up %s: %v", in.ID, err)
 		}
 	}
+}
+
+// RemoveAll removes dir after detaching whatever a driver left mounted
+// under it (gVisor keeps a network namespace bind-mounted in its state).
+func RemoveAll(dir string) error {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err == nil {
+		var targets []string
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+				targets = append(targets, f[4])
+			}
+		}
+		sort.Sort(sort.Reverse(sort.StringSlice(targets)))
+		for _, t := range targets {
+			syscall.Unmount(t, syscall.MNT_DETACH)
+		}
+	}
+	return os.RemoveAll(dir)
 }

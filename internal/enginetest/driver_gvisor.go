@@ -1,0 +1,15 @@
+package enginetest
+
+import (
+	"log/slog"
+	"path/filepath"
+
+	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/drivers/gvisor"
+)
+
+func init() {
+	factories["gvisor"] = func(stateDir string, lg *slog.Logger) (sandbox.Driver, error) {
+		return gvisor.New(gvisor.Options{StateDir: stateDir, RunscPath: filepath.Join(Cache(), "bin", "runsc"), Logger: lg})
+	}
+}
