@@ -3,46 +3,60 @@ package criu
 import (
 	"fmt"
 	"os"
-	"os/exec"
+	"runtime"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
 // usernsFD returns an open file of a fresh user namespace mapping ids
-// 0..size-1 to base..base+size-1, for mount_setattr(MOUNT_ATTR_IDMAP). The
-// namespace is created by a short-lived helper (this binary in its
-// usernsHoldArg role), which exits once the namespace file is open.
+// 0..size-1 to base..base+size-1, for mount_setattr(MOUNT_ATTR_IDMAP).
+//
+// The namespace needs a process to be created in: a child cloned with
+// CLONE_NEWUSER that execs this binary under PTRACE_TRACEME, so the kernel
+// stops it right after execve, before any of its code (dynamic loader
+// included) runs. The maps are written while it waits; its namespace file
+// is opened, and it is killed. This costs a fork and an execve, not a
+// program start.
 func usernsFD(base, size int) (*os.File, error) {
-	self, err := os.Executable()
+	// ptrace ties the tracee to this thread, which also waits for it.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	attr := &syscall.ProcAttr{
+		Env: []string{},
+		Sys: &syscall.SysProcAttr{
+			Cloneflags:  syscall.CLONE_NEWUSER,
+			UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: size}},
+			GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: size}},
+			Ptrace:      true,
+			Pdeathsig:   syscall.SIGKILL,
+		},
+	}
+	pid, err := syscall.ForkExec("/proc/self/exe", []string{"amber-criu-userns"}, attr)
 	if err != nil {
-		self = "/proc/self/exe"
+		return nil, fmt.Errorf("userns helper: %w", err)
 	}
-	cmd := exec.Command(self, usernsHoldArg)
-	cmd.Env = []string{usernsHoldEnv + "=1"}
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  syscall.CLONE_NEWUSER,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: size}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: size}},
-		Pdeathsig:   syscall.SIGKILL,
+	defer func() {
+		_ = unix.Kill(pid, unix.SIGKILL)
+		var ws unix.WaitStatus
+		for {
+			_, err := unix.Wait4(pid, &ws, 0, nil)
+			if err != unix.EINTR {
+				return
+			}
+		}
+	}()
+	var ws unix.WaitStatus
+	for {
+		_, err = unix.Wait4(pid, &ws, 0, nil)
+		if err != unix.EINTR {
+			break
+		}
 	}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
+	if err != nil || !ws.Stopped() {
+		return nil, fmt.Errorf("userns helper did not stop after exec (status %v): %v", ws, err)
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start userns helper: %w", err)
-	}
-	// The maps are written before the child execs, so the namespace is
-	// complete as soon as Start returns.
-	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid))
-	_ = stdin.Close()
-	if werr := cmd.Wait(); werr != nil && err == nil {
-		// The namespace is still valid, but say why the helper failed: it
-		// usually means InitIfRequested is not called first in main.
-		f.Close()
-		return nil, fmt.Errorf("userns helper %s %s: %w (does main call criu.InitIfRequested first?)", self, usernsHoldArg, werr)
-	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
 	if err != nil {
 		return nil, fmt.Errorf("open userns: %w", err)
 	}

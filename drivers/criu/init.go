@@ -1,7 +1,6 @@
 package criu
 
 import (
-	"io"
 	"os"
 	"runtime"
 
@@ -29,15 +28,10 @@ func init() { runtime.LockOSThread() }
 // initArg is the argument libcontainer re-executes the binary with.
 const initArg = "init"
 
-// usernsHoldArg starts a helper that only holds a user namespace open until
-// its stdin closes; the driver uses it to build idmapped mounts.
-const usernsHoldArg = "amber-criu-userns-hold"
-
 // InitIfRequested runs libcontainer's container init when the current
 // process is one (libcontainer re-executes the binary as "<argv0> init" with
-// _LIBCONTAINER_INITPIPE set), and the driver's user-namespace helper when
-// started as that. In both cases it never returns. In any other process it
-// returns at once.
+// _LIBCONTAINER_INITPIPE set); it never returns then. In any other process
+// it returns at once.
 //
 // Call it first thing in main (cmd/amber) and in TestMain of any test binary
 // that creates criu sandboxes:
@@ -56,13 +50,5 @@ func InitIfRequested() {
 			return // a user's "amber init", not libcontainer's
 		}
 		libcontainer.Init() // never returns
-	case usernsHoldArg:
-		if os.Getenv(usernsHoldEnv) != "1" {
-			return
-		}
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		os.Exit(0)
 	}
 }
-
-const usernsHoldEnv = "_AMBER_CRIU_USERNS_HOLD"
