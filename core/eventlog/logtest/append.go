@@ -164,6 +164,9 @@ func testBatchAtomicity(t *testing.T, e *env) {
 		{"other tenant", errdefs.ErrInvalidArgument, func(s string) eventlog.Event { x := ev(s, "e2", 0); x.Tenant = OtherTenant; return x }},
 		{"names another stream", errdefs.ErrInvalidArgument, func(s string) eventlog.Event { x := ev(s, "e2", 0); x.Stream = other; return x }},
 		{"repeats an id of the batch", errdefs.ErrInvalidArgument, func(s string) eventlog.Event { return ev(s, "e0", 0) }},
+		{"is over MaxEnvelope", errdefs.ErrInvalidArgument, func(s string) eventlog.Event {
+			return ev(s, "e2", strings.Repeat("x", eventlog.MaxEnvelope))
+		}},
 		{"id taken in another stream", errdefs.ErrConflict, func(s string) eventlog.Event {
 			x := ev(s, "e2", "x")
 			x.ID = other + "#taken"
