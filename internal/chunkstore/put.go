@@ -185,7 +185,7 @@ func (s *Store) Put(ctx context.Context, tenant, id, src string, opts PutOptions
 		return res, err
 	}
 	mkey := manifestKey(tenant, id, digest)
-	sealed := keys.seal(nil, kindManifest, mkey, plain)
+	sealed := keys.seal(nil, kindManifest, mkey, plain, nil)
 	if err := blob.PutBytes(ctx, s.cfg.Blobs, mkey, sealed); err != nil {
 		return res, fmt.Errorf("write manifest: %w", err)
 	}
@@ -344,7 +344,7 @@ type uploader struct {
 	progress func(Progress)
 	progMu   sync.Mutex
 	total    int64
-	done     atomic.Int64
+	done     int64 // under progMu
 
 	newChunks atomic.Int64
 	stored    atomic.Int64
@@ -373,13 +373,14 @@ func (s *Store) newUploader(ctx context.Context, keys *tenantKeys, tenant string
 }
 
 func (u *uploader) report(n int64) {
-	done := u.done.Add(n)
 	if u.progress == nil {
 		return
 	}
+	// Count and report under one lock, so reports never go backwards.
 	u.progMu.Lock()
 	defer u.progMu.Unlock()
-	u.progress(Progress{Done: done, Total: u.total})
+	u.done += n
+	u.progress(Progress{Done: u.done, Total: u.total})
 }
 
 func (u *uploader) abort(err error) { u.cancel(err) }
@@ -444,14 +445,14 @@ func (u *uploader) file(path string, e *Entry, w *writer) error {
 }
 
 func (u *uploader) worker() {
-	var sealed []byte
+	var sealed, scratch []byte
 	for j := range u.jobs {
 		if u.ctx.Err() != nil {
 			u.bufs.Put(j.data)
 			continue
 		}
 		n := int64(len(*j.data))
-		if err := u.store(j.name, *j.data, &sealed); err != nil {
+		if err := u.store(j.name, *j.data, &sealed, &scratch); err != nil {
 			u.cancel(err)
 		} else {
 			u.report(n)
@@ -461,14 +462,14 @@ func (u *uploader) worker() {
 }
 
 // store writes one chunk unless it is already stored.
-func (u *uploader) store(name string, data []byte, sealed *[]byte) error {
+func (u *uploader) store(name string, data []byte, sealed, scratch *[]byte) error {
 	key := chunkKey(u.tenant, name)
 	if _, err := u.s.cfg.Blobs.Stat(u.ctx, key); err == nil {
 		return nil
 	} else if !errdefs.IsNotFound(err) {
 		return fmt.Errorf("look up chunk %s: %w", key, err)
 	}
-	*sealed = u.keys.seal((*sealed)[:0], kindChunk, key, data)
+	*sealed = u.keys.seal((*sealed)[:0], kindChunk, key, data, scratch)
 	if err := blob.PutBytes(u.ctx, u.s.cfg.Blobs, key, *sealed); err != nil {
 		return fmt.Errorf("write chunk %s: %w", key, err)
 	}

@@ -89,6 +89,13 @@ func (s *Store) restore(ctx context.Context, tenant, id, dst string, opts Restor
 	}
 	r := &restorer{s: s, keys: keys, m: m, root: tmp, progress: opts.Progress}
 	if err := r.run(ctx); err != nil {
+		if errdefs.IsDataLoss(err) {
+			// A checkpoint deleted while it was being read is gone, not
+			// damaged.
+			if _, perr := s.readPointer(ctx, tenant, id); errdefs.IsNotFound(perr) {
+				return res, errdefs.NotFoundf("checkpoint %s/%s was deleted during the restore (%v)", tenant, id, err)
+			}
+		}
 		return res, err
 	}
 	res.Files, res.Size, res.Chunks, res.Fetched = r.files, m.Size, r.chunks, int(r.fetched.Load())

@@ -63,12 +63,20 @@ func aad(header []byte, tenant, name string) []byte {
 }
 
 // seal compresses (when that helps) and encrypts plain as an object of kind
-// named name, appending to dst.
-func (k *tenantKeys) seal(dst []byte, kind byte, name string, plain []byte) []byte {
+// named name, appending to dst. scratch, when not nil, is reused for the
+// compressed form.
+func (k *tenantKeys) seal(dst []byte, kind byte, name string, plain []byte, scratch *[]byte) []byte {
 	enc, _ := codecs()
 	codec, payload := codecRaw, plain
 	if len(plain) > 64 {
-		z := enc.EncodeAll(plain, make([]byte, 0, len(plain)/2))
+		var buf []byte
+		if scratch != nil {
+			buf = (*scratch)[:0]
+		}
+		z := enc.EncodeAll(plain, buf)
+		if scratch != nil {
+			*scratch = z
+		}
 		// Keep zstd only when it saves at least 1/32: random data (and
 		// already-compressed files) is stored raw and restored faster.
 		if len(z) < len(plain)-len(plain)/32 {
