@@ -117,7 +117,8 @@ type Layer struct {
 	lower     string
 	diskBytes int64
 
-	mu sync.Mutex
+	mu         sync.Mutex
+	handleUsed bool // the lower is a handle (isHandle) and was mounted
 }
 
 // Option modifies Create or Open.
@@ -130,7 +131,9 @@ type options struct {
 // WithLower makes Open mount the overlay with path as its lower layer
 // instead of the one recorded at Create. A driver whose lower layer is a
 // per-process handle — a detached idmapped mount passed as /proc/self/fd/N —
-// gives a fresh one after a restart.
+// gives a fresh one to every Open: a handle is used for one mount only, so
+// a Layer whose lower is a handle cannot be re-mounted with Mount after
+// Unmount (ErrFailedPrecondition) — Open it again WithLower.
 func WithLower(path string) Option { return func(o *options) { o.lower = path } }
 
 // Create makes a layer in dir on top of lower (the template's root
@@ -255,11 +258,14 @@ func Open(dir string, opts ...Option) (*Layer, error) {
 		return nil, err
 	}
 	l := &Layer{dir: real, lower: m.Lower, diskBytes: m.DiskBytes}
+	// A recorded handle belonged to the process that made the layer.
+	l.handleUsed = isHandle(m.Lower)
 	if o.lower != "" {
 		if err := checkOptionPath(o.lower); err != nil {
 			return nil, err
 		}
 		l.lower = o.lower
+		l.handleUsed = false
 	}
 	if err := l.Mount(); err != nil {
 		return nil, err
@@ -306,17 +312,15 @@ func (l *Layer) Usage() (used, usable int64, err error) {
 func (l *Layer) Mount() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if strings.HasPrefix(l.lower, "/proc/") {
-		if _, err := os.Stat(l.lower); err != nil {
-			return errdefs.FailedPreconditionf("layer %s: lower %s is a per-process handle that is gone; Open with WithLower", l.dir, l.lower)
-		}
-	}
 	mounts, err := readMounts()
 	if err != nil {
 		return err
 	}
 	if isMounted(mounts, l.Merged()) {
 		return nil
+	}
+	if isHandle(l.lower) && l.handleUsed {
+		return errdefs.FailedPreconditionf("layer %s: lower %s is a per-process handle, used already (its number may name another file now); Open with WithLower", l.dir, l.lower)
 	}
 	if !isMounted(mounts, l.fs()) {
 		img, err := os.OpenFile(l.image(), os.O_RDWR, 0)
@@ -334,6 +338,11 @@ func (l *Layer) Mount() error {
 	}
 	return l.mountOverlay(l.lower)
 }
+
+// isHandle reports whether a lower path is a per-process handle such as
+// /proc/self/fd/N (a detached, idmapped mount): valid only while the
+// caller holds it, and only for one mount.
+func isHandle(p string) bool { return strings.HasPrefix(p, "/proc/") }
 
 // mountFS attaches img to a loop device (or re-uses the one it is bound to)
 // and mounts it on DIR/fs.
@@ -419,6 +428,7 @@ func (l *Layer) mountOverlay(lower string) error {
 	if err := unix.Mount("overlay", l.Merged(), "overlay", 0, data); err != nil {
 		return fmt.Errorf("layer %s: mount overlay: %w", l.dir, err)
 	}
+	l.handleUsed = isHandle(lower)
 	return nil
 }
 

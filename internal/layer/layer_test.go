@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -480,5 +481,42 @@ func TestUnescapeMount(t *testing.T) {
 		if got := unescapeMount(in); got != want {
 			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestHandleLower: a lower given as a per-process handle (/proc/self/fd/N,
+// as for an idmapped mount) is used for one mount; re-mounting needs a
+// fresh one through Open(WithLower).
+func TestHandleLower(t *testing.T) {
+	requireLoop(t)
+	lower := makeLower(t)
+	d, err := os.Open(lower)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	handle := "/proc/self/fd/" + strconv.Itoa(int(d.Fd()))
+	l := newLayer(t, handle, 64<<20)
+	if b, err := os.ReadFile(filepath.Join(l.Merged(), "etc/hostname")); string(b) != "template\n" {
+		t.Fatalf("through a handle lower: %q %v", b, err)
+	}
+	if _, err := Open(l.Dir()); err != nil {
+		t.Fatalf("Open of a mounted layer needs no lower: %v", err)
+	}
+	if err := l.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Mount(); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("Mount with a used handle: %v", err)
+	}
+	if _, err := Open(l.Dir()); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("Open with a recorded handle: %v", err)
+	}
+	l2, err := Open(l.Dir(), WithLower(lower))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(l2.Merged(), "etc/hostname")); string(b) != "template\n" {
+		t.Fatalf("after Open WithLower: %q %v", b, err)
 	}
 }
