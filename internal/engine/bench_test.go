@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"sort"
@@ -26,7 +27,9 @@ func TestBenchClaimVsCold(t *testing.T) {
 		n = v
 	}
 	env := enginetest.New(t, engine.Options{Pool: map[string]int{"minimal": 1}})
-	e, ctx := env.Engine, ctxT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	e := env.Engine
 	var claim, cold []time.Duration
 	for i := 0; i < n; i++ {
 		waitPool(t, e, "minimal", 1)
@@ -41,21 +44,26 @@ func TestBenchClaimVsCold(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	failed := 0
 	for i := 0; i < n; i++ {
 		waitPool(t, e, "minimal", 1) // keep the background refill out of the timing
 		start := time.Now()
 		sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Cold: true})
 		d := time.Since(start)
 		if err != nil {
-			t.Fatalf("cold %d: %v", i, err)
+			t.Errorf("cold %d (after %v): %v", i, d, err)
+			if failed++; failed > n/10 {
+				t.FailNow()
+			}
+			continue
 		}
 		cold = append(cold, d)
 		if err := e.Destroy(ctx, "default", sb.ID); err != nil {
 			t.Fatal(err)
 		}
 	}
-	report := fmt.Sprintf("driver=%s n=%d  claim p50=%v p99=%v  cold p50=%v p99=%v",
-		enginetest.DriverName(), n, pct(claim, 50), pct(claim, 99), pct(cold, 50), pct(cold, 99))
+	report := fmt.Sprintf("driver=%s n=%d failed=%d  claim p50=%v p99=%v  cold p50=%v p99=%v",
+		enginetest.DriverName(), n, failed, pct(claim, 50), pct(claim, 99), pct(cold, 50), pct(cold, 99))
 	t.Log(report)
 	fmt.Println("BENCH", report)
 	if p := pct(claim, 50); p > 50*time.Millisecond {
