@@ -25,7 +25,12 @@ func TestMain(m *testing.M) { enginetest.Main(m) }
 // newAPI serves a real engine and returns a client with the admin key.
 func newAPI(t *testing.T) (*client.Client, *enginetest.Env, string) {
 	t.Helper()
-	env := enginetest.New(t, engine.Options{})
+	return newAPIWith(t, engine.Options{})
+}
+
+func newAPIWith(t *testing.T, opts engine.Options) (*client.Client, *enginetest.Env, string) {
+	t.Helper()
+	env := enginetest.New(t, opts)
 	const key = "amber_test_admin_key_0123456789abcdef"
 	if err := env.Meta.PutKey(context.Background(), "admin", "default", meta.HashKey(key)); err != nil {
 		t.Fatal(err)

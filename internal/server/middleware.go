@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -91,7 +90,6 @@ func (s *Server) wrap(rt Route) http.Handler {
 			c.tenant = tenant
 			c.lg = lg.With("tenant", tenant)
 		}
-		r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, c))
 		if err := rt.h(sw, r, c); err != nil {
 			if sw.status != 0 {
 				// Headers are out (a stream broke): the client sees a cut stream.

@@ -7,7 +7,6 @@
 package server
 
 import (
-	"context"
 	"log/slog"
 	"net/http"
 
@@ -95,14 +94,3 @@ func (s *Server) Routes() []Route { return s.routes() }
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
-
-type ctxKey struct{}
-
-// Tenant returns the authenticated tenant of a request's context.
-func Tenant(ctx context.Context) string {
-	c, _ := ctx.Value(ctxKey{}).(*call)
-	if c == nil {
-		return ""
-	}
-	return c.tenant
-}
