@@ -109,6 +109,7 @@ type ack struct {
 }
 
 func TestCrashKillClient(t *testing.T) {
+	t.Parallel()
 	rounds := crashRoundsDflt
 	if v, err := strconv.Atoi(os.Getenv(crashRoundsEnv)); err == nil && v > 0 {
 		rounds = v

@@ -22,6 +22,7 @@ import (
 // schema of its own that is dropped afterwards. Every subtest gets its own
 // Store (pool and listener) on that schema.
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	schema := freshSchema(t)
 	logtest.Run(t, func(t *testing.T, clk clock.Clock) eventlog.Store {
 		return openStore(t, schema, clk)
