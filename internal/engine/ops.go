@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"fmt"
 	"os"
 
 	"github.com/amber-run/amber/core/errdefs"
@@ -51,11 +50,8 @@ func (e *Engine) Exec(ctx context.Context, tenant, id string, spec sandbox.ExecS
 	if err != nil {
 		return sandbox.ExitStatus{}, err
 	}
-	st, err := e.drv.Exec(ctx, id, withEnv(sb, spec))
-	if err != nil {
-		return st, fmt.Errorf("exec in %s: %w", id, err)
-	}
-	return st, nil
+	// Driver errors name the sandbox already.
+	return e.drv.Exec(ctx, id, withEnv(sb, spec))
 }
 
 // StartProcess runs a command in the background in sandbox id and returns
@@ -68,11 +64,7 @@ func (e *Engine) StartProcess(ctx context.Context, tenant, id string, spec sandb
 	if err != nil {
 		return 0, err
 	}
-	pid, err := e.drv.Start(ctx, id, withEnv(sb, spec))
-	if err != nil {
-		return 0, fmt.Errorf("start in %s: %w", id, err)
-	}
-	return pid, nil
+	return e.drv.Start(ctx, id, withEnv(sb, spec))
 }
 
 // Processes lists the processes of sandbox id.
