@@ -242,14 +242,26 @@ func (d *Driver) execFailure(rec *record, spec sandbox.ExecSpec, msg string) (sa
 // deadOrErr explains a failure to reach the sandbox: stopped (killed,
 // crashed, or out of memory) or another error.
 func (d *Driver) deadOrErr(rec *record, msg string) error {
+	// Any process of the sandbox killed by its memory cgroup takes the
+	// whole sandbox down (the gVisor kernel and its systrap stubs are one
+	// unit), so one OOM kill explains the failure.
+	if n := oomKills(rec.Cgroup); n > 0 {
+		return errdefs.ResourceExhaustedf("sandbox %s was stopped by the out-of-memory killer (memory limit %d bytes); its files are kept", rec.ID, rec.Limits.MemoryBytes)
+	}
+	// runsc may take a moment to notice that the sandbox died.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, ok, err := d.state(ctx, rec, rec.ID)
-	if err == nil && (!ok || st.Status != "running") {
-		if n := oomKills(rec.Cgroup); n > 0 {
-			return errdefs.ResourceExhaustedf("sandbox %s was stopped by the out-of-memory killer (memory limit %d bytes); its files are kept", rec.ID, rec.Limits.MemoryBytes)
+	for i := 0; i < 20; i++ {
+		st, ok, err := d.state(ctx, rec, rec.ID)
+		if err != nil {
+			break
 		}
-		return errdefs.FailedPreconditionf("sandbox %s is not running", rec.ID)
+		if !ok || st.Status != "running" {
+			return errdefs.FailedPreconditionf("sandbox %s is not running", rec.ID)
+		}
+		if sleepCtx(ctx, 100*time.Millisecond) != nil {
+			break
+		}
 	}
 	return fmt.Errorf("exec in %s: runsc: %s", rec.ID, msg)
 }

@@ -1,0 +1,268 @@
+package gvisor
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/core/sandbox/sandboxtest"
+)
+
+// TestConformance runs the driver conformance suite against the real runsc
+// and the busybox template.
+//
+//	go test -count=1 -run TestConformance -v ./drivers/gvisor
+func TestConformance(t *testing.T) {
+	runsc := requireHost(t)
+	tmpl := minimalTemplate(t)
+	stateDir := testStateDir(t)
+	cgParent := "/amber/gvisor-test"
+	newDriver := func(t *testing.T) sandbox.Driver {
+		d, err := New(Options{StateDir: stateDir, RunscPath: runsc, CgroupParent: cgParent, Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	probe, err := New(Options{StateDir: stateDir, RunscPath: runsc, CgroupParent: cgParent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sandboxtest.Run(t, newDriver, sandboxtest.Options{
+		MinimalTemplate: tmpl,
+		CPUUsage: func(id string) (time.Duration, error) {
+			ns, err := readCgroupInt("cpuacct", probe.cgroupPath(id), "cpuacct.usage")
+			return time.Duration(ns), err
+		},
+		Leftovers: probe.leftovers,
+	})
+}
+
+// leftovers lists what the driver keeps on the host for id.
+func (d *Driver) leftovers(id string) []string {
+	var out []string
+	for _, p := range []string{d.dir(id), d.netnsPath(id)} {
+		if _, err := os.Lstat(p); err == nil {
+			out = append(out, p)
+		}
+	}
+	if d.runtimeStateExists(id) {
+		out = append(out, "runsc state for "+id+" under "+d.root)
+	}
+	for _, p := range cgroupDirs(d.cgroupPath(id)) {
+		out = append(out, "cgroup "+p)
+	}
+	return out
+}
+
+// requireHost skips unless the test can run real sandboxes; it returns the
+// runsc to use.
+func requireHost(t testing.TB) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("gvisor driver tests need root")
+	}
+	runsc := os.Getenv("AMBER_RUNSC")
+	if runsc == "" {
+		cache := os.Getenv("AMBER_CACHE")
+		if cache == "" {
+			cache = "/var/cache/amber"
+		}
+		runsc = filepath.Join(cache, "bin", "runsc")
+	}
+	if _, err := os.Stat(runsc); err != nil {
+		t.Skipf("SKIPPED: %s missing; run `make setup` (scripts/setup/runsc.sh)", runsc)
+	}
+	return runsc
+}
+
+// testStateDir is a state directory that is cleaned after the test,
+// including the network namespace runsc pins under its root.
+func testStateDir(t testing.TB) string {
+	dir := t.TempDir()
+	t.Cleanup(func() { unmountAll(dir) })
+	return dir
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	level := slog.LevelWarn
+	if testing.Verbose() {
+		level = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+var (
+	templateOnce sync.Once
+	templateDir  string
+	templateErr  error
+)
+
+// minimalTemplate returns the busybox template `make setup` builds
+// (scripts/setup/busybox.sh) or, when it is missing, one built here from
+// Debian's busybox-static for the test binary's run.
+func minimalTemplate(t testing.TB) sandbox.Template {
+	t.Helper()
+	templateOnce.Do(func() {
+		cache := os.Getenv("AMBER_CACHE")
+		if cache == "" {
+			cache = "/var/cache/amber"
+		}
+		if m, _ := filepath.Glob(filepath.Join(cache, "templates", "minimal-*", "rootfs", "bin", "busybox")); len(m) > 0 {
+			sort.Strings(m)
+			templateDir = filepath.Dir(filepath.Dir(m[len(m)-1]))
+			return
+		}
+		templateDir, templateErr = buildBusyboxRootfs()
+	})
+	if templateErr != nil {
+		t.Skipf("SKIPPED: no minimal template (%v); run `make setup`", templateErr)
+	}
+	return sandbox.Template{Name: "minimal", Version: "test", RootFS: templateDir}
+}
+
+func buildBusyboxRootfs() (string, error) {
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		return "", fmt.Errorf("busybox-static not installed: %w", err)
+	}
+	root, err := os.MkdirTemp("", "amber-gvisor-rootfs-")
+	if err != nil {
+		return "", err
+	}
+	for _, d := range []string{"bin", "sbin", "usr/bin", "usr/sbin", "etc", "proc", "sys", "dev", "root", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return "", err
+		}
+	}
+	if err := os.Chmod(filepath.Join(root, "tmp"), 0o1777); err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(bb)
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(root, "bin", "busybox"), b, 0o755); err != nil {
+		return "", err
+	}
+	out, err := exec.Command(bb, "--list-full").Output()
+	if err != nil {
+		return "", err
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if p == "bin/busybox" {
+			continue
+		}
+		if err := os.MkdirAll(filepath.Join(root, filepath.Dir(p)), 0o755); err != nil {
+			return "", err
+		}
+		_ = os.Symlink("/bin/busybox", filepath.Join(root, p))
+	}
+	return root, os.WriteFile(filepath.Join(root, "etc", "passwd"), []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644)
+}
+
+// TestBenchmark measures cold create, exec round trip and idle memory. It
+// runs only with AMBER_GVISOR_BENCH=1:
+//
+//	AMBER_GVISOR_BENCH=1 go test -count=1 -run TestBenchmark -v ./drivers/gvisor
+func TestBenchmark(t *testing.T) {
+	if os.Getenv("AMBER_GVISOR_BENCH") != "1" {
+		t.Skip("set AMBER_GVISOR_BENCH=1 to run")
+	}
+	runsc := requireHost(t)
+	tmpl := minimalTemplate(t)
+	d, err := New(Options{StateDir: testStateDir(t), RunscPath: runsc, CgroupParent: "/amber/gvisor-bench", Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	n := 20
+	if v, err := strconv.Atoi(os.Getenv("AMBER_GVISOR_BENCH_N")); err == nil && v > 0 {
+		n = v
+	}
+	var ids []string
+	t.Cleanup(func() {
+		for _, id := range ids {
+			if err := d.Destroy(context.Background(), id); err != nil {
+				t.Errorf("destroy %s: %v", id, err)
+			}
+		}
+	})
+	var creates []time.Duration
+	for i := range n {
+		id := fmt.Sprintf("bench-%d-%d", os.Getpid(), i)
+		ids = append(ids, id)
+		start := time.Now()
+		if _, err := d.Create(ctx, sandbox.Spec{ID: id, Template: tmpl}); err != nil {
+			t.Fatal(err)
+		}
+		creates = append(creates, time.Since(start))
+	}
+	var execs []time.Duration
+	for range 50 {
+		start := time.Now()
+		st, err := d.Exec(ctx, ids[0], sandbox.ExecSpec{Args: []string{"true"}})
+		if err != nil || st.Code != 0 {
+			t.Fatalf("exec: %+v %v", st, err)
+		}
+		execs = append(execs, time.Since(start))
+	}
+	time.Sleep(5 * time.Second) // let the sandboxes settle to idle
+	var cgMem, rss, pss int64
+	for _, id := range ids {
+		m, err := readCgroupInt("memory", d.cgroupPath(id), "memory.usage_in_bytes")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cgMem += m
+		for _, pid := range cgroupProcs(d.cgroupPath(id)) {
+			r, p := smapsRollup(pid)
+			rss += r
+			pss += p
+		}
+	}
+	k := int64(len(ids))
+	t.Logf("cold Create (%d sequential): p50 %v, p99 %v, min %v, max %v", n, pct(creates, 50), pct(creates, 99), pct(creates, 0), pct(creates, 100))
+	t.Logf("Exec round trip of `true` (50): p50 %v, p99 %v", pct(execs, 50), pct(execs, 99))
+	t.Logf("idle memory per sandbox (%d sandboxes): memory cgroup usage %.1f MiB, host processes' RSS %.1f MiB, PSS %.1f MiB",
+		k, float64(cgMem/k)/(1<<20), float64(rss/k)/(1<<20), float64(pss/k)/(1<<20))
+}
+
+func pct(ds []time.Duration, p int) time.Duration {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := (len(s) - 1) * p / 100
+	return s[i].Round(100 * time.Microsecond)
+}
+
+// smapsRollup returns the Rss and Pss (bytes) of pid.
+func smapsRollup(pid int) (rss, pss int64) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		v, _ := strconv.ParseInt(f[1], 10, 64)
+		switch f[0] {
+		case "Rss:":
+			rss = v << 10
+		case "Pss:":
+			pss = v << 10
+		}
+	}
+	return rss, pss
+}
