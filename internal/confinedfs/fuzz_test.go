@@ -1,6 +1,7 @@
 package confinedfs
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"flag"
@@ -294,5 +295,54 @@ func FuzzResolvePath(f *testing.F) {
 		fx.checkW(t, wp)
 		fx.checkErr(t, fx.wfs.Remove(ctx, wp, true), wp)
 		fx.checkW(t, wp)
+	})
+}
+
+// FuzzTarIn extracts fuzzed archives into the write root's /dst and asserts
+// that nothing beside the root changes, that the root's /etc/passwd (outside
+// /dst) is untouched, and that errors show no host path.
+func FuzzTarIn(f *testing.F) {
+	for _, ents := range [][]tarEntry{
+		{tarDir("a"), tarFile("a/f", "x"), tarLink("a/l", "f"), tarHard("a/h", "a/f")},
+		{tarFile("../evil", "x")},
+		{tarFile("/evil", "x")},
+		{tarLink("l", "../../outside"), tarFile("l/marker", "pwned")},
+		{tarLink("l", "/etc"), tarFile("l/passwd", "pwned")},
+		{tarLink("l", "../etc"), tarDir("l/d")},
+		{tarLink("l", "../../outside/marker"), tarHard("h", "l")},
+		{tarHard("h", "../etc/passwd")},
+		{tarDir("d"), tarLink("d/up", ".."), tarFile("d/up/up/etc/passwd", "pwned")},
+		{tarEntry{hdr: &tar.Header{Typeflag: tar.TypeChar, Name: "null", Devmajor: 1, Devminor: 3}}},
+	} {
+		f.Add(tarOf(f, ents...))
+	}
+	fx := newFuzzFixture(f)
+	tfs, err := New(fx.w, WithTarLimits(1<<20, 256))
+	if err != nil {
+		f.Fatal(err)
+	}
+	ctx := context.Background()
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) > 1<<20 {
+			return
+		}
+		fx.resetW(t)
+		err := tfs.TarIn(ctx, "/dst", bytes.NewReader(data))
+		if err != nil && strings.Contains(err.Error(), fx.host) {
+			t.Fatalf("error leaks the host path: %v", err)
+		}
+		fx.checkW(t, "archive")
+		if b, err := os.ReadFile(fx.w + "/etc/passwd"); err != nil || string(b) != "sandbox passwd" {
+			t.Fatalf("/etc/passwd outside the target directory changed: %q %v", b, err)
+		}
+		ents, err := os.ReadDir(fx.w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ents {
+			if _, ok := fx.wLinks[e.Name()]; !ok && e.Name() != "etc" && e.Name() != "a" && e.Name() != "dst" {
+				t.Fatalf("archive created %q beside the target directory", e.Name())
+			}
+		}
 	})
 }
