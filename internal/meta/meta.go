@@ -251,7 +251,8 @@ func (s *Store) SetState(ctx context.Context, id string, to State, reason string
 }
 
 // Claim gives the pooled, running sandbox id to tenant with the limits and
-// env it is claimed with. It fails with ErrFailedPrecondition when id is not
+// env it is claimed with; its Created becomes the claim time (when the
+// tenant got it). It fails with ErrFailedPrecondition when id is not
 // (any more) a ready pooled sandbox, so two claims never get the same one.
 func (s *Store) Claim(ctx context.Context, id, tenant string, limits sandbox.Limits, env []string) (Sandbox, error) {
 	if tenant == "" {
@@ -259,10 +260,11 @@ func (s *Store) Claim(ctx context.Context, id, tenant string, limits sandbox.Lim
 	}
 	l, _ := json.Marshal(limits)
 	e, _ := json.Marshal(nonNil(env))
+	now := s.clock.Now().UnixNano()
 	return s.update(ctx, id, "claim",
-		`UPDATE sandboxes SET tenant = ?, limits = ?, env = ?, pooled = 0, from_pool = 1, updated_ns = ?
+		`UPDATE sandboxes SET tenant = ?, limits = ?, env = ?, pooled = 0, from_pool = 1, created_ns = ?, updated_ns = ?
 		 WHERE id = ? AND pooled = 1 AND state = ?`,
-		tenant, string(l), string(e), s.clock.Now().UnixNano(), id, string(StateRunning))
+		tenant, string(l), string(e), now, now, id, string(StateRunning))
 }
 
 func (s *Store) update(ctx context.Context, id, what, q string, args ...any) (Sandbox, error) {

@@ -98,7 +98,8 @@ func TestSetStateIsConditional(t *testing.T) {
 func TestClaimOnlyOnce(t *testing.T) {
 	ctx := context.Background()
 	s, _ := open(t)
-	s.Insert(ctx, row("p", true))
+	pooledAt, _ := s.Insert(ctx, row("p", true))
+	s.clock.(*clock.Fake).Advance(time.Minute)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	wins := 0
@@ -118,7 +119,7 @@ func TestClaimOnlyOnce(t *testing.T) {
 		t.Fatalf("%d claims won", wins)
 	}
 	got, _ := s.Get(ctx, "p")
-	if got.Pooled || !got.FromPool || got.Tenant != "default" || got.Env[0] != "X=1" {
+	if got.Pooled || !got.FromPool || got.Tenant != "default" || got.Env[0] != "X=1" || !got.Created.Equal(pooledAt.Created.Add(time.Minute)) {
 		t.Fatalf("claimed row: %+v", got)
 	}
 }
