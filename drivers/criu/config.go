@@ -126,6 +126,9 @@ func (d *Driver) containerConfig(rec *record, rootfs string) *configs.Config {
 		Seccomp:         defaultSeccomp(),
 		RootPropagation: unix.MS_PRIVATE | unix.MS_REC,
 		Version:         "1.3.0",
+		// libcontainer's Checkpoint/Restore pass this CRIU configuration
+		// file (see criuConfig).
+		Labels: []string{"org.criu.config=" + d.criuConfigPath()},
 	}
 	if d.nofile == 0 { // unknown: inherit the daemon's
 		cfg.Rlimits = cfg.Rlimits[1:]

