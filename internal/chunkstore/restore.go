@@ -77,6 +77,9 @@ func (s *Store) restore(ctx context.Context, tenant, id, dst string, opts Restor
 		if _, err := os.Lstat(dst); err == nil {
 			return res, errdefs.AlreadyExistsf("restore %s/%s: %s exists", tenant, id, dst)
 		}
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return res, fmt.Errorf("restore %s/%s: %w", tenant, id, err)
+		}
 		tmp, err = os.MkdirTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".restore-")
 		if err != nil {
 			return res, fmt.Errorf("restore %s/%s: %w", tenant, id, err)

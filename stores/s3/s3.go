@@ -124,7 +124,7 @@ func (s *Store) put(ctx context.Context, key string, r io.Reader, size int64, ex
 	}
 	opts := minio.PutObjectOptions{PartSize: PartSize, ContentType: "application/octet-stream"}
 	if exclusive {
-		opts.SetMatchETagExcept("") // If-None-Match: *
+		opts.SetMatchETagExcept("*") // If-None-Match: *
 	}
 	src := &exactReader{r: r, left: size}
 	_, err := s.core.Client.PutObject(ctx, s.cfg.Bucket, s.object(key), src, size, opts)
@@ -168,11 +168,6 @@ func (e *exactReader) Read(p []byte) (int, error) {
 		return n, err
 	}
 	if e.left == 0 {
-		var one [1]byte
-		if n, _ := io.ReadFull(e.r, one[:]); n > 0 {
-			e.long = true
-			return 0, errors.New("reader longer than announced")
-		}
 		return 0, io.EOF
 	}
 	if int64(len(p)) > e.left {
@@ -185,12 +180,21 @@ func (e *exactReader) Read(p []byte) (int, error) {
 		e.short = true
 		return n, io.ErrUnexpectedEOF
 	case err == io.EOF:
-		// Check for trailing bytes on the next call.
-		return n, nil
+		return n, io.EOF
 	case err != nil:
 		e.err = err
+		return n, err
+	case e.left == 0:
+		// The last announced byte: the client may never read again, so
+		// probe now for trailing bytes and fail the upload if there are.
+		var one [1]byte
+		if m, _ := io.ReadFull(e.r, one[:]); m > 0 {
+			e.long = true
+			return 0, errors.New("reader longer than announced")
+		}
+		return n, io.EOF
 	}
-	return n, err
+	return n, nil
 }
 
 // Get implements blob.Store.

@@ -67,7 +67,7 @@ func TestOpenMissingBucket(t *testing.T) {
 
 func TestUnreachable(t *testing.T) {
 	_, err := s3.Open(context.Background(), s3.Config{
-		Endpoint: "127.0.0.1:1", Bucket: "b", AccessKey: "a", SecretKey: "b",
+		Endpoint: "127.0.0.1:1", Bucket: "bucket", AccessKey: "a", SecretKey: "b",
 	})
 	if !errdefs.IsUnavailable(err) {
 		t.Fatalf("open unreachable: got %v, want unavailable", err)

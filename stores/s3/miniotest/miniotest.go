@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/stores/s3"
 )
 
@@ -119,7 +120,7 @@ func start(t testing.TB, bin string) (*Server, error) {
 			return nil, fmt.Errorf("MinIO exited during startup (%v): %s", err, tail(logPath))
 		default:
 		}
-		if live(addr) {
+		if ready(addr) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -132,14 +133,25 @@ func start(t testing.TB, bin string) (*Server, error) {
 	return srv, nil
 }
 
-func live(addr string) bool {
+// ready reports whether the server answers S3 requests: /minio/health/live
+// turns OK before the object layer is initialized, so also ask the
+// readiness endpoint and make one authenticated call.
+func ready(addr string) bool {
 	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get("http://" + addr + "/minio/health/live")
-	if err != nil {
-		return false
+	for _, path := range []string{"/minio/health/live", "/minio/health/ready"} {
+		resp, err := c.Get("http://" + addr + path)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return false
+		}
 	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err := s3.Open(ctx, s3.Config{Endpoint: addr, AccessKey: AccessKey, SecretKey: SecretKey, Bucket: "amber-probe"})
+	return err == nil || errdefs.IsNotFound(err)
 }
 
 func freePort() (int, error) {
