@@ -1,0 +1,117 @@
+// Package gvisor is Amber's default isolation driver: every sandbox is a
+// gVisor sandbox run by runsc (the OCI runtime), so the tenant's code talks
+// to gVisor's user-space kernel, never to the host's.
+//
+// # A sandbox, concretely
+//
+// Create writes an OCI bundle (config.json made here from
+// runtime-spec's Go types) whose root is the writable layer's merged
+// directory (internal/layer: an overlay of a size-bounded ext4 image on the
+// template, which stays read-only and shared), pins a fresh network
+// namespace, and runs `runsc run --detach`. The init (PID 1) is the
+// template's /bin/sh sleeping in a loop and reaping orphans. Exec is one
+// `runsc exec` per command; Start is an exec that leaves a process behind
+// (see startScript); Processes reads /proc inside; Signal is
+// `runsc kill --pid`; Kill is `runsc kill --all KILL`; Destroy is
+// `runsc delete --force` and the removal of everything below.
+//
+// # runsc flags, and why
+//
+// Every runsc call gets --root=<StateDir>/runsc-root and the runtime flags
+// (runtimeFlags, recorded per sandbox so that a restore uses the same):
+//
+//	--platform=systrap    seccomp-trap platform: needs no KVM (this host's
+//	                      KVM is PVM); the platform the pinned runsc is
+//	                      verified with here
+//	--network=sandbox     gVisor's own network stack (netstack) in the
+//	                      sandbox; it copies the interfaces and routes of the
+//	                      network namespace it starts in
+//	--overlay2=none       no overlay inside gVisor: writes go through the
+//	                      gofer to the host directory, i.e. into our layer,
+//	                      where Files, the disk limit and a checkpoint of the
+//	                      layer see them. The default (root:self) would keep
+//	                      the writable layer in a file store or in the
+//	                      sandbox's memory, invisible from the host.
+//	--file-access=shared  the sentry revalidates cached dentries and file
+//	                      attributes against the host on every access, so a
+//	                      file that Files (or anything on the host) writes,
+//	                      replaces or removes is what the next access inside
+//	                      sees. With the default (exclusive) the sandbox
+//	                      assumes it owns the tree: measured here, a file
+//	                      the host removed was still listed and readable
+//	                      inside. The cost is a revalidation per lookup.
+//	--host-uds=none, --host-fifo=none
+//	                      the sandbox cannot open host sockets or FIFOs that
+//	                      appear in its tree (the defaults, made explicit).
+//
+// # Network
+//
+// Each sandbox starts in its own network namespace, made by createNetns and
+// bind-mounted at <StateDir>/netns/<id>: loopback only, up, and no route.
+// netstack copies that: the sandbox has 127.0.0.1 and ::1 and nothing else,
+// so it reaches neither the host's services (the host's loopback is not the
+// sandbox's), nor another sandbox, nor link-local or metadata addresses.
+// The egress gateway (a later issue) adds an interface to this namespace
+// before the sandbox boots; a restore boots in the same namespace.
+//
+// # File descriptors
+//
+// Nothing of the daemon's reaches a sandbox. The init's stdio is /dev/null
+// (a host file or pipe there would stay reachable through /proc/1/fd for
+// the sandbox's life). An exec's stdio are pipes that os/exec creates (the
+// caller's readers and writers are wrapped so that os/exec cannot hand an
+// *os.File through) or, in TTY mode, the replica of a pseudo-terminal
+// opened here; runsc exec is started with no ExtraFiles and with every
+// other descriptor close-on-exec, and donates exactly its fds 0-2. runsc's
+// own error messages go to a per-call --log file, not to the command's
+// streams.
+//
+// # Limits
+//
+// Memory, CPU and pids are cgroup v1 limits on <CgroupParent>/<id> (set by
+// runsc from config.json's linux.resources); the memory limit covers
+// everything the sandbox costs the host, gVisor's kernel included (about
+// 20 MiB idle). Processes inside are limited by RLIMIT_NPROC = Limits.Pids
+// (gVisor enforces it; a fork bomb gets EAGAIN and the sandbox lives on);
+// the host pids cgroup is a backstop set well above it (hostPidsLimit).
+// Disk is the layer's image size.
+//
+// A sandbox that exceeds its memory limit is stopped as a whole: the
+// kernel's OOM killer picks one of its host processes (the gVisor kernel
+// or a systrap stub), and gVisor cannot survive losing either. The
+// contract allows this (the hog is killed, the host and other sandboxes
+// are untouched); the exec that was running returns ErrResourceExhausted,
+// Inspect reports the sandbox stopped with its files kept, and the engine
+// can restore it from a checkpoint. gVisor has no memory accounting of its
+// own that would let it kill only the hog.
+//
+// # State
+//
+// Everything is under Options.StateDir:
+//
+//	<StateDir>/runsc-root/            runsc's state (--root)
+//	<StateDir>/netns/<id>             the sandbox's pinned network namespace
+//	<StateDir>/sandboxes/<id>/
+//	    sandbox.json                  this driver's record (versioned)
+//	    bundle/config.json            the OCI spec
+//	    layer/                        internal/layer: disk.img, fs/, merged/
+//	    exec/                         per-exec process specs and pid files
+//	    runsc.log                     runsc's errors while booting
+//
+// After a daemon restart, List and Inspect read the records and ask runsc
+// (one `runsc list`): a sandbox still running is found running; one whose
+// processes died is stopped. Destroy works from the id alone, step by step
+// (runtime, leftover processes in the cgroup, runsc state, network
+// namespace, layer, cgroups, directory), so it also removes a half-created
+// sandbox and is idempotent.
+//
+// # Checkpoint and restore (next issue)
+//
+// The design leaves room for `runsc checkpoint --image-path` and
+// `runsc restore --bundle <dir>/bundle`: background processes are plain
+// sandbox processes (no runsc exec stays behind for them), the bundle and
+// the runtime flags are on disk, the network namespace and the layer live
+// at fixed paths, and /tmp is a directory of the layer rather than a tmpfs
+// whose presence would have to match at restore. Outside TCP connections
+// do not survive a runsc restore (Capabilities.LiveOutsideTCP is false).
+package gvisor
