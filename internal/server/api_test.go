@@ -22,6 +22,8 @@ import (
 
 func TestMain(m *testing.M) { enginetest.Main(m) }
 
+const testKey = "amber_test_admin_key_0123456789abcdef"
+
 // newAPI serves a real engine and returns a client with the admin key.
 func newAPI(t *testing.T) (*client.Client, *enginetest.Env, string) {
 	t.Helper()
@@ -31,7 +33,7 @@ func newAPI(t *testing.T) (*client.Client, *enginetest.Env, string) {
 func newAPIWith(t *testing.T, opts engine.Options) (*client.Client, *enginetest.Env, string) {
 	t.Helper()
 	env := enginetest.New(t, opts)
-	const key = "amber_test_admin_key_0123456789abcdef"
+	key := testKey
 	if err := env.Meta.PutKey(context.Background(), "admin", "default", meta.HashKey(key)); err != nil {
 		t.Fatal(err)
 	}
