@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build CRIU 4.1.1 (+ Amber's SO_PASSCRED fix) into
+# Build CRIU 4.1.1 (+ Amber's two fixes) into
 # $AMBER_CACHE/criu-4.1.1-p1/sbin/criu and point $AMBER_CACHE/bin/criu at it.
 #
 # Why build it: Debian 12's criu 3.17 does not start on kernels >= 6.13 (vDSO
@@ -11,11 +11,17 @@
 # `apt-get upgrade` pull trixie packages; a private sources.list + state/cache
 # dirs under a temp dir leaves /etc/apt and /var/lib/apt untouched.
 #
-# Why the patch: kernels >= 6.16 answer EOPNOTSUPP to
-# getsockopt(SO_PASSCRED/SO_PASSSEC) on INET sockets and CRIU 4.1.1 treats that
-# as fatal, so it cannot dump any process holding a TCP/UDP socket (upstream
-# issue #2718). criu-4.1.1-passcred.patch treats EOPNOTSUPP as "option off".
-# Bump CRIU_BUILD (p1 -> p2) whenever the patch or build flags change.
+# Why the patches (applied with patch -p1, in this order):
+#  - criu-4.1.1-passcred.patch: kernels >= 6.16 answer EOPNOTSUPP to
+#    getsockopt(SO_PASSCRED/SO_PASSSEC) on INET sockets and CRIU 4.1.1 treats
+#    it as fatal, so it cannot dump any process holding a TCP/UDP socket
+#    (upstream issue #2718). The patch treats EOPNOTSUPP as "option off".
+#  - criu-4.1.1-hw-breakpoints.patch: under the PVM hypervisor of these
+#    machines x86 hardware breakpoints set through ptrace never fire, so every
+#    dump hangs while CRIU waits for the task to leave the parasite. The patch
+#    probes for working breakpoints and otherwise uses CRIU's syscall-tracing
+#    fallback (what CRIU_FAULT=130 forces).
+# The install dir records a hash of the patches: editing a patch rebuilds.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -23,7 +29,7 @@ CRIU_VERSION=4.1.1
 CRIU_BUILD=p1
 ORIG=criu_${CRIU_VERSION}.orig.tar.xz
 ORIG_SHA256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe
-PATCH="$SETUP_DIR/criu-${CRIU_VERSION}-passcred.patch"
+PATCHES=("$SETUP_DIR/criu-$CRIU_VERSION-passcred.patch" "$SETUP_DIR/criu-$CRIU_VERSION-hw-breakpoints.patch")
 
 DIR="$CACHE/criu-$CRIU_VERSION-$CRIU_BUILD"
 BIN="$DIR/sbin/criu"
@@ -36,6 +42,9 @@ BUILD_DEPS=(build-essential pkg-config libprotobuf-dev libprotobuf-c-dev
     protobuf-c-compiler protobuf-compiler python3-protobuf libnl-3-dev
     libcap-dev libnet1-dev libbsd-dev libgnutls28-dev libnftables-dev uuid-dev
     iproute2 nftables xz-utils patch)
+
+for p in "${PATCHES[@]}"; do [[ -f $p ]] || die "missing $p"; done
+PATCHES_SHA=$(cat "${PATCHES[@]}" | sha256sum | cut -c1-64)
 
 sha_ok() { [[ -f $1 ]] && echo "$ORIG_SHA256  $1" | sha256sum -c --status; }
 
@@ -51,8 +60,9 @@ fetch_orig() {
     mkdir -p "$work/parts" "$work/state/lists/partial" "$work/cache/archives/partial" "$work/src"
     : >"$work/status"
     echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror trixie main" >"$work/sources.list"
-    # apt drops privileges to _apt for downloads; let it write the target dir.
-    id _apt >/dev/null 2>&1 && chown _apt "$work/src"
+    # apt drops privileges to _apt for downloads; let it reach its dirs.
+    chmod 755 "$work"
+    if id _apt >/dev/null 2>&1; then chown _apt "$work/src"; fi
     local apt_priv=(
         -o "Dir::Etc::SourceList=$work/sources.list"
         -o "Dir::Etc::SourceParts=$work/parts"
@@ -96,31 +106,32 @@ build() {
     need_root
     apt_install "${BUILD_DEPS[@]}"
     fetch_orig
-    [[ -f $PATCH ]] || die "missing $PATCH"
+    clean_stale_tmp "$DIR"
     local tmp="$DIR.tmp.$$"
     rm -rf "$tmp"; mkdir -p "$tmp/src" "$tmp/sbin"
     # shellcheck disable=SC2064
     trap "rm -rf '$tmp'" EXIT
     tar -xf "$TARBALL" -C "$tmp/src" --strip-components=1
-    (cd "$tmp/src" && patch -p1 --forward <"$PATCH" >&2) || die "patch $PATCH failed"
+    local p
+    for p in "${PATCHES[@]}"; do
+        (cd "$tmp/src" && patch -p1 --forward --quiet <"$p" >&2) || die "patch $p failed"
+        cp "$p" "$tmp/"
+    done
     log "building criu $CRIU_VERSION (make -j$(nproc) criu, ~1-2 min)"
     # Only the `criu` target: no docs (asciidoc/xmlto), no crit/lib/plugins.
     make -C "$tmp/src" -j"$(nproc)" criu >"$tmp/build.log" 2>&1 \
         || { tail -n 40 "$tmp/build.log" >&2; die "criu build failed (log above)"; }
     install -m 0755 "$tmp/src/criu/criu" "$tmp/sbin/criu"
-    cp "$PATCH" "$tmp/"
-    sha256sum "$PATCH" | awk '{print $1}' >"$tmp/patch.sha256"
+    echo "$PATCHES_SHA" >"$tmp/patches.sha256"
     rm -rf "$tmp/src" "$tmp/build.log"
     rm -rf "$DIR"; mv -T "$tmp" "$DIR"
     trap - EXIT
 }
 
-if [[ -x $BIN ]]; then
+if [[ -x $BIN && $(cat "$DIR/patches.sha256" 2>/dev/null) == "$PATCHES_SHA" ]]; then
     log "found $BIN"
-    if [[ -f $DIR/patch.sha256 && $(sha256sum "$PATCH" | awk '{print $1}') != $(cat "$DIR/patch.sha256") ]]; then
-        log "WARNING: $PATCH differs from the one $BIN was built with; bump CRIU_BUILD to rebuild"
-    fi
 else
+    [[ -x $BIN ]] && log "$BIN was built with other patches; rebuilding"
     build
 fi
 
@@ -140,6 +151,53 @@ for f in uffd uffd-noncoop mem_dirty_track; do
         log "criu check --feature $f: NO ($(tail -n1 <<<"$fout"))"
     fi
 done
+
+# Smoke test: dump a process holding TCP and UDP sockets (exercises both
+# patches), restore it, check it runs. Cheap (~1 s), and it is the only way to
+# notice a criu that passes `check` but hangs or fails on a real dump.
+smoke_test() {
+    local work pid="" rc=0
+    work=$(mktemp -d /tmp/amber-criu-smoke.XXXXXX)
+    # setsid -f: the test process is not our child (no job-control noise when
+    # criu kills it); it reports its PID through the "ready" file.
+    setsid -f /usr/bin/python3 -c '
+import os, socket, sys, time
+t = socket.socket(); t.bind(("127.0.0.1", 0)); t.listen()
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+with open(sys.argv[1] + ".tmp", "w") as f: f.write(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+while True: time.sleep(1)' "$work/ready" </dev/null >/dev/null 2>&1
+    for _ in $(seq 1 200); do [[ -s $work/ready ]] && break; sleep 0.05; done
+    pid=$(cat "$work/ready" 2>/dev/null) || { log "smoke test: test process did not start"; return 1; }
+    mkdir "$work/img"
+    if ! timeout -s KILL 60 "$BIN" dump -t "$pid" -D "$work/img" -o dump.log -v4; then
+        rc=1; log "smoke test: criu dump failed or hung; log: $work/img/dump.log"
+    fi
+    kill -9 "$pid" 2>/dev/null || true
+    # init reaps it; restore needs the PID free again.
+    for _ in $(seq 1 100); do [[ -d /proc/$pid ]] || break; sleep 0.05; done
+    if [[ $rc -eq 0 ]]; then
+        if timeout -s KILL 60 "$BIN" restore -d -D "$work/img" -o restore.log -v4 && kill -0 "$pid" 2>/dev/null; then
+            kill -9 "$pid" 2>/dev/null || true
+        else
+            rc=1; log "smoke test: criu restore failed; log: $work/img/restore.log"
+        fi
+    fi
+    [[ $rc -eq 0 ]] && rm -rf "$work"
+    return $rc
+}
+# Once per boot is enough (the stamp is keyed by the kernel's boot id).
+stamp="$DIR/smoke-ok.$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none)"
+if [[ -e $stamp ]]; then
+    log "smoke test: passed earlier this boot ($stamp)"
+elif smoke_test; then
+    rm -f "$DIR"/smoke-ok.*
+    touch "$stamp" 2>/dev/null || true
+    log "smoke test: dump + restore of a process with TCP/UDP sockets OK"
+else
+    die "criu smoke test failed (see log path above)"
+fi
+
 pipe_max=$(cat /proc/sys/fs/pipe-max-size)
 [[ $pipe_max -ge 4194304 ]] || log "NOTE: fs.pipe-max-size=$pipe_max < 4194304; run scripts/setup/sysctl.sh for lazy restore"
 

@@ -23,9 +23,11 @@ ln_sf_atomic() {
     mv -Tf "$link.tmp.$$" "$link"
 }
 
-# apt_install PKG...: install only what is missing, running `apt-get update`
-# at most once per script run (and only if something is missing).
-_APT_UPDATED=0
+# apt_install PKG...: install only what is missing. Runs `apt-get update`
+# first (only when something is missing). Several setup scripts may run at
+# once (make -j); apt's own locks make a second apt-get fail rather than wait,
+# so apt runs are serialized on a lock file.
+APT_LOCK=/var/lock/amber-setup-apt.lock
 apt_install() {
     local missing=() p
     for p in "$@"; do
@@ -33,14 +35,48 @@ apt_install() {
     done
     [[ ${#missing[@]} -eq 0 ]] && return 0
     need_root
-    if [[ $_APT_UPDATED -eq 0 ]]; then
+    (
+        flock -w 1800 9 || die "timed out waiting for $APT_LOCK"
+        local still=() aptlog
+        for p in "${missing[@]}"; do
+            dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || still+=("$p")
+        done
+        [[ ${#still[@]} -eq 0 ]] && exit 0
         log "apt-get update"
-        apt-get update -qq || die "apt-get update failed"
-        _APT_UPDATED=1
-    fi
-    log "apt-get install ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 \
-        || die "apt-get install ${missing[*]} failed"
+        apt-get update -qq -o DPkg::Lock::Timeout=600 >&2 || die "apt-get update failed"
+        log "apt-get install ${still[*]}"
+        aptlog=$(mktemp /tmp/amber-apt.XXXXXX.log)
+        if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+            -o DPkg::Lock::Timeout=600 "${still[@]}" >"$aptlog" 2>&1; then
+            tail -n 30 "$aptlog" >&2
+            die "apt-get install ${still[*]} failed (full log: $aptlog)"
+        fi
+        rm -f "$aptlog"
+    ) 9>"$APT_LOCK"
+}
+
+# umount_under DIR: undo any mount left below DIR (deepest first), so removing
+# a failed build can never reach into the host's /proc or /dev.
+umount_under() {
+    local m
+    awk -v d="$1/" 'index($2, d) == 1 {print $2}' /proc/self/mounts | sort -r | while read -r m; do
+        umount -l "$m" || true
+    done
+}
+
+# clean_stale_tmp PREFIX: builds happen in PREFIX.tmp.<pid> and are renamed
+# to PREFIX when complete; remove such dirs left by runs that were killed.
+clean_stale_tmp() {
+    local d pid
+    for d in "$1".tmp.*; do
+        [[ -d $d ]] || continue
+        pid=${d##*.tmp.}
+        [[ $pid =~ ^[0-9]+$ ]] || continue
+        kill -0 "$pid" 2>/dev/null && continue
+        log "removing stale $d"
+        umount_under "$d"
+        rm -rf --one-file-system "$d"
+    done
 }
 
 # debian_mirror: the Debian mirror the system's apt sources use (first deb

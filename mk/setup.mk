@@ -1,0 +1,49 @@
+# External components Amber needs, installed by scripts/setup/*.sh into a cache
+# outside the source tree (keyed by pinned version, so re-running is fast).
+# Included by the top-level Makefile. Most targets need root.
+#
+#   make setup        what `amber` needs to run: runsc, criu (+ sysctl),
+#                     the minimal and python templates
+#   make setup-test   setup + PostgreSQL and MinIO for the store tests
+#   make setup-<x>    one component
+#
+# A MinIO server for tests: scripts/setup/minio-start.sh DIR PORT (prints PID).
+
+SHELL := /bin/bash
+AMBER_CACHE ?= /var/cache/amber
+export AMBER_CACHE
+
+SETUP_SCRIPTS := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../scripts/setup)
+
+# Do not become the including Makefile's default goal (restored at the end).
+_setup_mk_default_goal := $(.DEFAULT_GOAL)
+
+.PHONY: setup setup-test setup-runsc setup-criu setup-sysctl setup-minimal \
+	setup-python-template setup-postgres setup-minio
+
+setup: setup-runsc setup-criu setup-sysctl setup-minimal setup-python-template
+
+setup-test: setup setup-postgres setup-minio
+
+setup-runsc:
+	$(SETUP_SCRIPTS)/runsc.sh
+
+setup-criu:
+	$(SETUP_SCRIPTS)/criu.sh
+
+setup-sysctl:
+	$(SETUP_SCRIPTS)/sysctl.sh
+
+setup-minimal:
+	$(SETUP_SCRIPTS)/busybox.sh
+
+setup-python-template:
+	$(SETUP_SCRIPTS)/python-template.sh
+
+setup-postgres:
+	$(SETUP_SCRIPTS)/postgres.sh
+
+setup-minio:
+	$(SETUP_SCRIPTS)/minio.sh
+
+.DEFAULT_GOAL := $(_setup_mk_default_goal)
