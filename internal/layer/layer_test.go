@@ -520,3 +520,58 @@ func TestHandleLower(t *testing.T) {
 		t.Fatalf("after Open WithLower: %q %v", b, err)
 	}
 }
+
+// TestGrow grows a mounted, in-use layer and fills it to the new limit.
+func TestGrow(t *testing.T) {
+	requireLoop(t)
+	l := newLayer(t, makeLower(t), 64<<20)
+	f, err := os.Create(filepath.Join(l.Merged(), "held")) // in use while it grows
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := l.Grow(32 << 20); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("shrink: %v", err)
+	}
+	const size = 320 << 20
+	if !hasCap(unix.CAP_SYS_RESOURCE) {
+		if err := l.Grow(size); !errors.Is(err, errdefs.ErrNotImplemented) {
+			t.Fatalf("Grow without CAP_SYS_RESOURCE: %v", err)
+		}
+		if st, _ := os.Stat(l.image()); st.Size() != 64<<20 {
+			t.Fatalf("refused Grow changed the image to %d bytes", st.Size())
+		}
+		t.Skip("no CAP_SYS_RESOURCE: online ext4 resize is refused by the kernel here")
+	}
+	if err := l.Grow(size); err != nil {
+		t.Fatal(err)
+	}
+	_, usable, err := l.Usage()
+	if err != nil || usable < size*9/10 || usable > size {
+		t.Fatalf("usable after Grow: %d (%v)", usable, err)
+	}
+	out, err := exec.Command("dd", "if=/dev/zero", "of="+filepath.Join(l.Merged(), "fill"), "bs=1M").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "No space left on device") {
+		t.Fatalf("dd: %v %s", err, out)
+	}
+	if st, _ := os.Stat(filepath.Join(l.Merged(), "fill")); st.Size() < 64<<20 || st.Size() > size {
+		t.Fatalf("filled %d bytes after growing to %d", st.Size(), size)
+	}
+	f.Close()
+	if err := l.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := Open(l.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l2.DiskBytes() != size {
+		t.Fatalf("recorded size %d", l2.DiskBytes())
+	}
+	if err := l2.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("e2fsck", "-fn", l.image()).CombinedOutput(); err != nil {
+		t.Fatalf("e2fsck after Grow: %v\n%s", err, out)
+	}
+}
