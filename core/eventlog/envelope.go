@@ -59,7 +59,20 @@ func Decode(b []byte) (Event, error) {
 	if got, want := crc32.Checksum(b[:n], castagnoli), binary.BigEndian.Uint32(b[n:]); got != want {
 		return ev, errdefs.DataLossf("envelope checksum mismatch (crc %08x, stored %08x)", got, want)
 	}
-	dec := json.NewDecoder(bytes.NewReader(b[len(envelopeMagic):n]))
+	body := b[len(envelopeMagic):n]
+	if ev, ok := decodeCanonical(body); ok {
+		if err := validateStored(ev); err != nil {
+			return Event{}, err
+		}
+		return ev, nil
+	}
+	return decodeGeneral(body)
+}
+
+// decodeGeneral decodes any JSON body with encoding/json.
+func decodeGeneral(body []byte) (Event, error) {
+	var ev Event
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&ev); err != nil {
 		return Event{}, errdefs.DataLossf("envelope does not decode: %v", err)

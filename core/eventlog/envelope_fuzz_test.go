@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
+	"reflect"
 	"testing"
+	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
 )
@@ -49,7 +51,33 @@ func FuzzDecodeEnvelope(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		checkDecode(t, b)
 		checkDecode(t, seal(b))
+		checkFastPath(t, b)
 	})
+}
+
+// checkFastPath: whenever decodeCanonical takes a body, encoding/json
+// reads the same event from it (or both refuse it).
+func checkFastPath(t *testing.T, body []byte) {
+	fast, ok := decodeCanonical(body)
+	if !ok {
+		return
+	}
+	fastErr := validateStored(fast)
+	slow, slowErr := decodeGeneral(body)
+	switch {
+	case fastErr != nil && slowErr == nil:
+		t.Fatalf("fast path refuses (%v) what encoding/json accepts: %q", fastErr, body)
+	case fastErr == nil && slowErr != nil:
+		t.Fatalf("fast path accepts what encoding/json refuses (%v): %q", slowErr, body)
+	case fastErr == nil:
+		_, fo := fast.Time.Zone()
+		_, so := slow.Time.Zone()
+		ft, st := fast.Time, slow.Time
+		fast.Time, slow.Time = time.Time{}, time.Time{}
+		if !reflect.DeepEqual(fast, slow) || !ft.Equal(st) || fo != so || ft.Location().String() != st.Location().String() {
+			t.Fatalf("fast path read %+v at %v, encoding/json %+v at %v", fast, ft, slow, st)
+		}
+	}
 }
 
 func checkDecode(t *testing.T, b []byte) {

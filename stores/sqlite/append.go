@@ -1,8 +1,10 @@
 package sqlite
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"strings"
 
 	"github.com/amber-run/amber/core/errdefs"
@@ -16,7 +18,7 @@ type appendOp struct {
 	epoch       uint64
 	expectedSeq uint64
 	events      []eventlog.Event // Stream and Time filled, Seq assigned by apply
-	digests     []string
+	digests     [][]byte         // eventlog.ContentDigest, decoded
 	// dedupe is set when an id turned out to exist: the retry only checks
 	// whether the batch is a re-send.
 	dedupe bool
@@ -48,7 +50,7 @@ func (s *Store) newAppend(stream string, epoch, expectedSeq uint64, events []eve
 	a := &appendOp{
 		stream: stream, tenant: events[0].Tenant, epoch: epoch, expectedSeq: expectedSeq,
 		events:  make([]eventlog.Event, len(events)),
-		digests: make([]string, len(events)),
+		digests: make([][]byte, len(events)),
 	}
 	seen := make(map[string]struct{}, len(events))
 	now := s.clk.Now()
@@ -68,7 +70,7 @@ func (s *Store) newAppend(stream string, epoch, expectedSeq uint64, events []eve
 			ev.Time = now
 		}
 		a.events[i] = ev
-		a.digests[i] = eventlog.ContentDigest(stream, ev)
+		a.digests[i], _ = hex.DecodeString(eventlog.ContentDigest(stream, ev))
 	}
 	return a, nil
 }
@@ -156,7 +158,7 @@ func (a *appendOp) checkDuplicate(w *writer) (found bool, err error) {
 	var first, prev int64
 	for i, ev := range a.events {
 		var seq int64
-		var digest string
+		var digest []byte
 		switch err := w.st.getID.QueryRow(ev.ID).Scan(&seq, &digest); err {
 		case nil:
 		case sql.ErrNoRows:
@@ -166,7 +168,7 @@ func (a *appendOp) checkDuplicate(w *writer) (found bool, err error) {
 			return false, err
 		}
 		known = append(known, ev.ID)
-		if digest != a.digests[i] {
+		if !bytes.Equal(digest, a.digests[i]) {
 			return false, errdefs.Conflictf("append to %s: event id %s was appended before with different content", a.stream, ev.ID)
 		}
 		if len(known) == 1 {

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"sync"
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
@@ -36,49 +37,96 @@ func (s *Store) Read(ctx context.Context, stream string, from uint64, limit int)
 	}
 	defer rows.Close()
 	var (
-		out         []eventlog.Event
 		tenant      string
 		first, head int64
 		seq         sql.NullInt64
-		env         []byte
+		tenantRaw   sql.RawBytes
+		envRaw      sql.RawBytes
+		raws        []rawEvent
+		arena       []byte
 		next        = from
 	)
 	for rows.Next() {
-		if err := rows.Scan(&tenant, &first, &head, &seq, &env); err != nil {
+		if err := rows.Scan(&tenantRaw, &first, &head, &seq, &envRaw); err != nil {
 			return nil, dbErr(s.path, "read "+stream, err)
 		}
 		if from < uint64(first) {
 			return nil, errdefs.Compactedf("read %s from %d: events before %d were truncated", stream, from, first)
 		}
-		if !seq.Valid { // stream exists, nothing at or after from
+		if raws == nil {
+			tenant = string(tenantRaw)
+			n := min(limit, int(max(head-int64(from)+1, 1)))
+			raws = make([]rawEvent, 0, n)
+			arena = make([]byte, 0, n*(len(envRaw)+16))
+		}
+		if !seq.Valid { // the stream exists, nothing at or after from
 			break
 		}
 		if uint64(seq.Int64) != next {
 			return nil, errdefs.DataLossf("stream %s seq %d: event is missing (found %d next)", stream, next, seq.Int64)
 		}
-		ev, err := eventlog.Decode(env)
-		if err != nil {
-			return nil, errdefs.DataLossf("stream %s seq %d: %v", stream, next, err)
-		}
-		if ev.Stream != stream || ev.Seq != next || ev.Tenant != tenant {
-			return nil, errdefs.DataLossf("stream %s seq %d: stored envelope is for %s/%d of tenant %q", stream, next, ev.Stream, ev.Seq, ev.Tenant)
-		}
-		if out == nil {
-			out = make([]eventlog.Event, 0, min(limit, int(max(head-seq.Int64+1, 1))))
-		}
-		out = append(out, ev)
+		// envRaw is only valid until the next row: keep a copy.
+		off := len(arena)
+		arena = append(arena, envRaw...)
+		raws = append(raws, rawEvent{seq: next, env: arena[off:len(arena):len(arena)]})
 		next++
 	}
 	if err := rows.Err(); err != nil {
 		return nil, dbErr(s.path, "read "+stream, err)
 	}
-	if len(out) < limit && next <= uint64(head) {
+	if len(raws) < limit && next <= uint64(head) {
 		return nil, errdefs.DataLossf("stream %s seq %d: event is missing (head is %d)", stream, next, head)
 	}
-	if out == nil {
-		out = []eventlog.Event{}
+	return decodeAll(stream, tenant, raws)
+}
+
+type rawEvent struct {
+	seq uint64
+	env []byte
+}
+
+// decodeChunk is how many envelopes one goroutine decodes; a page shorter
+// than two chunks is decoded inline.
+const decodeChunk = 256
+
+// decodeAll decodes and cross-checks raws, spreading long pages over the
+// CPUs (decoding is most of a replay's cost). The error reported is the one
+// at the lowest position.
+func decodeAll(stream, tenant string, raws []rawEvent) ([]eventlog.Event, error) {
+	out := make([]eventlog.Event, len(raws))
+	chunks := (len(raws) + decodeChunk - 1) / decodeChunk
+	errs := make([]error, chunks)
+	var wg sync.WaitGroup
+	for c := range chunks {
+		lo, hi := c*decodeChunk, min((c+1)*decodeChunk, len(raws))
+		work := func() { errs[c] = decodeRange(stream, tenant, raws[lo:hi], out[lo:hi]) }
+		if c == chunks-1 {
+			work()
+		} else {
+			wg.Go(work)
+		}
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
+}
+
+func decodeRange(stream, tenant string, raws []rawEvent, out []eventlog.Event) error {
+	for i, r := range raws {
+		ev, err := eventlog.Decode(r.env)
+		if err != nil {
+			return errdefs.DataLossf("stream %s seq %d: %v", stream, r.seq, err)
+		}
+		if ev.Stream != stream || ev.Seq != r.seq || ev.Tenant != tenant {
+			return errdefs.DataLossf("stream %s seq %d: stored envelope is for %s/%d of tenant %q", stream, r.seq, ev.Stream, ev.Seq, ev.Tenant)
+		}
+		out[i] = ev
+	}
+	return nil
 }
 
 // Bounds implements eventlog.Store.

@@ -34,7 +34,7 @@ CREATE TABLE event_ids (
 	id     TEXT    PRIMARY KEY,
 	sid    INTEGER NOT NULL REFERENCES streams (sid),
 	seq    INTEGER NOT NULL,
-	digest TEXT    NOT NULL
+	digest BLOB    NOT NULL  -- eventlog.ContentDigest, 32 bytes
 ) WITHOUT ROWID;
 CREATE TABLE leases (
 	stream     TEXT    PRIMARY KEY,

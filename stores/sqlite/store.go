@@ -124,7 +124,7 @@ func (s *Store) open() error {
 	var err error
 	// The write connection: WAL, synchronous=FULL, foreign keys, and no
 	// automatic checkpoints (checkpointLoop does them off the commit path).
-	if s.wdb, err = s.sqlOpen(false, "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(1)", "wal_autocheckpoint(0)"); err != nil {
+	if s.wdb, err = s.sqlOpen(false, "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(1)", "wal_autocheckpoint(0)", "cache_size(-65536)"); err != nil {
 		return err
 	}
 	s.wdb.SetMaxOpenConns(1)
@@ -136,7 +136,8 @@ func (s *Store) open() error {
 	if err := syncDir(filepath.Dir(s.path)); err != nil {
 		return fmt.Errorf("sqlite %s: %w", s.path, err)
 	}
-	if s.rdb, err = s.sqlOpen(true, "foreign_keys(1)"); err != nil {
+	// Readers map the file (no read syscall or copy per page on replay).
+	if s.rdb, err = s.sqlOpen(true, "mmap_size(1073741824)", "cache_size(-16384)"); err != nil {
 		return err
 	}
 	n := max(4, runtime.GOMAXPROCS(0))
