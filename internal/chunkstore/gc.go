@@ -185,11 +185,11 @@ func (s *Store) GC(ctx context.Context, tenant string) (res GCResult, err error)
 			err = fmt.Errorf("gc %s: %w", tenant, err)
 		}
 	}()
-	unlock, err := s.lockGC(ctx, tenant)
+	lock, err := s.lockGC(ctx, tenant)
 	if err != nil {
 		return res, err
 	}
-	defer unlock()
+	defer lock.release()
 	if err := s.failAt("marked"); err != nil {
 		return res, err
 	}
@@ -283,6 +283,9 @@ func (s *Store) GC(ctx context.Context, tenant string) (res GCResult, err error)
 		if name != "" && referenced[name] {
 			continue
 		}
+		if err := lock.renew(ctx); err != nil {
+			return res, err
+		}
 		if err := s.cfg.Blobs.Delete(ctx, info.Key); err != nil {
 			return res, err
 		}
@@ -294,36 +297,63 @@ func (s *Store) GC(ctx context.Context, tenant string) (res GCResult, err error)
 	return res, nil
 }
 
+// gcLock is a held gc.lock.
+type gcLock struct {
+	s       *Store
+	key     string
+	m       marker
+	renewAt time.Time
+}
+
 // lockGC takes gc.lock for tenant, replacing an expired one.
-func (s *Store) lockGC(ctx context.Context, tenant string) (unlock func(), err error) {
-	key := gcLockKey(tenant)
-	m := marker{Kind: "gc", Holder: holder(), Expires: s.cfg.Clock.Now().Add(s.cfg.PendingTTL)}
+func (s *Store) lockGC(ctx context.Context, tenant string) (*gcLock, error) {
+	now := s.cfg.Clock.Now()
+	l := &gcLock{s: s, key: gcLockKey(tenant),
+		m:       marker{Kind: "gc", Holder: holder(), Expires: now.Add(s.cfg.PendingTTL)},
+		renewAt: now.Add(s.cfg.PendingTTL / 4)}
 	for attempt := 0; ; attempt++ {
-		err := s.putMarker(ctx, key, m, true)
+		err := s.putMarker(ctx, l.key, l.m, true)
 		if err == nil {
-			break
+			return l, nil
 		}
 		if !errors.Is(err, errdefs.ErrAlreadyExists) || attempt > 0 {
-			return nil, fmt.Errorf("take %s: %w", key, err)
+			return nil, fmt.Errorf("take %s: %w", l.key, err)
 		}
-		cur, rerr := s.readMarker(ctx, key)
+		cur, rerr := s.readMarker(ctx, l.key)
 		if rerr != nil && !errdefs.IsNotFound(rerr) {
 			return nil, rerr
 		}
 		if rerr == nil && s.cfg.Clock.Now().Before(cur.Expires) {
 			return nil, errdefs.Conflictf("a collection of %s is already running (%s)", tenant, cur.Holder)
 		}
-		if err := s.cfg.Blobs.Delete(ctx, key); err != nil {
+		if err := s.cfg.Blobs.Delete(ctx, l.key); err != nil {
 			return nil, err
 		}
 	}
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := s.cfg.Blobs.Delete(ctx, key); err != nil {
-			s.log.Warn("could not delete gc.lock; writers wait until it expires", "key", key, "err", err)
-		}
-	}, nil
+}
+
+// renew extends the lock when a quarter of PendingTTL has passed, so writers
+// keep waiting for a long collection; a collector that stalled past its
+// expiry stops (writers may be running).
+func (l *gcLock) renew(ctx context.Context) error {
+	now := l.s.cfg.Clock.Now()
+	if now.Before(l.renewAt) {
+		return nil
+	}
+	if !now.Before(l.m.Expires.Add(-l.s.cfg.PendingTTL / 8)) {
+		return errdefs.Conflictf("%s expired while collecting: stopping (writers may be running)", l.key)
+	}
+	l.m.Expires = now.Add(l.s.cfg.PendingTTL)
+	l.renewAt = now.Add(l.s.cfg.PendingTTL / 4)
+	return l.s.putMarker(ctx, l.key, l.m, false)
+}
+
+func (l *gcLock) release() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := l.s.cfg.Blobs.Delete(ctx, l.key); err != nil {
+		l.s.log.Warn("could not delete gc.lock; writers wait until it expires", "key", l.key, "err", err)
+	}
 }
 
 // DeleteCheckpoint removes a committed checkpoint: its pointer first (it is
