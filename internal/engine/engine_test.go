@@ -227,3 +227,18 @@ func TestWatchNoticesDeadInit(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestClaimWaitsForPoolFill: a create that arrives while the pool's first
+// sandbox is being made gets that sandbox instead of a parallel cold one.
+func TestClaimWaitsForPoolFill(t *testing.T) {
+	env := enginetest.New(t, engine.Options{Pool: map[string]int{"minimal": 1}})
+	e, ctx := env.Engine, ctxT(t)
+	// Right after Start the pool's create is (almost certainly) in flight.
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sb.FromPool {
+		t.Fatalf("create during the first fill was cold: %+v", sb)
+	}
+}

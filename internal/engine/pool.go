@@ -31,6 +31,10 @@ import (
 //     limits differ from what was asked.
 //   - The pool refills in the background, one create at a time per template
 //     (creating is CPU-heavy; the pool must not starve claimed sandboxes).
+//     A claim that finds no ready sandbox while one is being created for
+//     the pool waits for that one rather than starting a second, parallel
+//     create on a busy host; if the pool create fails, the claim falls back
+//     to a cold create.
 //   - Shutdown (Engine.Close) destroys the pooled sandboxes: they belong to
 //     nobody and would hold memory while no daemon can hand them out. After
 //     a daemon crash, pooled sandboxes that still run and whose template
@@ -40,9 +44,11 @@ type pool struct {
 	e    *Engine
 	want map[string]int
 
-	mu    sync.Mutex
-	ready map[string][]string // template → pooled ids, oldest first
-	kicks map[string]chan struct{}
+	mu      sync.Mutex
+	ready   map[string][]string // template → pooled ids, oldest first
+	kicks   map[string]chan struct{}
+	filling map[string]bool          // a pool create of the template is in flight
+	changed map[string]chan struct{} // closed when a fill of the template ends
 }
 
 // LimitUpdater is an optional power of a sandbox.Driver: change the memory,
@@ -52,11 +58,13 @@ type LimitUpdater interface {
 }
 
 func newPool(e *Engine, want map[string]int) *pool {
-	p := &pool{e: e, want: map[string]int{}, ready: map[string][]string{}, kicks: map[string]chan struct{}{}}
+	p := &pool{e: e, want: map[string]int{}, ready: map[string][]string{}, kicks: map[string]chan struct{}{},
+		filling: map[string]bool{}, changed: map[string]chan struct{}{}}
 	for name, n := range want {
 		if n > 0 {
 			p.want[name] = n
 			p.kicks[name] = make(chan struct{}, 1)
+			p.changed[name] = make(chan struct{})
 		}
 	}
 	return p
@@ -64,6 +72,7 @@ func newPool(e *Engine, want map[string]int) *pool {
 
 func (p *pool) start(ctx context.Context) {
 	for name := range p.want {
+		p.setFilling(name, true, "") // before any claim can look
 		p.e.wg.Add(1)
 		go func() {
 			defer p.e.wg.Done()
@@ -91,11 +100,13 @@ func (e *Engine) PoolSize(template string) (want, ready int) {
 // fill keeps template name's pool full until ctx ends.
 func (p *pool) fill(ctx context.Context, name string) {
 	backoff := time.Second
+	defer p.setFilling(name, false, "")
 	for ctx.Err() == nil {
 		p.mu.Lock()
 		need := p.want[name] - len(p.ready[name])
 		p.mu.Unlock()
 		if need <= 0 {
+			p.setFilling(name, false, "")
 			select {
 			case <-ctx.Done():
 				return
@@ -105,15 +116,15 @@ func (p *pool) fill(ctx context.Context, name string) {
 		}
 		t, err := p.e.tmpl.Get(name)
 		if err == nil {
+			p.setFilling(name, true, "")
 			var sb meta.Sandbox
 			sb, err = p.e.coldCreate(ctx, t, "", t.Limits, nil, true)
 			if err == nil {
-				p.mu.Lock()
-				p.ready[name] = append(p.ready[name], sb.ID)
-				p.mu.Unlock()
+				p.setFilling(name, false, sb.ID)
 				backoff = time.Second
 				continue
 			}
+			p.setFilling(name, false, "")
 		}
 		if ctx.Err() != nil {
 			return
@@ -128,16 +139,49 @@ func (p *pool) fill(ctx context.Context, name string) {
 	}
 }
 
-// pop takes the oldest ready sandbox of name.
-func (p *pool) pop(name string) (string, bool) {
+// setFilling records whether a pool create of name is in flight; when one
+// ends (with the new sandbox's id, or "" when it failed) waiting claims are
+// woken.
+func (p *pool) setFilling(name string, on bool, id string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	ids := p.ready[name]
-	if len(ids) == 0 {
-		return "", false
+	p.filling[name] = on
+	if id != "" {
+		p.ready[name] = append(p.ready[name], id)
 	}
-	p.ready[name] = ids[1:]
-	return ids[0], true
+	if !on {
+		close(p.changed[name])
+		p.changed[name] = make(chan struct{})
+	}
+}
+
+// popOrWait takes the oldest ready sandbox of name; when there is none but
+// one is being created, it waits for that create to end and tries again.
+func (p *pool) popOrWait(ctx context.Context, name string) (string, bool) {
+	for {
+		p.mu.Lock()
+		if ids := p.ready[name]; len(ids) > 0 {
+			p.ready[name] = ids[1:]
+			p.mu.Unlock()
+			return ids[0], true
+		}
+		filling, ch := p.filling[name], p.changed[name]
+		p.mu.Unlock()
+		if !filling {
+			return "", false
+		}
+		select {
+		case <-ctx.Done():
+			return "", false
+		case <-ch:
+		}
+		p.mu.Lock()
+		empty := len(p.ready[name]) == 0
+		p.mu.Unlock()
+		if empty {
+			return "", false // the create failed (or someone else took it)
+		}
+	}
 }
 
 // claim hands a ready pooled sandbox of t to tenant. ok is false when none
@@ -152,9 +196,9 @@ func (p *pool) claim(ctx context.Context, t sandbox.Template, tenant string, lim
 	}
 	defer p.kick(t.Name)
 	for {
-		id, ok := p.pop(t.Name)
+		id, ok := p.popOrWait(ctx, t.Name)
 		if !ok {
-			return meta.Sandbox{}, false, nil
+			return meta.Sandbox{}, false, ctx.Err()
 		}
 		sb, ok, err := p.claimOne(ctx, id, t, tenant, limits, env, upd)
 		if ok || err != nil {
