@@ -42,6 +42,7 @@ var (
 		{"StaleMarkers", testStaleMarkers},
 		{"LostMarker", testLostMarker},
 		{"ConcurrentGC", testConcurrentGC},
+		{"StalledCollector", testStalledCollector},
 		{"Progress", testProgress},
 		{"Validation", testValidation},
 		{"MissingAndMovedObjects", testMissingAndMovedObjects},
@@ -779,4 +780,29 @@ func testValidation(t *testing.T, b backend) {
 	}
 	// Nothing of the refused puts is left but the committed checkpoint.
 	assertOnlyReferenced(t, e, "acme")
+}
+
+// A collector that stalled past its lock's expiry (writers may have started
+// since) deletes nothing.
+func testStalledCollector(t *testing.T, b backend) {
+	e := newEnv(t, b)
+	e.put("acme", "ck1", sampleTree(t, 110), chunkstore.PutOptions{})
+	must(t, e.blobs.Delete(context.Background(), "tenants/acme/checkpoints/ck1/COMMITTED"))
+	before := e.chunkKeys("acme")
+	stalled := e.reopen(func(step string) error {
+		if step == "listed" {
+			e.clock.Advance(2 * time.Hour)
+		}
+		return nil
+	})
+	gc, err := stalled.GC(ctx(t), "acme")
+	if !errdefs.IsConflict(err) || gc.DeletedChunks != 0 {
+		t.Fatalf("stalled collector: %+v, %v; want conflict and nothing deleted", gc, err)
+	}
+	if !slices.Equal(e.chunkKeys("acme"), before) {
+		t.Fatal("stalled collector deleted chunks")
+	}
+	if gc, err := e.store.GC(ctx(t), "acme"); err != nil || gc.DeletedChunks != len(before) {
+		t.Fatalf("next gc: %+v, %v", gc, err)
+	}
 }
