@@ -109,7 +109,7 @@ func (d *Driver) exec(ctx context.Context, rec *record, spec sandbox.ExecSpec) (
 	}
 	defer files.remove()
 
-	args := append(d.globalFlags(rec, files.log), "exec", "--process="+files.process, "--internal-pid-file="+files.pid, rec.ID)
+	args := append(d.globalFlags(rec, files.log), "exec", "--process="+files.process, "--internal-pid-file="+files.pid, runtimeID(rec.ID))
 	cmd := exec.Command(d.runsc, args...)
 	cmd.Env = []string{"PATH=" + defaultPath}
 	var (
@@ -287,9 +287,9 @@ func (d *Driver) killExec(rec *record, pidFile string, cmd *exec.Cmd, done <-cha
 	}
 	if pid > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), killGrace)
-		_, err := d.run(ctx, rec, "kill", "--pgid="+strconv.Itoa(pid), rec.ID, "KILL")
+		_, err := d.run(ctx, rec, "kill", "--pgid="+strconv.Itoa(pid), runtimeID(rec.ID), "KILL")
 		if err != nil {
-			_, _ = d.run(ctx, rec, "kill", "--pid="+strconv.Itoa(pid), rec.ID, "KILL")
+			_, _ = d.run(ctx, rec, "kill", "--pid="+strconv.Itoa(pid), runtimeID(rec.ID), "KILL")
 		}
 		cancel()
 	}

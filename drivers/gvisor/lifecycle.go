@@ -172,7 +172,7 @@ func (d *Driver) boot(ctx context.Context, rec *record) error {
 	defer cancel()
 	logFile := filepath.Join(d.dir(rec.ID), "runsc.log")
 	_ = os.Remove(logFile)
-	args := append(d.globalFlags(rec, logFile), "run", "--detach", "--bundle="+d.bundleDir(rec.ID), rec.ID)
+	args := append(d.globalFlags(rec, logFile), "run", "--detach", "--bundle="+d.bundleDir(rec.ID), runtimeID(rec.ID))
 	cmd := d.command(ctx, args...)
 	if err := cmd.Run(); err != nil {
 		msg := strings.Join(logMessages(logFile), "; ")
@@ -273,7 +273,7 @@ func (d *Driver) Kill(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := d.run(ctx, rec, "kill", "--all", id, "KILL"); err != nil {
+	if _, err := d.run(ctx, rec, "kill", "--all", runtimeID(id), "KILL"); err != nil {
 		st, ok, serr := d.state(ctx, rec, id)
 		if serr != nil || (ok && st.Status == "running") {
 			return classify(id, err)
@@ -332,7 +332,7 @@ func (d *Driver) destroy(ctx context.Context, id string) error {
 	}
 	// 1. The runtime: processes, runsc's state, its cgroups.
 	if d.runtimeStateExists(id) {
-		if _, err := d.run(ctx, rec, "delete", "--force", id); err != nil && !notExist(err) {
+		if _, err := d.run(ctx, rec, "delete", "--force", runtimeID(id)); err != nil && !notExist(err) {
 			d.log.Warn("runsc delete failed; removing by hand", "sandbox", id, "err", err)
 		}
 	}

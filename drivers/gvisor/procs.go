@@ -130,7 +130,7 @@ func (d *Driver) Signal(ctx context.Context, id string, pid int, sig os.Signal) 
 	if pid <= 0 {
 		return errdefs.InvalidArgumentf("signal: pid %d", pid)
 	}
-	if _, err := d.run(ctx, rec, "kill", "--pid="+strconv.Itoa(pid), id, strconv.Itoa(int(s))); err != nil {
+	if _, err := d.run(ctx, rec, "kill", "--pid="+strconv.Itoa(pid), runtimeID(id), strconv.Itoa(int(s))); err != nil {
 		if strings.Contains(err.Error(), "no such process") {
 			return errdefs.NotFoundf("sandbox %s: process %d", id, pid)
 		}

@@ -103,6 +103,16 @@ func notExist(err error) bool {
 	return strings.Contains(re.msg, "loading container: file does not exist")
 }
 
+// runtimeIDSuffix ends every container id we give runsc. runsc resolves a
+// container id that matches no container exactly as a prefix of one
+// ("abbreviated id"), so "sbx-1" would reach "sbx-10" once "sbx-1" is
+// gone, and while both exist "sbx-1" is "ambiguous". With a suffix outside
+// the sandbox id alphabet ([a-z0-9-]), no runsc id is a prefix of another.
+const runtimeIDSuffix = "_"
+
+// runtimeID is the runsc container id of sandbox id.
+func runtimeID(id string) string { return id + runtimeIDSuffix }
+
 // containerState is the JSON of `runsc state` and `runsc list --format=json`.
 type containerState struct {
 	ID     string `json:"id"`
@@ -113,7 +123,7 @@ type containerState struct {
 // state asks runsc about container id; ok is false when runsc has no such
 // container.
 func (d *Driver) state(ctx context.Context, rec *record, id string) (st containerState, ok bool, err error) {
-	out, err := d.run(ctx, rec, "state", id)
+	out, err := d.run(ctx, rec, "state", runtimeID(id))
 	if err != nil {
 		if notExist(err) {
 			return st, false, nil
@@ -140,7 +150,9 @@ func (d *Driver) list(ctx context.Context) (map[string]containerState, error) {
 	}
 	m := make(map[string]containerState, len(sts))
 	for _, s := range sts {
-		m[s.ID] = s
+		if id, ok := strings.CutSuffix(s.ID, runtimeIDSuffix); ok {
+			m[id] = s
+		}
 	}
 	return m, nil
 }
@@ -178,7 +190,8 @@ func logMessages(path string) []string {
 // "<id>_sandbox:<sandbox id>.state|.lock" and "runsc-<id>.sock").
 func (d *Driver) removeRuntimeState(id string) error {
 	var errs []error
-	for _, pat := range []string{id + "_sandbox:*", "runsc-" + id + ".sock"} {
+	rid := runtimeID(id)
+	for _, pat := range []string{rid + "_sandbox:*", "runsc-" + rid + ".sock"} {
 		m, _ := filepath.Glob(filepath.Join(d.root, pat))
 		for _, p := range m {
 			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -191,7 +204,7 @@ func (d *Driver) removeRuntimeState(id string) error {
 
 // runtimeStateExists reports whether runsc keeps state for id.
 func (d *Driver) runtimeStateExists(id string) bool {
-	m, _ := filepath.Glob(filepath.Join(d.root, id+"_sandbox:*"))
+	m, _ := filepath.Glob(filepath.Join(d.root, runtimeID(id)+"_sandbox:*"))
 	return len(m) > 0
 }
 

@@ -94,6 +94,48 @@ func (s *suite) testLifecycle(t *testing.T) {
 	}
 }
 
+// testPrefixIDs: ids that are prefixes of each other name different
+// sandboxes (runtimes that accept abbreviated ids would mix them up).
+func (s *suite) testPrefixIDs(t *testing.T) {
+	ctx := ctxFor(t, 3*time.Minute)
+	short := s.newID("p")
+	long := short + "0"
+	s.mu.Lock()
+	s.ids = append(s.ids, long)
+	s.mu.Unlock()
+	for _, id := range []string{long, short} {
+		t.Cleanup(func() {
+			if err := s.d.Destroy(ctxFor(t, destroyTimeout), id); err != nil {
+				t.Errorf("destroy %s: %v", id, err)
+			}
+		})
+		if _, err := s.d.Create(ctx, sandbox.Spec{ID: id, Template: s.opts.MinimalTemplate}); err != nil {
+			t.Fatalf("create %s: %v", id, err)
+		}
+		s.sh(t, id, "echo "+id+" > /who")
+	}
+	for _, id := range []string{short, long} {
+		if got := s.sh(t, id, "cat /who"); got != id+"\n" {
+			t.Errorf("exec in %s reads /who = %q", id, got)
+		}
+	}
+	if err := s.d.Kill(ctx, short); err != nil {
+		t.Fatalf("Kill %s: %v", short, err)
+	}
+	if info, err := s.d.Inspect(ctx, long); err != nil || info.State != sandbox.StateRunning {
+		t.Errorf("after Kill(%s), %s is %+v, %v", short, long, info, err)
+	}
+	if err := s.d.Destroy(ctx, short); err != nil {
+		t.Fatalf("Destroy %s: %v", short, err)
+	}
+	if _, err := s.d.Exec(ctx, short, sandbox.ExecSpec{Args: []string{"true"}}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Exec(%s) after its Destroy = %v, want not found", short, err)
+	}
+	if got := s.sh(t, long, "cat /who"); got != long+"\n" {
+		t.Errorf("%s after Destroy(%s): /who = %q", long, short, got)
+	}
+}
+
 // testReattach: a new driver over the same state (a restarted daemon)
 // finds a running sandbox, with its background process, and drives it.
 func (s *suite) testReattach(t *testing.T) {

@@ -106,6 +106,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) sandbox.Driver, opts Options
 
 	t.Run("Check", s.testCheck)
 	t.Run("Lifecycle", s.testLifecycle)
+	t.Run("PrefixIDs", s.testPrefixIDs)
 	t.Run("Reattach", s.testReattach)
 	t.Run("Group", func(t *testing.T) {
 		for _, tc := range []struct {
