@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -68,17 +69,12 @@ func (s *Server) wrap(rt Route) http.Handler {
 					writeError(sw, fmt.Errorf("internal error (request %s)", rid))
 				}
 			}
-			lvl := "debug"
+			lvl := slog.LevelInfo
 			if sw.status >= 500 {
-				lvl = "error"
+				lvl = slog.LevelError
 			}
-			attrs := []any{"method", r.Method, "path", r.URL.Path, "status", sw.status,
-				"took", time.Since(start).Round(time.Microsecond), "tenant", c.tenant}
-			if lvl == "error" {
-				lg.Error("request", attrs...)
-			} else {
-				lg.Info("request", attrs...)
-			}
+			lg.Log(r.Context(), lvl, "request", "method", r.Method, "path", r.URL.Path, "status", sw.status,
+				"took", time.Since(start).Round(time.Microsecond), "tenant", c.tenant)
 		}()
 		if !rt.Public {
 			tenant, err := s.authenticate(r)
