@@ -155,7 +155,7 @@ func (d *Driver) Exec(ctx context.Context, id string, spec sandbox.ExecSpec) (sa
 	p.Stdout, p.Stderr = children[1], children[2]
 
 	if err := ls.c.Run(p); err != nil {
-		return sandbox.ExitStatus{}, recordErr(id, fmt.Errorf("exec %q: %w", spec.Args[0], err))
+		return sandbox.ExitStatus{}, recordErr(id, execError(spec.Args[0], err))
 	}
 	for _, f := range children {
 		f.Close()
@@ -193,6 +193,20 @@ func (d *Driver) Exec(ctx context.Context, id string, spec sandbox.ExecSpec) (sa
 		<-drained
 	}
 	return st, err
+}
+
+// execError classifies a failure to start a command. libcontainer reports
+// the init's execve error as text over its sync pipe, so the kind is read
+// from the message.
+func execError(cmd string, err error) error {
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "no such file or directory") || strings.Contains(msg, "executable file not found"):
+		return errdefs.InvalidArgumentf("exec %q: command not found in the sandbox (%v)", cmd, err)
+	case strings.Contains(msg, "permission denied"):
+		return errdefs.PermissionDeniedf("exec %q: %v", cmd, err)
+	}
+	return fmt.Errorf("exec %q: %w", cmd, err)
 }
 
 // wait waits for p, SIGKILLing it and its descendants on timeout or when
@@ -301,7 +315,7 @@ func (d *Driver) execTTY(ctx context.Context, ls *liveSandbox, p *libcontainer.P
 	err = ls.c.Run(p)
 	childSock.Close()
 	if err != nil {
-		return sandbox.ExitStatus{}, recordErr(ls.rec.ID, fmt.Errorf("exec %q: %w", spec.Args[0], err))
+		return sandbox.ExitStatus{}, recordErr(ls.rec.ID, execError(spec.Args[0], err))
 	}
 	master, err := recvFile(parentSock)
 	if err != nil {
