@@ -63,7 +63,7 @@ func (s *suite) testMemoryLimit(t *testing.T) {
 		if out := s.sh(t, small, "echo still-here"); out != "still-here\n" {
 			t.Errorf("hogged sandbox reports running but: %q", out)
 		}
-		t.Logf("the hogged sandbox survived; only the hog died")
+		t.Logf("the hogged sandbox is still running")
 	case info.State == sandbox.StateStopped:
 		t.Logf("the driver stopped the hogged sandbox (its memory cgroup ran out)")
 	default:
@@ -153,7 +153,8 @@ func hostFree(t *testing.T) map[string]int64 {
 // A second sandbox allowed two CPUs runs the same loop at the same time:
 // it shows what the host could give, so that a loaded host is not taken
 // for a working limit (the lower bound is only checked when the control
-// got most of a CPU; the upper bound always is).
+// got most of a CPU; the upper bound always is). On a host so busy that
+// the control gets less than 0.8 CPU the test is skipped as inconclusive.
 func (s *suite) testCPULimit(t *testing.T) {
 	limited := s.create(t, "cpu-half", sandbox.Limits{MilliCPUs: 500})
 	control := s.create(t, "cpu-control", sandbox.Limits{MilliCPUs: 2000})
@@ -197,12 +198,13 @@ func (s *suite) testCPULimit(t *testing.T) {
 	if lim > 0.65 {
 		t.Errorf("a 0.5 CPU quota let the loop use %.2f CPUs", lim)
 	}
-	if ctl >= 0.8 {
-		if lim < 0.35 {
-			t.Errorf("the 0.5 CPU sandbox got only %.2f CPUs while the host had room (control %.2f)", lim, ctl)
-		}
-	} else {
-		t.Logf("host busy (control got %.2f CPUs): lower bound not checked", ctl)
+	switch {
+	case ctl >= 0.8 && lim < 0.35:
+		t.Errorf("the 0.5 CPU sandbox got only %.2f CPUs while the host had room (control %.2f)", lim, ctl)
+	case ctl < 0.8 && lim <= 0.65:
+		// Without a quota the loop would get what the control got:
+		// nothing here tells a working limit from a busy host.
+		t.Skipf("inconclusive: the host is too busy (the unlimited control got %.2f CPUs)", ctl)
 	}
 }
 
