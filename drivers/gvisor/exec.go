@@ -139,10 +139,19 @@ func (d *Driver) exec(ctx context.Context, rec *record, spec sandbox.ExecSpec) (
 			_, _ = io.Copy(out, ptm) // ends with EIO once every replica is closed
 		}()
 		if spec.Stdin != nil {
-			go func() { _, _ = io.Copy(ptm, spec.Stdin) }()
+			go func() {
+				_, _ = io.Copy(ptm, spec.Stdin)
+				// End of input: a terminal has no EOF of its own;
+				// ^D at the start of a line is how a reader sees one.
+				_, _ = ptm.Write([]byte{4})
+			}()
 		}
 	} else {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		// Always pipes, also for absent streams (empty input, discarded
+		// output): the command never gets a host file, not even
+		// /dev/null.
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = readerOnly{strings.NewReader("")}, writerOnly{io.Discard}, writerOnly{io.Discard}
 		if spec.Stdin != nil {
 			cmd.Stdin = readerOnly{spec.Stdin}
 		}

@@ -266,6 +266,12 @@ func (s *suite) testTTY(t *testing.T) {
 	if err != nil || r.Stdout != "NO-TTY\n" {
 		t.Errorf("without TTY: %q %v", r.Stdout, err)
 	}
+	// The end of the caller's input is an end of file for the command.
+	r, err = s.exec(t, id, sandbox.ExecSpec{Args: []string{"/bin/sh", "-c", "cat; echo AFTER-EOF"}, TTY: true,
+		Stdin: strings.NewReader("line\n"), Timeout: 30 * time.Second})
+	if err != nil || r.TimedOut || !strings.Contains(r.Stdout, "AFTER-EOF") {
+		t.Errorf("tty stdin EOF: %+v %v %q", r.ExitStatus, err, r.Stdout)
+	}
 	// A timed-out TTY command ends too.
 	r, err = s.exec(t, id, sandbox.ExecSpec{Args: []string{"sleep", "3136"}, TTY: true, Timeout: time.Second})
 	if err != nil || !r.TimedOut {
