@@ -731,3 +731,31 @@ func TestExecMissingCommand(t *testing.T) {
 	}
 	td.sh(id, "true") // the sandbox is unharmed
 }
+
+// TestNonRootUser: a template user runs commands without capabilities and
+// can still start background processes.
+func TestNonRootUser(t *testing.T) {
+	td := newTestDriver(t)
+	ctx := context.Background()
+	id := newID("user")
+	if _, err := td.Create(ctx, sandbox.Spec{ID: id, Template: sandbox.Template{RootFS: minimalRootfs(t), User: "1000:1000", Cwd: "/tmp"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := td.sh(id, "id -u; id -g; pwd; grep CapEff /proc/self/status"); got != "1000\n1000\n/tmp\nCapEff:\t0000000000000000\n" {
+		t.Fatalf("as template user: %q", got)
+	}
+	pid, err := td.Start(ctx, id, sandbox.ExecSpec{Args: []string{"/bin/sh", "-c", "echo bg; exec sleep 100"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, func() bool {
+		out, _, _ := td.run(id, "cat", fmt.Sprintf("/run/amber/proc/%d.log", pid))
+		return out == "bg\n"
+	})
+	if _, _, st := td.run(id, "/bin/sh", "-c", "echo x > /etc/passwd"); st.Code == 0 {
+		t.Fatal("template user wrote /etc/passwd")
+	}
+	if _, err := td.Create(ctx, sandbox.Spec{ID: newID("baduser"), Template: sandbox.Template{RootFS: minimalRootfs(t), User: "nobody"}}); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("named user: %v, want invalid argument", err)
+	}
+}

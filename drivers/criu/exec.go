@@ -391,8 +391,9 @@ func recvFile(sock *os.File) (*os.File, error) {
 
 // startScript starts "$@" in the background with output to
 // /run/amber/proc/<pid>.log and prints its PID. The inner sh learns its own
-// PID ($$) and execs the command, which keeps it.
-const startScript = `mkdir -p /run/amber/proc && /bin/sh -c 'exec "$@" </dev/null >/run/amber/proc/$$.log 2>&1' sh "$@" & echo $!`
+// PID ($$) and execs the command, which keeps it. (Create made the
+// directory; mkdir -p covers a sandbox that removed it.)
+const startScript = `mkdir -p /run/amber/proc 2>/dev/null; /bin/sh -c 'exec "$@" </dev/null >/run/amber/proc/$$.log 2>&1' sh "$@" & echo $!`
 
 // Start implements sandbox.Driver.
 func (d *Driver) Start(ctx context.Context, id string, spec sandbox.ExecSpec) (int, error) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/confinedfs"
 )
 
 // reaperScript is the sandbox's init: it sleeps and reaps orphans (the
@@ -100,6 +101,9 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (info sandbox.In
 	if err != nil {
 		return sandbox.Info{}, recordErr(spec.ID, err)
 	}
+	if err := d.prepareRootfs(ctx, rec, rootfs); err != nil {
+		return sandbox.Info{}, recordErr(spec.ID, err)
+	}
 	c, err := libcontainer.Create(d.runc, spec.ID, d.containerConfig(rec, rootfs))
 	if err != nil {
 		return sandbox.Info{}, recordErr(spec.ID, fmt.Errorf("libcontainer create: %w", err))
@@ -127,6 +131,21 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (info sandbox.In
 	pid, _ := init.Pid()
 	d.log.Info("sandbox created", "sandbox", spec.ID, "template", spec.Template.Name, "init_pid", pid, "host_uid", rec.HostID)
 	return sandbox.Info{ID: spec.ID, State: sandbox.StateRunning, Created: rec.Created, InitPID: pid}, nil
+}
+
+// prepareRootfs makes what the driver itself relies on inside the sandbox:
+// /run/amber/proc for the logs of background processes, writable by every
+// sandbox user (sticky, like /tmp), so Start works for a non-root template
+// user too.
+func (d *Driver) prepareRootfs(ctx context.Context, rec *record, rootfs string) error {
+	fs, err := confinedfs.New(rootfs, confinedfs.WithIDMap(uint32(rec.HostID), uint32(rec.HostID), idsPerSandbox))
+	if err != nil {
+		return err
+	}
+	if err := fs.Mkdir(ctx, "/run/amber", 0o755); err != nil {
+		return err
+	}
+	return fs.Mkdir(ctx, "/run/amber/proc", 0o1777)
 }
 
 // container returns the sandbox's libcontainer container, loading it from
