@@ -36,17 +36,14 @@ else
     chmod 0700 "$r/root"
     install -m 0755 "$BUSYBOX" "$r/bin/busybox"
 
-    # One symlink per applet, at the path busybox itself suggests
-    # (bin/sh, usr/bin/env, sbin/ip, ...), so shebangs like /usr/bin/env work.
-    n=0
-    while read -r path; do
-        [[ -n $path && $path != bin/busybox && $path != linuxrc ]] || continue
-        [[ -e $r/$path || -L $r/$path ]] && continue
-        mkdir -p "$r/$(dirname "$path")"
-        ln -s /bin/busybox "$r/$path"
-        n=$((n + 1))
-    done < <("$BUSYBOX" --list-full 2>/dev/null || "$BUSYBOX" --list | sed 's:^:bin/:')
-    [[ $n -gt 100 ]] || die "only $n busybox applets linked; busybox --list-full broken?"
+    # One symlink per applet, at the path busybox itself uses (bin/sh,
+    # usr/bin/env, sbin/ip, ...), so shebangs like /usr/bin/env work.
+    # `busybox --install -s` run inside the new root does it in one process.
+    chroot "$r" /bin/busybox --install -s || die "busybox --install -s failed"
+    rm -f "$r/linuxrc"
+    n=$(find "$r" -type l -lname /bin/busybox | wc -l)
+    want=$("$BUSYBOX" --list | grep -vcx 'busybox\|linuxrc')
+    [[ $n -ge $want && $n -gt 100 ]] || die "only $n of $want busybox applets linked"
 
     cat >"$r/etc/passwd" <<'EOF'
 root:x:0:0:root:/root:/bin/sh

@@ -117,7 +117,7 @@ build() {
         (cd "$tmp/src" && patch -p1 --forward --quiet <"$p" >&2) || die "patch $p failed"
         cp "$p" "$tmp/"
     done
-    log "building criu $CRIU_VERSION (make -j$(nproc) criu, ~1-2 min)"
+    log "building criu $CRIU_VERSION (make -j$(nproc) criu; 2-4 min, longer on a busy machine)"
     # Only the `criu` target: no docs (asciidoc/xmlto), no crit/lib/plugins.
     make -C "$tmp/src" -j"$(nproc)" criu >"$tmp/build.log" 2>&1 \
         || { tail -n 40 "$tmp/build.log" >&2; die "criu build failed (log above)"; }
