@@ -28,6 +28,8 @@ test: setup-test build vet
 FUZZTIME ?= 30s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEnvelope$$' -fuzztime $(FUZZTIME) ./core/eventlog
+	$(GO) test -run '^$$' -fuzz '^FuzzResolvePath$$' -fuzztime $(FUZZTIME) ./internal/confinedfs
+	$(GO) test -run '^$$' -fuzz '^FuzzTarIn$$' -fuzztime $(FUZZTIME) ./internal/confinedfs
 
 bench: setup-test build
 	scripts/bench.sh
