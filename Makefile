@@ -6,6 +6,9 @@ export AMBER_CACHE ?= /var/cache/amber
 export PATH := $(AMBER_CACHE)/bin:$(PATH)
 export AMBER_TEST_PG ?= postgres://amber:amber@127.0.0.1:5432/amber_test?sslmode=disable
 GO ?= go
+# cgo for libcontainer's nsenter, the seccomp tag for the criu driver's filter.
+export CGO_ENABLED := 1
+GOTAGS := seccomp
 BIN := bin/amber
 
 -include mk/setup.mk
@@ -13,15 +16,15 @@ BIN := bin/amber
 .PHONY: build test test-unit test-extended bench fuzz chaos demo vet clean
 
 build:
-	$(GO) build -o $(BIN) ./cmd/amber
+	$(GO) build -tags $(GOTAGS) -o $(BIN) ./cmd/amber
 
 vet:
-	$(GO) vet ./...
+	$(GO) vet -tags $(GOTAGS) ./...
 
 # The default test run: everything real (SQLite, PostgreSQL, MinIO, runsc, CRIU),
 # plus a short fuzz of every parser. Long soak/chaos/bench runs have their own targets.
 test: setup-test build vet
-	$(GO) test -count=1 -timeout 25m ./...
+	AMBER_BIN=$(abspath $(BIN)) $(GO) test -tags $(GOTAGS) -count=1 -timeout 25m ./...
 	$(MAKE) fuzz FUZZTIME=10s
 
 # Fuzz targets, each run for FUZZTIME.
