@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -107,7 +108,8 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (_ sandbox.Info,
 	if err := d.writeBundle(rec, l.Merged()); err != nil {
 		return sandbox.Info{}, fmt.Errorf("sandbox %s: bundle: %w", id, err)
 	}
-	if err := d.boot(ctx, rec); err != nil {
+	pid, err := d.boot(ctx, rec)
+	if err != nil {
 		return sandbox.Info{}, err
 	}
 	d.log.Debug("create: booted", "sandbox", id, "took", time.Since(t0))
@@ -116,7 +118,7 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (_ sandbox.Info,
 		return sandbox.Info{}, err
 	}
 	d.log.Info("sandbox created", "sandbox", id, "limits", rec.Limits)
-	return d.inspect(ctx, rec)
+	return sandbox.Info{ID: id, State: sandbox.StateRunning, Created: rec.Created, InitPID: pid}, nil
 }
 
 // prepareRoot makes what the driver needs in a fresh root: /tmp (if the
@@ -167,18 +169,25 @@ func (d *Driver) writeBundle(rec *record, rootfs string) error {
 // /dev/null: anything else would be a host file or pipe the sandbox could
 // reach through /proc/1/fd forever. runsc's own errors go to the --log
 // file.
-func (d *Driver) boot(ctx context.Context, rec *record) error {
+func (d *Driver) boot(ctx context.Context, rec *record) (pid int, err error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	logFile := filepath.Join(d.dir(rec.ID), "runsc.log")
+	pidFile := filepath.Join(d.dir(rec.ID), "sandbox.pid")
 	_ = os.Remove(logFile)
-	args := append(d.globalFlags(rec, logFile), "run", "--detach", "--bundle="+d.bundleDir(rec.ID), runtimeID(rec.ID))
+	_ = os.Remove(pidFile)
+	args := append(d.globalFlags(rec, logFile), "run", "--detach", "--pid-file="+pidFile,
+		"--bundle="+d.bundleDir(rec.ID), runtimeID(rec.ID))
 	cmd := d.command(ctx, args...)
 	if err := cmd.Run(); err != nil {
 		msg := strings.Join(logMessages(logFile), "; ")
-		return fmt.Errorf("sandbox %s: runsc run: %v: %s", rec.ID, err, msg)
+		return 0, fmt.Errorf("sandbox %s: runsc run: %v: %s", rec.ID, err, msg)
 	}
-	return nil
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return 0, fmt.Errorf("sandbox %s: runsc run wrote no pid file: %w", rec.ID, err)
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
 }
 
 // Inspect implements sandbox.Driver.
