@@ -26,7 +26,7 @@ func TestConformance(t *testing.T) {
 	runsc := requireHost(t)
 	tmpl := minimalTemplate(t)
 	stateDir := testStateDir(t)
-	cgParent := "/amber/gvisor-test"
+	cgParent := testCgroupParent(t, "/amber/gvisor-test")
 	newDriver := func(t *testing.T) sandbox.Driver {
 		d, err := New(Options{StateDir: stateDir, RunscPath: runsc, CgroupParent: cgParent, Logger: testLogger(t)})
 		if err != nil {
@@ -92,6 +92,17 @@ func testStateDir(t testing.TB) string {
 	dir := t.TempDir()
 	t.Cleanup(func() { unmountAll(dir) })
 	return dir
+}
+
+// testCgroupParent returns parent, to be removed (when empty) after the
+// test.
+func testCgroupParent(t testing.TB, parent string) string {
+	t.Cleanup(func() {
+		if err := removeCgroup(parent); err != nil {
+			t.Errorf("cgroup parent %s: %v", parent, err)
+		}
+	})
+	return parent
 }
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -181,7 +192,7 @@ func TestBenchmark(t *testing.T) {
 	}
 	runsc := requireHost(t)
 	tmpl := minimalTemplate(t)
-	d, err := New(Options{StateDir: testStateDir(t), RunscPath: runsc, CgroupParent: "/amber/gvisor-bench", Logger: testLogger(t)})
+	d, err := New(Options{StateDir: testStateDir(t), RunscPath: runsc, CgroupParent: testCgroupParent(t, "/amber/gvisor-bench"), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
