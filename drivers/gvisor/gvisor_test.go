@@ -94,9 +94,10 @@ func testStateDir(t testing.TB) string {
 	return dir
 }
 
-// testCgroupParent returns parent, to be removed (when empty) after the
-// test.
+// testCgroupParent returns a cgroup parent of this test process's own
+// (parent-<pid>), removed after the test.
 func testCgroupParent(t testing.TB, parent string) string {
+	parent = fmt.Sprintf("%s-%d", parent, os.Getpid())
 	t.Cleanup(func() {
 		if err := removeCgroup(parent); err != nil {
 			t.Errorf("cgroup parent %s: %v", parent, err)
