@@ -195,10 +195,13 @@ func (d *Driver) exec(ctx context.Context, rec *record, spec sandbox.ExecSpec) (
 		waitErr = d.killExec(rec, files.pid, cmd, done)
 	}
 	if copyDone != nil {
+		// Like WaitDelay for pipes: a descendant may hold the terminal.
 		select {
 		case <-copyDone:
 		case <-time.After(drainGrace):
 		}
+		ptm.Close()
+		<-copyDone // no write to spec.Stdout after Exec returns
 	}
 	if msgs := logMessages(files.log); len(msgs) > 0 && !timedOut && ctxErr == nil {
 		return d.execFailure(rec, spec, strings.Join(msgs, "; "))

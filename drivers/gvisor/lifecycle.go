@@ -27,7 +27,7 @@ import (
 // Binding the layer's /tmp explicitly would do the same, but would hand
 // runsc a second host path inside the tenant-writable tree (a symlink
 // planted there through Files would be followed on the host at the next
-// boot); the file is written through confinedfs and cannot be.
+// boot); the file is created with openat2(RESOLVE_IN_ROOT) and cannot be.
 const tmpKeep = "/tmp/.amber-keep"
 
 // Create implements sandbox.Driver. The order below is chosen so that a
@@ -42,8 +42,8 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (_ sandbox.Info,
 	if spec.Template.RootFS == "" {
 		return sandbox.Info{}, errdefs.InvalidArgumentf("sandbox %s: template has no rootfs", id)
 	}
-	if st, err := os.Stat(spec.Template.RootFS); err != nil || !st.IsDir() {
-		return sandbox.Info{}, errdefs.InvalidArgumentf("sandbox %s: template rootfs %s is not a directory", id, spec.Template.RootFS)
+	if st, err := os.Stat(spec.Template.RootFS); err != nil || !st.IsDir() || !filepath.IsAbs(spec.Template.RootFS) {
+		return sandbox.Info{}, errdefs.InvalidArgumentf("sandbox %s: template rootfs %q is not an absolute path of a directory", id, spec.Template.RootFS)
 	}
 	uid, gid, err := parseUser(spec.Template.User)
 	if err != nil {
