@@ -570,8 +570,12 @@ func TestDestroyHalfCreated(t *testing.T) {
 	td := newTestDriver(t)
 	ctx := context.Background()
 	id := newID("half")
+	slot, err := td.claimSlot(id)
+	if err != nil {
+		t.Fatal(err)
+	}
 	rec := &record{Version: recordVersion, ID: id, Template: sandbox.Template{RootFS: minimalRootfs(t)},
-		Limits: td.effectiveLimits(sandbox.Limits{}, sandbox.Limits{}), Slot: 7, HostID: DefaultUIDBase + 7*idsPerSandbox,
+		Limits: td.effectiveLimits(sandbox.Limits{}, sandbox.Limits{}), Slot: slot, HostID: DefaultUIDBase + slot*idsPerSandbox,
 		Created: time.Now(), Phase: phaseCreating}
 	if err := os.MkdirAll(td.recordDir(id), 0o711); err != nil {
 		t.Fatal(err)
@@ -600,6 +604,9 @@ func TestDestroyHalfCreated(t *testing.T) {
 	if list, _ := td.List(ctx); len(list) != 0 {
 		t.Fatalf("list after destroy: %+v", list)
 	}
+	if _, err := os.Stat(td.slotPath(slot)); !os.IsNotExist(err) {
+		t.Fatalf("uid range %d still claimed: %v", slot, err)
+	}
 	// td's cleanup checks mounts and cgroups.
 }
 
@@ -625,8 +632,14 @@ func TestCheck(t *testing.T) {
 	}
 }
 
+// TestConcurrentCreates: parallel creates, through two drivers over one
+// state directory, get distinct uid ranges.
 func TestConcurrentCreates(t *testing.T) {
 	td := newTestDriver(t)
+	other, err := New(Options{StateDir: td.state, CgroupParent: td.parent})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	n := 2 * runtime.NumCPU()
 	errs := make(chan error, n)
@@ -634,9 +647,13 @@ func TestConcurrentCreates(t *testing.T) {
 	for i := range ids {
 		ids[i] = newID("c")
 	}
-	for _, id := range ids {
+	for i, id := range ids {
+		d := td.Driver
+		if i%2 == 1 {
+			d = other
+		}
 		go func() {
-			_, err := td.Create(ctx, sandbox.Spec{ID: id, Template: sandbox.Template{RootFS: minimalRootfs(t)}})
+			_, err := d.Create(ctx, sandbox.Spec{ID: id, Template: sandbox.Template{RootFS: minimalRootfs(t)}})
 			errs <- err
 		}()
 	}

@@ -75,6 +75,7 @@
 // Everything the driver keeps is under Options.StateDir:
 //
 //	<StateDir>/runc/<id>/            libcontainer's state (state.json)
+//	<StateDir>/slots/<n>             claim of uid range n (holds the id)
 //	<StateDir>/sandboxes/<id>/       sandbox.json (this driver's record) and
 //	                                 the writable layer (upper, work, merged)
 //

@@ -67,7 +67,7 @@ type Driver struct {
 	runc   string // libcontainer root: <StateDir>/runc
 	sbxDir string // <StateDir>/sandboxes
 
-	mu     sync.Mutex // guards locks, live and uid allocation
+	mu     sync.Mutex // guards locks and live
 	locks  map[string]*sync.Mutex
 	live   map[string]*liveSandbox
 	nofile uint64
@@ -116,6 +116,9 @@ func New(opts Options) (*Driver, error) {
 	// Sandbox root (an unprivileged host uid) must be able to walk down to
 	// its rootfs, so every directory on the way is searchable (not
 	// listable) by others.
+	if err := os.MkdirAll(filepath.Join(abs, "slots"), 0o700); err != nil {
+		return nil, fmt.Errorf("criu driver: %w", err)
+	}
 	for _, dir := range []string{abs, d.runc, d.sbxDir} {
 		if err := os.MkdirAll(dir, 0o711); err != nil {
 			return nil, fmt.Errorf("criu driver: %w", err)

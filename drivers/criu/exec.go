@@ -325,9 +325,26 @@ func (d *Driver) execTTY(ctx context.Context, ls *liveSandbox, p *libcontainer.P
 		return sandbox.ExitStatus{}, fmt.Errorf("receive pty: %w", err)
 	}
 	defer master.Close()
-	if spec.Stdin != nil {
-		go func() { _, _ = io.Copy(master, spec.Stdin) }()
-	}
+	// The end of the caller's input is typed as ^D (VEOF): the terminal
+	// then reads as end of file. A ^D after a partial line only ends that
+	// line, so such input gets a second one.
+	go func() {
+		var last byte = '\n'
+		if spec.Stdin != nil {
+			_, _ = io.Copy(master, readerFunc(func(p []byte) (int, error) {
+				n, err := spec.Stdin.Read(p)
+				if n > 0 {
+					last = p[n-1]
+				}
+				return n, err
+			}))
+		}
+		eof := []byte{4}
+		if last != '\n' {
+			eof = []byte{4, 4}
+		}
+		_, _ = master.Write(eof)
+	}()
 	out := spec.Stdout
 	if out == nil {
 		out = io.Discard
@@ -346,6 +363,10 @@ func (d *Driver) execTTY(ctx context.Context, ls *liveSandbox, p *libcontainer.P
 	}
 	return st, err
 }
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
 
 func socketPair() (parent, child *os.File, err error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)

@@ -65,25 +65,25 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (info sandbox.In
 		Created:  time.Now().UTC(),
 		Phase:    phaseCreating,
 	}
-	// Claim the id and a uid range atomically with respect to other Creates.
-	d.mu.Lock()
-	if _, err := os.Lstat(d.recordDir(spec.ID)); err == nil {
-		d.mu.Unlock()
-		return sandbox.Info{}, errdefs.AlreadyExistsf("sandbox %s", spec.ID)
+	// Claim the id (its record directory) and then a uid range.
+	if err := os.Mkdir(d.recordDir(spec.ID), 0o711); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return sandbox.Info{}, errdefs.AlreadyExistsf("sandbox %s", spec.ID)
+		}
+		return sandbox.Info{}, recordErr(spec.ID, err)
 	}
 	if _, err := os.Lstat(filepath.Join(d.runc, spec.ID)); err == nil {
-		d.mu.Unlock()
+		_ = os.Remove(d.recordDir(spec.ID))
 		return sandbox.Info{}, errdefs.AlreadyExistsf("sandbox %s (libcontainer state left over; destroy it first)", spec.ID)
 	}
-	slot, err := d.allocSlot()
+	slot, err := d.claimSlot(spec.ID)
 	if err == nil {
 		rec.Slot = slot
 		rec.HostID = d.opts.UIDBase + slot*idsPerSandbox
-		if err = os.Mkdir(d.recordDir(spec.ID), 0o711); err == nil {
-			err = d.saveRecord(rec)
+		if err = d.saveRecord(rec); err != nil {
+			_ = d.releaseSlot(spec.ID, slot)
 		}
 	}
-	d.mu.Unlock()
 	if err != nil {
 		_ = os.RemoveAll(d.recordDir(spec.ID))
 		return sandbox.Info{}, recordErr(spec.ID, err)
@@ -373,7 +373,13 @@ func (d *Driver) destroyLocked(ctx context.Context, id string) error {
 		errs = append(errs, fmt.Errorf("layer: %w", err))
 	}
 	if len(errs) == 0 {
-		if err := os.RemoveAll(d.recordDir(id)); err != nil {
+		slot := -1
+		if rec, err := d.loadRecord(id); err == nil {
+			slot = rec.Slot
+		}
+		if err := d.releaseSlot(id, slot); err != nil {
+			errs = append(errs, fmt.Errorf("release uid range: %w", err))
+		} else if err := os.RemoveAll(d.recordDir(id)); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -2,9 +2,11 @@ package criu
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
@@ -128,25 +130,63 @@ func (d *Driver) ids() ([]string, error) {
 	return out, nil
 }
 
-// allocSlot picks the lowest uid range not used by any record. d.mu must
-// be held; the caller saves a record with the slot before releasing it.
-func (d *Driver) allocSlot() (int, error) {
-	ids, err := d.ids()
-	if err != nil {
-		return 0, err
-	}
-	used := map[int]bool{}
-	for _, id := range ids {
-		if r, err := d.loadRecord(id); err == nil {
-			used[r.Slot] = true
+// Uid ranges are claimed with one file per range, <StateDir>/slots/<n>,
+// created with O_EXCL and holding the sandbox id: the claim is atomic even
+// between two processes over one state directory, so no two sandboxes can
+// ever share host ids.
+
+func (d *Driver) slotPath(n int) string {
+	return filepath.Join(d.opts.StateDir, "slots", strconv.Itoa(n))
+}
+
+// claimSlot claims the lowest free uid range for id.
+func (d *Driver) claimSlot(id string) (int, error) {
+	for n := 0; n < d.opts.MaxSandboxes; n++ {
+		f, err := os.OpenFile(d.slotPath(n), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if errors.Is(err, os.ErrExist) {
+			continue
 		}
-	}
-	for s := 0; s < d.opts.MaxSandboxes; s++ {
-		if !used[s] {
-			return s, nil
+		if err != nil {
+			return 0, err
 		}
+		_, err = f.WriteString(id)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			_ = os.Remove(d.slotPath(n))
+			return 0, err
+		}
+		return n, nil
 	}
 	return 0, errdefs.ResourceExhaustedf("criu driver: all %d uid ranges in use", d.opts.MaxSandboxes)
+}
+
+// releaseSlot gives up id's uid range: slot n when known (>= 0), else any
+// claim file naming id (a create that crashed before saving its record).
+func (d *Driver) releaseSlot(id string, n int) error {
+	owned := func(p string) bool {
+		b, err := os.ReadFile(p)
+		return err == nil && string(b) == id
+	}
+	if n >= 0 {
+		if p := d.slotPath(n); owned(p) {
+			return os.Remove(p)
+		}
+		return nil
+	}
+	ents, err := os.ReadDir(filepath.Join(d.opts.StateDir, "slots"))
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if p := filepath.Join(d.opts.StateDir, "slots", e.Name()); owned(p) {
+			if err := os.Remove(p); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // effectiveLimits merges spec limits over the template's over the driver's.
