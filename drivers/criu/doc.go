@@ -6,9 +6,10 @@
 //
 // Each sandbox is one libcontainer container whose init is a tiny reaper
 // (the template's /bin/sh sleeping in a loop and reaping orphans). Its root
-// filesystem is an overlay: the template's rootfs, seen through an idmapped
-// mount, under a per-sandbox writable upper directory. Exec runs further
-// processes in the container's namespaces (libcontainer's setns path).
+// filesystem is an internal/layer overlay: the template's rootfs, seen
+// through an idmapped mount, under a per-sandbox writable layer with a size
+// limit (an ext4 image on a loop device). Exec runs further processes in
+// the container's namespaces (libcontainer's setns path).
 //
 // # Hardening, and why
 //
@@ -48,9 +49,11 @@
 //     read-only. Device access is denied by the devices cgroup except the
 //     standard set (null, zero, full, random, urandom, tty, ptmx/pts).
 //   - cgroup v1 limits per sandbox (memory without swap, CPU quota, pids)
-//     under Options.CgroupParent/<id>; the sandbox's processes get a raised
-//     oom_score_adj so the host's own processes are not the kernel's first
-//     choice when the whole machine runs short.
+//     under Options.CgroupParent/<id>, and the layer's size for disk; the
+//     sandbox's processes get a raised oom_score_adj so the host's own
+//     processes are not the kernel's first choice when the whole machine
+//     runs short. RLIMIT_CORE is 0: a core_pattern that pipes to a program
+//     would run it on the host, as root.
 //
 // None of this makes a shared kernel safe against a kernel bug reachable
 // through the allowed system calls: the gvisor driver is the one fit for
@@ -63,12 +66,27 @@
 // libcontainer/nsenter, sets up namespaces before the Go runtime starts).
 // A program that uses this driver must therefore call InitIfRequested as
 // the first statement of main (and a test binary in TestMain). It returns
-// at once in a normal run.
+// at once in a normal run. Every exec pays for the binary's start (Go
+// runtime and package init functions), so heavy package-level
+// initialisation in the amber binary slows every Exec.
+//
+// Importing the package also locks the main goroutine to the main thread
+// (an init function): libcontainer leaves a thread it moved into a
+// container's mount namespace to die with its goroutine, which the runtime
+// cannot do to the main thread (see init.go).
 //
 // The cgo part (nsenter) and the seccomp filter (libseccomp, build tag
 // "seccomp") require building with CGO_ENABLED=1 and -tags seccomp, with
 // libseccomp-dev installed. A binary built without the tag refuses to create
 // sandboxes (Check says why) rather than run them unfiltered.
+//
+// # Checkpoint/restore (next issue)
+//
+// libcontainer's Checkpoint and Restore drive CRIU against the same
+// container, rootfs and cgroups this driver sets up; TestCheckpointExplore
+// shows a sandbox with its user namespace, idmapped template and time
+// namespace dumping and restoring with its PIDs. libcontainer runs "criu"
+// from PATH, so $AMBER_CACHE/bin must come first there.
 //
 // # State
 //
