@@ -45,8 +45,12 @@ type writer struct {
 	ops    chan *op // unbuffered: a send succeeds only when the writer takes it
 	quit   chan struct{}
 	exited chan struct{}
-	// commits counts successful COMMITs (checkpointLoop watches it).
-	commits atomic.Uint64
+	// commits counts successful COMMITs (checkpointLoop watches it) and
+	// committed the ops in them.
+	commits, committed atomic.Uint64
+	// catchUp asks for a checkpoint on the write connection between two
+	// groups (see Store.checkpointLoop).
+	catchUp atomic.Bool
 	// startErr is set when the writer could not start; every op gets it.
 	startErr error
 }
@@ -138,6 +142,11 @@ func (w *writer) loop() {
 		if rawOp != nil {
 			rawOp.done <- rawOp.raw(w.conn)
 		}
+		if w.catchUp.Swap(false) {
+			if _, err := w.conn.ExecContext(bg, "PRAGMA wal_checkpoint(PASSIVE)"); err != nil {
+				w.s.log.Warn("catch-up wal checkpoint failed", "err", err)
+			}
+		}
 	}
 }
 
@@ -179,6 +188,7 @@ func (w *writer) commitGroup(group []*op) {
 		return
 	}
 	w.commits.Add(1)
+	w.committed.Add(uint64(len(group)))
 	for i, o := range group {
 		if errs[i] == nil && o.notify != "" {
 			w.s.notify.wake(o.notify)
