@@ -776,3 +776,30 @@ func TestNonRootUser(t *testing.T) {
 		t.Fatalf("named user: %v, want invalid argument", err)
 	}
 }
+
+// slowWriter takes its time with every write, like a slow client.
+type slowWriter struct{ bytes.Buffer }
+
+func (w *slowWriter) Write(p []byte) (int, error) {
+	time.Sleep(100 * time.Millisecond)
+	return w.Buffer.Write(p)
+}
+
+// TestExecSlowReader: output is never cut short because the caller reads
+// it slowly, nor because the command said nothing for a while before
+// exiting.
+func TestExecSlowReader(t *testing.T) {
+	td := newTestDriver(t)
+	id := td.create(sandbox.Limits{})
+	var out slowWriter
+	st, err := td.Exec(context.Background(), id, sandbox.ExecSpec{
+		Args:   []string{"/bin/sh", "-c", "head -c 1000000 /dev/zero | tr '\\0' x; sleep 0.5; echo END"},
+		Stdout: &out,
+	})
+	if err != nil || st.Code != 0 {
+		t.Fatal(st, err)
+	}
+	if got := out.Len(); got != 1000000+4 || !strings.HasSuffix(out.String(), "END\n") {
+		t.Fatalf("got %d bytes, want 1000004 ending in END", got)
+	}
+}

@@ -168,31 +168,96 @@ func (d *Driver) Exec(ctx context.Context, id string, spec sandbox.ExecSpec) (sa
 		}
 		inW.Close()
 	}()
+	copies := make([]*outputCopy, len(readers))
 	for i, r := range readers {
-		w := outputs[i]
-		if w == nil {
-			w = io.Discard
-		}
-		copiers.Add(1)
-		go func() {
-			defer copiers.Done()
-			_, _ = io.Copy(w, r)
-		}()
+		copies[i] = startCopy(outputs[i], r, &copiers)
 	}
 	st, err := d.wait(ctx, ls, p, spec.Timeout)
-	// Let the output drain; descendants that keep the pipes open do not
-	// hold Exec beyond drainGrace.
-	drained := make(chan struct{})
-	go func() { copiers.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(drainGrace):
-		for _, r := range readers {
-			_ = r.SetReadDeadline(time.Now())
-		}
-		<-drained
-	}
+	drainOutputs(copies, &copiers)
 	return st, err
+}
+
+// outputCopy copies a command's output pipe to the caller's writer and
+// tracks whether it is idle: blocked reading an empty pipe, not busy
+// writing to a slow caller.
+type outputCopy struct {
+	r        *os.File
+	mu       sync.Mutex
+	writing  bool
+	lastData time.Time
+}
+
+func startCopy(w io.Writer, r *os.File, wg *sync.WaitGroup) *outputCopy {
+	if w == nil {
+		w = io.Discard
+	}
+	c := &outputCopy{r: r, lastData: time.Now()}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := r.Read(buf)
+			if n > 0 {
+				c.mu.Lock()
+				c.writing, c.lastData = true, time.Now()
+				c.mu.Unlock()
+				_, werr := w.Write(buf[:n])
+				c.mu.Lock()
+				c.writing, c.lastData = false, time.Now()
+				c.mu.Unlock()
+				if werr != nil {
+					_, _ = io.Copy(io.Discard, r) // keep the command from blocking
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return c
+}
+
+// drainOutputs waits, after the command exited, until its output pipes
+// are drained. A descendant that keeps a pipe open (a background child)
+// would hold it forever, so a pipe that has been idle for drainGrace (empty
+// and not being written to the caller) is cut. Output is never lost to a
+// slow caller: a copy that is writing is not idle.
+func drainOutputs(copies []*outputCopy, wg *sync.WaitGroup) {
+	drained := make(chan struct{})
+	go func() { wg.Wait(); close(drained) }()
+	tick := time.NewTicker(drainGrace / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case <-drained:
+			return
+		case <-tick.C:
+		}
+		for _, c := range copies {
+			c.mu.Lock()
+			idle := !c.writing && time.Since(c.lastData) >= drainGrace
+			c.mu.Unlock()
+			if idle && pipeEmpty(c.r) {
+				_ = c.r.SetReadDeadline(time.Now())
+			}
+		}
+	}
+}
+
+// pipeEmpty reports whether nothing is left to read in the pipe (a read
+// with an expired deadline returns without reading what is there).
+func pipeEmpty(f *os.File) bool {
+	conn, err := f.SyscallConn()
+	if err != nil {
+		return true
+	}
+	n := 0
+	_ = conn.Control(func(fd uintptr) {
+		n, err = unix.IoctlGetInt(int(fd), unix.TIOCINQ) // FIONREAD
+	})
+	return err != nil || n == 0
 }
 
 // execError classifies a failure to start a command. libcontainer reports
