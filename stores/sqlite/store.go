@@ -28,6 +28,18 @@
 //
 // WAL checkpoints run in the background on their own connection, so no
 // append waits for one.
+//
+// # Cost model
+//
+// SQLite's WAL is page-granular: a commit writes every B-tree page it
+// dirtied as a 4 KiB frame (two write(2) calls each) and then syncs. An
+// append dirties about two pages per stream — the tail of the stream in
+// events and the place of its id in event_ids — so a group commit of N
+// appends to N different streams writes about 2N frames, while a batch of
+// 100 events to one stream writes about 15. Ids that sort by time (ULIDs,
+// UUIDv7) keep event_ids append-only; random ids dirty a random page each.
+// Reads are cheap: one indexed range scan per Read, envelopes decoded on
+// all CPUs.
 package sqlite
 
 import (
