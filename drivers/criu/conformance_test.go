@@ -20,7 +20,7 @@ func TestConformance(t *testing.T) {
 	requireHost(t)
 	td := newTestDriver(t)
 	newDriver := func(t *testing.T) sandbox.Driver {
-		d, err := New(Options{StateDir: td.state, CgroupParent: td.parent})
+		d, err := New(td.options())
 		if err != nil {
 			t.Fatal(err)
 		}

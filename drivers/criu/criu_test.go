@@ -527,7 +527,7 @@ func TestRestartReattach(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	d2, err := New(Options{StateDir: td.state, CgroupParent: td.parent})
+	d2, err := New(td.options())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -612,7 +612,7 @@ func TestDestroyHalfCreated(t *testing.T) {
 
 func TestCheck(t *testing.T) {
 	requireHost(t)
-	d, err := New(Options{StateDir: stateDir(t), CriuPath: "/nonexistent/criu"})
+	d, err := New(Options{StateDir: t.TempDir(), RunDir: "/run/amber-criu-test/check", CriuPath: "/nonexistent/criu"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -620,7 +620,7 @@ func TestCheck(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "make setup") {
 		t.Fatalf("check with missing criu: %v, want an error naming make setup", err)
 	}
-	d, err = New(Options{StateDir: stateDir(t)})
+	d, err = New(Options{StateDir: t.TempDir(), RunDir: "/run/amber-criu-test/check"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -636,7 +636,7 @@ func TestCheck(t *testing.T) {
 // state directory, get distinct uid ranges.
 func TestConcurrentCreates(t *testing.T) {
 	td := newTestDriver(t)
-	other, err := New(Options{StateDir: td.state, CgroupParent: td.parent})
+	other, err := New(td.options())
 	if err != nil {
 		t.Fatal(err)
 	}

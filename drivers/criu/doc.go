@@ -90,12 +90,19 @@
 //
 // # State
 //
-// Everything the driver keeps is under Options.StateDir:
+// The driver keeps its state under Options.StateDir and one mount point per
+// sandbox under Options.RunDir:
 //
 //	<StateDir>/runc/<id>/            libcontainer's state (state.json)
 //	<StateDir>/slots/<n>             claim of uid range n (holds the id)
 //	<StateDir>/sandboxes/<id>/       sandbox.json (this driver's record) and
-//	                                 the writable layer (upper, work, merged)
+//	                                 the writable layer (internal/layer)
+//	<RunDir>/<id>                    bind mount of the layer's merged root:
+//	                                 the container's rootfs
+//
+// StateDir is private to root; RunDir is searchable (not listable) by
+// others, because sandbox root, an unprivileged host uid, must walk to its
+// rootfs.
 //
 // After a daemon restart List and Inspect load both; mounts and cgroups
 // outlive the daemon, so running sandboxes are found running. Destroy

@@ -23,6 +23,7 @@ import (
 // Defaults for Options.
 const (
 	DefaultStateDir     = "/var/lib/amber/criu"
+	DefaultRunDir       = "/run/amber-criu"
 	DefaultCgroupParent = "/amber/criu"
 	// DefaultUIDBase is the first host uid of the first sandbox's range.
 	DefaultUIDBase = 100000
@@ -40,8 +41,15 @@ var DefaultLimits = sandbox.Limits{
 
 // Options configure a Driver. Zero values take the defaults above.
 type Options struct {
-	// StateDir holds the driver's state; see the package doc for its layout.
+	// StateDir holds the driver's state; see the package doc for its
+	// layout. It is private to root (0700).
 	StateDir string
+	// RunDir holds one mount point per running sandbox, <RunDir>/<id>, the
+	// root filesystem its processes see. Sandbox root (an unprivileged host
+	// uid) must walk to it, so RunDir and its parents are searchable by
+	// others (RunDir is made 0711; it is not listable). Keeping these
+	// mounts out of StateDir lets StateDir stay private.
+	RunDir string
 	// CriuPath is the CRIU binary Check runs. Default:
 	// ${AMBER_CACHE:-/var/cache/amber}/bin/criu, the patched build that
 	// `make setup` installs. A criu found on PATH is never used for Check:
@@ -88,6 +96,9 @@ func New(opts Options) (*Driver, error) {
 		}
 		opts.CriuPath = filepath.Join(cache, "bin", "criu")
 	}
+	if opts.RunDir == "" {
+		opts.RunDir = DefaultRunDir
+	}
 	if opts.CgroupParent == "" {
 		opts.CgroupParent = DefaultCgroupParent
 	}
@@ -105,6 +116,9 @@ func New(opts Options) (*Driver, error) {
 		return nil, err
 	}
 	opts.StateDir = abs
+	if opts.RunDir, err = filepath.Abs(opts.RunDir); err != nil {
+		return nil, err
+	}
 	d := &Driver{
 		opts:   opts,
 		log:    opts.Logger.With("driver", "criu"),
@@ -113,22 +127,19 @@ func New(opts Options) (*Driver, error) {
 		locks:  map[string]*sync.Mutex{},
 		live:   map[string]*liveSandbox{},
 	}
-	// Sandbox root (an unprivileged host uid) must be able to walk down to
-	// its rootfs, so every directory on the way is searchable (not
-	// listable) by others.
-	if err := os.MkdirAll(filepath.Join(abs, "slots"), 0o700); err != nil {
+	for _, dir := range []string{abs, d.runc, d.sbxDir, filepath.Join(abs, "slots")} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("criu driver: %w", err)
+		}
+	}
+	if err := os.MkdirAll(opts.RunDir, 0o711); err != nil {
 		return nil, fmt.Errorf("criu driver: %w", err)
 	}
-	for _, dir := range []string{abs, d.runc, d.sbxDir} {
-		if err := os.MkdirAll(dir, 0o711); err != nil {
-			return nil, fmt.Errorf("criu driver: %w", err)
-		}
-		if err := os.Chmod(dir, 0o711); err != nil {
-			return nil, fmt.Errorf("criu driver: %w", err)
-		}
+	if err := os.Chmod(opts.RunDir, 0o711); err != nil {
+		return nil, fmt.Errorf("criu driver: %w", err)
 	}
-	if err := searchableByAll(abs); err != nil {
-		return nil, fmt.Errorf("criu driver: state dir %s: %w", abs, err)
+	if err := searchableByAll(opts.RunDir); err != nil {
+		return nil, fmt.Errorf("criu driver: run dir %s: %w", opts.RunDir, err)
 	}
 	if err := writeFileAtomic(d.criuConfigPath(), []byte(criuConfig), 0o644); err != nil {
 		return nil, fmt.Errorf("criu driver: %w", err)
@@ -159,7 +170,7 @@ func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 
 // searchableByAll checks that every parent of dir has the search bit for
 // others, which sandbox root (an unprivileged host uid) needs to reach the
-// rootfs below it.
+// rootfs mounted below it.
 func searchableByAll(dir string) error {
 	for p := filepath.Dir(dir); ; p = filepath.Dir(p) {
 		fi, err := os.Stat(p)

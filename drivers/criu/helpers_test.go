@@ -107,29 +107,40 @@ func buildBusyboxRootfs() (string, error) {
 	return r, nil
 }
 
-// testDriver is a driver with its own state directory and cgroup parent,
-// both removed (and checked for leftovers) when the test ends.
+// testDriver is a driver with its own state directory, run directory and
+// cgroup parent, all removed (and checked for leftovers) when the test ends.
 type testDriver struct {
 	*Driver
 	t      testing.TB
 	state  string
+	runDir string
 	parent string
 }
 
 func newTestDriver(t testing.TB) *testDriver {
 	t.Helper()
 	requireHost(t)
-	state := stateDir(t)
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
-	parent := "/amber/criu-test-" + hex.EncodeToString(suffix)
-	d, err := New(Options{StateDir: state, CgroupParent: parent})
+	td := &testDriver{
+		t:      t,
+		state:  t.TempDir(), // private (0700): the driver must not need more
+		runDir: "/run/amber-criu-test/" + hex.EncodeToString(suffix),
+		parent: "/amber/criu-test-" + hex.EncodeToString(suffix),
+	}
+	d, err := New(td.options())
 	if err != nil {
 		t.Fatal(err)
 	}
-	td := &testDriver{Driver: d, t: t, state: state, parent: parent}
+	td.Driver = d
 	t.Cleanup(td.cleanup)
 	return td
+}
+
+// options are the Options of td's driver, for a second driver over the
+// same state (a restarted daemon).
+func (td *testDriver) options() Options {
+	return Options{StateDir: td.state, RunDir: td.runDir, CgroupParent: td.parent}
 }
 
 // cleanup destroys every sandbox left and fails the test when any mount,
@@ -160,12 +171,19 @@ func (td *testDriver) cleanup() {
 		}
 		_ = os.Remove(dir)
 	}
-	for _, sub := range []string{"runc", "sandboxes"} {
+	for _, sub := range []string{"runc", "sandboxes", "slots"} {
 		ents, _ := os.ReadDir(filepath.Join(td.state, sub))
 		for _, e := range ents {
 			t.Errorf("cleanup: state left: %s/%s/%s", td.state, sub, e.Name())
 		}
 	}
+	if bytes.Contains(mounts, []byte(td.runDir)) {
+		t.Errorf("cleanup: mounts left under %s:\n%s", td.runDir, grepLines(string(mounts), td.runDir))
+	}
+	if ents, _ := os.ReadDir(td.runDir); len(ents) > 0 {
+		t.Errorf("cleanup: %d entries left in %s", len(ents), td.runDir)
+	}
+	_ = os.Remove(td.runDir)
 }
 
 func grepLines(s, sub string) string {
@@ -176,17 +194,6 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
-}
-
-// stateDir is a temporary directory that sandbox root can walk through.
-func stateDir(t testing.TB) string {
-	dir := t.TempDir()
-	for p := dir; p != "/"; p = filepath.Dir(p) {
-		if strings.HasPrefix(p, os.TempDir()+"/") {
-			_ = os.Chmod(p, 0o711)
-		}
-	}
-	return dir
 }
 
 var idSeq struct {

@@ -1,6 +1,7 @@
 package criu
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -33,9 +34,15 @@ func withIdmappedTemplate(rec *record, fn func(lower string) error) error {
 	return fn(fmt.Sprintf("/proc/self/fd/%d", tree.Fd()))
 }
 
-// mountRootfs creates and mounts the sandbox's layer and returns the path of
-// its root. The layer's upper directory takes the owner of the lower root,
-// which the idmapping shows as sandbox root: the sandbox owns its "/".
+// rootfsPath is where the sandbox's root is mounted for its processes: a
+// bind mount of the layer's merged directory under RunDir (see
+// Options.RunDir for why not the merged directory itself).
+func (d *Driver) rootfsPath(id string) string { return filepath.Join(d.opts.RunDir, id) }
+
+// mountRootfs creates and mounts the sandbox's layer, binds it at
+// rootfsPath and returns that path. The layer's upper directory takes the
+// owner of the lower root, which the idmapping shows as sandbox root: the
+// sandbox owns its "/".
 func (d *Driver) mountRootfs(rec *record) (string, error) {
 	var l *layer.Layer
 	err := withIdmappedTemplate(rec, func(lower string) error {
@@ -46,27 +53,61 @@ func (d *Driver) mountRootfs(rec *record) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return l.Merged(), nil
+	return d.bindRootfs(rec.ID, l.Merged())
 }
 
-// ensureRootfs returns the sandbox's root, mounting its layer again when it
-// is not mounted (after a host reboot). Mounts outlive the daemon, so after
-// a mere daemon restart this only checks.
+func (d *Driver) bindRootfs(id, merged string) (string, error) {
+	dst := d.rootfsPath(id)
+	if err := os.Mkdir(dst, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", err
+	}
+	if err := unix.Mount(merged, dst, "", unix.MS_BIND, ""); err != nil {
+		return "", fmt.Errorf("bind %s at %s: %w", merged, dst, err)
+	}
+	return dst, nil
+}
+
+// ensureRootfs returns the sandbox's root, mounting its layer and binding
+// it again when they are not mounted (after a host reboot). Mounts outlive
+// the daemon, so after a mere daemon restart this only checks.
 func (d *Driver) ensureRootfs(rec *record) (string, error) {
+	dst := d.rootfsPath(rec.ID)
+	if isMountPoint(dst) {
+		return dst, nil
+	}
 	merged := filepath.Join(d.layerDir(rec.ID), "merged")
-	if isMountPoint(merged) {
-		return merged, nil
+	if !isMountPoint(merged) {
+		err := withIdmappedTemplate(rec, func(lower string) error {
+			l, err := layer.Open(d.layerDir(rec.ID), layer.WithLower(lower))
+			if err == nil {
+				merged = l.Merged()
+			}
+			return err
+		})
+		if err != nil {
+			return "", fmt.Errorf("remount layer: %w", err)
+		}
 	}
-	var l *layer.Layer
-	err := withIdmappedTemplate(rec, func(lower string) error {
-		var err error
-		l, err = layer.Open(d.layerDir(rec.ID), layer.WithLower(lower))
+	return d.bindRootfs(rec.ID, merged)
+}
+
+// unmountRootfs removes the bind mount at rootfsPath (detaching it lazily
+// when busy) and its mount point; nil when it is already gone.
+func (d *Driver) unmountRootfs(id string) error {
+	dst := d.rootfsPath(id)
+	for i := 0; i < 8 && isMountPoint(dst); i++ {
+		err := unix.Unmount(dst, 0)
+		if errors.Is(err, unix.EBUSY) {
+			err = unix.Unmount(dst, unix.MNT_DETACH)
+		}
+		if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("unmount %s: %w", dst, err)
+		}
+	}
+	if err := os.Remove(dst); err != nil && !isNotExist(err) {
 		return err
-	})
-	if err != nil {
-		return "", fmt.Errorf("remount layer: %w", err)
 	}
-	return l.Merged(), nil
+	return nil
 }
 
 func isMountPoint(path string) bool {

@@ -369,7 +369,9 @@ func (d *Driver) destroyLocked(ctx context.Context, id string) error {
 	}
 	// 3. The writable layer and the record, last: while the record exists,
 	// List reports the sandbox and a repeated Destroy retries.
-	if err := d.destroyLayerRetry(ctx, id); err != nil {
+	if err := d.unmountRootfs(id); err != nil {
+		errs = append(errs, fmt.Errorf("rootfs: %w", err))
+	} else if err := d.destroyLayerRetry(ctx, id); err != nil {
 		errs = append(errs, fmt.Errorf("layer: %w", err))
 	}
 	if len(errs) == 0 {
