@@ -21,12 +21,13 @@ CREATE TABLE streams (
 -- One row per retained event. env is eventlog.Encode's envelope; its
 -- stream and seq are cross-checked against the row on every read.
 CREATE TABLE events (
+	eid        INTEGER PRIMARY KEY, -- append order: new rows go to the right edge
 	sid        INTEGER NOT NULL REFERENCES streams (sid),
 	seq        INTEGER NOT NULL,
 	checkpoint INTEGER NOT NULL, -- 1 when the event carries a CheckpointRef
-	env        BLOB    NOT NULL,
-	PRIMARY KEY (sid, seq)
-) WITHOUT ROWID;
+	env        BLOB    NOT NULL
+);
+CREATE UNIQUE INDEX events_by_stream ON events (sid, seq);
 CREATE INDEX events_checkpoints ON events (sid, seq) WHERE checkpoint = 1;
 -- Every id ever appended (kept when events are truncated): idempotent
 -- re-append compares digests (eventlog.ContentDigest).

@@ -32,12 +32,14 @@
 // # Cost model
 //
 // SQLite's WAL is page-granular: a commit writes every B-tree page it
-// dirtied as a 4 KiB frame (two write(2) calls each) and then syncs. An
-// append dirties about two pages per stream — the tail of the stream in
-// events and the place of its id in event_ids — so a group commit of N
-// appends to N different streams writes about 2N frames, while a batch of
-// 100 events to one stream writes about 15. Ids that sort by time (ULIDs,
-// UUIDv7) keep event_ids append-only; random ids dirty a random page each.
+// dirtied as a 4 KiB frame (two write(2) calls each) and then syncs. Event
+// rows are stored in append order, so all appends of a commit share the
+// pages at the right edge of events; each stream adds the leaf of its
+// (sid, seq) index and the place of its ids in event_ids. A group commit of
+// N single-event appends to N long streams thus writes about 2N frames,
+// while a batch of 100 events to one stream writes about 15. Ids that sort
+// by time (ULIDs, UUIDv7) keep event_ids append-only; random ids dirty a
+// random page each.
 // Reads are cheap: one indexed range scan per Read, envelopes decoded on
 // all CPUs.
 package sqlite
