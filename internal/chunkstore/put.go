@@ -397,47 +397,82 @@ func (u *uploader) wait() error {
 }
 
 // file chunks one file, fills e.SHA256, e.Size and e.Chunks, and queues the
-// chunks not stored yet.
+// chunks not stored yet. Two stages run at once: one goroutine finds chunk
+// boundaries (Rabin fingerprints) and copies each chunk out; this one hashes
+// the chunks and the whole file, in order, and queues the new ones.
 func (u *uploader) file(path string, e *Entry, w *writer) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", e.Path, err)
 	}
 	defer f.Close()
-	ch := chunker.NewWithBoundaries(bufio.NewReaderSize(f, 1<<20), u.keys.pol, MinChunk, MaxChunk)
-	ch.SetAverageBits(AvgBits)
-	buf := make([]byte, MaxChunk)
-	fh := sha256.New()
-	var size int64
-	e.Chunks = e.Chunks[:0]
-	for {
-		c, err := ch.Next(buf)
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("read %s: %w", e.Path, err)
-		}
-		sum := sha256.Sum256(c.Data)
-		fh.Write(c.Data)
-		size += int64(c.Length)
-		e.Chunks = append(e.Chunks, ChunkRef{SHA256: hex.EncodeToString(sum[:]), Size: int64(c.Length)})
-		name := u.keys.chunkName(sum)
-		if u.queued[name] {
-			u.report(int64(c.Length))
-		} else {
-			u.queued[name] = true
+	pieces := make(chan *[]byte, 8)
+	readErr := make(chan error, 1)
+	go func() {
+		defer close(pieces)
+		ch := chunker.NewWithBoundaries(bufio.NewReaderSize(f, 1<<20), u.keys.pol, MinChunk, MaxChunk)
+		ch.SetAverageBits(AvgBits)
+		buf := make([]byte, MaxChunk)
+		for {
+			c, err := ch.Next(buf)
+			if err == io.EOF {
+				readErr <- nil
+				return
+			}
+			if err != nil {
+				readErr <- err
+				return
+			}
 			b := u.bufs.Get().(*[]byte)
 			*b = append((*b)[:0], c.Data...)
 			select {
-			case u.jobs <- upJob{name: name, data: b}:
+			case pieces <- b:
 			case <-u.ctx.Done():
-				return context.Cause(u.ctx)
+				u.bufs.Put(b)
+				readErr <- context.Cause(u.ctx)
+				return
 			}
 		}
-		if err := w.renew(u.ctx); err != nil {
-			return err
+	}()
+	fh := sha256.New()
+	var size int64
+	var stop error
+	e.Chunks = e.Chunks[:0]
+	for b := range pieces {
+		if stop != nil {
+			u.bufs.Put(b) // drain until the reader sees the cancellation
+			continue
 		}
+		data := *b
+		sum := sha256.Sum256(data)
+		fh.Write(data)
+		size += int64(len(data))
+		e.Chunks = append(e.Chunks, ChunkRef{SHA256: hex.EncodeToString(sum[:]), Size: int64(len(data))})
+		name := u.keys.chunkName(sum)
+		if u.queued[name] {
+			u.report(int64(len(data)))
+			u.bufs.Put(b)
+		} else {
+			u.queued[name] = true
+			select {
+			case u.jobs <- upJob{name: name, data: b}:
+			case <-u.ctx.Done():
+				u.bufs.Put(b)
+				stop = context.Cause(u.ctx)
+			}
+		}
+		if stop == nil {
+			stop = w.renew(u.ctx)
+		}
+		if stop != nil {
+			u.abort(stop)
+		}
+	}
+	if err := <-readErr; err != nil && stop == nil {
+		return fmt.Errorf("read %s: %w", e.Path, err)
+	}
+	if stop != nil {
+		return stop
 	}
 	e.Size = size
 	e.SHA256 = hex.EncodeToString(fh.Sum(nil))
