@@ -48,7 +48,7 @@ func (td *testDriver) leftovers(id string) []string {
 			out = append(out, p)
 		}
 	}
-	for _, ctrl := range []string{"memory", "cpu", "cpuacct", "cpuset", "pids", "freezer", "devices", "blkio", "systemd"} {
+	for _, ctrl := range []string{"memory", "cpu", "cpuacct", "cpuset", "pids", "freezer", "devices", "blkio", "systemd", "unified"} {
 		p := filepath.Join("/sys/fs/cgroup", ctrl, td.parent, id)
 		if _, err := os.Stat(p); err == nil {
 			out = append(out, "cgroup "+p)

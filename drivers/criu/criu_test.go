@@ -612,6 +612,7 @@ func TestDestroyHalfCreated(t *testing.T) {
 
 func TestCheck(t *testing.T) {
 	requireHost(t)
+	t.Cleanup(func() { _ = os.Remove("/run/amber-criu-test/check") })
 	d, err := New(Options{StateDir: t.TempDir(), RunDir: "/run/amber-criu-test/check", CriuPath: "/nonexistent/criu"})
 	if err != nil {
 		t.Fatal(err)

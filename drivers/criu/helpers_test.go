@@ -161,7 +161,7 @@ func (td *testDriver) cleanup() {
 	if bytes.Contains(mounts, []byte(td.state)) {
 		t.Errorf("cleanup: mounts left under %s:\n%s", td.state, grepLines(string(mounts), td.state))
 	}
-	for _, ctrl := range []string{"memory", "cpu", "pids", "freezer", "devices", "cpuset", "blkio", "cpuacct"} {
+	for _, ctrl := range []string{"memory", "cpu", "pids", "freezer", "devices", "cpuset", "blkio", "cpuacct", "systemd", "unified"} {
 		dir := filepath.Join("/sys/fs/cgroup", ctrl, td.parent)
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {
