@@ -73,14 +73,17 @@ func testConcurrency(t *testing.T, e *env) {
 		racedAcks   []ack
 		refused     []refusal
 	)
-	const minFenced, maxIters = 4, 5000
+	const minFenced, minAcked, maxIters = 4, 40, 5000
 	for r := range 2 {
 		holder := fmt.Sprintf("racer-%d", r)
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(r), 2))
 			var l eventlog.Lease
 			for i := 0; i < maxIters; i++ {
-				if writersDone.Load() && fenced.Load() >= minFenced {
+				mu.Lock()
+				acked := len(racedAcks)
+				mu.Unlock()
+				if writersDone.Load() && fenced.Load() >= minFenced && acked >= minAcked {
 					return
 				}
 				if l.Epoch == 0 || rng.IntN(4) == 0 {
@@ -115,7 +118,7 @@ func testConcurrency(t *testing.T, e *env) {
 				}
 				mu.Unlock()
 			}
-			errs <- fmt.Errorf("%s: %d iterations without %d fenced appends (got %d)", holder, maxIters, minFenced, fenced.Load())
+			errs <- fmt.Errorf("%s: %d iterations without %d fenced and %d acknowledged appends (got %d fenced)", holder, maxIters, minFenced, minAcked, fenced.Load())
 		})
 	}
 	writersWG.Wait()
