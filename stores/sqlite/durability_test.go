@@ -2,8 +2,8 @@ package sqlite
 
 import (
 	"os"
-	"runtime"
 	"path/filepath"
+	"runtime"
 	"testing"
 
 	"github.com/amber-run/amber/core/clock"
