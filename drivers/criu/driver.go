@@ -152,10 +152,13 @@ func New(opts Options) (*Driver, error) {
 }
 
 // criuConfig is the CRIU configuration file every sandbox's
-// checkpoint/restore uses (libcontainer hands its path to CRIU; settings in
-// it override the RPC options). network-lock: CRIU freezes the sandbox's
-// network during a dump with nftables (its default, iptables-restore, is
-// not installed and would need the xt_mark module).
+// checkpoint/restore uses: libcontainer hands its path to CRIU (settings in
+// it override the RPC options), instead of the host's /etc/criu/runc.conf,
+// which the driver does not control. It is empty for now: the option the
+// driver needs, `network-lock nftables` (CRIU's default iptables-restore is
+// not installed), crashes CRIU 4.1.1 when read from a config file in RPC
+// mode (criu/config.c reads argv[optind], which is NULL there). The
+// checkpoint work passes it over go-criu's RPC, or patches CRIU.
 const criuConfig = ""
 
 func (d *Driver) criuConfigPath() string { return filepath.Join(d.opts.StateDir, "criu.conf") }
