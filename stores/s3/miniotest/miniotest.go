@@ -56,9 +56,8 @@ func Binary() string {
 func Start(t testing.TB) *Server {
 	t.Helper()
 	bin := Binary()
-	if fi, err := os.Stat(bin); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-		t.Fatalf("MinIO server binary not found at %s (set AMBER_MINIO_BIN or run `make setup-test`, "+
-			"which runs scripts/setup/minio.sh): %v", bin, err)
+	if err := CheckBinary(bin); err != nil {
+		t.Fatal(err)
 	}
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
@@ -69,6 +68,20 @@ func Start(t testing.TB) *Server {
 		lastErr = err
 	}
 	t.Fatalf("start MinIO: %v", lastErr)
+	return nil
+}
+
+// CheckBinary tells why bin cannot be used as the MinIO server, naming the
+// command that installs it.
+func CheckBinary(bin string) error {
+	fi, err := os.Stat(bin)
+	if err == nil && (fi.IsDir() || fi.Mode()&0o111 == 0) {
+		err = fmt.Errorf("not an executable file")
+	}
+	if err != nil {
+		return fmt.Errorf("MinIO server binary not usable at %s (set AMBER_MINIO_BIN, or run `make setup-test`, "+
+			"which runs scripts/setup/minio.sh): %v", bin, err)
+	}
 	return nil
 }
 
