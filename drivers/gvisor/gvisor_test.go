@@ -243,8 +243,11 @@ func TestBenchmark(t *testing.T) {
 			pss += p
 		}
 	}
+	raw := rawRunscBaseline(t, runsc, tmpl.RootFS, 10)
 	k := int64(len(ids))
 	t.Logf("cold Create (%d sequential): p50 %v, p99 %v, min %v, max %v", n, pct(creates, 50), pct(creates, 99), pct(creates, 0), pct(creates, 100))
+	t.Logf("raw runsc in the same run (10): `runsc run --detach` of a bare bundle p50 %v, `runsc exec true` p50 %v, `runsc --version` p50 %v",
+		pct(raw.run, 50), pct(raw.exec, 50), pct(raw.version, 50))
 	t.Logf("Exec round trip of `true` (50): p50 %v, p99 %v", pct(execs, 50), pct(execs, 99))
 	t.Logf("idle memory per sandbox (%d sandboxes): memory cgroup usage %.1f MiB, host processes' RSS %.1f MiB, PSS %.1f MiB",
 		k, float64(cgMem/k)/(1<<20), float64(rss/k)/(1<<20), float64(pss/k)/(1<<20))
@@ -277,4 +280,52 @@ func smapsRollup(pid int) (rss, pss int64) {
 		}
 	}
 	return rss, pss
+}
+
+type rawTimes struct{ run, exec, version []time.Duration }
+
+// rawRunscBaseline times runsc alone, for comparison: a bare bundle (the
+// template's rootfs read-only, no network, no cgroup limits, no layer),
+// `runsc run --detach`, one `runsc exec true`, and `runsc --version` (the
+// cost of starting the runsc binary at all).
+func rawRunscBaseline(t *testing.T, runsc, rootfs string, n int) rawTimes {
+	dir := testStateDir(t)
+	root := filepath.Join(dir, "root")
+	bundle := filepath.Join(dir, "bundle")
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fmt.Sprintf(`{"ociVersion":"1.2.1","process":{"args":["/bin/sh","-c","while :; do sleep 3600; done"],"cwd":"/","env":["PATH=/bin:/usr/bin"]},
+"root":{"path":%q,"readonly":true},"mounts":[{"destination":"/proc","type":"proc","source":"proc"}],
+"linux":{"namespaces":[{"type":"pid"},{"type":"network"},{"type":"ipc"},{"type":"uts"},{"type":"mount"}]}}`, rootfs)
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var r rawTimes
+	for i := range n {
+		id := fmt.Sprintf("raw-%d-%d", os.Getpid(), i)
+		start := time.Now()
+		t.Cleanup(func() { _ = exec.Command(runsc, "--root="+root, "delete", "--force", id).Run() })
+		// stdio /dev/null: the sandbox's init inherits it (a pipe would
+		// never see EOF).
+		logFile := filepath.Join(dir, id+".log")
+		if err := exec.Command(runsc, "--root="+root, "--log="+logFile, "--platform=systrap", "--network=none", "run", "--detach", "--bundle="+bundle, id).Run(); err != nil {
+			t.Fatalf("raw runsc run: %v %q", err, logMessages(logFile))
+		}
+		r.run = append(r.run, time.Since(start))
+		start = time.Now()
+		if out, err := exec.Command(runsc, "--root="+root, "exec", id, "/bin/true").CombinedOutput(); err != nil {
+			t.Fatalf("raw runsc exec: %v %s", err, out)
+		}
+		r.exec = append(r.exec, time.Since(start))
+		if out, err := exec.Command(runsc, "--root="+root, "delete", "--force", id).CombinedOutput(); err != nil {
+			t.Fatalf("raw runsc delete: %v %s", err, out)
+		}
+		start = time.Now()
+		if err := exec.Command(runsc, "--version").Run(); err != nil {
+			t.Fatal(err)
+		}
+		r.version = append(r.version, time.Since(start))
+	}
+	return r
 }
