@@ -61,6 +61,9 @@ type Latency struct {
 	P50, P99, Max time.Duration
 	// PerSec is appends acknowledged per second over the run.
 	PerSec float64
+	// CPU is the process CPU time (user+system, all threads) per append:
+	// what the run costs independently of how busy the machine was.
+	CPU time.Duration
 }
 
 // BenchReport is what RunBench measured.
@@ -70,15 +73,21 @@ type BenchReport struct {
 	// one session and with Options.Sessions concurrent sessions.
 	Single1, SingleN Latency
 	// BatchedPerSec is events/s appended in batches of Options.BatchSize by
-	// Options.BatchWriters writers.
+	// Options.BatchWriters writers; BatchedCPU is process CPU per event.
 	BatchedPerSec float64
+	BatchedCPU    time.Duration
 	// ReplayPerSec is events/s read back from one stream of
-	// Options.ReplayEvents events, in pages of 1000.
+	// Options.ReplayEvents events, in pages of 1000; ReplayCPU is process
+	// CPU per event.
 	ReplayPerSec float64
+	ReplayCPU    time.Duration
 	// FsyncP50 and FsyncP99 are the disk's raw 4 KiB write+fdatasync
 	// latencies (zero when Options.Dir was empty).
 	FsyncP50, FsyncP99 time.Duration
 	GOMAXPROCS         int
+	// LoadBefore and LoadAfter are the machine's 1-minute load averages
+	// (Linux), to tell a quiet run from a contended one.
+	LoadBefore, LoadAfter string
 }
 
 // RunBench measures store with the workloads of docs/benchmarks.md. It
@@ -86,7 +95,7 @@ type BenchReport struct {
 // ReplayEvents events to fresh streams.
 func RunBench(ctx context.Context, store eventlog.Store, opts BenchOptions) (BenchReport, error) {
 	opts.defaults()
-	r := BenchReport{Options: opts, GOMAXPROCS: runtime.GOMAXPROCS(0)}
+	r := BenchReport{Options: opts, GOMAXPROCS: runtime.GOMAXPROCS(0), LoadBefore: loadAvg()}
 	payload, _ := json.Marshal(map[string]string{"text": strings.Repeat("x", max(opts.PayloadBytes-11, 1))})
 	b := &bencher{ctx: ctx, store: store, opts: opts, payload: payload}
 	var err error
@@ -104,12 +113,13 @@ func RunBench(ctx context.Context, store eventlog.Store, opts BenchOptions) (Ben
 	if r.SingleN, err = b.sessions("many", opts.Sessions, opts.AppendsPerSession); err != nil {
 		return r, err
 	}
-	if r.BatchedPerSec, err = b.batched(); err != nil {
+	if r.BatchedPerSec, r.BatchedCPU, err = b.batched(); err != nil {
 		return r, err
 	}
-	if r.ReplayPerSec, err = b.replay(); err != nil {
+	if r.ReplayPerSec, r.ReplayCPU, err = b.replay(); err != nil {
 		return r, err
 	}
+	r.LoadAfter = loadAvg()
 	return r, nil
 }
 
@@ -130,7 +140,7 @@ func (b *bencher) sessions(name string, n, count int) (Latency, error) {
 	lat := make([][]time.Duration, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
-	start := time.Now()
+	start, cpu0 := time.Now(), processCPU()
 	for s := range n {
 		wg.Go(func() {
 			stream := fmt.Sprintf("%s/%s-%d", b.opts.Prefix, name, s)
@@ -146,7 +156,7 @@ func (b *bencher) sessions(name string, n, count int) (Latency, error) {
 		})
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
+	elapsed, cpu := time.Since(start), processCPU()-cpu0
 	for _, err := range errs {
 		if err != nil {
 			return Latency{}, err
@@ -156,18 +166,18 @@ func (b *bencher) sessions(name string, n, count int) (Latency, error) {
 	slices.Sort(all)
 	return Latency{
 		N: len(all), P50: quantile(all, 0.50), P99: quantile(all, 0.99), Max: all[len(all)-1],
-		PerSec: float64(len(all)) / elapsed.Seconds(),
+		PerSec: float64(len(all)) / elapsed.Seconds(), CPU: cpu / time.Duration(len(all)),
 	}, nil
 }
 
 // batched appends BatchedEvents events in batches from BatchWriters
-// writers and returns events/s.
-func (b *bencher) batched() (float64, error) {
+// writers and returns events/s and CPU per event.
+func (b *bencher) batched() (float64, time.Duration, error) {
 	o := b.opts
 	perWriter := max(o.BatchedEvents/o.BatchWriters/o.BatchSize, 1)
 	errs := make([]error, o.BatchWriters)
 	var wg sync.WaitGroup
-	start := time.Now()
+	start, cpu0 := time.Now(), processCPU()
 	for w := range o.BatchWriters {
 		wg.Go(func() {
 			stream := fmt.Sprintf("%s/batched-%d", o.Prefix, w)
@@ -184,18 +194,19 @@ func (b *bencher) batched() (float64, error) {
 		})
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
+	elapsed, cpu := time.Since(start), processCPU()-cpu0
 	for _, err := range errs {
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
-	return float64(perWriter*o.BatchSize*o.BatchWriters) / elapsed.Seconds(), nil
+	n := perWriter * o.BatchSize * o.BatchWriters
+	return float64(n) / elapsed.Seconds(), cpu / time.Duration(n), nil
 }
 
 // replay fills one stream with ReplayEvents events (not timed) and reads
-// it back from 1 in pages of 1000, returning events/s.
-func (b *bencher) replay() (float64, error) {
+// it back from 1 in pages of 1000, returning events/s and CPU per event.
+func (b *bencher) replay() (float64, time.Duration, error) {
 	stream := b.opts.Prefix + "/replay"
 	const page = 1000
 	for head := 0; head < b.opts.ReplayEvents; {
@@ -205,16 +216,16 @@ func (b *bencher) replay() (float64, error) {
 			batch[j] = b.event(stream, head+j)
 		}
 		if _, err := b.store.Append(b.ctx, stream, 0, uint64(head), batch...); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		head += n
 	}
-	start := time.Now()
+	start, cpu0 := time.Now(), processCPU()
 	got := 0
 	for from := uint64(1); ; {
 		evs, err := b.store.Read(b.ctx, stream, from, page)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		if len(evs) == 0 {
 			break
@@ -222,11 +233,11 @@ func (b *bencher) replay() (float64, error) {
 		got += len(evs)
 		from = evs[len(evs)-1].Seq + 1
 	}
-	elapsed := time.Since(start)
+	elapsed, cpu := time.Since(start), processCPU()-cpu0
 	if got != b.opts.ReplayEvents {
-		return 0, fmt.Errorf("replay read %d events, want %d", got, b.opts.ReplayEvents)
+		return 0, 0, fmt.Errorf("replay read %d events, want %d", got, b.opts.ReplayEvents)
 	}
-	return float64(got) / elapsed.Seconds(), nil
+	return float64(got) / elapsed.Seconds(), cpu / time.Duration(got), nil
 }
 
 func quantile(sorted []time.Duration, q float64) time.Duration {
@@ -270,7 +281,8 @@ func FsyncLatency(dir string, n int) (p50, p99 time.Duration, err error) {
 }
 
 // Markdown renders the report as the table in docs/benchmarks.md, with the
-// embedded-backend targets of issue 2 and the ratio to the raw fsync.
+// embedded-backend targets of issue 2, the ratio to the raw fsync and the
+// process CPU each operation cost.
 func (r BenchReport) Markdown(backend string) string {
 	var sb strings.Builder
 	ratio := func(d time.Duration) string {
@@ -280,15 +292,16 @@ func (r BenchReport) Markdown(backend string) string {
 		return fmt.Sprintf("%.1f×", float64(d)/float64(r.FsyncP50))
 	}
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.3f ms", float64(d)/1e6) }
-	fmt.Fprintf(&sb, "Backend: %s, GOMAXPROCS=%d, payload %d B\n\n", backend, r.GOMAXPROCS, r.Options.PayloadBytes)
-	fmt.Fprintf(&sb, "| measure | result | target | vs raw fsync p50 |\n|---|---|---|---|\n")
-	fmt.Fprintf(&sb, "| raw 4 KiB write+fdatasync p50 / p99 | %s / %s | – | 1× |\n", ms(r.FsyncP50), ms(r.FsyncP99))
-	fmt.Fprintf(&sb, "| append p50, 1 session (%d appends) | %s | – | %s |\n", r.Single1.N, ms(r.Single1.P50), ratio(r.Single1.P50))
-	fmt.Fprintf(&sb, "| append p99, 1 session | %s | – | %s |\n", ms(r.Single1.P99), ratio(r.Single1.P99))
-	fmt.Fprintf(&sb, "| append p50, %d sessions (%d appends) | %s | ≤ 1 ms | %s |\n", r.Options.Sessions, r.SingleN.N, ms(r.SingleN.P50), ratio(r.SingleN.P50))
-	fmt.Fprintf(&sb, "| append p99, %d sessions | %s | ≤ 5 ms | %s |\n", r.Options.Sessions, ms(r.SingleN.P99), ratio(r.SingleN.P99))
-	fmt.Fprintf(&sb, "| appends/s, %d sessions | %.0f | – | – |\n", r.Options.Sessions, r.SingleN.PerSec)
-	fmt.Fprintf(&sb, "| batched events/s (batches of %d, %d writers) | %.0f | ≥ 50,000 | – |\n", r.Options.BatchSize, r.Options.BatchWriters, r.BatchedPerSec)
-	fmt.Fprintf(&sb, "| replay events/s (%d-event stream) | %.0f | ≥ 200,000 | – |\n", r.Options.ReplayEvents, r.ReplayPerSec)
+	us := func(d time.Duration) string { return fmt.Sprintf("%.1f µs", float64(d)/1e3) }
+	o := r.Options
+	fmt.Fprintf(&sb, "Backend: %s, GOMAXPROCS=%d, payload %d B, load average %s → %s\n\n", backend, r.GOMAXPROCS, o.PayloadBytes, r.LoadBefore, r.LoadAfter)
+	fmt.Fprintf(&sb, "| measure | result | target | vs raw fsync p50 | CPU per op |\n|---|---|---|---|---|\n")
+	fmt.Fprintf(&sb, "| raw 4 KiB write+fdatasync p50 / p99 | %s / %s | – | 1× | – |\n", ms(r.FsyncP50), ms(r.FsyncP99))
+	fmt.Fprintf(&sb, "| append p50 / p99, 1 session (%d appends) | %s / %s | – | %s / %s | %s |\n", r.Single1.N, ms(r.Single1.P50), ms(r.Single1.P99), ratio(r.Single1.P50), ratio(r.Single1.P99), us(r.Single1.CPU))
+	fmt.Fprintf(&sb, "| append p50, %d sessions (%d appends) | %s | ≤ 1 ms | %s | %s |\n", o.Sessions, r.SingleN.N, ms(r.SingleN.P50), ratio(r.SingleN.P50), us(r.SingleN.CPU))
+	fmt.Fprintf(&sb, "| append p99, %d sessions | %s | ≤ 5 ms | %s | |\n", o.Sessions, ms(r.SingleN.P99), ratio(r.SingleN.P99))
+	fmt.Fprintf(&sb, "| appends/s, %d sessions | %.0f | – | – | |\n", o.Sessions, r.SingleN.PerSec)
+	fmt.Fprintf(&sb, "| batched events/s (batches of %d, %d writers) | %.0f | ≥ 50,000 | – | %s |\n", o.BatchSize, o.BatchWriters, r.BatchedPerSec, us(r.BatchedCPU))
+	fmt.Fprintf(&sb, "| replay events/s (%d-event stream) | %.0f | ≥ 200,000 | – | %s |\n", o.ReplayEvents, r.ReplayPerSec, us(r.ReplayCPU))
 	return sb.String()
 }
