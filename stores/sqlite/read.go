@@ -57,7 +57,7 @@ func (s *Store) Read(ctx context.Context, stream string, from uint64, limit int)
 			tenant = string(tenantRaw)
 			n := min(limit, int(max(head-int64(from)+1, 1)))
 			raws = make([]rawEvent, 0, n)
-			arena = make([]byte, 0, n*(len(envRaw)+16))
+			arena = make([]byte, 0, min(n*(len(envRaw)+16), 8<<20))
 		}
 		if !seq.Valid { // the stream exists, nothing at or after from
 			break
