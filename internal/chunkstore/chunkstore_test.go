@@ -124,8 +124,9 @@ func testIncremental(t *testing.T, b backend) {
 	if r2.StoredBytes != delta {
 		t.Errorf("second put reports %d stored bytes, the store grew by %d", r2.StoredBytes, delta)
 	}
-	// Without Parent the chunks are found by lookup: same result.
-	r3 := e.put("acme", "ck3", root, chunkstore.PutOptions{})
+	// Without Parent (or with one that is gone) the chunks are found by
+	// lookup: same result.
+	r3 := e.put("acme", "ck3", root, chunkstore.PutOptions{Parent: "deleted-long-ago"})
 	if r3.NewChunks != 0 {
 		t.Errorf("third put (no change) wrote %d chunks", r3.NewChunks)
 	}

@@ -53,7 +53,8 @@ type CommitFunc func(ctx context.Context, manifestDigest string, publish func(co
 type PutOptions struct {
 	// Parent names an earlier committed checkpoint of the same tenant
 	// (usually the previous one of the sandbox): the chunks its manifest
-	// lists are known to be stored, so Put does not look them up.
+	// lists are known to be stored, so Put does not look them up. A parent
+	// that no longer exists is ignored; a damaged one fails the Put.
 	Parent string
 	// Meta is recorded in the manifest.
 	Meta map[string]string
@@ -129,8 +130,14 @@ func (s *Store) Put(ctx context.Context, tenant, id, src string, opts PutOptions
 
 	known := map[string]bool{}
 	if opts.Parent != "" {
+		// Read after the pending marker is written: from now on no
+		// collector removes the parent's chunks, even if the parent is
+		// deleted meanwhile. A parent already gone only costs lookups.
 		pm, err := s.Manifest(ctx, tenant, opts.Parent)
-		if err != nil {
+		if errdefs.IsNotFound(err) {
+			s.log.Info("parent checkpoint is gone; looking chunks up instead", "tenant", tenant, "checkpoint", id, "parent", opts.Parent)
+			pm = &Manifest{}
+		} else if err != nil {
 			return res, fmt.Errorf("parent %s: %w", opts.Parent, err)
 		}
 		for _, e := range pm.Entries {
