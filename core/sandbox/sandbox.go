@@ -37,6 +37,7 @@ package sandbox
 import (
 	"context"
 	"io"
+	"net"
 	"os"
 	"time"
 )
@@ -171,6 +172,18 @@ type Driver interface {
 
 	// Files gives access to the sandbox's filesystem, confined to it.
 	Files(ctx context.Context, id string) (FS, error)
+}
+
+// PortDialer is implemented by a driver that can open TCP connections into a
+// sandbox (Capabilities.PortForward). The engine finds it by type assertion.
+type PortDialer interface {
+	// DialPort returns a connection to 127.0.0.1:port inside sandbox id, as
+	// if a process of the sandbox had dialled it: a server that listens on
+	// the sandbox's loopback only is reached. The sandbox's network stays
+	// closed otherwise; nothing listens on the host. A refused connection
+	// (nothing listens on port) is an error; the returned conn is the
+	// caller's to close, and it is independent of ctx once returned.
+	DialPort(ctx context.Context, id string, port int) (net.Conn, error)
 }
 
 // FileInfo describes a file inside a sandbox.
