@@ -201,7 +201,7 @@ func (d *Driver) Capabilities() sandbox.Capabilities {
 		LazyRestore:    true,
 		LiveOutsideTCP: true,
 		PTY:            true,
-		PortForward:    false,
+		PortForward:    true,
 	}
 }
 
