@@ -105,6 +105,14 @@ CREATE TABLE IF NOT EXISTS api_keys (
 	tenant     TEXT NOT NULL,
 	created_ns INTEGER NOT NULL
 ) STRICT;
+CREATE TABLE IF NOT EXISTS exposures (
+	sandbox_id TEXT NOT NULL,
+	port       INTEGER NOT NULL,
+	tenant     TEXT NOT NULL,
+	token_hash TEXT NOT NULL,
+	created_ns INTEGER NOT NULL,
+	PRIMARY KEY (sandbox_id, port)
+) STRICT;
 `
 
 // Open opens (creating if needed) the store at path.
