@@ -273,6 +273,9 @@ func (e *Engine) destroy(ctx context.Context, sb meta.Sandbox, reason string) er
 		}
 		e.lg.Info("sandbox destroyed", "sandbox", sb.ID, "reason", reason)
 	}
+	if err := e.meta.DeleteExposures(ctx, sb.ID); err != nil {
+		return err
+	}
 	return e.appendEvents(ctx, sb, lifecycleEvent(sb, EventDestroyed, StatePayload{State: string(meta.StateDestroyed), Reason: sb.Reason}))
 }
 
