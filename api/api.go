@@ -193,3 +193,26 @@ type EventList struct {
 	// Next is the position to read from to continue.
 	Next uint64 `json:"next"`
 }
+
+// ExposePortRequest exposes a port of a sandbox (POST /v1/sandboxes/{id}/ports).
+type ExposePortRequest struct {
+	Port int `json:"port"`
+}
+
+// PortExposure is an exposed port. URL and Token are returned once, by
+// POST /v1/sandboxes/{id}/ports: the daemon keeps only the token's hash.
+// The URL proxies HTTP and WebSocket to 127.0.0.1:port inside the sandbox;
+// anyone who has it can use it, without an API key.
+type PortExposure struct {
+	SandboxID string    `json:"sandbox_id"`
+	Port      int       `json:"port"`
+	URL       string    `json:"url,omitempty"`
+	Path      string    `json:"path,omitempty"`
+	Token     string    `json:"token,omitempty"`
+	Created   time.Time `json:"created"`
+}
+
+// PortList lists a sandbox's exposed ports (GET /v1/sandboxes/{id}/ports).
+type PortList struct {
+	Ports []PortExposure `json:"ports"`
+}
