@@ -20,6 +20,9 @@ type Options struct {
 	Meta    *meta.Store // API key hashes
 	Logger  *slog.Logger
 	Version string
+	// PublicURL is the daemon's address as clients see it, for the URLs of
+	// exposed ports ("https://amber.example.com"); empty: the request's.
+	PublicURL string
 }
 
 // Server serves the API. It is an http.Handler.
@@ -29,6 +32,9 @@ type Server struct {
 	lg      *slog.Logger
 	version string
 	mux     *http.ServeMux
+
+	publicURL string
+	proxies   proxies
 }
 
 // call is what a handler knows about its request beyond the request itself.
@@ -71,6 +77,9 @@ func (s *Server) routes() []Route {
 		{Method: "GET", Path: "/v1/sandboxes/{id}/files/tar", h: s.getTar},
 		{Method: "PUT", Path: "/v1/sandboxes/{id}/files/tar", h: s.putTar},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/events", h: s.events},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/ports", h: s.exposePort},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/ports", h: s.listPorts},
+		{Method: "DELETE", Path: "/v1/sandboxes/{id}/ports/{port}", h: s.unexposePort},
 	}
 }
 
@@ -79,10 +88,12 @@ func New(o Options) *Server {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	s := &Server{eng: o.Engine, meta: o.Meta, lg: o.Logger, version: o.Version, mux: http.NewServeMux()}
+	s := &Server{eng: o.Engine, meta: o.Meta, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL}
 	for _, rt := range s.routes() {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}
+	// Exposed ports (ports.go): any method, authorised by the token in the path.
+	s.mux.HandleFunc(proxyPattern, s.proxy)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errNotFoundRoute(r))
 	})
