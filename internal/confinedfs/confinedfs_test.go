@@ -533,22 +533,33 @@ func TestRemoveRace(t *testing.T) {
 	tree := filepath.Join(fx.root, "t")
 	var stop atomic.Bool
 	var wg sync.WaitGroup
+	var setup sync.Mutex // the swapper pauses while the test builds the tree
 	defer func() { stop.Store(true); wg.Wait() }()
 	wg.Go(func() {
 		for !stop.Load() {
+			setup.Lock()
 			_ = unix.Renameat2(unix.AT_FDCWD, tree+"/x/sub", unix.AT_FDCWD, tree+"/x/alt", unix.RENAME_EXCHANGE)
+			setup.Unlock()
 		}
 	})
 	deadline := time.Now().Add(300 * time.Millisecond)
 	n := 0
 	for ; time.Now().Before(deadline); n++ {
+		// Build the tree while the swapper waits (the host's own calls
+		// would follow the swapped-in symlink); Remove then races it.
+		setup.Lock()
 		mustMkdir(t, tree+"/x/sub/a", tree+"/x/sub/b")
 		mustWrite(t, tree+"/x/sub/a/f", []byte("x"))
 		_ = os.Symlink(fx.outside, tree+"/x/alt")
+		setup.Unlock()
 		err := fx.fs.Remove(bg, "/t", true)
 		fx.checkErr(t, err)
 		fx.checkOutside(t)
-		_ = os.RemoveAll(tree)
+		setup.Lock()
+		if err := os.RemoveAll(tree); err != nil {
+			t.Fatal(err)
+		}
+		setup.Unlock()
 	}
 	t.Logf("%d removals", n)
 }
