@@ -148,6 +148,10 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 	sw := &statusWriter{ResponseWriter: w}
 	lg := s.lg.With("request_id", rid, "sandbox", id)
 	defer func() {
+		if sw.status == 0 && r.Header.Get("Upgrade") != "" {
+			// ReverseProxy writes a 101 on the hijacked connection.
+			sw.status = http.StatusSwitchingProtocols
+		}
 		lvl := slog.LevelInfo
 		if sw.status >= 500 {
 			lvl = slog.LevelWarn
