@@ -78,6 +78,7 @@ func newRoot() *cobra.Command {
 		newFilesCmd(g),
 		newPsCmd(g),
 		newPortCmd(g),
+		newTemplateCmd(g),
 	)
 	return root
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
@@ -25,8 +26,14 @@ import (
 // a name has several versions, the lexically last directory wins. A
 // template's Version is a digest of its directory name and packages.txt, so
 // a rebuilt template with other contents gets another version.
+//
+// A name the catalog does not know makes Get read the directory again, so a
+// template imported while the daemon runs (`amber template import`) is found
+// at its first use.
 type Catalog struct {
-	Dir       string
+	Dir string
+
+	mu        sync.RWMutex
 	templates map[string]sandbox.Template
 }
 
@@ -123,7 +130,21 @@ func loadTemplate(name, dir string) (sandbox.Template, error) {
 
 // Get returns the template called name.
 func (c *Catalog) Get(name string) (sandbox.Template, error) {
+	c.mu.RLock()
 	t, ok := c.templates[name]
+	c.mu.RUnlock()
+	if !ok && c.Dir != "" {
+		if fresh, err := LoadCatalog(c.Dir); err == nil {
+			c.mu.Lock()
+			for n, ft := range fresh.templates {
+				if _, known := c.templates[n]; !known {
+					c.templates[n] = ft // known names keep their version until restart
+				}
+			}
+			t, ok = c.templates[name]
+			c.mu.Unlock()
+		}
+	}
 	if !ok {
 		return t, errdefs.NotFoundf("template %q (have: %s; build templates with `make setup`)", name, strings.Join(c.Names(), ", "))
 	}
@@ -132,6 +153,8 @@ func (c *Catalog) Get(name string) (sandbox.Template, error) {
 
 // Names returns the template names, sorted.
 func (c *Catalog) Names() []string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
 	var out []string
 	for n := range c.templates {
 		out = append(out, n)
