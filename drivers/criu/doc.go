@@ -80,13 +80,30 @@
 // libseccomp-dev installed. A binary built without the tag refuses to create
 // sandboxes (Check says why) rather than run them unfiltered.
 //
-// # Checkpoint/restore (next issue)
+// # Checkpoint/restore
 //
-// libcontainer's Checkpoint and Restore drive CRIU against the same
-// container, rootfs and cgroups this driver sets up; TestCheckpointExplore
-// shows a sandbox with its user namespace, idmapped template and time
-// namespace dumping and restoring with its PIDs. libcontainer runs "criu"
-// from PATH, so $AMBER_CACHE/bin must come first there.
+// Driver implements sandbox.Checkpointer (checkpoint.go) with libcontainer's
+// Checkpoint and Restore, which drive CRIU against the same container,
+// rootfs and cgroups this driver sets up. The cut: the driver freezes the
+// sandbox's freezer cgroup, archives the layer's upper directory
+// (layer.tar), lets CRIU dump the frozen tree (leave-running; CRIU keeps a
+// cgroup it found frozen frozen), then thaws it, or kills it for
+// LeaveStopped. Restore rebuilds layer and container from the template and
+// the image, in this or a fresh state directory, into the same uid range as
+// at the cut (restoring into another range is not supported yet). What this
+// host needs:
+//   - libcontainer runs "criu" from PATH: the driver puts the directory of
+//     Options.CriuPath first in PATH when another criu would be found.
+//   - CRIU's network lock runs iptables-restore (Debian's iptables
+//     package); `network-lock nftables` in the CRIU config file crashes
+//     CRIU 4.1.1 in RPC mode, and libcontainer's CriuOpts cannot pass it.
+//   - restored tasks read some images inside the user namespace before its
+//     uid map is written, so the images are made readable by all (their
+//     directory stays private to root; CRIU reaches them through a
+//     descriptor).
+//   - the kernel gives a restored process the restore's start time; the
+//     driver records each process's start time in the image and reports the
+//     original one from Processes (record.Restored).
 //
 // # State
 //

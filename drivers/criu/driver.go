@@ -192,13 +192,14 @@ func searchableByAll(dir string) error {
 // Name implements sandbox.Driver.
 func (d *Driver) Name() string { return "criu" }
 
-// Capabilities implements sandbox.Driver. Checkpoint is false until the
-// checkpoint interface is implemented (next issue); CRIU restores live TCP
-// (TCP_REPAIR) and restores lazily (userfaultfd), which the driver will use.
+// Capabilities implements sandbox.Driver. Checkpoint is CRIU through
+// libcontainer (checkpoint.go); CRIU restores live TCP (TCP_REPAIR).
+// LazyRestore is false: lazy restore (criu lazy-pages, userfaultfd) is not
+// wired up yet, so RestoreOptions.Lazy is ignored.
 func (d *Driver) Capabilities() sandbox.Capabilities {
 	return sandbox.Capabilities{
-		Checkpoint:     false,
-		LazyRestore:    true,
+		Checkpoint:     true,
+		LazyRestore:    false,
 		LiveOutsideTCP: true,
 		PTY:            true,
 		PortForward:    true,

@@ -163,7 +163,7 @@ func (d *Driver) Processes(ctx context.Context, id string) ([]sandbox.Process, e
 			PID:        sp,
 			PPID:       toSandbox[status[hp].ppid],
 			Args:       args,
-			StartTicks: uint64(int64(stat.startTicks) + offset),
+			StartTicks: ls.rec.startTicks(sp, stat.startTicks, offset),
 			State:      stat.state,
 		})
 	}

@@ -46,6 +46,30 @@ type record struct {
 	HostID  int       `json:"host_id"`
 	Created time.Time `json:"created"`
 	Phase   string    `json:"phase"`
+	// Restored holds, for each process a checkpoint restore brought back
+	// (by sandbox PID), its start time before the checkpoint: the kernel
+	// gives a restored process the restore's start time (see
+	// restoredStart).
+	Restored map[int]restoredStart `json:"restored,omitempty"`
+}
+
+// restoredStart is the original start time of a restored process. It
+// applies only while the process with that PID still has the host start
+// time the restore gave it (HostTicks), not to a later process that reuses
+// the PID.
+type restoredStart struct {
+	HostTicks uint64 `json:"host_ticks"`
+	Ticks     uint64 `json:"ticks"`
+}
+
+// startTicks is the start time (sandbox clock ticks) Processes reports for
+// sandbox PID pid whose host start time is hostTicks and whose time
+// namespace adds offset.
+func (r *record) startTicks(pid int, hostTicks uint64, offset int64) uint64 {
+	if rs, ok := r.Restored[pid]; ok && rs.HostTicks == hostTicks {
+		return rs.Ticks
+	}
+	return uint64(int64(hostTicks) + offset)
 }
 
 func (d *Driver) recordDir(id string) string  { return filepath.Join(d.sbxDir, id) }

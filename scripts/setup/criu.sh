@@ -198,6 +198,10 @@ else
     die "criu smoke test failed (see log path above)"
 fi
 
+# CRIU's default network lock (the only one libcontainer can ask for: it has
+# no option for it) runs iptables-restore in the sandbox's network namespace.
+apt_install iptables
+
 pipe_max=$(cat /proc/sys/fs/pipe-max-size)
 [[ $pipe_max -ge 4194304 ]] || log "NOTE: fs.pipe-max-size=$pipe_max < 4194304; run scripts/setup/sysctl.sh for lazy restore"
 

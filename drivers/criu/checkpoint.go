@@ -1,0 +1,823 @@
+package criu
+
+import (
+	"archive/tar"
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/opencontainers/cgroups"
+	"github.com/opencontainers/cgroups/manager"
+	"github.com/opencontainers/runc/libcontainer"
+	"golang.org/x/sys/unix"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/layer"
+)
+
+// Checkpoint images. An image directory holds:
+//
+//	image.json   imageMeta: format version, driver, CRIU version, template,
+//	             uid range, limits, env — what Restore needs besides the
+//	             template
+//	criu/        CRIU's images of the process tree and memory (uncompressed)
+//	layer.tar    the writable layer's upper directory (uncompressed PAX tar:
+//	             modes, owners relative to the sandbox's uid range, symlinks,
+//	             hard links, overlay whiteouts as 0/0 character devices and
+//	             every xattr, among them trusted.overlay.opaque)
+//
+// The consistent cut: Checkpoint freezes the sandbox's freezer cgroup
+// itself, archives the upper directory, then lets CRIU dump the frozen
+// tree (CRIU finds the cgroup frozen and leaves it so), and thaws it last
+// (or kills it, LeaveStopped). Memory, processes and files are therefore
+// all as of the moment of the freeze.
+//
+// Restore rebuilds the sandbox from scratch in this driver's state
+// directory (a stopped sandbox of that id is destroyed first): a fresh
+// layer over the template with layer.tar unpacked into its upper
+// directory, the libcontainer container configured as at create, and
+// CRIU's restore into it. Limitation: the sandbox is restored into the
+// same uid range it had (image.json's host_id), which must be free on this
+// node and fall on this driver's UIDBase grid; restoring into another
+// range would need CRIU to remap every id in the images.
+
+const (
+	imageFormatVersion = 1
+	imageMetaName      = "image.json"
+	imageCriuDir       = "criu"
+	imageLayerName     = "layer.tar"
+)
+
+// imageMeta is image.json.
+type imageMeta struct {
+	Version     int              `json:"version"`
+	Driver      string           `json:"driver"`
+	CriuVersion string           `json:"criu_version"`
+	ID          string           `json:"id"`
+	Tenant      string           `json:"tenant,omitempty"`
+	Template    sandbox.Template `json:"template"`
+	Limits      sandbox.Limits   `json:"limits"`
+	Env         []string         `json:"env,omitempty"`
+	// HostID is the first host uid/gid of the sandbox's range (IDs long).
+	// layer.tar stores owners relative to it.
+	HostID  int       `json:"host_id"`
+	IDs     int       `json:"ids"`
+	Created time.Time `json:"created"`
+	Cut     time.Time `json:"cut"`
+	// Connections is the number of established TCP connections at the cut.
+	Connections int   `json:"connections"`
+	LayerFiles  int   `json:"layer_files"`
+	MemoryBytes int64 `json:"memory_bytes"`
+	// StartTicks are the processes' start times (sandbox clock ticks, as
+	// Processes reports them) by sandbox PID. A restored process starts,
+	// for the kernel, at the restore; the driver reports these instead
+	// (record.Restored).
+	StartTicks map[int]uint64 `json:"start_ticks,omitempty"`
+}
+
+var _ sandbox.Checkpointer = (*Driver)(nil)
+
+// criuOpts are the CRIU options of both directions.
+func criuOpts(images, work string) *libcontainer.CriuOpts {
+	return &libcontainer.CriuOpts{
+		ImagesDirectory:   images,
+		WorkDirectory:     work,
+		TcpEstablished:    true,
+		FileLocks:         true,
+		ManageCgroupsMode: "soft",
+		StatusFd:          -1,
+	}
+}
+
+// withCriuPath makes libcontainer's "criu" (looked up in PATH) the driver's
+// CriuPath, by putting its directory first in PATH when it is not found
+// there already.
+func (d *Driver) withCriuPath() error {
+	want, err := filepath.EvalSymlinks(d.opts.CriuPath)
+	if err != nil {
+		return errdefs.FailedPreconditionf("criu driver: CRIU not found at %s: %s", d.opts.CriuPath, setupHint)
+	}
+	if p, err := exec.LookPath("criu"); err == nil {
+		if got, err := filepath.EvalSymlinks(p); err == nil && got == want {
+			return nil
+		}
+	}
+	return os.Setenv("PATH", filepath.Dir(d.opts.CriuPath)+":"+os.Getenv("PATH"))
+}
+
+// Checkpoint implements sandbox.Checkpointer.
+func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandbox.CheckpointOptions) (stats sandbox.CheckpointStats, err error) {
+	start := time.Now()
+	if err := validID(id); err != nil {
+		return stats, err
+	}
+	if err := d.withCriuPath(); err != nil {
+		return stats, err
+	}
+	unlock := d.lock(id)
+	defer unlock()
+	ls, err := d.container(id)
+	if err != nil {
+		return stats, err
+	}
+	if st, err := ls.c.Status(); err != nil {
+		return stats, recordErr(id, err)
+	} else if st != libcontainer.Running {
+		return stats, errdefs.FailedPreconditionf("sandbox %s is %s", id, st)
+	}
+	rec := ls.rec
+	l, err := layer.Open(d.layerDir(id))
+	if err != nil {
+		return stats, recordErr(id, err)
+	}
+	if err := os.MkdirAll(imageDir, 0o700); err != nil {
+		return stats, err
+	}
+	criuDir := filepath.Join(imageDir, imageCriuDir)
+	if err := os.RemoveAll(criuDir); err != nil {
+		return stats, err
+	}
+	work := filepath.Join(d.recordDir(id), "criu-work")
+	if err := os.RemoveAll(work); err != nil {
+		return stats, err
+	}
+	cm, err := manager.New(ls.c.Config().Cgroups)
+	if err != nil {
+		return stats, recordErr(id, err)
+	}
+	initPid := 0
+	if s, err := ls.c.State(); err == nil {
+		initPid = s.InitProcessPid
+	}
+
+	// The cut.
+	frozenAt := time.Now()
+	if err := cm.Freeze(cgroups.Frozen); err != nil {
+		return stats, recordErr(id, fmt.Errorf("freeze: %w", err))
+	}
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			if err := cm.Freeze(cgroups.Thawed); err != nil {
+				d.log.Error("thaw after checkpoint", "sandbox", id, "err", err)
+			}
+			stats.Frozen = time.Since(frozenAt)
+		}
+	}
+	defer thaw()
+	conns := countTCPEstablished(initPid)
+	starts := map[int]uint64{}
+	if procs, err := d.Processes(ctx, id); err == nil {
+		for _, p := range procs {
+			starts[p.PID] = p.StartTicks
+		}
+	}
+	files, layerBytes, err := writeLayerTar(filepath.Join(imageDir, imageLayerName), l.Upper(), rec.HostID)
+	if err != nil {
+		return stats, recordErr(id, fmt.Errorf("archive layer: %w", err))
+	}
+	// CRIU finds the cgroup frozen and leaves it frozen. LeaveStopped is
+	// not CRIU's kill-after-dump: the driver kills the frozen tree itself,
+	// as Kill does, so that no task outlives the cut.
+	co := criuOpts(criuDir, work)
+	co.LeaveRunning = true
+	if err := ls.c.Checkpoint(co); err != nil {
+		b, _ := os.ReadFile(filepath.Join(work, "dump.log"))
+		return stats, recordErr(id, fmt.Errorf("criu dump: %w (dump.log: %s)", err, lastLines(b, 15)))
+	}
+	if opts.LeaveStopped {
+		err := d.killAll(ctx, ls.c)
+		thawed = true // killAll thaws
+		stats.Frozen = time.Since(frozenAt)
+		if err != nil {
+			return stats, recordErr(id, err)
+		}
+	}
+	thaw()
+	mem := pagesBytes(criuDir)
+	meta := imageMeta{
+		Version:     imageFormatVersion,
+		Driver:      "criu",
+		CriuVersion: d.criuVersion(ctx),
+		ID:          id,
+		Tenant:      rec.Tenant,
+		Template:    rec.Template,
+		Limits:      rec.Limits,
+		Env:         rec.Env,
+		HostID:      rec.HostID,
+		IDs:         idsPerSandbox,
+		Created:     rec.Created,
+		Cut:         frozenAt.UTC(),
+		Connections: conns,
+		LayerFiles:  files,
+		MemoryBytes: mem,
+		StartTicks:  starts,
+	}
+	b, err := json.MarshalIndent(meta, "", "  ")
+	if err != nil {
+		return stats, err
+	}
+	if err := writeFileAtomic(filepath.Join(imageDir, imageMetaName), b, 0o600); err != nil {
+		return stats, err
+	}
+	stats.MemoryBytes = mem
+	stats.LayerBytes = layerBytes
+	stats.Total = time.Since(start)
+	d.log.Info("sandbox checkpointed", "sandbox", id, "frozen", stats.Frozen, "total", stats.Total, "memory_bytes", mem, "layer_bytes", layerBytes)
+	return stats, nil
+}
+
+func (d *Driver) criuVersion(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, _ := exec.CommandContext(ctx, d.opts.CriuPath, "--version").Output()
+	return criuVersion(string(out))
+}
+
+// pagesBytes is the size of CRIU's memory pages in dir.
+func pagesBytes(dir string) int64 {
+	m, _ := filepath.Glob(filepath.Join(dir, "pages-*.img"))
+	var n int64
+	for _, p := range m {
+		if fi, err := os.Stat(p); err == nil {
+			n += fi.Size()
+		}
+	}
+	return n
+}
+
+// countTCPEstablished counts established TCP sockets in pid's network
+// namespace (0 when unknown).
+func countTCPEstablished(pid int) int {
+	if pid <= 0 {
+		return 0
+	}
+	n := 0
+	for _, f := range []string{"tcp", "tcp6"} {
+		file, err := os.Open(fmt.Sprintf("/proc/%d/net/%s", pid, f))
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(file)
+		for sc.Scan() {
+			if fl := strings.Fields(sc.Text()); len(fl) > 3 && fl[3] == "01" {
+				n++
+			}
+		}
+		file.Close()
+	}
+	return n
+}
+
+func readImageMeta(imageDir string) (*imageMeta, error) {
+	b, err := os.ReadFile(filepath.Join(imageDir, imageMetaName))
+	if err != nil {
+		if isNotExist(err) {
+			return nil, errdefs.NotFoundf("checkpoint image %s: no %s", imageDir, imageMetaName)
+		}
+		return nil, err
+	}
+	var m imageMeta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, errdefs.DataLossf("checkpoint image %s: %s: %v", imageDir, imageMetaName, err)
+	}
+	if m.Driver != "criu" {
+		return nil, errdefs.InvalidArgumentf("checkpoint image %s: made by driver %q, not criu", imageDir, m.Driver)
+	}
+	if m.Version != imageFormatVersion {
+		return nil, errdefs.DataLossf("checkpoint image %s: format version %d, this driver reads %d", imageDir, m.Version, imageFormatVersion)
+	}
+	if m.IDs != idsPerSandbox {
+		return nil, errdefs.InvalidArgumentf("checkpoint image %s: uid range of %d ids, this driver uses %d", imageDir, m.IDs, idsPerSandbox)
+	}
+	return &m, nil
+}
+
+// Restore implements sandbox.Checkpointer.
+func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string, opts sandbox.RestoreOptions) (stats sandbox.RestoreStats, err error) {
+	start := time.Now()
+	if err := validID(spec.ID); err != nil {
+		return stats, err
+	}
+	if !seccompSupported {
+		return stats, d.Check(ctx)
+	}
+	if err := d.withCriuPath(); err != nil {
+		return stats, err
+	}
+	meta, err := readImageMeta(imageDir)
+	if err != nil {
+		return stats, err
+	}
+	tmpl := meta.Template
+	if spec.Template.RootFS != "" {
+		if spec.Template.Version != "" && meta.Template.Version != "" && spec.Template.Version != meta.Template.Version {
+			return stats, errdefs.FailedPreconditionf("sandbox %s: image was cut from template %s version %s, not %s", spec.ID, meta.Template.Name, meta.Template.Version, spec.Template.Version)
+		}
+		tmpl.RootFS = spec.Template.RootFS
+	}
+	if fi, err := os.Stat(tmpl.RootFS); err != nil || !fi.IsDir() {
+		return stats, errdefs.FailedPreconditionf("sandbox %s: template %s rootfs %s: not a directory", spec.ID, tmpl.Name, tmpl.RootFS)
+	}
+	rel := meta.HostID - d.opts.UIDBase
+	if rel < 0 || rel%idsPerSandbox != 0 || rel/idsPerSandbox >= d.opts.MaxSandboxes {
+		return stats, errdefs.FailedPreconditionf("sandbox %s: image's uid range starts at %d, outside this driver's ranges (base %d); restoring into another range is not supported", spec.ID, meta.HostID, d.opts.UIDBase)
+	}
+	slot := rel / idsPerSandbox
+
+	unlock := d.lock(spec.ID)
+	defer unlock()
+
+	// A stopped sandbox of that id is replaced; a running one is refused.
+	if _, err := d.loadRecord(spec.ID); err == nil || !errdefs.IsNotFound(err) {
+		if ls, err := d.container(spec.ID); err == nil {
+			if st, err := ls.c.Status(); err == nil && st != libcontainer.Stopped {
+				return stats, errdefs.FailedPreconditionf("sandbox %s is %s; kill it before restoring over it", spec.ID, st)
+			}
+		}
+		if err := d.destroyLocked(ctx, spec.ID); err != nil {
+			return stats, err
+		}
+	} else if _, serr := os.Lstat(filepath.Join(d.runc, spec.ID)); serr == nil {
+		if err := d.destroyLocked(ctx, spec.ID); err != nil {
+			return stats, err
+		}
+	}
+
+	rec := &record{
+		Version:  recordVersion,
+		ID:       spec.ID,
+		Tenant:   meta.Tenant,
+		Template: tmpl,
+		Limits:   meta.Limits,
+		Env:      meta.Env,
+		Created:  meta.Created,
+		Phase:    phaseCreating,
+		Slot:     slot,
+		HostID:   meta.HostID,
+	}
+	if err := os.Mkdir(d.recordDir(spec.ID), 0o711); err != nil {
+		return stats, recordErr(spec.ID, err)
+	}
+	if err := d.claimSlotN(spec.ID, slot); err != nil {
+		_ = os.RemoveAll(d.recordDir(spec.ID))
+		return stats, recordErr(spec.ID, err)
+	}
+	if err := d.saveRecord(rec); err != nil {
+		_ = d.releaseSlot(spec.ID, slot)
+		_ = os.RemoveAll(d.recordDir(spec.ID))
+		return stats, recordErr(spec.ID, err)
+	}
+	defer func() {
+		if err != nil {
+			if derr := d.destroyLocked(context.WithoutCancel(ctx), spec.ID); derr != nil {
+				d.log.Error("cleanup after failed restore", "sandbox", spec.ID, "err", derr)
+			}
+		}
+	}()
+
+	rootfs, files, err := d.restoreRootfs(rec, filepath.Join(imageDir, imageLayerName))
+	if err != nil {
+		return stats, recordErr(spec.ID, fmt.Errorf("restore layer: %w", err))
+	}
+	criuDir := filepath.Join(imageDir, imageCriuDir)
+	// Restored tasks read the images from inside the user namespace.
+	if err := prepareImages(imageDir, criuDir, rec.HostID); err != nil {
+		return stats, recordErr(spec.ID, err)
+	}
+	c, err := libcontainer.Create(d.runc, spec.ID, d.containerConfig(rec, rootfs))
+	if err != nil {
+		return stats, recordErr(spec.ID, fmt.Errorf("libcontainer create: %w", err))
+	}
+	work := filepath.Join(d.recordDir(spec.ID), "criu-work")
+	co := criuOpts(criuDir, work)
+	var lazy *exec.Cmd
+	if opts.Lazy && d.Capabilities().LazyRestore {
+		if lazy, err = d.startLazyPages(criuDir, work); err != nil {
+			return stats, recordErr(spec.ID, err)
+		}
+		co.LazyPages = true
+		stats.Lazy = true
+	}
+	p := &libcontainer.Process{Init: true}
+	if err := c.Restore(p, co); err != nil {
+		if lazy != nil {
+			_ = lazy.Process.Kill()
+		}
+		b, _ := os.ReadFile(filepath.Join(work, "restore.log"))
+		return stats, recordErr(spec.ID, fmt.Errorf("criu restore: %w (restore.log: %s)", err, lastLines(b, 15)))
+	}
+	go func() { _, _ = p.Wait() }()
+	stats.Running = time.Since(start)
+	// libcontainer's Container stays in its "restored" state after
+	// Restore and reports Running even once every process is gone; a
+	// loaded one tracks the real state.
+	if lc, err := libcontainer.Load(d.runc, spec.ID); err == nil {
+		c = lc
+	} else {
+		return stats, recordErr(spec.ID, fmt.Errorf("load restored container: %w", err))
+	}
+
+	ls := &liveSandbox{c: c, rec: rec}
+	if toHost, _, err := d.sandboxPids(ls); err == nil {
+		rec.Restored = map[int]restoredStart{}
+		for sp, hp := range toHost {
+			orig, ok := meta.StartTicks[sp]
+			if st, err := readStat(hp); ok && err == nil {
+				rec.Restored[sp] = restoredStart{HostTicks: st.startTicks, Ticks: orig}
+			}
+		}
+	}
+	rec.Phase = phaseCreated
+	if err := d.saveRecord(rec); err != nil {
+		return stats, recordErr(spec.ID, err)
+	}
+	d.mu.Lock()
+	d.live[spec.ID] = ls
+	d.mu.Unlock()
+
+	if pids, err := c.Processes(); err == nil {
+		stats.Processes = len(pids)
+	}
+	initPid, _ := p.Pid()
+	stats.MemoryBytes = pagesBytes(criuDir)
+	stats.Files = files
+	stats.ConnectionsRestored = countTCPEstablished(initPid)
+	if meta.Connections > stats.ConnectionsRestored {
+		stats.ConnectionsReset = meta.Connections - stats.ConnectionsRestored
+	}
+	d.log.Info("sandbox restored", "sandbox", spec.ID, "running", stats.Running, "processes", stats.Processes, "memory_bytes", stats.MemoryBytes)
+	return stats, nil
+}
+
+// claimSlotN claims uid range n for id.
+func (d *Driver) claimSlotN(id string, n int) error {
+	f, err := os.OpenFile(d.slotPath(n), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		owner, _ := os.ReadFile(d.slotPath(n))
+		return errdefs.FailedPreconditionf("uid range %d (of the image) is held by sandbox %s", n, owner)
+	}
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(id)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(d.slotPath(n))
+	}
+	return err
+}
+
+// restoreRootfs makes a fresh layer for rec, unpacks the archived upper
+// directory into it while the overlay is not mounted, mounts the overlay
+// and binds it at rootfsPath.
+func (d *Driver) restoreRootfs(rec *record, tarPath string) (string, int, error) {
+	var l *layer.Layer
+	err := withIdmappedTemplate(rec, func(lower string) error {
+		var err error
+		l, err = layer.Create(d.layerDir(rec.ID), lower, rec.Limits.DiskBytes)
+		return err
+	})
+	if err != nil {
+		return "", 0, err
+	}
+	if err := unix.Unmount(l.Merged(), 0); err != nil {
+		return "", 0, fmt.Errorf("unmount fresh overlay: %w", err)
+	}
+	files, err := extractLayerTar(tarPath, l.Upper(), rec.HostID)
+	if err != nil {
+		return "", 0, err
+	}
+	err = withIdmappedTemplate(rec, func(lower string) error {
+		var err error
+		l, err = layer.Open(d.layerDir(rec.ID), layer.WithLower(lower))
+		return err
+	})
+	if err != nil {
+		return "", 0, err
+	}
+	root, err := d.bindRootfs(rec.ID, l.Merged())
+	return root, files, err
+}
+
+// prepareImages makes CRIU's images readable by the restored tasks. They
+// read them from inside the sandbox's user namespace, some (timens-*.img)
+// before CRIU has written the namespace's uid map, when sandbox root is not
+// yet the owner HostID: so the images are owned by HostID and readable by
+// all, while the image directory itself stays private to root (0700) —
+// CRIU reaches the images through a descriptor, not through the path.
+func prepareImages(imageDir, criuDir string, id int) error {
+	if err := os.Chmod(imageDir, 0o700); err != nil {
+		return err
+	}
+	return filepath.WalkDir(criuDir, func(p string, de fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := os.Lchown(p, id, id); err != nil {
+			return err
+		}
+		mode := os.FileMode(0o644)
+		if de.IsDir() {
+			mode = 0o755
+		}
+		return os.Chmod(p, mode)
+	})
+}
+
+// writeLayerTar archives upper into path: owners relative to hostID, all
+// xattrs, hard links, devices (overlay whiteouts). It returns the number of
+// entries and the archive's size.
+func writeLayerTar(path, upper string, hostID int) (int, int64, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	bw := bufio.NewWriterSize(f, 1<<20)
+	tw := tar.NewWriter(bw)
+	links := map[[2]uint64]string{}
+	n := 0
+	err = filepath.WalkDir(upper, func(p string, de fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(upper, p)
+		if err != nil {
+			return err
+		}
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		var target string
+		if fi.Mode()&os.ModeSymlink != 0 {
+			if target, err = os.Readlink(p); err != nil {
+				return err
+			}
+		}
+		hdr, err := tar.FileInfoHeader(fi, target)
+		if err != nil {
+			return fmt.Errorf("%s: %w", rel, err)
+		}
+		hdr.Format = tar.FormatPAX
+		hdr.Name = filepath.ToSlash(rel)
+		if fi.IsDir() {
+			hdr.Name += "/"
+		}
+		hdr.Uname, hdr.Gname = "", ""
+		hdr.Uid = relID(hdr.Uid, hostID)
+		hdr.Gid = relID(hdr.Gid, hostID)
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return fmt.Errorf("%s: no stat", rel)
+		}
+		hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
+		if fi.Mode().IsRegular() && st.Nlink > 1 {
+			key := [2]uint64{st.Dev, st.Ino}
+			if first, ok := links[key]; ok {
+				hdr.Typeflag = tar.TypeLink
+				hdr.Linkname = first
+				hdr.Size = 0
+			} else {
+				links[key] = hdr.Name
+			}
+		}
+		xa, err := listXattrs(p)
+		if err != nil {
+			return fmt.Errorf("%s: %w", rel, err)
+		}
+		if len(xa) > 0 {
+			hdr.PAXRecords = map[string]string{}
+			for k, v := range xa {
+				hdr.PAXRecords["SCHILY.xattr."+k] = v
+			}
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		n++
+		if hdr.Typeflag == tar.TypeReg && hdr.Size > 0 {
+			src, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			_, err = io.CopyN(tw, src, hdr.Size)
+			src.Close()
+			if err != nil {
+				return fmt.Errorf("%s: %w", rel, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := tw.Close(); err != nil {
+		return 0, 0, err
+	}
+	if err := bw.Flush(); err != nil {
+		return 0, 0, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, 0, err
+	}
+	return n, fi.Size(), f.Close()
+}
+
+func relID(id, hostID int) int {
+	if id >= hostID && id < hostID+idsPerSandbox {
+		return id - hostID
+	}
+	return 65534 // nobody: outside the sandbox's range
+}
+
+func listXattrs(p string) (map[string]string, error) {
+	sz, err := unix.Llistxattr(p, nil)
+	if err != nil || sz == 0 {
+		if errors.Is(err, unix.ENOTSUP) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	buf := make([]byte, sz)
+	sz, err = unix.Llistxattr(p, buf)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, name := range strings.Split(strings.TrimRight(string(buf[:sz]), "\x00"), "\x00") {
+		if name == "" {
+			continue
+		}
+		vsz, err := unix.Lgetxattr(p, name, nil)
+		if err != nil {
+			return nil, err
+		}
+		v := make([]byte, vsz)
+		if vsz > 0 {
+			if vsz, err = unix.Lgetxattr(p, name, v); err != nil {
+				return nil, err
+			}
+		}
+		out[name] = string(v[:vsz])
+	}
+	return out, nil
+}
+
+// extractLayerTar unpacks an archive made by writeLayerTar into upper,
+// owners offset by hostID. It returns the number of entries.
+func extractLayerTar(path, upper string, hostID int) (int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		if isNotExist(err) {
+			return 0, errdefs.DataLossf("checkpoint image: %s missing", path)
+		}
+		return 0, err
+	}
+	defer f.Close()
+	tr := tar.NewReader(bufio.NewReaderSize(f, 1<<20))
+	type dirTimes struct {
+		path string
+		mt   time.Time
+	}
+	var dirs []dirTimes
+	n := 0
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return n, errdefs.DataLossf("checkpoint image: %s: %v", path, err)
+		}
+		name := filepath.Clean(strings.TrimSuffix(hdr.Name, "/"))
+		if filepath.IsAbs(name) || name == ".." || strings.HasPrefix(name, "../") {
+			return n, errdefs.DataLossf("checkpoint image: %s: bad entry %q", path, hdr.Name)
+		}
+		p := filepath.Join(upper, name)
+		mode := uint32(hdr.Mode & 0o7777)
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			if name != "." {
+				if err := os.Mkdir(p, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+					return n, err
+				}
+			}
+		case tar.TypeReg:
+			out, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			if err != nil {
+				return n, err
+			}
+			_, err = io.Copy(out, tr)
+			if cerr := out.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return n, fmt.Errorf("%s: %w", name, err)
+			}
+		case tar.TypeLink:
+			if err := os.Link(filepath.Join(upper, filepath.Clean(hdr.Linkname)), p); err != nil {
+				return n, err
+			}
+			n++
+			continue // shares the first name's inode and metadata
+		case tar.TypeSymlink:
+			if err := os.Symlink(hdr.Linkname, p); err != nil {
+				return n, err
+			}
+		case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+			kind := uint32(unix.S_IFCHR)
+			switch hdr.Typeflag {
+			case tar.TypeBlock:
+				kind = unix.S_IFBLK
+			case tar.TypeFifo:
+				kind = unix.S_IFIFO
+			}
+			if err := unix.Mknod(p, kind|mode, int(unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor)))); err != nil {
+				return n, fmt.Errorf("%s: mknod: %w", name, err)
+			}
+		default:
+			return n, errdefs.DataLossf("checkpoint image: %s: entry %q of type %q", path, hdr.Name, hdr.Typeflag)
+		}
+		n++
+		if err := os.Lchown(p, hostID+hdr.Uid, hostID+hdr.Gid); err != nil {
+			return n, err
+		}
+		for k, v := range hdr.PAXRecords {
+			if xn, ok := strings.CutPrefix(k, "SCHILY.xattr."); ok {
+				if err := unix.Lsetxattr(p, xn, []byte(v), 0); err != nil {
+					return n, fmt.Errorf("%s: setxattr %s: %w", name, xn, err)
+				}
+			}
+		}
+		if hdr.Typeflag != tar.TypeSymlink {
+			// After chown, which clears setuid/setgid.
+			if err := unix.Fchmodat(unix.AT_FDCWD, p, mode, 0); err != nil {
+				return n, err
+			}
+		}
+		if hdr.Typeflag == tar.TypeDir {
+			dirs = append(dirs, dirTimes{p, hdr.ModTime})
+			continue
+		}
+		ts := []unix.Timespec{unix.NsecToTimespec(hdr.ModTime.UnixNano()), unix.NsecToTimespec(hdr.ModTime.UnixNano())}
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return n, err
+		}
+	}
+	for i := len(dirs) - 1; i >= 0; i-- {
+		ts := []unix.Timespec{unix.NsecToTimespec(dirs[i].mt.UnixNano()), unix.NsecToTimespec(dirs[i].mt.UnixNano())}
+		_ = unix.UtimesNanoAt(unix.AT_FDCWD, dirs[i].path, ts, unix.AT_SYMLINK_NOFOLLOW)
+	}
+	return n, nil
+}
+
+// startLazyPages starts `criu lazy-pages`, the daemon that serves a lazy
+// restore's memory from the images on page faults (userfaultfd). It shares
+// the restore's work directory, where it listens on lazy-pages.socket, and
+// exits once every page is served (or the sandbox is gone).
+func (d *Driver) startLazyPages(criuDir, work string) (*exec.Cmd, error) {
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return nil, err
+	}
+	sock := filepath.Join(work, "lazy-pages.socket")
+	_ = os.Remove(sock)
+	cmd := exec.Command(d.opts.CriuPath, "lazy-pages", "--images-dir", criuDir, "--work-dir", work, "-o", "lazy-pages.log", "-v4")
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("criu lazy-pages: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(sock); err == nil {
+			return cmd, nil
+		}
+		select {
+		case err := <-exited:
+			b, _ := os.ReadFile(filepath.Join(work, "lazy-pages.log"))
+			return nil, fmt.Errorf("criu lazy-pages exited: %v (%s)", err, lastLines(b, 10))
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			return nil, errdefs.Unavailablef("criu lazy-pages: no socket after 10s")
+		}
+	}
+}
