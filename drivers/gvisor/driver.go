@@ -122,12 +122,12 @@ func New(opts Options) (*Driver, error) {
 // Name implements sandbox.Driver.
 func (d *Driver) Name() string { return "gvisor" }
 
-// Capabilities implements sandbox.Driver. Checkpoint comes with the next
-// issue (runsc checkpoint/restore); outside TCP connections cannot survive a
-// runsc restore (they are reset), and runsc has no lazy restore.
+// Capabilities implements sandbox.Driver. Checkpoint is runsc
+// checkpoint/restore (checkpoint.go); outside TCP connections cannot survive
+// a runsc restore (they are reset), and runsc has no lazy restore.
 func (d *Driver) Capabilities() sandbox.Capabilities {
 	return sandbox.Capabilities{
-		Checkpoint:     false,
+		Checkpoint:     true,
 		LazyRestore:    false,
 		LiveOutsideTCP: false,
 		PTY:            true,

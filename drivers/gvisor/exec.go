@@ -346,14 +346,37 @@ func (f *execFiles) remove() {
 	}
 }
 
-// startScript runs a background command: the outer shell starts an inner
-// one in the background and prints its PID ($!); the inner shell points
-// its stdio at /run/amber/proc/<its own pid>.log and execs the command,
-// which so keeps that PID. The outer shell then exits: the command is
-// re-parented to the sandbox's init, which reaps it, and no host process
-// (no runsc exec) stays behind for it. A sandbox process and nothing else,
-// it is part of a checkpoint like any other.
-const startScript = `mkdir -p ` + procLogDir + ` && /bin/sh -c 'exec </dev/null >"` + procLogDir + `/$$.log" 2>&1; exec "$@"' amber-proc "$@" & echo $!`
+// Background processes are children of the sandbox's init, not of a
+// `runsc exec`: gVisor's restore SIGKILLs every task descended from a
+// runsc exec (its caller is gone), so only the init's descendants survive
+// a checkpoint. Start therefore hands the command to the init: a short
+// exec (spawnScript) writes a shell script into spawnDir (a directory of
+// the sandbox's /dev tmpfs, in its memory) and signals the init with USR1;
+// the init's trap (initScript) runs every pending script in the
+// background and writes its PID next to it. The script points its stdio
+// at /run/amber/proc/<its own pid>.log, sets the environment and working
+// directory, and execs the command, which so keeps that PID. No host
+// process stays behind for it.
+
+// spawnScript is run by Start's exec with the request's name as $1 and
+// the script on stdin. It waits for the init's trap to be installed
+// (spawnDir is made after it), publishes the request atomically, and
+// signals the init, again every half second until the PID file appears (a
+// signal that arrives while the init is not waiting is not lost, but the
+// init may have scanned the directory just before the request appeared).
+const spawnScript = `d=` + spawnDir + `; n=$1; i=0
+while [ ! -d $d ]; do i=$((i+1)); [ $i -lt 300 ] || { echo "the sandbox's init has no spawn directory" >&2; exit 1; }; sleep 0.01 2>/dev/null || sleep 1; done
+cat > $d/$n.new && mv $d/$n.new $d/$n.req || exit 1
+i=0
+while [ ! -s $d/$n.pid ]; do
+  [ $((i % 50)) -ne 0 ] || kill -USR1 1
+  i=$((i+1)); [ $i -lt 2000 ] || { rm -f $d/$n.req; echo "the sandbox's init did not start the process" >&2; exit 1; }
+  sleep 0.01 2>/dev/null || { sleep 1; i=$((i+49)); }
+done
+cat $d/$n.pid; rm -f $d/$n.pid`
+
+// shQuote quotes s for a POSIX shell.
+func shQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // Start implements sandbox.Driver. The command's stdin is /dev/null and its
 // stdout and stderr go to /run/amber/proc/<pid>.log inside the sandbox;
@@ -370,11 +393,29 @@ func (d *Driver) Start(ctx context.Context, id string, spec sandbox.ExecSpec) (i
 	if spec.TTY {
 		return 0, errdefs.InvalidArgumentf("start: a background process has no terminal")
 	}
+	cwd := spec.Cwd
+	if cwd == "" {
+		cwd = rec.Cwd
+	}
+	if !strings.HasPrefix(cwd, "/") {
+		return 0, errdefs.InvalidArgumentf("start: cwd %q is not absolute", cwd)
+	}
+	var script strings.Builder
+	script.WriteString(`exec </dev/null >"` + procLogDir + `/$$.log" 2>&1` + "\n")
+	for _, kv := range mergeEnv(rec.UID, rec.Env, spec.Env) {
+		script.WriteString("export " + shQuote(kv) + "\n")
+	}
+	script.WriteString("cd " + shQuote(cwd) + " || exit 127\nexec")
+	for _, a := range spec.Args {
+		script.WriteString(" " + shQuote(a))
+	}
+	script.WriteString("\n")
+	nonce := make([]byte, 8)
+	_, _ = rand.Read(nonce)
 	var out, errb bytes.Buffer
 	st, err := d.exec(ctx, rec, sandbox.ExecSpec{
-		Args:    append([]string{"/bin/sh", "-c", startScript, "amber-start"}, spec.Args...),
-		Env:     spec.Env,
-		Cwd:     spec.Cwd,
+		Args:    []string{"/bin/sh", "-c", spawnScript, "amber-start", hex.EncodeToString(nonce)},
+		Stdin:   strings.NewReader(script.String()),
 		Stdout:  &out,
 		Stderr:  &errb,
 		Timeout: 30 * time.Second,

@@ -15,12 +15,21 @@ const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 const ociVersion = "1.2.1"
 
 // initScript is the sandbox's init (PID 1): a shell that makes the
-// background-process log directory and then sleeps forever. A shell
-// waiting for its foreground child waits for any child (wait4(-1)), so
-// orphans re-parented to PID 1 (background processes whose starter exited)
-// are reaped as they exit. TERM is trapped so that only an explicit KILL
-// ends the sandbox.
-const initScript = `trap : TERM INT HUP; mkdir -p ` + procLogDir + `; while :; do sleep 3600; done`
+// background-process log directory and then sleeps forever. Waiting for a
+// child makes the shell wait for any child (wait4(-1)), so orphans
+// re-parented to PID 1 are reaped as they exit. TERM is trapped so that
+// only an explicit KILL ends the sandbox. USR1 (trapped, so that it
+// interrupts the wait builtin) makes it start the scripts Start left in
+// spawnDir (see Start); the work is done in the loop, not in the trap, so
+// a signal arriving meanwhile cannot interrupt it.
+const initScript = `trap : TERM INT HUP USR1; mkdir -p ` + procLogDir + ` ` + spawnDir + `; ` +
+	`while :; do ` +
+	`for f in ` + spawnDir + `/*.req; do [ -e "$f" ] || continue; r=${f%.req}; mv "$f" "$r.run" || continue; c=$(cat "$r.run"); rm -f "$r.run"; /bin/sh -c "$c" amber-proc & echo $! > "$r.tmp"; mv "$r.tmp" "$r.pid"; done; ` +
+	`sleep 3600 & s=$!; wait $s; kill -9 $s 2>/dev/null; done`
+
+// spawnDir is where Start leaves scripts for the init to run: in the
+// sandbox's /dev tmpfs (memory, saved with a checkpoint).
+const spawnDir = "/dev/.amber-spawn"
 
 // procLogDir holds the output of background processes, <pid>.log.
 const procLogDir = "/run/amber/proc"

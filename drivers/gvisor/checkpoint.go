@@ -1,0 +1,854 @@
+package gvisor
+
+import (
+	"archive/tar"
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/layer"
+)
+
+var _ sandbox.Checkpointer = (*Driver)(nil)
+
+// imageVersion is the format of image.json (and of the image directory's
+// layout). Bump it when either changes meaning.
+const imageVersion = 1
+
+// Names inside an image directory:
+//
+//	image.json   imageMeta: what Restore needs besides the template
+//	layer.tar    the writable layer's upper directory, uncompressed (modes,
+//	             owners, times, symlinks, hard links, whiteouts as 0/0
+//	             character devices, xattrs such as trusted.overlay.opaque)
+//	runsc/       `runsc checkpoint --compression=none` output (kernel state
+//	             and memory pages)
+const (
+	imageMetaName  = "image.json"
+	imageLayerName = "layer.tar"
+	imageRunscDir  = "runsc"
+)
+
+// imageMeta is <imageDir>/image.json.
+type imageMeta struct {
+	Version      int              `json:"version"`
+	Driver       string           `json:"driver"`
+	RunscVersion string           `json:"runsc_version"`
+	RunscFlags   []string         `json:"runsc_flags"`
+	ID           string           `json:"id"`
+	Tenant       string           `json:"tenant,omitempty"`
+	Template     sandbox.Template `json:"template"`
+	Limits       sandbox.Limits   `json:"limits"`
+	Env          []string         `json:"env,omitempty"`
+	Cwd          string           `json:"cwd"`
+	UID          uint32           `json:"uid"`
+	GID          uint32           `json:"gid"`
+	// SandboxCreated is when the sandbox was first created; Taken when
+	// this cut was made.
+	SandboxCreated time.Time `json:"sandbox_created"`
+	Taken          time.Time `json:"taken"`
+	LayerBytes     int64     `json:"layer_bytes"`
+	LayerEntries   int       `json:"layer_entries"`
+	MemoryBytes    int64     `json:"memory_bytes"`
+}
+
+// Checkpoint implements sandbox.Checkpointer.
+//
+// The cut: `runsc pause` stops every task of the sandbox (the sentry
+// stops its kernel; nothing inside runs, so nothing writes to the layer);
+// the layer's upper directory is archived to layer.tar; `runsc checkpoint
+// --compression=none` writes the kernel and memory image (with
+// --leave-running, unless opts.LeaveStopped); `runsc resume`. Memory and
+// files therefore describe the same frozen moment. Writes of the sandbox
+// reach the host before the pause completes: the root is a gofer mount
+// with --overlay2=none, whose writes go through to the host file
+// (--file-access=shared keeps no dirty data in the sentry).
+func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandbox.CheckpointOptions) (_ sandbox.CheckpointStats, err error) {
+	var stats sandbox.CheckpointStats
+	start := time.Now()
+	if err := validID(id); err != nil {
+		return stats, errdefs.NotFoundf("sandbox %s", id)
+	}
+	if !filepath.IsAbs(imageDir) {
+		return stats, errdefs.InvalidArgumentf("checkpoint %s: image dir %q is not absolute", id, imageDir)
+	}
+	unlock := d.lock(id)
+	defer unlock()
+	rec, err := d.running(id)
+	if err != nil {
+		return stats, err
+	}
+	st, ok, err := d.state(ctx, rec, id)
+	if err != nil {
+		return stats, err
+	}
+	if !ok || st.Status != "running" {
+		return stats, errdefs.FailedPreconditionf("checkpoint %s: sandbox is not running (runsc: %q)", id, st.Status)
+	}
+	l, err := layer.Open(d.layerDir(id))
+	if err != nil {
+		return stats, fmt.Errorf("checkpoint %s: %w", id, err)
+	}
+	if err := os.MkdirAll(imageDir, 0o700); err != nil {
+		return stats, err
+	}
+	if ents, err := os.ReadDir(imageDir); err != nil {
+		return stats, err
+	} else if len(ents) > 0 {
+		return stats, errdefs.AlreadyExistsf("checkpoint %s: image dir %s is not empty", id, imageDir)
+	}
+	runscDir := filepath.Join(imageDir, imageRunscDir)
+	if err := os.Mkdir(runscDir, 0o700); err != nil {
+		return stats, err
+	}
+
+	// Freeze.
+	if _, err := d.run(ctx, rec, "pause", runtimeID(id)); err != nil {
+		return stats, fmt.Errorf("checkpoint %s: %w", id, classify(id, err))
+	}
+	frozen := time.Now()
+	resumed := false
+	resume := func() error {
+		if resumed {
+			return nil
+		}
+		resumed = true
+		if opts.LeaveStopped {
+			stats.Frozen = time.Since(frozen)
+			return nil
+		}
+		_, err := d.run(context.Background(), rec, "resume", runtimeID(id))
+		stats.Frozen = time.Since(frozen)
+		if err != nil {
+			// Resumed already (by runsc checkpoint --leave-running)?
+			if st, ok, serr := d.state(context.Background(), rec, id); serr == nil && ok && st.Status == "running" {
+				return nil
+			}
+			return fmt.Errorf("checkpoint %s: resume: %w", id, err)
+		}
+		return nil
+	}
+	defer func() {
+		// Never leave a sandbox frozen because a step failed.
+		if rerr := resume(); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+	}()
+
+	// The layer, as of the frozen moment.
+	layerBytes, entries, err := tarLayer(l.Upper(), filepath.Join(imageDir, imageLayerName))
+	if err != nil {
+		return stats, fmt.Errorf("checkpoint %s: layer: %w", id, err)
+	}
+	tLayer := time.Now()
+	// Memory and kernel state.
+	args := []string{"checkpoint", "--image-path=" + runscDir, "--compression=none"}
+	if !opts.LeaveStopped {
+		args = append(args, "--leave-running")
+	}
+	logFile := filepath.Join(d.dir(id), "checkpoint.log")
+	_ = os.Remove(logFile)
+	if _, err := d.runLogged(ctx, rec, logFile, append(args, runtimeID(id))...); err != nil {
+		return stats, fmt.Errorf("checkpoint %s: %w", id, err)
+	}
+	tImage := time.Now()
+	if err := resume(); err != nil {
+		return stats, err
+	}
+	d.log.Debug("checkpoint: steps", "sandbox", id, "pause", frozen.Sub(start), "layer", tLayer.Sub(frozen), "runsc_checkpoint", tImage.Sub(tLayer), "resume", time.Since(tImage))
+
+	mem, err := dirSize(runscDir)
+	if err != nil {
+		return stats, err
+	}
+	meta := imageMeta{
+		Version:        imageVersion,
+		Driver:         "gvisor",
+		RunscVersion:   rec.RunscVersion,
+		RunscFlags:     rec.RunscFlags,
+		ID:             id,
+		Tenant:         rec.Tenant,
+		Template:       rec.Template,
+		Limits:         rec.Limits,
+		Env:            rec.Env,
+		Cwd:            rec.Cwd,
+		UID:            rec.UID,
+		GID:            rec.GID,
+		SandboxCreated: rec.Created,
+		Taken:          frozen.UTC(),
+		LayerBytes:     layerBytes,
+		LayerEntries:   entries,
+		MemoryBytes:    mem,
+	}
+	if meta.RunscVersion == "" {
+		meta.RunscVersion = PinnedVersion
+	}
+	b, err := json.MarshalIndent(meta, "", "  ")
+	if err != nil {
+		return stats, err
+	}
+	if err := syncTree(imageDir); err != nil {
+		return stats, err
+	}
+	if err := writeFileAtomic(filepath.Join(imageDir, imageMetaName), b, 0o600); err != nil {
+		return stats, err
+	}
+	stats.Total = time.Since(start)
+	stats.MemoryBytes = mem
+	stats.LayerBytes = layerBytes
+	d.log.Info("sandbox checkpointed", "sandbox", id, "frozen", stats.Frozen, "total", stats.Total, "memory_bytes", mem, "layer_bytes", layerBytes)
+	return stats, nil
+}
+
+// Restore implements sandbox.Checkpointer.
+//
+// A sandbox with spec.ID that exists here must be stopped: its runtime
+// container is deleted and its layer's content replaced by the image's. On
+// a state directory that never saw the sandbox, the layer is created from
+// the template first. The network namespace and the bundle are made as
+// Create makes them, with the runsc flags, limits and environment of the
+// image; then `runsc restore --detach`. The image's runsc version and the
+// template's name and version must be this driver's and spec's.
+func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string, opts sandbox.RestoreOptions) (_ sandbox.RestoreStats, err error) {
+	var stats sandbox.RestoreStats
+	start := time.Now()
+	id := spec.ID
+	if err := validID(id); err != nil {
+		return stats, err
+	}
+	meta, err := readImageMeta(imageDir)
+	if err != nil {
+		return stats, err
+	}
+	if meta.RunscVersion != PinnedVersion {
+		return stats, errdefs.FailedPreconditionf("restore %s: image was made by runsc %s, this driver runs %s", id, meta.RunscVersion, PinnedVersion)
+	}
+	if spec.Template.Name != meta.Template.Name || spec.Template.Version != meta.Template.Version {
+		return stats, errdefs.FailedPreconditionf("restore %s: image was made from template %s@%s, not %s@%s", id, meta.Template.Name, meta.Template.Version, spec.Template.Name, spec.Template.Version)
+	}
+	rootfs := spec.Template.RootFS
+	if rootfs == "" {
+		rootfs = meta.Template.RootFS
+	}
+	if st, err := os.Stat(rootfs); err != nil || !st.IsDir() || !filepath.IsAbs(rootfs) {
+		return stats, errdefs.InvalidArgumentf("restore %s: template rootfs %q is not an absolute path of a directory", id, rootfs)
+	}
+	unlock := d.lock(id)
+	defer unlock()
+
+	tmpl := meta.Template
+	tmpl.RootFS = rootfs
+	rec := &record{
+		Version:      recordVersion,
+		ID:           id,
+		Tenant:       meta.Tenant,
+		Template:     tmpl,
+		Limits:       meta.Limits,
+		Env:          meta.Env,
+		Cwd:          meta.Cwd,
+		UID:          meta.UID,
+		GID:          meta.GID,
+		RunscFlags:   append([]string(nil), meta.RunscFlags...),
+		RunscVersion: meta.RunscVersion,
+		Cgroup:       d.cgroupPath(id),
+		Netns:        d.netnsPath(id),
+		Created:      meta.SandboxCreated,
+		Phase:        phaseCreating,
+	}
+	var l *layer.Layer
+	old, err := d.loadRecord(id)
+	switch {
+	case err == nil:
+		// Replace a stopped sandbox.
+		st, ok, err := d.state(ctx, old, id)
+		if err != nil {
+			return stats, err
+		}
+		if ok && st.Status != "stopped" {
+			return stats, errdefs.FailedPreconditionf("restore %s: sandbox is %s; kill it first", id, st.Status)
+		}
+		if ok || d.runtimeStateExists(id) {
+			if _, err := d.run(ctx, old, "delete", "--force", runtimeID(id)); err != nil && !notExist(err) {
+				d.log.Warn("restore: runsc delete failed; removing by hand", "sandbox", id, "err", err)
+			}
+		}
+		if err := killCgroup(old.Cgroup, 10*time.Second); err != nil {
+			return stats, err
+		}
+		if err := d.removeRuntimeState(id); err != nil {
+			return stats, err
+		}
+		if err := d.saveRecord(rec); err != nil {
+			return stats, err
+		}
+		if l, err = layer.Open(d.layerDir(id), layer.WithLower(rootfs)); err != nil {
+			return stats, fmt.Errorf("restore %s: layer: %w", id, err)
+		}
+	case errdefs.IsNotFound(err):
+		if err := os.Mkdir(d.dir(id), 0o700); err != nil {
+			if errors.Is(err, os.ErrExist) {
+				return stats, errdefs.AlreadyExistsf("sandbox %s (half-created; destroy it)", id)
+			}
+			return stats, err
+		}
+		defer func() {
+			if err != nil {
+				dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				if derr := d.destroy(dctx, id); derr != nil {
+					d.log.Warn("cleanup after failed restore", "sandbox", id, "err", derr)
+				}
+			}
+		}()
+		if err := d.saveRecord(rec); err != nil {
+			return stats, err
+		}
+		if l, err = layer.Create(d.layerDir(id), rootfs, rec.Limits.DiskBytes); err != nil {
+			return stats, fmt.Errorf("restore %s: layer: %w", id, err)
+		}
+	default:
+		return stats, err
+	}
+
+	// The layer's content: unmount the overlay (never write into an
+	// overlay's upper directory while it is mounted), replace upper,
+	// mount again.
+	if err := unmountRetry(ctx, l.Merged()); err != nil {
+		return stats, fmt.Errorf("restore %s: %w", id, err)
+	}
+	if err := emptyDir(l.Upper()); err != nil {
+		return stats, fmt.Errorf("restore %s: clear layer: %w", id, err)
+	}
+	if err := emptyDir(filepath.Join(filepath.Dir(l.Upper()), "work")); err != nil {
+		return stats, fmt.Errorf("restore %s: clear layer: %w", id, err)
+	}
+	entries, err := untarLayer(filepath.Join(imageDir, imageLayerName), l.Upper())
+	if err != nil {
+		return stats, fmt.Errorf("restore %s: layer: %w", id, err)
+	}
+	if err := l.Mount(); err != nil {
+		return stats, fmt.Errorf("restore %s: layer: %w", id, err)
+	}
+	if err := prepareRoot(l.Merged()); err != nil {
+		return stats, fmt.Errorf("restore %s: %w", id, err)
+	}
+	if !isMountPoint(rec.Netns) {
+		_ = removeNetns(rec.Netns)
+		if err := createNetns(rec.Netns); err != nil {
+			return stats, fmt.Errorf("restore %s: %w", id, err)
+		}
+	}
+	if err := d.writeBundle(rec, l.Merged()); err != nil {
+		return stats, fmt.Errorf("restore %s: bundle: %w", id, err)
+	}
+	if err := d.restoreRuntime(ctx, rec, filepath.Join(imageDir, imageRunscDir), opts.Lazy); err != nil {
+		return stats, err
+	}
+	rec.Phase = phaseCreated
+	if err := d.saveRecord(rec); err != nil {
+		return stats, err
+	}
+	stats.Running = time.Since(start)
+	stats.MemoryBytes = meta.MemoryBytes
+	stats.Files = entries
+	stats.Lazy = false
+	if ps, err := d.Processes(ctx, id); err == nil {
+		stats.Processes = len(ps)
+	} else {
+		d.log.Warn("restore: cannot list processes", "sandbox", id, "err", err)
+	}
+	if n, err := d.tcpConnections(ctx, rec); err == nil {
+		stats.ConnectionsRestored = n
+	}
+	d.log.Info("sandbox restored", "sandbox", id, "running", stats.Running, "processes", stats.Processes)
+	return stats, nil
+}
+
+// restoreRuntime runs `runsc restore --detach` of the image in runscDir
+// with rec's bundle.
+func (d *Driver) restoreRuntime(ctx context.Context, rec *record, runscDir string, background bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	logFile := filepath.Join(d.dir(rec.ID), "runsc.log")
+	pidFile := filepath.Join(d.dir(rec.ID), "sandbox.pid")
+	_ = os.Remove(logFile)
+	_ = os.Remove(pidFile)
+	args := append(d.globalFlags(rec, logFile), "restore", "--detach", "--image-path="+runscDir,
+		"--pid-file="+pidFile, "--bundle="+d.bundleDir(rec.ID))
+	if background {
+		args = append(args, "--background")
+	}
+	args = append(args, runtimeID(rec.ID))
+	// stdio /dev/null: the restored sandbox inherits it (see boot).
+	if err := d.command(ctx, args...).Run(); err != nil {
+		msg := strings.Join(logMessages(logFile), "; ")
+		return fmt.Errorf("sandbox %s: runsc restore: %v: %s", rec.ID, err, msg)
+	}
+	return nil
+}
+
+// runLogged is run with a --log file whose messages the error quotes.
+func (d *Driver) runLogged(ctx context.Context, rec *record, logFile string, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	cmd := d.command(ctx, append(d.globalFlags(rec, logFile), args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		msg := strings.Join(logMessages(logFile), "; ")
+		if msg == "" {
+			msg = strings.TrimSpace(string(out))
+		}
+		return out, &runscError{args: args, err: err, msg: msg}
+	}
+	return out, nil
+}
+
+// tcpConnections counts established TCP connections inside the sandbox
+// (both ends of a loopback connection count).
+func (d *Driver) tcpConnections(ctx context.Context, rec *record) (int, error) {
+	var out strings.Builder
+	st, err := d.exec(ctx, rec, sandbox.ExecSpec{
+		Args:    []string{"/bin/sh", "-c", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"},
+		Stdout:  &out,
+		Timeout: 30 * time.Second,
+	})
+	if err != nil || st.Code != 0 {
+		return 0, fmt.Errorf("read /proc/net/tcp: %v %+v", err, st)
+	}
+	n := 0
+	for _, line := range strings.Split(out.String(), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 3 && f[3] == "01" { // TCP_ESTABLISHED
+			n++
+		}
+	}
+	return n, nil
+}
+
+func readImageMeta(imageDir string) (*imageMeta, error) {
+	b, err := os.ReadFile(filepath.Join(imageDir, imageMetaName))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, errdefs.NotFoundf("image %s: no %s", imageDir, imageMetaName)
+		}
+		return nil, err
+	}
+	var m imageMeta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, errdefs.DataLossf("image %s: %s: %v", imageDir, imageMetaName, err)
+	}
+	if m.Version != imageVersion {
+		return nil, errdefs.FailedPreconditionf("image %s: format version %d, this driver reads %d", imageDir, m.Version, imageVersion)
+	}
+	if m.Driver != "gvisor" {
+		return nil, errdefs.FailedPreconditionf("image %s was made by driver %q, not gvisor", imageDir, m.Driver)
+	}
+	return &m, nil
+}
+
+// unmountRetry unmounts path if it is mounted, retrying while it is busy
+// (a runsc process that was copying our mounts may hold it a moment).
+func unmountRetry(ctx context.Context, path string) error {
+	var err error
+	for i := 0; i < 50 && isMountPoint(path); i++ {
+		if err = unix.Unmount(path, 0); err == nil || errors.Is(err, unix.EINVAL) {
+			err = nil
+			continue
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("unmount %s: %w", path, err)
+		}
+		if serr := sleepCtx(ctx, 100*time.Millisecond); serr != nil {
+			return serr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("unmount %s: %w", path, err)
+	}
+	if isMountPoint(path) {
+		return errdefs.Unavailablef("%s is still mounted", path)
+	}
+	return nil
+}
+
+// emptyDir removes everything inside dir.
+func emptyDir(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dirSize sums the sizes of the regular files under dir.
+func dirSize(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, de fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if de.Type().IsRegular() {
+			fi, err := de.Info()
+			if err != nil {
+				return err
+			}
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n, err
+}
+
+// syncTree fsyncs every file and directory under dir.
+func syncTree(dir string) error {
+	return filepath.WalkDir(dir, func(p string, de fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !de.IsDir() && !de.Type().IsRegular() {
+			return nil
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		err = f.Sync()
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
+}
+
+// xattrPrefix is how tar (PAX, GNU tar and bsdtar alike) records an
+// extended attribute.
+const xattrPrefix = "SCHILY.xattr."
+
+// tarLayer archives the upper directory dir into file out (uncompressed):
+// every entry with its mode, owner, times and extended attributes (the
+// overlay's trusted.overlay.opaque among them); symlinks as stored; hard
+// links as links; whiteouts (0/0 character devices) as character devices.
+// Sockets are left out (nothing can restore a bound socket from a file).
+// It returns the archive's size and its number of entries.
+func tarLayer(dir, out string) (int64, int, error) {
+	f, err := os.OpenFile(out, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	bw := bufio.NewWriterSize(f, 1<<20)
+	tw := tar.NewWriter(bw)
+	type inode struct{ dev, ino uint64 }
+	links := map[inode]string{}
+	entries := 0
+	err = filepath.WalkDir(dir, func(p string, de fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+		fi, err := de.Info()
+		if err != nil {
+			return err
+		}
+		if fi.Mode()&os.ModeSocket != 0 {
+			return nil
+		}
+		target := ""
+		if fi.Mode()&os.ModeSymlink != 0 {
+			if target, err = os.Readlink(p); err != nil {
+				return err
+			}
+		}
+		hdr, err := tar.FileInfoHeader(fi, target)
+		if err != nil {
+			return err
+		}
+		hdr.Format = tar.FormatPAX
+		hdr.Name = rel
+		if fi.IsDir() {
+			hdr.Name = rel + "/"
+		}
+		hdr.Uid, hdr.Gid = int(st.Uid), int(st.Gid)
+		hdr.Uname, hdr.Gname = "", ""
+		hdr.ModTime = time.Unix(st.Mtim.Unix())
+		hdr.AccessTime = time.Unix(st.Atim.Unix())
+		hdr.ChangeTime = time.Time{}
+		if st.Mode&unix.S_IFMT == unix.S_IFCHR || st.Mode&unix.S_IFMT == unix.S_IFBLK {
+			hdr.Devmajor = int64(unix.Major(st.Rdev))
+			hdr.Devminor = int64(unix.Minor(st.Rdev))
+		}
+		if fi.Mode().IsRegular() && st.Nlink > 1 {
+			k := inode{st.Dev, st.Ino}
+			if first, ok := links[k]; ok {
+				hdr.Typeflag = tar.TypeLink
+				hdr.Linkname = first
+				hdr.Size = 0
+			} else {
+				links[k] = rel
+			}
+		}
+		xs, err := listXattrs(p)
+		if err != nil {
+			return err
+		}
+		if len(xs) > 0 {
+			hdr.PAXRecords = map[string]string{}
+			for k, v := range xs {
+				hdr.PAXRecords[xattrPrefix+k] = v
+			}
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return fmt.Errorf("%s: %w", rel, err)
+		}
+		entries++
+		if hdr.Typeflag == tar.TypeReg && hdr.Size > 0 {
+			src, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			_, err = io.CopyN(tw, src, hdr.Size)
+			src.Close()
+			if err != nil {
+				return fmt.Errorf("%s: %w", rel, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := tw.Close(); err != nil {
+		return 0, 0, err
+	}
+	if err := bw.Flush(); err != nil {
+		return 0, 0, err
+	}
+	if err := f.Sync(); err != nil {
+		return 0, 0, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, 0, err
+	}
+	return fi.Size(), entries, nil
+}
+
+// listXattrs returns the extended attributes of p (not following a
+// symlink).
+func listXattrs(p string) (map[string]string, error) {
+	buf := make([]byte, 4096)
+	n, err := unix.Llistxattr(p, buf)
+	if errors.Is(err, unix.ERANGE) {
+		sz, err2 := unix.Llistxattr(p, nil)
+		if err2 != nil {
+			return nil, err2
+		}
+		buf = make([]byte, sz)
+		n, err = unix.Llistxattr(p, buf)
+	}
+	if err != nil {
+		if errors.Is(err, unix.ENOTSUP) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("listxattr %s: %w", p, err)
+	}
+	out := map[string]string{}
+	for _, name := range strings.Split(string(buf[:n]), "\x00") {
+		if name == "" {
+			continue
+		}
+		sz, err := unix.Lgetxattr(p, name, nil)
+		if err != nil {
+			if errors.Is(err, unix.ENODATA) {
+				continue
+			}
+			return nil, fmt.Errorf("getxattr %s %s: %w", p, name, err)
+		}
+		v := make([]byte, sz)
+		if sz > 0 {
+			if sz, err = unix.Lgetxattr(p, name, v); err != nil {
+				return nil, fmt.Errorf("getxattr %s %s: %w", p, name, err)
+			}
+		}
+		out[name] = string(v[:sz])
+	}
+	return out, nil
+}
+
+// untarLayer extracts the archive made by tarLayer into dir (the empty
+// upper directory of an unmounted overlay) and returns its number of
+// entries. Names are confined to dir: an absolute name, a ".." or a path
+// through a symlink is refused (an image is data from the blob store).
+func untarLayer(archive, dir string) (int, error) {
+	f, err := os.Open(archive)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	tr := tar.NewReader(bufio.NewReaderSize(f, 1<<20))
+	type dirTimes struct {
+		path         string
+		atime, mtime time.Time
+	}
+	var dirs []dirTimes
+	entries := 0
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return entries, err
+		}
+		name := filepath.Clean(hdr.Name)
+		if filepath.IsAbs(name) || name == ".." || strings.HasPrefix(name, "../") {
+			return entries, errdefs.DataLossf("layer archive: bad name %q", hdr.Name)
+		}
+		p := filepath.Join(dir, name)
+		if name != "." {
+			// The parent must be a real directory inside dir.
+			if err := checkNoSymlink(dir, filepath.Dir(name)); err != nil {
+				return entries, err
+			}
+		}
+		mode := uint32(hdr.Mode & 0o7777)
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			if name != "." {
+				if err := unix.Mkdir(p, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+					return entries, fmt.Errorf("mkdir %s: %w", name, err)
+				}
+			}
+			dirs = append(dirs, dirTimes{p, hdr.AccessTime, hdr.ModTime})
+		case tar.TypeReg:
+			out, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW, 0o600)
+			if err != nil {
+				return entries, err
+			}
+			_, err = io.Copy(out, tr)
+			if cerr := out.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return entries, fmt.Errorf("%s: %w", name, err)
+			}
+		case tar.TypeSymlink:
+			if err := os.Symlink(hdr.Linkname, p); err != nil {
+				return entries, err
+			}
+		case tar.TypeLink:
+			ln := filepath.Clean(hdr.Linkname)
+			if filepath.IsAbs(ln) || ln == ".." || strings.HasPrefix(ln, "../") {
+				return entries, errdefs.DataLossf("layer archive: bad link %q", hdr.Linkname)
+			}
+			if err := checkNoSymlink(dir, ln); err != nil {
+				return entries, err
+			}
+			if err := os.Link(filepath.Join(dir, ln), p); err != nil {
+				return entries, err
+			}
+			entries++
+			continue
+		case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+			kind := uint32(unix.S_IFCHR)
+			switch hdr.Typeflag {
+			case tar.TypeBlock:
+				kind = unix.S_IFBLK
+			case tar.TypeFifo:
+				kind = unix.S_IFIFO
+			}
+			dev := unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor))
+			if err := unix.Mknod(p, kind|0o600, int(dev)); err != nil {
+				return entries, fmt.Errorf("mknod %s: %w", name, err)
+			}
+		default:
+			return entries, errdefs.DataLossf("layer archive: %s: unsupported type %q", hdr.Name, hdr.Typeflag)
+		}
+		if err := unix.Lchown(p, hdr.Uid, hdr.Gid); err != nil {
+			return entries, fmt.Errorf("chown %s: %w", name, err)
+		}
+		for k, v := range hdr.PAXRecords {
+			if x, ok := strings.CutPrefix(k, xattrPrefix); ok {
+				if err := unix.Lsetxattr(p, x, []byte(v), 0); err != nil {
+					return entries, fmt.Errorf("setxattr %s %s: %w", name, x, err)
+				}
+			}
+		}
+		if hdr.Typeflag != tar.TypeSymlink {
+			// After chown, which clears set-id bits.
+			if err := unix.Fchmodat(unix.AT_FDCWD, p, mode, 0); err != nil {
+				return entries, fmt.Errorf("chmod %s: %w", name, err)
+			}
+		}
+		if hdr.Typeflag != tar.TypeDir {
+			if err := setTimes(p, hdr.AccessTime, hdr.ModTime); err != nil {
+				return entries, fmt.Errorf("times %s: %w", name, err)
+			}
+		}
+		entries++
+	}
+	// Directory times last (creating entries inside changed them),
+	// deepest first.
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := setTimes(dirs[i].path, dirs[i].atime, dirs[i].mtime); err != nil {
+			return entries, err
+		}
+	}
+	return entries, nil
+}
+
+// checkNoSymlink fails when any component of rel (a clean relative path)
+// under dir is a symlink or not a directory.
+func checkNoSymlink(dir, rel string) error {
+	if rel == "." || rel == "" {
+		return nil
+	}
+	p := dir
+	for _, c := range strings.Split(rel, "/") {
+		p = filepath.Join(p, c)
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		if !fi.IsDir() && !(fi.Mode().IsRegular() && p == filepath.Join(dir, rel)) {
+			return errdefs.DataLossf("layer archive: %s is not a directory", rel)
+		}
+	}
+	return nil
+}
+
+func setTimes(p string, atime, mtime time.Time) error {
+	ts := []unix.Timespec{timespec(atime), timespec(mtime)}
+	return unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW)
+}
+
+func timespec(t time.Time) unix.Timespec {
+	if t.IsZero() {
+		return unix.Timespec{Nsec: unix.UTIME_OMIT}
+	}
+	return unix.NsecToTimespec(t.UnixNano())
+}
