@@ -599,8 +599,10 @@ func TestCheckpointBenchmark(t *testing.T) {
 				t.Fatalf("raw delete: %v %s", err, out)
 			}
 			t0 = time.Now()
-			if out, err := d.command(ctx, append(d.globalFlags(rec, ""), "restore", "--detach", "--image-path="+raw, "--bundle="+d.bundleDir(id), runtimeID(id))...).CombinedOutput(); err != nil {
-				t.Fatalf("raw restore: %v %s", err, out)
+			// stdio /dev/null: the restored sandbox inherits it.
+			logFile := filepath.Join(raw, "restore.log")
+			if err := d.command(ctx, append(d.globalFlags(rec, logFile), "restore", "--detach", "--image-path="+raw, "--bundle="+d.bundleDir(id), runtimeID(id))...).Run(); err != nil {
+				t.Fatalf("raw restore: %v %q", err, logMessages(logFile))
 			}
 			rawRs = append(rawRs, time.Since(t0))
 			os.RemoveAll(raw)
