@@ -10,8 +10,9 @@
 // template, which stays read-only and shared), pins a fresh network
 // namespace, and runs `runsc run --detach`. The init (PID 1) is the
 // template's /bin/sh sleeping in a loop and reaping orphans. Exec is one
-// `runsc exec` per command; Start is an exec that leaves a process behind
-// (see startScript); Processes reads /proc inside; Signal is
+// `runsc exec` per command; Start asks the init to start the process (see
+// Start: a runsc exec'd process does not survive a restore); Processes
+// reads /proc inside; Signal is
 // `runsc kill --pid`; Kill is `runsc kill --all KILL`; Destroy is
 // `runsc delete --force` and the removal of everything below.
 //
@@ -105,13 +106,25 @@
 // namespace, layer, cgroups, directory), so it also removes a half-created
 // sandbox and is idempotent.
 //
-// # Checkpoint and restore (next issue)
+// # Checkpoint and restore
 //
-// The design leaves room for `runsc checkpoint --image-path` and
-// `runsc restore --bundle <dir>/bundle`: background processes are plain
-// sandbox processes (no runsc exec stays behind for them), the bundle and
-// the runtime flags are on disk, the network namespace and the layer live
-// at fixed paths, and /tmp is a directory of the layer rather than a tmpfs
-// whose presence would have to match at restore. Outside TCP connections
-// do not survive a runsc restore (Capabilities.LiveOutsideTCP is false).
+// Checkpoint (checkpoint.go) cuts the sandbox into an image directory:
+// `runsc pause`; the layer's upper directory archived to layer.tar (modes,
+// owners, times, symlinks, hard links, whiteouts, xattrs); `runsc
+// checkpoint --compression=none --leave-running` into runsc/; `runsc
+// resume`; image.json (format version, runsc version and flags, template,
+// limits, environment). Restore deletes the runtime container of a stopped
+// sandbox (or creates the layer from the template on a state directory
+// that never saw it), replaces the upper directory's content from
+// layer.tar with the overlay unmounted, remakes the network namespace and
+// the bundle with the image's flags, and runs `runsc restore --detach`. It
+// refuses an image of another runsc version or template version.
+//
+// gVisor's restore SIGKILLs every process descended from a `runsc exec`
+// (its caller is gone). Background processes are therefore children of
+// the init (Start hands them to it), and survive; a command running under
+// Exec at the time of the cut does not. /tmp is a directory of the layer
+// rather than a tmpfs whose presence would have to match at restore.
+// Outside TCP connections do not survive a runsc restore
+// (Capabilities.LiveOutsideTCP is false).
 package gvisor
