@@ -104,6 +104,10 @@
 //   - the kernel gives a restored process the restore's start time; the
 //     driver records each process's start time in the image and reports the
 //     original one from Processes (record.Restored).
+//   - lazy restore (`criu lazy-pages` sharing the restore's work directory,
+//     fs.pipe-max-size >= 4 MiB) needs vm.unprivileged_userfaultfd=1: the
+//     restored tasks open their userfaultfd inside the user namespace.
+//     Capabilities().LazyRestore reports whether the host allows it.
 //
 // # State
 //

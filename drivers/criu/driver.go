@@ -194,16 +194,24 @@ func (d *Driver) Name() string { return "criu" }
 
 // Capabilities implements sandbox.Driver. Checkpoint is CRIU through
 // libcontainer (checkpoint.go); CRIU restores live TCP (TCP_REPAIR).
-// LazyRestore is false: lazy restore (criu lazy-pages, userfaultfd) is not
-// wired up yet, so RestoreOptions.Lazy is ignored.
+// LazyRestore (`criu lazy-pages`, see startLazyPages) is true only when
+// vm.unprivileged_userfaultfd is 1: the restored tasks create their
+// userfaultfd inside the sandbox's user namespace, which the kernel refuses
+// (EPERM) otherwise. That sysctl is a host-wide relaxation the driver does
+// not make itself; without it RestoreOptions.Lazy is ignored.
 func (d *Driver) Capabilities() sandbox.Capabilities {
 	return sandbox.Capabilities{
 		Checkpoint:     true,
-		LazyRestore:    false,
+		LazyRestore:    unprivilegedUserfaultfd(),
 		LiveOutsideTCP: true,
 		PTY:            true,
 		PortForward:    true,
 	}
+}
+
+func unprivilegedUserfaultfd() bool {
+	b, err := os.ReadFile("/proc/sys/vm/unprivileged_userfaultfd")
+	return err == nil && strings.TrimSpace(string(b)) == "1"
 }
 
 // setupHint is the command that installs what Check finds missing.
