@@ -127,7 +127,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		resumed = true
 		if opts.LeaveStopped {
 			stats.Frozen = time.Since(frozen)
-			return nil
+			return d.stopPaused(rec)
 		}
 		_, err := d.run(context.Background(), rec, "resume", runtimeID(id))
 		stats.Frozen = time.Since(frozen)
@@ -374,6 +374,30 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	}
 	d.log.Info("sandbox restored", "sandbox", id, "running", stats.Running, "processes", stats.Processes)
 	return stats, nil
+}
+
+// stopPaused stops a sandbox that a checkpoint left paused (runsc
+// checkpoint without --leave-running does not stop a paused sandbox, and
+// runsc kill refuses a paused one): its host processes (the gVisor kernel,
+// the gofer) are SIGKILLed while it is still paused, so nothing of it runs
+// after the cut, and its runtime state is deleted (runsc would go on
+// reporting it paused). The driver's record, the layer and the network
+// namespace stay: Inspect reports the sandbox stopped, Restore and
+// Destroy work as after Kill.
+func (d *Driver) stopPaused(rec *record) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	id := rec.ID
+	if err := killCgroup(rec.Cgroup, 10*time.Second); err != nil {
+		return err
+	}
+	if _, err := d.run(ctx, rec, "delete", "--force", runtimeID(id)); err != nil && !notExist(err) {
+		d.log.Debug("checkpoint: runsc delete of the stopped sandbox failed; removing its state by hand", "sandbox", id, "err", err)
+	}
+	if err := killCgroup(rec.Cgroup, 10*time.Second); err != nil {
+		return err
+	}
+	return d.removeRuntimeState(id)
 }
 
 // restoreRuntime runs `runsc restore --detach` of the image in runscDir

@@ -220,6 +220,30 @@ func TestCheckpoint(t *testing.T) {
 	if _, err := d2.Restore(ctx, spec, imageDir, sandbox.RestoreOptions{}); err == nil {
 		t.Error("restore over a running sandbox succeeded")
 	}
+
+	// LeaveStopped: the cut stops the sandbox; a restore brings it back
+	// (a second-generation image: a checkpoint of a restored sandbox).
+	image2 := filepath.Join(t.TempDir(), "image2")
+	cs2, err := d2.Checkpoint(ctx, id, image2, sandbox.CheckpointOptions{LeaveStopped: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := d2.Inspect(ctx, id); err != nil || info.State != sandbox.StateStopped {
+		t.Errorf("after a LeaveStopped checkpoint: %+v %v", info, err)
+	}
+	if _, err := d2.Restore(ctx, spec, image2, sandbox.RestoreOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	v3, err := observe(d2, id, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkMemory(v3, w, before); err != nil {
+		t.Errorf("after LeaveStopped checkpoint (frozen %v) and restore: %v", cs2.Frozen, err)
+	}
+	if err := checkProcesses(v3, w, before); err != nil {
+		t.Errorf("after LeaveStopped checkpoint and restore: %v", err)
+	}
 	t.Logf("TestCheckpoint took %v", time.Since(start))
 }
 
