@@ -187,7 +187,7 @@ func TestStartProcessesSignal(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i, p := range ps {
-			if p.PID == pid && p.Args[0] == "sleep" {
+			if p.PID == pid && len(p.Args) > 0 && p.Args[0] == "sleep" {
 				found = &ps[i]
 			}
 		}
