@@ -588,9 +588,13 @@ func testStaleMarkers(t *testing.T, b backend) {
 	}
 	e.clock.Advance(61 * time.Minute)
 	gc, err = e.store.GC(ctx(t), "acme")
-	if err != nil || gc.Deferred || gc.StaleMarkers != 1 || gc.DeletedChunks != 3 {
+	// Chunks are written by parallel workers, so how many of the dead
+	// writer's chunks landed before the crash varies (at most 3): what
+	// matters is that its orphans go and only referenced chunks stay.
+	if err != nil || gc.Deferred || gc.StaleMarkers != 1 || gc.DeletedChunks < 1 || gc.DeletedChunks > 3 {
 		t.Fatalf("gc after the marker expired: %+v, %v", gc, err)
 	}
+	assertOnlyReferenced(t, e, "acme")
 	// A dead collector's lock does not block writers for ever.
 	must(t, e.faulty.PutIfAbsent(context.Background(), "tenants/acme/gc.lock",
 		strings.NewReader(`{"kind":"gc","holder":"dead","expires":"2026-11-29T13:30:00Z"}`), 62))
