@@ -131,7 +131,7 @@ func (d *Driver) Capabilities() sandbox.Capabilities {
 		LazyRestore:    false,
 		LiveOutsideTCP: false,
 		PTY:            true,
-		PortForward:    false,
+		PortForward:    true, // runsc port-forward --stream (portdial.go)
 	}
 }
 
