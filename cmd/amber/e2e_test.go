@@ -200,9 +200,37 @@ func e2eSetup(t *testing.T) (string, string) {
 		t.Fatal(err)
 	}
 	os.Chmod(dir, 0o711)
-	t.Cleanup(func() { enginetest.RemoveAll(dir) })
+	// Registered before any daemon starts, so it runs after each daemon was
+	// stopped (cleanups run last-in first-out): a daemon stopped by SIGKILL
+	// leaves its sandboxes (the warm pool's too) running, and removing the
+	// data dir alone would orphan them.
+	t.Cleanup(func() {
+		destroyLeftovers(t, filepath.Join(dir, "drivers", enginetest.DriverName()))
+		enginetest.RemoveAll(dir)
+	})
 	enginetest.NewDriver(t, filepath.Join(dir, "check")) // skips (or fails under CI) without a runtime
 	return buildAmber(t), dir
+}
+
+// destroyLeftovers destroys every sandbox a driver has state for under
+// stateDir.
+func destroyLeftovers(t *testing.T, stateDir string) {
+	if _, err := os.Stat(stateDir); err != nil {
+		return
+	}
+	drv := enginetest.NewDriver(t, stateDir)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	infos, err := drv.List(ctx)
+	if err != nil {
+		t.Errorf("list leftover sandboxes: %v", err)
+		return
+	}
+	for _, in := range infos {
+		if err := drv.Destroy(ctx, in.ID); err != nil {
+			t.Errorf("destroy leftover sandbox %s: %v", in.ID, err)
+		}
+	}
 }
 
 func hasTemplate(name string) bool {
