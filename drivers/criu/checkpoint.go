@@ -597,7 +597,7 @@ func writeLayerTar(path, upper string, hostID int) (int, int64, error) {
 				links[key] = hdr.Name
 			}
 		}
-		xa, err := listXattrs(p)
+		xa, err := layer.Xattrs(p)
 		if err != nil {
 			return fmt.Errorf("%s: %w", rel, err)
 		}
@@ -645,39 +645,6 @@ func relID(id, hostID int) int {
 		return id - hostID
 	}
 	return 65534 // nobody: outside the sandbox's range
-}
-
-func listXattrs(p string) (map[string]string, error) {
-	sz, err := unix.Llistxattr(p, nil)
-	if err != nil || sz == 0 {
-		if errors.Is(err, unix.ENOTSUP) {
-			return nil, nil
-		}
-		return nil, err
-	}
-	buf := make([]byte, sz)
-	sz, err = unix.Llistxattr(p, buf)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]string{}
-	for _, name := range strings.Split(strings.TrimRight(string(buf[:sz]), "\x00"), "\x00") {
-		if name == "" {
-			continue
-		}
-		vsz, err := unix.Lgetxattr(p, name, nil)
-		if err != nil {
-			return nil, err
-		}
-		v := make([]byte, vsz)
-		if vsz > 0 {
-			if vsz, err = unix.Lgetxattr(p, name, v); err != nil {
-				return nil, err
-			}
-		}
-		out[name] = string(v[:vsz])
-	}
-	return out, nil
 }
 
 // extractLayerTar unpacks an archive made by writeLayerTar into upper,
