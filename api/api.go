@@ -61,8 +61,12 @@ type Sandbox struct {
 	Limits          Limits    `json:"limits"`
 	Env             []string  `json:"env,omitempty"`
 	FromPool        bool      `json:"from_pool"`
-	Created         time.Time `json:"created"`
-	Updated         time.Time `json:"updated"`
+	// Generation counts restores in place; Origin is the checkpoint the
+	// sandbox was last restored (or forked) from.
+	Generation int       `json:"generation"`
+	Origin     string    `json:"origin,omitempty"`
+	Created    time.Time `json:"created"`
+	Updated    time.Time `json:"updated"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.
@@ -215,4 +219,83 @@ type PortExposure struct {
 // PortList lists a sandbox's exposed ports (GET /v1/sandboxes/{id}/ports).
 type PortList struct {
 	Ports []PortExposure `json:"ports"`
+}
+
+// CreateCheckpointRequest is the (optional) body of
+// POST /v1/sandboxes/{id}/checkpoints.
+type CreateCheckpointRequest struct {
+	// Tag names the checkpoint and exempts it from retention.
+	Tag string `json:"tag,omitempty"`
+	// Stop leaves the sandbox stopped once the checkpoint is committed.
+	Stop bool `json:"stop,omitempty"`
+}
+
+// Checkpoint describes one checkpoint: a consistent cut of a sandbox tied
+// to a position (Stream, Seq) of the event log.
+type Checkpoint struct {
+	ID        string `json:"id"`
+	SandboxID string `json:"sandbox_id"`
+	// State: pending, committed, failed or deleted.
+	State  string `json:"state"`
+	Reason string `json:"reason,omitempty"`
+	Parent string `json:"parent,omitempty"`
+	Tag    string `json:"tag,omitempty"`
+	// Every event of Stream up to Seq happened before the cut; EventSeq is
+	// the sandbox.checkpointed event.
+	Stream          string          `json:"stream"`
+	Seq             uint64          `json:"seq"`
+	EventSeq        uint64          `json:"event_seq,omitempty"`
+	Driver          string          `json:"driver"`
+	Template        string          `json:"template"`
+	TemplateVersion string          `json:"template_version"`
+	ManifestDigest  string          `json:"manifest_digest,omitempty"`
+	ImageDigest     string          `json:"image_digest,omitempty"`
+	Stats           CheckpointStats `json:"stats"`
+	Created         time.Time       `json:"created"`
+}
+
+// CheckpointStats are a checkpoint's figures.
+type CheckpointStats struct {
+	FrozenNS    int64 `json:"frozen_ns"`
+	DumpNS      int64 `json:"dump_ns"`
+	UploadNS    int64 `json:"upload_ns"`
+	TotalNS     int64 `json:"total_ns"`
+	MemoryBytes int64 `json:"memory_bytes"`
+	LayerBytes  int64 `json:"layer_bytes"`
+	ImageBytes  int64 `json:"image_bytes"`
+	// StoredBytes is what this checkpoint added to the store after
+	// deduplication and compression.
+	StoredBytes int64 `json:"stored_bytes"`
+	Chunks      int   `json:"chunks"`
+	NewChunks   int   `json:"new_chunks"`
+}
+
+// CheckpointList is the body of GET /v1/sandboxes/{id}/checkpoints.
+type CheckpointList struct {
+	Checkpoints []Checkpoint `json:"checkpoints"`
+}
+
+// RestoreRequest is the (optional) body of POST /v1/checkpoints/{id}/restore.
+type RestoreRequest struct {
+	// AsNew restores into a new sandbox (a fork); the original is untouched.
+	AsNew bool `json:"as_new,omitempty"`
+}
+
+// Progress reports a long operation: its phase ("cut", "upload", "fetch",
+// "restore") and bytes done of total for transfers.
+type Progress struct {
+	Phase string `json:"phase"`
+	Done  int64  `json:"done,omitempty"`
+	Total int64  `json:"total,omitempty"`
+}
+
+// OperationFrame is one line of a checkpoint, restore or recover response
+// when the client asks for progress (Accept: application/x-ndjson):
+// progress frames, then exactly one last frame holding the result
+// (Checkpoint or Sandbox) or Error.
+type OperationFrame struct {
+	Progress   *Progress   `json:"progress,omitempty"`
+	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
+	Sandbox    *Sandbox    `json:"sandbox,omitempty"`
+	Error      *ErrorBody  `json:"error,omitempty"`
 }

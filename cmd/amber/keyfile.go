@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -78,4 +79,31 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// ensureMasterKey returns the checkpoint store's master key from
+// DATA_DIR/master.key (hex, 0600), writing a new random one on first start.
+// Every tenant's checkpoint keys derive from it: losing it loses every
+// checkpoint, so it is written durably before any checkpoint uses it.
+func ensureMasterKey(dataDir string, size int) ([]byte, error) {
+	path := filepath.Join(dataDir, "master.key")
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		key, derr := hex.DecodeString(strings.TrimSpace(string(b)))
+		if derr != nil || len(key) != size {
+			return nil, fmt.Errorf("%s does not hold a %d-byte hex key; restore it from a backup (a new key cannot read the existing checkpoints)", path, size)
+		}
+		return key, nil
+	case !os.IsNotExist(err):
+		return nil, err
+	}
+	key := make([]byte, size)
+	if _, err := rand.Read(key); err != nil {
+		return nil, err
+	}
+	if err := writeFileAtomic(path, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	return key, nil
 }

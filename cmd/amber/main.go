@@ -79,6 +79,8 @@ func newRoot() *cobra.Command {
 		newPsCmd(g),
 		newPortCmd(g),
 		newTemplateCmd(g),
+		newCheckpointCmd(g),
+		newRestoreCmd(g),
 	)
 	return root
 }

@@ -18,14 +18,16 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/internal/chunkstore"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/server"
+	"github.com/amber-run/amber/stores/localfs"
 	"github.com/amber-run/amber/stores/sqlite"
 )
 
 type upOptions struct {
-	addr, driver, pool, logLevel string
+	addr, driver, pool, logLevel, blobs string
 	watch                        time.Duration
 }
 
@@ -53,6 +55,7 @@ reused.`,
 	f.StringVar(&o.driver, "driver", "gvisor", "sandbox driver: gvisor or criu")
 	f.StringVar(&o.pool, "pool", "1", "warm sandboxes per template: N, or NAME=N,NAME=N")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&o.blobs, "blobs", "", "checkpoint blob store directory (default DATA_DIR/blobs)")
 	f.DurationVar(&o.watch, "watch-interval", 5*time.Second, "how often running sandboxes are checked for a dead init")
 	return c
 }
@@ -145,9 +148,14 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	}
 	defer log.Close()
 
+	ckpts, workDir, err := openCheckpointStore(dataDir, o.blobs, lg)
+	if err != nil {
+		return err
+	}
 	eng, err := engine.New(engine.Options{
 		Driver: drv, Meta: m, Log: log, Registry: eventlog.NewRegistry(), Templates: cat,
 		Pool: pool, WatchInterval: o.watch, Logger: lg.With("component", "engine"),
+		Checkpoints: ckpts, WorkDir: workDir,
 	})
 	if err != nil {
 		return err
@@ -192,6 +200,37 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		return err
 	}
 	return nil
+}
+
+// openCheckpointStore opens the chunk store of checkpoints on the blob
+// store at blobs (a directory; default DATA_DIR/blobs) with the data dir's
+// master key, and empties the work directory where images are cut and
+// fetched (what a crashed daemon left there is garbage: committed images
+// live in the blob store).
+func openCheckpointStore(dataDir, blobs string, lg *slog.Logger) (*chunkstore.Store, string, error) {
+	if blobs == "" {
+		blobs = filepath.Join(dataDir, "blobs")
+	}
+	bs, err := localfs.Open(blobs)
+	if err != nil {
+		return nil, "", fmt.Errorf("blob store %s: %w", blobs, err)
+	}
+	key, err := ensureMasterKey(dataDir, chunkstore.MasterKeySize)
+	if err != nil {
+		return nil, "", err
+	}
+	cs, err := chunkstore.New(chunkstore.Config{Blobs: bs, MasterKey: key, Logger: lg.With("component", "chunkstore")})
+	if err != nil {
+		return nil, "", err
+	}
+	work := filepath.Join(dataDir, "work")
+	if err := os.RemoveAll(work); err != nil {
+		return nil, "", fmt.Errorf("clean work dir: %w", err)
+	}
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return nil, "", err
+	}
+	return cs, work, nil
 }
 
 // lockDataDir makes sure one daemon at a time uses dataDir.

@@ -25,6 +25,7 @@ import (
 	"encoding/base32"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -33,6 +34,7 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/chunkstore"
 	"github.com/amber-run/amber/internal/meta"
 )
 
@@ -50,6 +52,20 @@ type Options struct {
 	WatchInterval time.Duration
 	Clock         clock.Clock
 	Logger        *slog.Logger
+
+	// Checkpoints stores checkpoint images (see checkpoint.go); nil
+	// disables checkpoint and restore.
+	Checkpoints *chunkstore.Store
+	// WorkDir holds images while they are cut or fetched (default: the
+	// system's temp dir). It should be on the same disk as the driver's
+	// state: images are as large as the sandbox's memory.
+	WorkDir string
+	// Node names this daemon as the holder of the leases it takes on
+	// sandbox streams (default: the host name).
+	Node string
+	// LeaseTTL is how long a sandbox stream's lease lasts without renewal
+	// (default 30s); checkpoint commits renew it.
+	LeaseTTL time.Duration
 }
 
 // Engine is the sandbox manager. It is safe for concurrent use.
@@ -65,6 +81,13 @@ type Engine struct {
 
 	locks sync.Map // sandbox id → *sync.Mutex: serialises lifecycle changes
 	pool  *pool
+
+	ckpts    *chunkstore.Store
+	workDir  string
+	node     string
+	leaseTTL time.Duration
+	leasesMu sync.Mutex
+	leases   map[string]eventlog.Lease // sandbox id → the lease this engine holds on its stream
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -88,8 +111,22 @@ func New(o Options) (*Engine, error) {
 	if o.WatchInterval == 0 {
 		o.WatchInterval = 5 * time.Second
 	}
+	if o.WorkDir == "" {
+		o.WorkDir = os.TempDir()
+	}
+	if o.Node == "" {
+		o.Node, _ = os.Hostname()
+		if o.Node == "" {
+			o.Node = "amber"
+		}
+	}
+	if o.LeaseTTL <= 0 {
+		o.LeaseTTL = 30 * time.Second
+	}
 	e := &Engine{drv: o.Driver, meta: o.Meta, log: o.Log, reg: o.Registry, tmpl: o.Templates,
-		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval}
+		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval,
+		ckpts: o.Checkpoints, workDir: o.WorkDir, node: "node/" + o.Node, leaseTTL: o.LeaseTTL,
+		leases: map[string]eventlog.Lease{}}
 	for name := range o.Pool {
 		if _, err := o.Templates.Get(name); err != nil {
 			return nil, fmt.Errorf("warm pool: %w", err)
@@ -110,6 +147,9 @@ func (e *Engine) Templates() *Catalog { return e.tmpl }
 // done; the pool fills in the background.
 func (e *Engine) Start(ctx context.Context) error {
 	if err := e.reconcile(ctx); err != nil {
+		return err
+	}
+	if err := e.reconcileCheckpoints(ctx); err != nil {
 		return err
 	}
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))

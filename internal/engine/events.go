@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/meta"
@@ -21,6 +22,11 @@ const (
 	EventExited    = "sandbox.exited"    // StatePayload: its init died while the daemon watched
 	EventCrashed   = "sandbox.crashed"   // StatePayload: found lost when the daemon started
 	EventDestroyed = "sandbox.destroyed" // StatePayload
+	// EventCheckpointed carries the checkpoint's id as its CheckpointRef:
+	// the log may be truncated below it once older checkpoints are gone.
+	EventCheckpointed = "sandbox.checkpointed" // CheckpointedPayload
+	// EventRestored is the fidelity report of a restore.
+	EventRestored = "sandbox.restored" // RestoredPayload
 )
 
 // CreatedPayload is the payload of sandbox.created, version 1.
@@ -38,9 +44,48 @@ type StatePayload struct {
 	Reason string `json:"reason,omitempty"`
 }
 
+// CheckpointedPayload is the payload of sandbox.checkpointed, version 1.
+type CheckpointedPayload struct {
+	Checkpoint string `json:"checkpoint"`
+	// Seq is the last event of the stream before the cut.
+	Seq            uint64 `json:"seq"`
+	ManifestDigest string `json:"manifest_digest"`
+	ImageDigest    string `json:"image_digest"`
+	FrozenNS       int64  `json:"frozen_ns"`
+	MemoryBytes    int64  `json:"memory_bytes"`
+	LayerBytes     int64  `json:"layer_bytes"`
+	Stopped        bool   `json:"stopped,omitempty"`
+}
+
+// RestoredPayload is the payload of sandbox.restored, version 1: what a
+// restore brought back (the fidelity report).
+type RestoredPayload struct {
+	Checkpoint string `json:"checkpoint"`
+	// From is the sandbox the checkpoint was cut from (another one for a
+	// fork); Seq the log position of the cut in From's stream.
+	From       string `json:"from"`
+	Seq        uint64 `json:"seq"`
+	Generation int    `json:"generation"`
+	// ImageDigest was verified chunk by chunk before the driver ran.
+	ImageDigest string `json:"image_digest"`
+	// The driver's account of what it restored.
+	Processes           int   `json:"processes"`
+	MemoryBytes         int64 `json:"memory_bytes"`
+	Files               int   `json:"files"`
+	ConnectionsRestored int   `json:"connections_restored"`
+	ConnectionsReset    int   `json:"connections_reset"`
+	Lazy                bool  `json:"lazy"`
+	// Times: fetching and verifying the image, then the driver.
+	FetchNS   int64 `json:"fetch_ns"`
+	RunningNS int64 `json:"running_ns"`
+	// Replaced says a running incarnation was killed to make room.
+	Replaced bool `json:"replaced,omitempty"`
+}
+
 // RegisterEvents declares the lifecycle event types, all at version 1.
 func RegisterEvents(r *eventlog.Registry) {
-	for _, t := range []string{EventCreated, EventStarted, EventKilled, EventExited, EventCrashed, EventDestroyed} {
+	for _, t := range []string{EventCreated, EventStarted, EventKilled, EventExited, EventCrashed, EventDestroyed,
+		EventCheckpointed, EventRestored} {
 		r.Register(t, 1)
 	}
 }
@@ -49,9 +94,18 @@ func RegisterEvents(r *eventlog.Registry) {
 func Stream(id string) string { return "sandbox/" + id }
 
 // lifecycleEvent builds an event of sb's stream. Its id is derived from the
-// sandbox id and the type (each lifecycle event happens at most once per
-// sandbox) and its payload holds no time, so a retried append is a no-op.
+// sandbox id, its generation and the type (each lifecycle event happens at
+// most once per incarnation of a sandbox; a restore in place begins the
+// next) and its payload holds no time, so a retried append is a no-op.
 func lifecycleEvent(sb meta.Sandbox, typ string, payload any) eventlog.Event {
+	id := sb.ID + "." + typ
+	if sb.Generation > 0 {
+		id = fmt.Sprintf("%s.g%d.%s", sb.ID, sb.Generation, typ)
+	}
+	return eventWithID(sb, id, typ, payload)
+}
+
+func eventWithID(sb meta.Sandbox, id, typ string, payload any) eventlog.Event {
 	p, err := json.Marshal(payload)
 	if err != nil {
 		panic(fmt.Sprintf("engine: marshal %s payload: %v", typ, err))
@@ -59,7 +113,7 @@ func lifecycleEvent(sb meta.Sandbox, typ string, payload any) eventlog.Event {
 	return eventlog.Event{
 		Tenant:  sb.Tenant,
 		Stream:  Stream(sb.ID),
-		ID:      sb.ID + "." + typ,
+		ID:      id,
 		Type:    typ,
 		Version: 1,
 		Payload: p,
@@ -82,7 +136,20 @@ func (e *Engine) appendEvents(ctx context.Context, sb meta.Sandbox, evs ...event
 	if sb.Tenant == "" || len(evs) == 0 {
 		return nil
 	}
-	if _, err := e.log.Append(ctx, Stream(sb.ID), 0, eventlog.Any, evs...); err != nil {
+	// Once a sandbox was checkpointed its stream has a lease (see
+	// holdLease): append under this engine's epoch, taking the lease again
+	// after a restart; a stream another node holds stays fenced.
+	e.leasesMu.Lock()
+	epoch := e.leases[sb.ID].Epoch
+	e.leasesMu.Unlock()
+	_, err := e.log.Append(ctx, Stream(sb.ID), epoch, eventlog.Any, evs...)
+	if errdefs.IsFenced(err) && epoch == 0 {
+		var l eventlog.Lease
+		if l, err = e.holdLease(ctx, sb.ID); err == nil {
+			_, err = e.log.Append(ctx, Stream(sb.ID), l.Epoch, eventlog.Any, evs...)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("append %s to %s: %w", evs[0].Type, Stream(sb.ID), err)
 	}
 	return nil

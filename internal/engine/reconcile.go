@@ -17,8 +17,10 @@ import (
 //     destroyed);
 //   - running in meta, stopped or unknown to the driver: crashed, with a
 //     sandbox.crashed event (pooled ones are destroyed);
-//   - creating in meta (the daemon died inside Create): whatever the driver
-//     made is destroyed and the row marked crashed (destroyed if pooled);
+//   - creating or restoring in meta (the daemon died inside Create or
+//     Restore): whatever the driver made is destroyed and the row marked
+//     crashed (destroyed if pooled); a crashed sandbox that has a
+//     checkpoint can be recovered from it;
 //   - destroyed in meta but still known to the driver: destroyed again;
 //   - known to the driver without any row: left alone and logged (the engine
 //     writes the row first, so this is not one of ours).
@@ -32,7 +34,7 @@ func (e *Engine) reconcile(ctx context.Context) error {
 		live[in.ID] = in
 	}
 	rows, err := e.meta.List(ctx, meta.Filter{States: []meta.State{
-		meta.StateCreating, meta.StateRunning, meta.StateStopped, meta.StateCrashed, meta.StateDestroyed}})
+		meta.StateCreating, meta.StateRestoring, meta.StateRunning, meta.StateStopped, meta.StateCrashed, meta.StateDestroyed}})
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
@@ -54,8 +56,13 @@ func (e *Engine) reconcile(ctx context.Context) error {
 					lg.Error("destroy leftover", "err", err)
 				}
 			}
-		case sb.State == meta.StateCreating:
-			const reason = "the daemon stopped while creating it"
+		case sb.State == meta.StateCreating || sb.State == meta.StateRestoring:
+			reason := "the daemon stopped while creating it"
+			if sb.State == meta.StateRestoring {
+				// Half restored: the driver's state is torn down; the
+				// checkpoint still has everything (sandbox recover).
+				reason = "the daemon stopped while restoring it"
+			}
 			if err := e.drv.Destroy(ctx, sb.ID); err != nil {
 				lg.Error("destroy half-created sandbox", "err", err)
 				continue

@@ -22,8 +22,10 @@ import (
 
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/chunkstore"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/stores/localfs"
 	"github.com/amber-run/amber/stores/sqlite"
 )
 
@@ -78,18 +80,23 @@ func missing(t testing.TB, what string) {
 // NewDriver returns the test driver keeping its state in stateDir.
 func NewDriver(t testing.TB, stateDir string) sandbox.Driver {
 	t.Helper()
-	f, ok := factories[DriverName()]
+	return newDriver(t, DriverName(), stateDir)
+}
+
+func newDriver(t testing.TB, name, stateDir string) sandbox.Driver {
+	t.Helper()
+	f, ok := factories[name]
 	if !ok {
-		t.Fatalf("AMBER_TEST_DRIVER=%s: no such driver in enginetest", DriverName())
+		t.Fatalf("driver %s: no such driver in enginetest", name)
 	}
 	d, err := f(stateDir, Logger(t))
 	if err != nil {
-		t.Fatalf("new %s driver: %v", DriverName(), err)
+		t.Fatalf("new %s driver: %v", name, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := d.Check(ctx); err != nil {
-		missing(t, "driver "+DriverName()+" is not usable: "+err.Error())
+		missing(t, "driver "+name+" is not usable: "+err.Error())
 	}
 	return d
 }
@@ -123,13 +130,27 @@ type Env struct {
 	Log     eventlog.Store
 	Engine  *engine.Engine
 	Catalog *engine.Catalog
-	opts    engine.Options
+	// Blobs is the checkpoint blob store's directory (Dir/blobs).
+	Blobs string
+	// FailAt, when set, is the chunk store's failpoint (chunkstore.Config.FailAt).
+	FailAt func(step string) error
+	opts   engine.Options
+	driver string
 }
+
+// TestMasterKey is the checkpoint store's master key in tests.
+var TestMasterKey = []byte("amber-enginetest-master-key-32b!")
 
 // New starts an engine in a fresh directory. opts may set Pool and
 // WatchInterval; the rest is filled in. Everything is destroyed and closed
 // when the test ends.
 func New(t testing.TB, opts engine.Options) *Env {
+	t.Helper()
+	return NewFor(t, DriverName(), opts)
+}
+
+// NewFor is New with the named driver ("gvisor" or "criu").
+func NewFor(t testing.TB, driver string, opts engine.Options) *Env {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "amber-enginetest-")
 	if err != nil {
@@ -137,8 +158,8 @@ func New(t testing.TB, opts engine.Options) *Env {
 	}
 	// Sandboxes (criu's user namespaces) must be able to reach their state.
 	os.Chmod(dir, 0o711)
-	env := &Env{Dir: dir, Catalog: Catalog(t), opts: opts}
-	env.Driver = NewDriver(t, filepath.Join(dir, "driver"))
+	env := &Env{Dir: dir, Catalog: Catalog(t), opts: opts, driver: driver, Blobs: filepath.Join(dir, "blobs")}
+	env.Driver = newDriver(t, driver, filepath.Join(dir, "driver"))
 	env.open(t)
 	t.Cleanup(func() {
 		env.Close(t)
@@ -161,6 +182,28 @@ func (env *Env) open(t testing.TB) {
 	}
 	o := env.opts
 	o.Driver, o.Meta, o.Log, o.Templates, o.Logger = env.Driver, env.Meta, env.Log, env.Catalog, Logger(t)
+	if o.Checkpoints == nil {
+		bs, err := localfs.Open(env.Blobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Checkpoints, err = chunkstore.New(chunkstore.Config{Blobs: bs, MasterKey: TestMasterKey, Logger: Logger(t),
+			FailAt: func(step string) error {
+				if env.FailAt != nil {
+					return env.FailAt(step)
+				}
+				return nil
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if o.WorkDir == "" {
+		o.WorkDir = filepath.Join(env.Dir, "work")
+		if err := os.MkdirAll(o.WorkDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if o.WatchInterval == 0 {
 		o.WatchInterval = -1
 	}

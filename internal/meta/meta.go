@@ -35,12 +35,15 @@ import (
 //	creating ──▶ running ──Kill──▶ stopped
 //	   │            │ (lost, or its init died)
 //	   │            └──────────▶ crashed
+//	   │        restoring ──▶ running   (from running, stopped or crashed:
+//	   │                                 a restore in place; or a new row: a fork)
 //	   └─(any)──Destroy──▶ destroyed
 type State string
 
 // The lifecycle states.
 const (
 	StateCreating  State = "creating"
+	StateRestoring State = "restoring" // being restored from a checkpoint
 	StateRunning   State = "running"
 	StateStopped   State = "stopped"   // killed on request; writable layer kept
 	StateCrashed   State = "crashed"   // stopped without being asked to
@@ -62,9 +65,16 @@ type Sandbox struct {
 	Reason string `json:"reason,omitempty"`
 	// Pooled is true while the sandbox waits in the warm pool, owned by no
 	// tenant. FromPool stays true once a pooled sandbox was claimed.
-	Pooled   bool      `json:"pooled"`
-	FromPool bool      `json:"from_pool"`
-	Created  time.Time `json:"created"`
+	Pooled   bool `json:"pooled"`
+	FromPool bool `json:"from_pool"`
+	// Generation counts the restores of this sandbox in place: events that
+	// may happen once per incarnation (killed, crashed, exited) carry it in
+	// their ids.
+	Generation int `json:"generation"`
+	// Origin is the checkpoint this sandbox was last restored from ("" if
+	// never): its own, or another sandbox's for a fork.
+	Origin  string    `json:"origin,omitempty"`
+	Created time.Time `json:"created"`
 	Updated  time.Time `json:"updated"`
 }
 
@@ -80,7 +90,7 @@ type Store struct {
 }
 
 // schemaVersion is stored in PRAGMA user_version.
-const schemaVersion = 1
+const schemaVersion = 2
 
 const schema = `
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -96,7 +106,9 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	pooled           INTEGER NOT NULL,
 	from_pool        INTEGER NOT NULL,
 	created_ns       INTEGER NOT NULL,
-	updated_ns       INTEGER NOT NULL
+	updated_ns       INTEGER NOT NULL,
+	generation       INTEGER NOT NULL DEFAULT 0,
+	origin           TEXT NOT NULL DEFAULT ''
 ) STRICT;
 CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes(tenant, state);
 CREATE TABLE IF NOT EXISTS api_keys (
@@ -113,7 +125,14 @@ CREATE TABLE IF NOT EXISTS exposures (
 	created_ns INTEGER NOT NULL,
 	PRIMARY KEY (sandbox_id, port)
 ) STRICT;
-`
+` + checkpointSchema
+
+// migrations[v] brings a database at version v to v+1 before the schema's
+// CREATE … IF NOT EXISTS statements run.
+var migrations = map[int]string{
+	1: `ALTER TABLE sandboxes ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+	    ALTER TABLE sandboxes ADD COLUMN origin TEXT NOT NULL DEFAULT '';`,
+}
 
 // Open opens (creating if needed) the store at path.
 func Open(path string, opts Options) (*Store, error) {
@@ -148,6 +167,11 @@ func (s *Store) migrate() error {
 	if v > schemaVersion {
 		return errdefs.FailedPreconditionf("meta schema version %d is newer than this binary's %d; upgrade amber", v, schemaVersion)
 	}
+	for ; v > 0 && v < schemaVersion; v++ {
+		if _, err := s.db.Exec(migrations[v]); err != nil {
+			return fmt.Errorf("migrate schema %d to %d: %w", v, v+1, err)
+		}
+	}
 	if _, err := s.db.Exec(schema); err != nil {
 		return err
 	}
@@ -158,7 +182,7 @@ func (s *Store) migrate() error {
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
 
-const cols = `id, tenant, template, template_version, driver, limits, env, state, reason, pooled, from_pool, created_ns, updated_ns`
+const cols = `id, tenant, template, template_version, driver, limits, env, state, reason, pooled, from_pool, created_ns, updated_ns, generation, origin`
 
 // Insert adds a new sandbox row. Created and Updated are set from the clock.
 func (s *Store) Insert(ctx context.Context, sb Sandbox) (Sandbox, error) {
@@ -169,9 +193,9 @@ func (s *Store) Insert(ctx context.Context, sb Sandbox) (Sandbox, error) {
 	sb.Created, sb.Updated = now, now
 	limits, _ := json.Marshal(sb.Limits)
 	env, _ := json.Marshal(nonNil(sb.Env))
-	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+cols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+cols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Tenant, sb.Template, sb.TemplateVersion, sb.Driver, string(limits), string(env),
-		string(sb.State), sb.Reason, sb.Pooled, sb.FromPool, now.UnixNano(), now.UnixNano())
+		string(sb.State), sb.Reason, sb.Pooled, sb.FromPool, now.UnixNano(), now.UnixNano(), sb.Generation, sb.Origin)
 	if err != nil {
 		if strings.Contains(err.Error(), "UNIQUE constraint") {
 			return sb, errdefs.AlreadyExistsf("sandbox %s", sb.ID)
@@ -258,6 +282,15 @@ func (s *Store) SetState(ctx context.Context, id string, to State, reason string
 	return s.update(ctx, id, fmt.Sprintf("set state %s", to), q, args...)
 }
 
+// Restored records that sandbox id runs again, restored in place from
+// checkpoint origin: running, one generation on. It must be restoring.
+func (s *Store) Restored(ctx context.Context, id, origin string) (Sandbox, error) {
+	return s.update(ctx, id, "restored",
+		`UPDATE sandboxes SET state = ?, reason = '', generation = generation + 1, origin = ?, updated_ns = ?
+		 WHERE id = ? AND state = ?`,
+		string(StateRunning), origin, s.clock.Now().UnixNano(), id, string(StateRestoring))
+}
+
 // Claim gives the pooled, running sandbox id to tenant with the limits and
 // env it is claimed with; its Created becomes the claim time (when the
 // tenant got it). It fails with ErrFailedPrecondition when id is not
@@ -301,7 +334,7 @@ func scan(r scanner) (Sandbox, error) {
 	var limits, env, state string
 	var created, updated int64
 	err := r.Scan(&sb.ID, &sb.Tenant, &sb.Template, &sb.TemplateVersion, &sb.Driver, &limits, &env,
-		&state, &sb.Reason, &sb.Pooled, &sb.FromPool, &created, &updated)
+		&state, &sb.Reason, &sb.Pooled, &sb.FromPool, &created, &updated, &sb.Generation, &sb.Origin)
 	if err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return sb, err

@@ -22,7 +22,8 @@ func toAPISandbox(sb meta.Sandbox) api.Sandbox {
 	return api.Sandbox{
 		ID: sb.ID, Tenant: sb.Tenant, Template: sb.Template, TemplateVersion: sb.TemplateVersion,
 		Driver: sb.Driver, State: string(sb.State), Reason: sb.Reason, Limits: toAPILimits(sb.Limits),
-		Env: sb.Env, FromPool: sb.FromPool, Created: sb.Created, Updated: sb.Updated,
+		Env: sb.Env, FromPool: sb.FromPool, Generation: sb.Generation, Origin: sb.Origin,
+		Created: sb.Created, Updated: sb.Updated,
 	}
 }
 

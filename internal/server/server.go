@@ -80,6 +80,12 @@ func (s *Server) routes() []Route {
 		{Method: "POST", Path: "/v1/sandboxes/{id}/ports", h: s.exposePort},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/ports", h: s.listPorts},
 		{Method: "DELETE", Path: "/v1/sandboxes/{id}/ports/{port}", h: s.unexposePort},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/checkpoints", h: s.createCheckpoint},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/checkpoints", h: s.listCheckpoints},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/recover", h: s.recoverSandbox},
+		{Method: "GET", Path: "/v1/checkpoints/{id}", h: s.getCheckpoint},
+		{Method: "DELETE", Path: "/v1/checkpoints/{id}", h: s.deleteCheckpoint},
+		{Method: "POST", Path: "/v1/checkpoints/{id}/restore", h: s.restoreCheckpoint},
 	}
 }
 

@@ -1,0 +1,585 @@
+package engine
+
+// Checkpoint, restore, fork and recover.
+//
+// # Checkpoint: durability order
+//
+//  1. intent: a pending row in the metadata store (meta.Checkpoint) names the
+//     checkpoint, its sandbox and the log position of the cut (the head of
+//     the sandbox's stream, read under the sandbox's lock, so no lifecycle
+//     event interleaves);
+//  2. cut: the driver freezes the sandbox and writes the image (memory,
+//     processes, writable layer) to a work directory, then resumes it (or
+//     leaves it stopped);
+//  3. data: the chunk store writes the chunks, then the manifest (see
+//     internal/chunkstore for its own order);
+//  4. commit hook: the engine renews (or takes) its lease on the sandbox's
+//     stream — a stale epoch is errdefs.ErrFenced and nothing is published —
+//     then the chunk store writes the pointer that makes the checkpoint
+//     visible, then the engine appends sandbox.checkpointed under the same
+//     epoch, carrying the checkpoint as its CheckpointRef;
+//  5. the row becomes committed.
+//
+// A crash before 4 leaves a pending row and unreferenced chunks: the next
+// start marks the row failed (reconcileCheckpoints) and the chunk store's
+// collector removes the chunks. A crash between the pointer and the row
+// commit is settled from the log: the checkpoint counts only if its
+// sandbox.checkpointed event is there; otherwise its pointer is deleted.
+//
+// # Restore
+//
+// The image is fetched into a work directory and verified chunk by chunk
+// (a damaged or missing object is errdefs.ErrDataLoss naming it; nothing
+// runs), the sandbox's template must be the exact version the image was cut
+// on, and then the driver restores it: in place (the same sandbox id, its
+// running incarnation killed first; the row goes restoring → running, one
+// generation on) or as a new sandbox (a fork; the original keeps running).
+// The sandbox.restored event is the fidelity report: processes, memory,
+// files and connections the driver brought back.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/chunkstore"
+	"github.com/amber-run/amber/internal/meta"
+)
+
+// Progress reports a long checkpoint or restore: the phase ("cut",
+// "upload", "fetch", "restore") and, for transfers, bytes done of total.
+type Progress struct {
+	Phase string `json:"phase"`
+	Done  int64  `json:"done,omitempty"`
+	Total int64  `json:"total,omitempty"`
+}
+
+// CheckpointRequest asks for a checkpoint of a running sandbox.
+type CheckpointRequest struct {
+	Tenant, Sandbox string
+	// Tag names the checkpoint and keeps it from retention.
+	Tag string
+	// Stop leaves the sandbox stopped once the checkpoint is committed
+	// (recover or restore brings it back).
+	Stop     bool
+	Progress func(Progress)
+}
+
+// RestoreRequest asks for a restore of a checkpoint.
+type RestoreRequest struct {
+	Tenant, Checkpoint string
+	// AsNew restores into a new sandbox (a fork); otherwise the
+	// checkpoint's own sandbox is brought back to the cut.
+	AsNew    bool
+	Progress func(Progress)
+}
+
+func (e *Engine) checkpointer() (sandbox.Checkpointer, error) {
+	cp, ok := e.drv.(sandbox.Checkpointer)
+	if !ok || !e.drv.Capabilities().Checkpoint {
+		return nil, errdefs.FailedPreconditionf("driver %s cannot checkpoint", e.drv.Name())
+	}
+	if e.ckpts == nil {
+		return nil, errdefs.FailedPreconditionf("this daemon has no checkpoint store")
+	}
+	return cp, nil
+}
+
+func newCheckpointID() string { return "ckpt-" + strings.TrimPrefix(newID(), "sbx-") }
+
+func validTag(tag string) error {
+	if len(tag) > 64 || strings.Trim(tag, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != "" {
+		return errdefs.InvalidArgumentf("tag %.70q: at most 64 letters, digits, '.', '_' or '-'", tag)
+	}
+	return nil
+}
+
+func report(f func(Progress), p Progress) {
+	if f != nil {
+		f(p)
+	}
+}
+
+// Checkpoint cuts sandbox r.Sandbox and commits the image (see the order
+// above). Never two at once for one sandbox: it holds the sandbox's lock.
+func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (meta.Checkpoint, error) {
+	cp, err := e.checkpointer()
+	if err != nil {
+		return meta.Checkpoint{}, err
+	}
+	if err := validTag(r.Tag); err != nil {
+		return meta.Checkpoint{}, err
+	}
+	if _, err := e.running(ctx, r.Tenant, r.Sandbox); err != nil {
+		return meta.Checkpoint{}, err
+	}
+	id := r.Sandbox
+	defer e.lock(id)()
+	sb, err := e.meta.Get(ctx, id)
+	if err != nil {
+		return meta.Checkpoint{}, err
+	}
+	if sb.State != meta.StateRunning {
+		return meta.Checkpoint{}, errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
+	}
+	bounds, err := e.log.Bounds(ctx, Stream(id))
+	if err != nil {
+		return meta.Checkpoint{}, fmt.Errorf("checkpoint %s: log position: %w", id, err)
+	}
+	parent, _ := e.latestCheckpoint(ctx, id)
+	ck, err := e.meta.InsertCheckpoint(ctx, meta.Checkpoint{
+		ID: newCheckpointID(), Tenant: sb.Tenant, SandboxID: id, State: meta.CheckpointPending,
+		Parent: parent.ID, Tag: r.Tag, Stream: Stream(id), Seq: bounds.Head,
+		Driver: sb.Driver, Template: sb.Template, TemplateVersion: sb.TemplateVersion,
+	})
+	if err != nil {
+		return ck, err
+	}
+	lg := e.lg.With("sandbox", id, "checkpoint", ck.ID)
+	fail := func(err error) (meta.Checkpoint, error) {
+		if _, merr := e.meta.SetCheckpointState(context.WithoutCancel(ctx), ck.ID, meta.CheckpointFailed, err.Error(), meta.CheckpointPending); merr != nil {
+			lg.Error("record failed checkpoint", "err", merr)
+		}
+		lg.Warn("checkpoint failed", "err", err)
+		return ck, err
+	}
+
+	dir := filepath.Join(e.workDir, "cut-"+ck.ID)
+	defer os.RemoveAll(dir)
+	start := time.Now()
+	report(r.Progress, Progress{Phase: "cut"})
+	cs, err := cp.Checkpoint(ctx, id, dir, sandbox.CheckpointOptions{LeaveStopped: r.Stop})
+	if err != nil {
+		return fail(fmt.Errorf("checkpoint %s: %w", id, err))
+	}
+	dumped := time.Since(start)
+	committed := false
+	if r.Stop {
+		// The driver left it stopped: until the checkpoint commits, the
+		// image in dir is the sandbox's only copy of its state, and a
+		// failed commit resumes the sandbox from it.
+		defer func() {
+			if committed {
+				return
+			}
+			if _, rerr := cp.Restore(context.WithoutCancel(ctx), e.specFor(sb, id), dir, sandbox.RestoreOptions{}); rerr != nil {
+				lg.Error("resume after failed checkpoint-and-stop", "err", rerr)
+				_ = e.markCrashed(context.WithoutCancel(ctx), sb, EventCrashed, "checkpoint-and-stop failed and the sandbox could not be resumed: "+rerr.Error())
+			}
+		}()
+	}
+
+	payload := CheckpointedPayload{Checkpoint: ck.ID, Seq: ck.Seq, FrozenNS: int64(cs.Frozen),
+		MemoryBytes: cs.MemoryBytes, LayerBytes: cs.LayerBytes, Stopped: r.Stop}
+	var eventSeq uint64
+	upStart := time.Now()
+	res, err := e.ckpts.Put(ctx, sb.Tenant, ck.ID, dir, chunkstore.PutOptions{
+		Parent: parent.ID,
+		Meta: map[string]string{
+			"sandbox": id, "stream": ck.Stream, "seq": strconv.FormatUint(ck.Seq, 10), "driver": sb.Driver,
+			"template": sb.Template, "template_version": sb.TemplateVersion,
+		},
+		Progress: func(p chunkstore.Progress) { report(r.Progress, Progress{Phase: "upload", Done: p.Done, Total: p.Total}) },
+		Commit: func(ctx context.Context, digest string, publish func(context.Context) error) error {
+			l, err := e.holdLease(ctx, id)
+			if err != nil {
+				return err
+			}
+			if err := publish(ctx); err != nil {
+				return err
+			}
+			payload.ManifestDigest = digest
+			ev := eventWithID(sb, ck.ID+".checkpointed", EventCheckpointed, payload)
+			ev.CheckpointRef = ck.ID
+			ar, err := e.log.Append(ctx, Stream(id), l.Epoch, eventlog.Any, ev)
+			if err != nil {
+				return fmt.Errorf("record checkpoint in the log: %w", err)
+			}
+			eventSeq = ar.Last
+			return nil
+		},
+	})
+	switch {
+	case err != nil && eventSeq == 0:
+		if res.Published {
+			// Visible in storage but not in the log: it must not count.
+			if _, derr := e.ckpts.DeleteCheckpoint(context.WithoutCancel(ctx), sb.Tenant, ck.ID); derr != nil {
+				lg.Error("delete checkpoint the log does not reference", "err", derr)
+			}
+		}
+		return fail(fmt.Errorf("commit checkpoint of %s: %w", id, err))
+	case err != nil:
+		// The pointer and the log event are written: the checkpoint
+		// exists, whatever failed after them.
+		lg.Warn("checkpoint committed; a later step failed", "err", err)
+	}
+	committed = true
+	ck.ManifestDigest, ck.ImageDigest, ck.EventSeq = res.ManifestDigest, res.ImageDigest, eventSeq
+	ck.Stats = meta.CheckpointStats{
+		FrozenNS: int64(cs.Frozen), DumpNS: int64(dumped), UploadNS: int64(time.Since(upStart)), TotalNS: int64(time.Since(start)),
+		MemoryBytes: cs.MemoryBytes, LayerBytes: cs.LayerBytes, ImageBytes: res.Size, StoredBytes: res.StoredBytes,
+		Chunks: res.Chunks, NewChunks: res.NewChunks,
+	}
+	if ck, err = e.meta.CommitCheckpoint(ctx, ck); err != nil {
+		return ck, err // committed in storage and log; the next start settles the row
+	}
+	if r.Stop {
+		const reason = "checkpointed and stopped"
+		if sb, err = e.meta.SetState(ctx, id, meta.StateStopped, reason, meta.StateRunning); err != nil {
+			return ck, err
+		}
+		if err := e.appendEvents(ctx, sb, lifecycleEvent(sb, EventKilled, StatePayload{State: string(sb.State), Reason: reason})); err != nil {
+			return ck, err
+		}
+	}
+	lg.Info("checkpoint committed", "frozen", cs.Frozen.Round(time.Millisecond), "total", time.Since(start).Round(time.Millisecond),
+		"image_bytes", res.Size, "stored_bytes", res.StoredBytes, "new_chunks", res.NewChunks, "chunks", res.Chunks)
+	return ck, nil
+}
+
+// holdLease renews this engine's lease on sandbox id's stream, or takes one
+// if it holds none. It fails with errdefs.ErrFenced when another holder
+// took the stream: a fenced node publishes and restores nothing.
+func (e *Engine) holdLease(ctx context.Context, id string) (eventlog.Lease, error) {
+	e.leasesMu.Lock()
+	l, ok := e.leases[id]
+	e.leasesMu.Unlock()
+	var err error
+	if ok {
+		l, err = e.log.Renew(ctx, l, e.leaseTTL)
+	} else {
+		l, err = e.log.Acquire(ctx, Stream(id), e.node, e.leaseTTL)
+		if errdefs.IsConflict(err) {
+			err = errdefs.Fencedf("sandbox %s: another node holds its stream: %v", id, err)
+		}
+	}
+	if err != nil {
+		if errdefs.IsFenced(err) {
+			e.leasesMu.Lock()
+			delete(e.leases, id)
+			e.leasesMu.Unlock()
+		}
+		return l, err
+	}
+	e.leasesMu.Lock()
+	e.leases[id] = l
+	e.leasesMu.Unlock()
+	return l, nil
+}
+
+// latestCheckpoint returns sandbox id's newest committed checkpoint.
+func (e *Engine) latestCheckpoint(ctx context.Context, id string) (meta.Checkpoint, error) {
+	cks, err := e.meta.Checkpoints(ctx, meta.CheckpointFilter{SandboxID: id, States: []meta.CheckpointState{meta.CheckpointCommitted}})
+	if err != nil {
+		return meta.Checkpoint{}, err
+	}
+	if len(cks) == 0 {
+		return meta.Checkpoint{}, errdefs.NotFoundf("sandbox %s has no checkpoint", id)
+	}
+	return cks[len(cks)-1], nil
+}
+
+// GetCheckpoint returns checkpoint id if tenant owns it.
+func (e *Engine) GetCheckpoint(ctx context.Context, tenant, id string) (meta.Checkpoint, error) {
+	if id == "" || len(id) > 48 || strings.Trim(id, "abcdefghijklmnopqrstuvwxyz0123456789-") != "" {
+		return meta.Checkpoint{}, errdefs.InvalidArgumentf("checkpoint id %.60q is malformed", id)
+	}
+	ck, err := e.meta.Checkpoint(ctx, id)
+	if err != nil {
+		return ck, err
+	}
+	if ck.Tenant != tenant {
+		return meta.Checkpoint{}, errdefs.NotFoundf("checkpoint %s", id)
+	}
+	return ck, nil
+}
+
+// ListCheckpoints returns sandbox id's committed checkpoints, oldest first
+// (all states when all is set).
+func (e *Engine) ListCheckpoints(ctx context.Context, tenant, id string, all bool) ([]meta.Checkpoint, error) {
+	if _, err := e.Get(ctx, tenant, id); err != nil {
+		return nil, err
+	}
+	f := meta.CheckpointFilter{Tenant: tenant, SandboxID: id}
+	if !all {
+		f.States = []meta.CheckpointState{meta.CheckpointCommitted}
+	}
+	return e.meta.Checkpoints(ctx, f)
+}
+
+// DeleteCheckpoint removes checkpoint id and the chunks only it used.
+func (e *Engine) DeleteCheckpoint(ctx context.Context, tenant, id string) error {
+	ck, err := e.GetCheckpoint(ctx, tenant, id)
+	if err != nil {
+		return err
+	}
+	if ck.State == meta.CheckpointDeleted {
+		return nil
+	}
+	if ck.State == meta.CheckpointPending {
+		return errdefs.FailedPreconditionf("checkpoint %s is being written", id)
+	}
+	if e.ckpts == nil {
+		return errdefs.FailedPreconditionf("this daemon has no checkpoint store")
+	}
+	if _, err := e.ckpts.DeleteCheckpoint(ctx, ck.Tenant, ck.ID); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("delete checkpoint %s: %w", id, err)
+	}
+	_, err = e.meta.SetCheckpointState(ctx, id, meta.CheckpointDeleted, "deleted on request")
+	return err
+}
+
+// Restore brings checkpoint r.Checkpoint back: into its own sandbox, or
+// into a new one when r.AsNew.
+func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (meta.Sandbox, error) {
+	ck, err := e.GetCheckpoint(ctx, r.Tenant, r.Checkpoint)
+	if err != nil {
+		return meta.Sandbox{}, err
+	}
+	target := ck.SandboxID
+	if r.AsNew {
+		target = ""
+	}
+	return e.restore(ctx, ck, target, r.Progress)
+}
+
+// Recover restores sandbox id in place from its latest committed
+// checkpoint (for a fork without checkpoints of its own: the checkpoint it
+// was forked from).
+func (e *Engine) Recover(ctx context.Context, tenant, id string, progress func(Progress)) (meta.Sandbox, error) {
+	sb, err := e.Get(ctx, tenant, id)
+	if err != nil {
+		return sb, err
+	}
+	ck, err := e.latestCheckpoint(ctx, id)
+	if errdefs.IsNotFound(err) && sb.Origin != "" {
+		ck, err = e.meta.Checkpoint(ctx, sb.Origin)
+	}
+	if errdefs.IsNotFound(err) {
+		return sb, errdefs.FailedPreconditionf("sandbox %s has no checkpoint to recover from", id)
+	}
+	if err != nil {
+		return sb, err
+	}
+	return e.restore(ctx, ck, id, progress)
+}
+
+// restore restores ck into sandbox target (a new sandbox when target is "").
+func (e *Engine) restore(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress)) (meta.Sandbox, error) {
+	cp, err := e.checkpointer()
+	if err != nil {
+		return meta.Sandbox{}, err
+	}
+	if ck.State != meta.CheckpointCommitted {
+		return meta.Sandbox{}, errdefs.FailedPreconditionf("checkpoint %s is %s, not committed", ck.ID, ck.State)
+	}
+	if ck.Driver != e.drv.Name() {
+		return meta.Sandbox{}, errdefs.FailedPreconditionf("checkpoint %s was cut by driver %s; this daemon runs %s", ck.ID, ck.Driver, e.drv.Name())
+	}
+	t, err := e.tmpl.Get(ck.Template)
+	if err != nil {
+		return meta.Sandbox{}, fmt.Errorf("checkpoint %s: %w", ck.ID, err)
+	}
+	if t.Version != ck.TemplateVersion {
+		return meta.Sandbox{}, errdefs.FailedPreconditionf("checkpoint %s was cut on template %s version %s; this node has version %s, and a memory image runs only on the files it was cut on",
+			ck.ID, ck.Template, ck.TemplateVersion, t.Version)
+	}
+	src, err := e.meta.Get(ctx, ck.SandboxID)
+	if err != nil {
+		return meta.Sandbox{}, err
+	}
+
+	// Fetch and verify before touching any sandbox.
+	dir := filepath.Join(e.workDir, "fetch-"+strings.TrimPrefix(newID(), "sbx-"))
+	defer os.RemoveAll(dir)
+	report(progress, Progress{Phase: "fetch"})
+	fetchStart := time.Now()
+	rr, err := e.ckpts.Restore(ctx, ck.Tenant, ck.ID, dir, chunkstore.RestoreOptions{
+		Progress: func(p chunkstore.Progress) { report(progress, Progress{Phase: "fetch", Done: p.Done, Total: p.Total}) },
+	})
+	if err != nil {
+		return meta.Sandbox{}, fmt.Errorf("fetch checkpoint %s: %w", ck.ID, err)
+	}
+	fetched := time.Since(fetchStart)
+
+	var sb meta.Sandbox
+	replaced := false
+	if target == "" {
+		sb = meta.Sandbox{ID: newID(), Tenant: ck.Tenant, Template: ck.Template, TemplateVersion: ck.TemplateVersion,
+			Driver: ck.Driver, Limits: src.Limits, Env: src.Env, State: meta.StateRestoring, Origin: ck.ID}
+		defer e.lock(sb.ID)()
+		if sb, err = e.meta.Insert(ctx, sb); err != nil {
+			return sb, err
+		}
+	} else {
+		defer e.lock(target)()
+		if sb, err = e.meta.Get(ctx, target); err != nil {
+			return sb, err
+		}
+		switch sb.State {
+		case meta.StateRunning, meta.StateStopped, meta.StateCrashed:
+		case meta.StateDestroyed:
+			return sb, errdefs.FailedPreconditionf("sandbox %s is destroyed; restore checkpoint %s as a new sandbox", sb.ID, ck.ID)
+		default:
+			return sb, errdefs.FailedPreconditionf("sandbox %s is %s", sb.ID, sb.State)
+		}
+		// A fenced node restores nothing.
+		if _, err := e.holdLease(ctx, sb.ID); err != nil {
+			return sb, err
+		}
+		if sb.State == meta.StateRunning {
+			replaced = true
+			if err := e.killAndWait(ctx, sb.ID); err != nil {
+				return sb, err
+			}
+		}
+		if sb, err = e.meta.SetState(ctx, sb.ID, meta.StateRestoring, "restoring from "+ck.ID, sb.State); err != nil {
+			return sb, err
+		}
+	}
+	lg := e.lg.With("sandbox", sb.ID, "checkpoint", ck.ID)
+	report(progress, Progress{Phase: "restore"})
+	rs, err := cp.Restore(ctx, e.specFor(sb, sb.ID), dir, sandbox.RestoreOptions{})
+	if err != nil {
+		cleanup := context.WithoutCancel(ctx)
+		reason := fmt.Sprintf("restore from %s failed: %v", ck.ID, err)
+		if target == "" {
+			if derr := e.drv.Destroy(cleanup, sb.ID); derr != nil {
+				lg.Error("destroy after failed restore", "err", derr)
+			}
+			_, _ = e.meta.SetState(cleanup, sb.ID, meta.StateDestroyed, reason)
+		} else if merr := e.markCrashed(cleanup, sb, EventCrashed, reason); merr != nil {
+			lg.Error("record failed restore", "err", merr)
+		}
+		return sb, fmt.Errorf("restore %s from %s: %w", sb.ID, ck.ID, err)
+	}
+	if sb, err = e.meta.Restored(ctx, sb.ID, ck.ID); err != nil {
+		return sb, err
+	}
+	var evs []eventlog.Event
+	if target == "" {
+		evs = append(evs, lifecycleEvent(sb, EventCreated, CreatedPayload{
+			Template: sb.Template, TemplateVersion: sb.TemplateVersion, Driver: sb.Driver, Limits: sb.Limits}))
+	}
+	evs = append(evs, lifecycleEvent(sb, EventRestored, RestoredPayload{
+		Checkpoint: ck.ID, From: ck.SandboxID, Seq: ck.Seq, Generation: sb.Generation, ImageDigest: rr.Manifest.ImageDigest,
+		Processes: rs.Processes, MemoryBytes: rs.MemoryBytes, Files: rs.Files,
+		ConnectionsRestored: rs.ConnectionsRestored, ConnectionsReset: rs.ConnectionsReset, Lazy: rs.Lazy,
+		FetchNS: int64(fetched), RunningNS: int64(rs.Running), Replaced: replaced,
+	}))
+	if err := e.appendEvents(ctx, sb, evs...); err != nil {
+		return sb, err
+	}
+	lg.Info("sandbox restored", "fork", target == "", "fetch", fetched.Round(time.Millisecond),
+		"running", rs.Running.Round(time.Millisecond), "processes", rs.Processes)
+	return sb, nil
+}
+
+// specFor is the driver spec that runs sb under id.
+func (e *Engine) specFor(sb meta.Sandbox, id string) sandbox.Spec {
+	t, _ := e.tmpl.Get(sb.Template)
+	return sandbox.Spec{ID: id, Tenant: sb.Tenant, Template: t, Limits: sb.Limits, Env: sb.Env}
+}
+
+// killAndWait SIGKILLs sandbox id and waits until the driver reports it
+// stopped.
+func (e *Engine) killAndWait(ctx context.Context, id string) error {
+	if err := e.drv.Kill(ctx, id); err != nil {
+		return fmt.Errorf("kill %s before restoring it: %w", id, err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		in, err := e.drv.Inspect(ctx, id)
+		if err != nil && !errdefs.IsNotFound(err) {
+			return err
+		}
+		if err != nil || in.State != sandbox.StateRunning {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errdefs.Unavailablef("sandbox %s still runs 30s after SIGKILL", id)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// reconcileCheckpoints settles the checkpoints a previous daemon left
+// pending: one whose pointer exists and whose sandbox.checkpointed event is
+// in the log is committed; any other is failed (and its pointer, if any,
+// deleted: the log never referenced it).
+func (e *Engine) reconcileCheckpoints(ctx context.Context) error {
+	pend, err := e.meta.Checkpoints(ctx, meta.CheckpointFilter{States: []meta.CheckpointState{meta.CheckpointPending}})
+	if err != nil {
+		return fmt.Errorf("reconcile checkpoints: %w", err)
+	}
+	for _, ck := range pend {
+		lg := e.lg.With("checkpoint", ck.ID, "sandbox", ck.SandboxID)
+		if e.ckpts == nil {
+			lg.Warn("pending checkpoint left alone: this daemon has no checkpoint store")
+			continue
+		}
+		info, err := e.ckpts.Stat(ctx, ck.Tenant, ck.ID)
+		if err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("reconcile checkpoint %s: %w", ck.ID, err)
+		}
+		if err == nil {
+			seq, ferr := e.findCheckpointEvent(ctx, ck)
+			if ferr != nil {
+				return fmt.Errorf("reconcile checkpoint %s: %w", ck.ID, ferr)
+			}
+			if seq > 0 {
+				ck.ManifestDigest, ck.EventSeq = info.ManifestDigest, seq
+				if m, merr := e.ckpts.Manifest(ctx, ck.Tenant, ck.ID); merr == nil {
+					ck.ImageDigest, ck.Stats.ImageBytes = m.ImageDigest, m.Size
+				}
+				if _, err := e.meta.CommitCheckpoint(ctx, ck); err != nil {
+					return err
+				}
+				lg.Info("pending checkpoint was committed before the daemon stopped")
+				continue
+			}
+			if _, err := e.ckpts.DeleteCheckpoint(ctx, ck.Tenant, ck.ID); err != nil && !errdefs.IsNotFound(err) {
+				return fmt.Errorf("reconcile checkpoint %s: %w", ck.ID, err)
+			}
+		}
+		if _, err := e.meta.SetCheckpointState(ctx, ck.ID, meta.CheckpointFailed, "the daemon stopped before the checkpoint committed", meta.CheckpointPending); err != nil {
+			return err
+		}
+		lg.Warn("pending checkpoint failed: the daemon stopped before it committed")
+	}
+	return nil
+}
+
+// findCheckpointEvent returns the position of ck's sandbox.checkpointed
+// event (0 if the log has none): it follows the cut.
+func (e *Engine) findCheckpointEvent(ctx context.Context, ck meta.Checkpoint) (uint64, error) {
+	for from := ck.Seq + 1; ; {
+		evs, err := e.log.Read(ctx, ck.Stream, from, 256)
+		if errors.Is(err, errdefs.ErrCompacted) {
+			return 0, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		if len(evs) == 0 {
+			return 0, nil
+		}
+		for _, ev := range evs {
+			if ev.Type == EventCheckpointed && ev.CheckpointRef == ck.ID {
+				return ev.Seq, nil
+			}
+		}
+		from = evs[len(evs)-1].Seq + 1
+	}
+}

@@ -1,0 +1,242 @@
+package meta
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
+)
+
+// CheckpointState is where a checkpoint is in its life.
+//
+//	pending ──▶ committed ──Delete──▶ deleted
+//	   └──────▶ failed
+//
+// A pending row is written before the first byte of the image (intent
+// before effect); the image becomes visible in the blob store at its commit
+// pointer, and the row becomes committed after that. A daemon that dies in
+// between finds the row pending at its next start and settles it by asking
+// the blob store whether the pointer exists (engine.reconcileCheckpoints).
+type CheckpointState string
+
+// The checkpoint states.
+const (
+	CheckpointPending   CheckpointState = "pending"
+	CheckpointCommitted CheckpointState = "committed"
+	CheckpointFailed    CheckpointState = "failed"
+	CheckpointDeleted   CheckpointState = "deleted"
+)
+
+// Checkpoint is one row of the checkpoints table: what the engine knows of
+// a checkpoint whose image lives in the chunk store under (Tenant, ID).
+type Checkpoint struct {
+	ID        string          `json:"id"`
+	Tenant    string          `json:"tenant"`
+	SandboxID string          `json:"sandbox_id"`
+	State     CheckpointState `json:"state"`
+	Reason    string          `json:"reason,omitempty"`
+	// Parent is the sandbox's previous committed checkpoint ("" if none):
+	// the chunk store skips looking up the chunks it already holds.
+	Parent string `json:"parent,omitempty"`
+	// Tag, when set, exempts the checkpoint from retention.
+	Tag string `json:"tag,omitempty"`
+	// Stream and Seq are the log position of the cut: every event of
+	// Stream up to Seq happened before it, none after. EventSeq is the
+	// position of the sandbox.checkpointed event (which carries the
+	// checkpoint reference the log may be truncated to).
+	Stream   string `json:"stream"`
+	Seq      uint64 `json:"seq"`
+	EventSeq uint64 `json:"event_seq,omitempty"`
+	// What the image needs to be restored.
+	Driver          string `json:"driver"`
+	Template        string `json:"template"`
+	TemplateVersion string `json:"template_version"`
+	// Filled once committed.
+	ManifestDigest string          `json:"manifest_digest,omitempty"`
+	ImageDigest    string          `json:"image_digest,omitempty"`
+	Stats          CheckpointStats `json:"stats"`
+	Created        time.Time       `json:"created"`
+	Updated        time.Time       `json:"updated"`
+}
+
+// CheckpointStats are the figures of one checkpoint.
+type CheckpointStats struct {
+	FrozenNS    int64 `json:"frozen_ns"`
+	DumpNS      int64 `json:"dump_ns"`
+	UploadNS    int64 `json:"upload_ns"`
+	TotalNS     int64 `json:"total_ns"`
+	MemoryBytes int64 `json:"memory_bytes"`
+	LayerBytes  int64 `json:"layer_bytes"`
+	// ImageBytes is the image's size; StoredBytes what this checkpoint
+	// added to the store after deduplication and compression.
+	ImageBytes  int64 `json:"image_bytes"`
+	StoredBytes int64 `json:"stored_bytes"`
+	Chunks      int   `json:"chunks"`
+	NewChunks   int   `json:"new_chunks"`
+}
+
+const checkpointSchema = `
+CREATE TABLE IF NOT EXISTS checkpoints (
+	id               TEXT PRIMARY KEY,
+	tenant           TEXT NOT NULL,
+	sandbox_id       TEXT NOT NULL,
+	state            TEXT NOT NULL,
+	reason           TEXT NOT NULL,
+	parent           TEXT NOT NULL,
+	tag              TEXT NOT NULL,
+	stream           TEXT NOT NULL,
+	seq              INTEGER NOT NULL,
+	event_seq        INTEGER NOT NULL,
+	driver           TEXT NOT NULL,
+	template         TEXT NOT NULL,
+	template_version TEXT NOT NULL,
+	manifest_digest  TEXT NOT NULL,
+	image_digest     TEXT NOT NULL,
+	stats            TEXT NOT NULL,
+	created_ns       INTEGER NOT NULL,
+	updated_ns       INTEGER NOT NULL
+) STRICT;
+CREATE INDEX IF NOT EXISTS checkpoints_sandbox ON checkpoints(sandbox_id, created_ns);
+CREATE INDEX IF NOT EXISTS checkpoints_state ON checkpoints(state);
+`
+
+const ckCols = `id, tenant, sandbox_id, state, reason, parent, tag, stream, seq, event_seq, driver, template,
+	template_version, manifest_digest, image_digest, stats, created_ns, updated_ns`
+
+// InsertCheckpoint records a new checkpoint (normally pending).
+func (s *Store) InsertCheckpoint(ctx context.Context, c Checkpoint) (Checkpoint, error) {
+	if c.ID == "" || c.Tenant == "" || c.SandboxID == "" || c.State == "" {
+		return c, errdefs.InvalidArgumentf("meta insert checkpoint: id, tenant, sandbox and state are required")
+	}
+	now := s.clock.Now()
+	c.Created, c.Updated = now, now
+	stats, _ := json.Marshal(c.Stats)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO checkpoints (`+ckCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		c.ID, c.Tenant, c.SandboxID, string(c.State), c.Reason, c.Parent, c.Tag, c.Stream, int64(c.Seq), int64(c.EventSeq),
+		c.Driver, c.Template, c.TemplateVersion, c.ManifestDigest, c.ImageDigest, string(stats), now.UnixNano(), now.UnixNano())
+	if err != nil {
+		if strings.Contains(err.Error(), "UNIQUE constraint") {
+			return c, errdefs.AlreadyExistsf("checkpoint %s", c.ID)
+		}
+		return c, fmt.Errorf("meta insert checkpoint %s: %w", c.ID, err)
+	}
+	return c, nil
+}
+
+// Checkpoint returns the checkpoint with id (ErrNotFound if there is none).
+func (s *Store) Checkpoint(ctx context.Context, id string) (Checkpoint, error) {
+	c, err := scanCheckpoint(s.db.QueryRowContext(ctx, `SELECT `+ckCols+` FROM checkpoints WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return c, errdefs.NotFoundf("checkpoint %s", id)
+	}
+	return c, err
+}
+
+// CheckpointFilter selects rows for Checkpoints; zero fields select all.
+type CheckpointFilter struct {
+	Tenant    string
+	SandboxID string
+	States    []CheckpointState
+}
+
+// Checkpoints returns the matching checkpoints, oldest first.
+func (s *Store) Checkpoints(ctx context.Context, f CheckpointFilter) ([]Checkpoint, error) {
+	where, args := []string{"1 = 1"}, []any{}
+	if f.Tenant != "" {
+		where, args = append(where, "tenant = ?"), append(args, f.Tenant)
+	}
+	if f.SandboxID != "" {
+		where, args = append(where, "sandbox_id = ?"), append(args, f.SandboxID)
+	}
+	if len(f.States) > 0 {
+		where = append(where, "state IN ("+strings.TrimSuffix(strings.Repeat("?,", len(f.States)), ",")+")")
+		for _, st := range f.States {
+			args = append(args, string(st))
+		}
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT `+ckCols+` FROM checkpoints WHERE `+strings.Join(where, " AND ")+` ORDER BY created_ns, id`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("meta list checkpoints: %w", err)
+	}
+	defer rows.Close()
+	var out []Checkpoint
+	for rows.Next() {
+		c, err := scanCheckpoint(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// CommitCheckpoint marks pending checkpoint c.ID committed with c's digests,
+// event position and stats.
+func (s *Store) CommitCheckpoint(ctx context.Context, c Checkpoint) (Checkpoint, error) {
+	stats, _ := json.Marshal(c.Stats)
+	return s.updateCheckpoint(ctx, c.ID, "commit",
+		`UPDATE checkpoints SET state = ?, manifest_digest = ?, image_digest = ?, event_seq = ?, stats = ?, updated_ns = ?
+		 WHERE id = ? AND state = ?`,
+		string(CheckpointCommitted), c.ManifestDigest, c.ImageDigest, int64(c.EventSeq), string(stats), s.clock.Now().UnixNano(),
+		c.ID, string(CheckpointPending))
+}
+
+// SetCheckpointState moves checkpoint id to state to with reason, provided
+// it is in one of from (any when empty).
+func (s *Store) SetCheckpointState(ctx context.Context, id string, to CheckpointState, reason string, from ...CheckpointState) (Checkpoint, error) {
+	q := `UPDATE checkpoints SET state = ?, reason = ?, updated_ns = ? WHERE id = ?`
+	args := []any{string(to), reason, s.clock.Now().UnixNano(), id}
+	if len(from) > 0 {
+		q += ` AND state IN (` + strings.TrimSuffix(strings.Repeat("?,", len(from)), ",") + `)`
+		for _, st := range from {
+			args = append(args, string(st))
+		}
+	}
+	return s.updateCheckpoint(ctx, id, "set state "+string(to), q, args...)
+}
+
+func (s *Store) updateCheckpoint(ctx context.Context, id, what, q string, args ...any) (Checkpoint, error) {
+	res, err := s.db.ExecContext(ctx, q, args...)
+	if err != nil {
+		return Checkpoint{}, fmt.Errorf("meta %s checkpoint %s: %w", what, id, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return Checkpoint{}, fmt.Errorf("meta %s checkpoint %s: %w", what, id, err)
+	}
+	cur, gerr := s.Checkpoint(ctx, id)
+	if gerr != nil {
+		return cur, gerr
+	}
+	if n == 0 {
+		return cur, errdefs.FailedPreconditionf("%s checkpoint %s: it is %s", what, id, cur.State)
+	}
+	return cur, nil
+}
+
+func scanCheckpoint(r scanner) (Checkpoint, error) {
+	var c Checkpoint
+	var state, stats string
+	var seq, eventSeq, created, updated int64
+	err := r.Scan(&c.ID, &c.Tenant, &c.SandboxID, &state, &c.Reason, &c.Parent, &c.Tag, &c.Stream, &seq, &eventSeq,
+		&c.Driver, &c.Template, &c.TemplateVersion, &c.ManifestDigest, &c.ImageDigest, &stats, &created, &updated)
+	if err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return c, err
+		}
+		return c, fmt.Errorf("meta scan checkpoint: %w", err)
+	}
+	if err := json.Unmarshal([]byte(stats), &c.Stats); err != nil {
+		return c, errdefs.DataLossf("meta: checkpoint %s has undecodable stats: %v", c.ID, err)
+	}
+	c.State = CheckpointState(state)
+	c.Seq, c.EventSeq = uint64(seq), uint64(eventSeq)
+	c.Created = time.Unix(0, created).UTC()
+	c.Updated = time.Unix(0, updated).UTC()
+	return c, nil
+}
