@@ -2,6 +2,7 @@ package criu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -135,9 +136,9 @@ func pidTicks(td *testDriver, id string, pids ...int) (map[int]uint64, error) {
 
 // responsePending reports an error when the client in sandbox id has
 // received its response.
-func responsePending(td *testDriver, id string, client int) error {
-	out, _, _ := td.run(id, "/bin/sh", "-c", fmt.Sprintf("cat /run/amber/proc/%d.log; ls /root", client))
-	if strings.Contains(out, "received") || strings.Contains(out, "http-resp") {
+func responsePending(td *testDriver, id string) error {
+	out, _, _ := td.run(id, "ls", "/root")
+	if strings.Contains(out, "http-resp") {
 		return fmt.Errorf("the response arrived before the trigger: %q", out)
 	}
 	return nil
@@ -176,11 +177,16 @@ func startHTTPInFlight(t *testing.T, td *testDriver, id string) httpInFlight {
 	if h.ticks, err = pidTicks(td, id, h.server, h.client); err != nil || len(h.ticks) != 2 {
 		t.Fatalf("server %d and client %d: %v %v", h.server, h.client, h.ticks, err)
 	}
-	if err := responsePending(td, id, h.client); err != nil {
+	if err := responsePending(td, id); err != nil {
 		t.Fatal(err)
 	}
 	return h
 }
+
+// errOtherRandom is the failure a fresh sandbox must show: the response
+// carries other random values than the server's and the client's of
+// before the cut.
+var errOtherRandom = errors.New("not the server's and the client's in-memory random values of before the cut")
 
 // httpCheck is the outcome of checkHTTPInFlight: procs says whether the
 // server and the client are the processes of before, response whether the
@@ -204,26 +210,34 @@ func checkHTTPInFlight(td *testDriver, id string, before httpInFlight) httpCheck
 	if fmt.Sprint(now) != fmt.Sprint(before.ticks) {
 		c.procs = fmt.Errorf("server and client (pid → start ticks) %v, want %v", now, before.ticks)
 	}
-	if c.response = responsePending(td, id, before.client); c.response != nil {
+	if c.response = responsePending(td, id); c.response != nil {
 		return c
 	}
 	if out, errs, st := td.run(id, "touch", "/root/http-go"); st.Code != 0 {
 		c.response = fmt.Errorf("touch: exit %d: %s %s", st.Code, out, errs)
 		return c
 	}
-	recv, err := waitProcLog(td, id, before.client, "received ", 30*time.Second)
-	if err != nil {
-		c.response = fmt.Errorf("the client never got the response: %v", err)
+	// The client renames the response into place once all of it has
+	// arrived. Nothing here goes by PID: a fresh sandbox's client fails on
+	// what it received.
+	recv, errs, st := td.run(id, "/bin/sh", "-c", `for i in $(seq 300); do [ -e /root/http-resp ] && break; sleep 0.1; done
+head -n1 /root/http-resp; stat -c %s /root/http-resp; sha256sum < /root/http-resp`)
+	if st.Code != 0 {
+		c.response = fmt.Errorf("the client never got the response: exit %d: %s", st.Code, errs)
 		return c
 	}
-	first, _, _ := td.run(id, "head", "-n1", "/root/http-resp")
-	if want := before.serverRnd + " " + before.clientRnd; strings.TrimSpace(first) != want {
-		c.response = fmt.Errorf("response begins %q, want %q (the server's and the client's in-memory random values)", strings.TrimSpace(first), want)
+	f := strings.Fields(recv)
+	if len(f) != 5 {
+		c.response = fmt.Errorf("response: %q", recv)
 		return c
 	}
-	// "got C <len> <sha>" against "received <len> <sha>": all of it.
-	if want := strings.TrimPrefix(before.got, "got "+before.clientRnd+" "); strings.TrimPrefix(recv, "received ") != want {
-		c.response = fmt.Errorf("client received %q, the server was sending %q", recv, before.got)
+	if got, want := f[0]+" "+f[1], before.serverRnd+" "+before.clientRnd; got != want {
+		c.response = fmt.Errorf("%w: response begins %q, want %q", errOtherRandom, got, want)
+		return c
+	}
+	// "got C <len> <sha>" against what the client wrote: all of it.
+	if got, want := "got "+f[1]+" "+f[2]+" "+f[3], before.got; got != want {
+		c.response = fmt.Errorf("the client received %q, the server was sending %q", got, want)
 	}
 	return c
 }
@@ -285,8 +299,8 @@ func TestCheckpointHTTPInFlight(t *testing.T) {
 	}
 	startHTTPInFlight(t, td, ctl)
 	cc := checkHTTPInFlight(td, ctl, before)
-	if cc.response == nil {
-		t.Error("the response check passes on a sandbox that was never restored: it proves nothing")
+	if !errors.Is(cc.response, errOtherRandom) {
+		t.Errorf("the response check on a sandbox that was never restored: %v, want %v", cc.response, errOtherRandom)
 	} else {
 		t.Logf("on a fresh sandbox the response check fails as it must: %v", cc.response)
 	}

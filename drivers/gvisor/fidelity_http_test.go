@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -174,6 +175,11 @@ func startHTTPInFlight(t *testing.T, d *Driver, id string) httpInFlight {
 	return h
 }
 
+// errOtherRandom is the failure a fresh sandbox must show: the response
+// carries other random values than the server's and the client's of
+// before the cut.
+var errOtherRandom = errors.New("not the server's and the client's in-memory random values of before the cut")
+
 // httpCheck is the outcome of checkHTTPInFlight: procs says whether the
 // server and the client are the processes of before, response whether the
 // client received the whole response of before.
@@ -196,31 +202,35 @@ func checkHTTPInFlight(d *Driver, id string, before httpInFlight) httpCheck {
 	if now := pidTicks(ps, before.server, before.client); fmt.Sprint(now) != fmt.Sprint(before.ticks) {
 		c.procs = fmt.Errorf("server and client (pid → start ticks) %v, want %v", now, before.ticks)
 	}
-	if out, err := sh(d, id, fmt.Sprintf("cat %s/%d.log; ls /root", procLogDir, before.client)); err != nil || strings.Contains(out, "received") || strings.Contains(out, "http-resp") {
-		c.response = fmt.Errorf("the response arrived before the trigger (or no log): %q %v", out, err)
+	if out, err := sh(d, id, "ls /root"); err != nil || strings.Contains(out, "http-resp") {
+		c.response = fmt.Errorf("the response arrived before the trigger (or no listing): %q %v", out, err)
 		return c
 	}
 	if _, err := sh(d, id, "touch /root/http-go"); err != nil {
 		c.response = err
 		return c
 	}
-	recv, err := waitProcLog(d, id, before.client, "received ", 30*time.Second)
+	// The client renames the response into place once all of it has
+	// arrived. Nothing here goes by PID: a fresh sandbox's client fails on
+	// what it received.
+	recv, err := sh(d, id, `for i in $(seq 300); do [ -e /root/http-resp ] && break; sleep 0.1; done
+head -n1 /root/http-resp; stat -c %s /root/http-resp; sha256sum < /root/http-resp`)
 	if err != nil {
 		c.response = fmt.Errorf("the client never got the response: %v", err)
 		return c
 	}
-	first, err := sh(d, id, "head -n1 /root/http-resp")
-	if err != nil {
-		c.response = err
+	f := strings.Fields(recv)
+	if len(f) != 5 {
+		c.response = fmt.Errorf("response: %q", recv)
 		return c
 	}
-	if want := before.serverRnd + " " + before.clientRnd; strings.TrimSpace(first) != want {
-		c.response = fmt.Errorf("response begins %q, want %q (the server's and the client's in-memory random values)", strings.TrimSpace(first), want)
+	if got, want := f[0]+" "+f[1], before.serverRnd+" "+before.clientRnd; got != want {
+		c.response = fmt.Errorf("%w: response begins %q, want %q", errOtherRandom, got, want)
 		return c
 	}
-	// "got C <len> <sha>" against "received <len> <sha>": all of it.
-	if want := strings.TrimPrefix(before.got, "got "+before.clientRnd+" "); strings.TrimPrefix(recv, "received ") != want {
-		c.response = fmt.Errorf("client received %q, the server was sending %q", recv, before.got)
+	// "got C <len> <sha>" against what the client wrote: all of it.
+	if got, want := "got "+f[1]+" "+f[2]+" "+f[3], before.got; got != want {
+		c.response = fmt.Errorf("the client received %q, the server was sending %q", got, want)
 	}
 	return c
 }
@@ -281,8 +291,8 @@ func TestCheckpointHTTPInFlight(t *testing.T) {
 	t.Cleanup(func() { _ = d.Destroy(context.Background(), ctl) })
 	startHTTPInFlight(t, d, ctl)
 	cc := checkHTTPInFlight(d, ctl, before)
-	if cc.response == nil {
-		t.Error("the response check passes on a sandbox that was never restored: it proves nothing")
+	if !errors.Is(cc.response, errOtherRandom) {
+		t.Errorf("the response check on a sandbox that was never restored: %v, want %v", cc.response, errOtherRandom)
 	} else {
 		t.Logf("on a fresh sandbox the response check fails as it must: %v", cc.response)
 	}
