@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -62,6 +63,10 @@ func startSQLiteTx(t *testing.T, d *Driver, id string) sqliteTx {
 	return sqliteTx{pid: pid, ticks: ticks, rnd: strings.TrimPrefix(l, "locked ")}
 }
 
+// errOtherRows is the failure a fresh sandbox must show: the table does not
+// hold the rows of the transaction of before the cut.
+var errOtherRows = errors.New("not the rows of the transaction of before the cut")
+
 // checkSQLiteTx checks sandbox id against the transaction before. procs:
 // the writer is the same process (PID and start ticks). tx: it still
 // holds the lock (a second writer is refused at once); let go, it
@@ -106,7 +111,7 @@ print(db.execute("pragma integrity_check").fetchone()[0])'`)
 		return err
 	}
 	if want := fmt.Sprintf("['after-%s', 'before-%s']\nok", before.rnd, before.rnd); strings.TrimSpace(out) != want {
-		return fmt.Errorf("rows and integrity check %q, want %q", strings.TrimSpace(out), want)
+		return fmt.Errorf("%w: rows and integrity check %q, want %q", errOtherRows, strings.TrimSpace(out), want)
 	}
 	return nil
 }
@@ -166,8 +171,8 @@ func TestCheckpointSQLite(t *testing.T) {
 	t.Cleanup(func() { _ = d.Destroy(context.Background(), ctl) })
 	startSQLiteTx(t, d, ctl)
 	procs, tx = checkSQLiteTx(d, ctl, before)
-	if tx == nil {
-		t.Error("the transaction check passes on a fresh sandbox that was never restored: it proves nothing")
+	if !errors.Is(tx, errOtherRows) {
+		t.Errorf("the transaction check on a fresh sandbox that was never restored: %v, want %v", tx, errOtherRows)
 	} else {
 		t.Logf("on a fresh sandbox the transaction check fails as it must: %v", tx)
 	}
