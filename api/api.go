@@ -47,26 +47,32 @@ type CreateSandboxRequest struct {
 	Env      []string `json:"env,omitempty"` // KEY=VALUE, added to every process
 	// Cold skips the warm pool (to measure a cold create).
 	Cold bool `json:"cold,omitempty"`
+	// Recovery is the recovery policy: "none" (default: checkpoints on
+	// request), "fast" (in the background every few execs or seconds) or
+	// "strict" (after every exec, before it is acknowledged).
+	Recovery string `json:"recovery,omitempty"`
 }
 
 // Sandbox describes one sandbox.
 type Sandbox struct {
-	ID              string    `json:"id"`
-	Tenant          string    `json:"tenant"`
-	Template        string    `json:"template"`
-	TemplateVersion string    `json:"template_version"`
-	Driver          string    `json:"driver"`
-	State           string    `json:"state"` // creating, running, stopped, crashed, destroyed
-	Reason          string    `json:"reason,omitempty"`
-	Limits          Limits    `json:"limits"`
-	Env             []string  `json:"env,omitempty"`
-	FromPool        bool      `json:"from_pool"`
+	ID              string   `json:"id"`
+	Tenant          string   `json:"tenant"`
+	Template        string   `json:"template"`
+	TemplateVersion string   `json:"template_version"`
+	Driver          string   `json:"driver"`
+	State           string   `json:"state"` // creating, running, stopped, crashed, destroyed
+	Reason          string   `json:"reason,omitempty"`
+	Limits          Limits   `json:"limits"`
+	Env             []string `json:"env,omitempty"`
+	FromPool        bool     `json:"from_pool"`
 	// Generation counts restores in place; Origin is the checkpoint the
 	// sandbox was last restored (or forked) from.
-	Generation int       `json:"generation"`
-	Origin     string    `json:"origin,omitempty"`
-	Created    time.Time `json:"created"`
-	Updated    time.Time `json:"updated"`
+	Generation int    `json:"generation"`
+	Origin     string `json:"origin,omitempty"`
+	// Recovery is the recovery policy ("" is none).
+	Recovery string    `json:"recovery,omitempty"`
+	Created  time.Time `json:"created"`
+	Updated  time.Time `json:"updated"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.

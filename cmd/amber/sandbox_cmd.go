@@ -19,7 +19,7 @@ func newSandboxCmd(g *globalFlags) *cobra.Command {
 }
 
 func newCreateCmd(g *globalFlags) *cobra.Command {
-	var template, memory, cpus, disk string
+	var template, memory, cpus, disk, recovery string
 	var pids int64
 	var env []string
 	var cold bool
@@ -31,7 +31,7 @@ func newCreateCmd(g *globalFlags) *cobra.Command {
 			if template == "" {
 				return usageError{fmt.Errorf("--template is required (e.g. --template python; `amber sandbox create --help`)")}
 			}
-			req := api.CreateSandboxRequest{Template: template, Env: env, Cold: cold, Limits: api.Limits{Pids: pids}}
+			req := api.CreateSandboxRequest{Template: template, Env: env, Cold: cold, Limits: api.Limits{Pids: pids}, Recovery: recovery}
 			var err error
 			if memory != "" {
 				if req.Limits.MemoryBytes, err = parseSize(memory); err != nil {
@@ -76,6 +76,7 @@ func newCreateCmd(g *globalFlags) *cobra.Command {
 	f.Int64Var(&pids, "pids", 0, "process limit (default: the template's)")
 	f.StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE added to every process (repeatable)")
 	f.BoolVar(&cold, "cold", false, "do not claim from the warm pool")
+	f.StringVar(&recovery, "recovery", "", "recovery policy: none (checkpoint on request), fast (in the background) or strict (after every exec)")
 	return c
 }
 

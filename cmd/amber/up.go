@@ -28,7 +28,7 @@ import (
 
 type upOptions struct {
 	addr, driver, pool, logLevel, blobs string
-	watch                        time.Duration
+	watch                               time.Duration
 }
 
 func newUpCmd(g *globalFlags) *cobra.Command {

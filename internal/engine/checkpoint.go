@@ -156,7 +156,10 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	defer os.RemoveAll(dir)
 	start := time.Now()
 	report(r.Progress, Progress{Phase: "cut"})
+	cut := e.cutLock(id)
+	cut.Lock()
 	cs, err := cp.Checkpoint(ctx, id, dir, sandbox.CheckpointOptions{LeaveStopped: r.Stop})
+	cut.Unlock()
 	if err != nil {
 		return fail(fmt.Errorf("checkpoint %s: %w", id, err))
 	}
@@ -187,7 +190,9 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 			"sandbox": id, "stream": ck.Stream, "seq": strconv.FormatUint(ck.Seq, 10), "driver": sb.Driver,
 			"template": sb.Template, "template_version": sb.TemplateVersion,
 		},
-		Progress: func(p chunkstore.Progress) { report(r.Progress, Progress{Phase: "upload", Done: p.Done, Total: p.Total}) },
+		Progress: func(p chunkstore.Progress) {
+			report(r.Progress, Progress{Phase: "upload", Done: p.Done, Total: p.Total})
+		},
 		Commit: func(ctx context.Context, digest string, publish func(context.Context) error) error {
 			l, err := e.holdLease(ctx, id)
 			if err != nil {
@@ -414,7 +419,7 @@ func (e *Engine) restore(ctx context.Context, ck meta.Checkpoint, target string,
 	replaced := false
 	if target == "" {
 		sb = meta.Sandbox{ID: newID(), Tenant: ck.Tenant, Template: ck.Template, TemplateVersion: ck.TemplateVersion,
-			Driver: ck.Driver, Limits: src.Limits, Env: src.Env, State: meta.StateRestoring, Origin: ck.ID}
+			Driver: ck.Driver, Limits: src.Limits, Env: src.Env, State: meta.StateRestoring, Origin: ck.ID, Policy: src.Policy}
 		defer e.lock(sb.ID)()
 		if sb, err = e.meta.Insert(ctx, sb); err != nil {
 			return sb, err

@@ -66,6 +66,10 @@ type Options struct {
 	// LeaseTTL is how long a sandbox stream's lease lasts without renewal
 	// (default 30s); checkpoint commits renew it.
 	LeaseTTL time.Duration
+	// FastEvery and FastInterval tune the fast recovery policy (default
+	// 10 execs, 30s; see policy.go).
+	FastEvery    int
+	FastInterval time.Duration
 }
 
 // Engine is the sandbox manager. It is safe for concurrent use.
@@ -80,6 +84,7 @@ type Engine struct {
 	watch time.Duration
 
 	locks sync.Map // sandbox id → *sync.Mutex: serialises lifecycle changes
+	cuts  sync.Map // sandbox id → *sync.RWMutex: a cut (writer) excludes calls into the sandbox (ops.go)
 	pool  *pool
 
 	ckpts    *chunkstore.Store
@@ -88,6 +93,11 @@ type Engine struct {
 	leaseTTL time.Duration
 	leasesMu sync.Mutex
 	leases   map[string]eventlog.Lease // sandbox id → the lease this engine holds on its stream
+
+	policies     sync.Map // sandbox id → *policyState
+	fastEvery    int
+	fastInterval time.Duration
+	bg           context.Context // background work; set by Start
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -123,10 +133,16 @@ func New(o Options) (*Engine, error) {
 	if o.LeaseTTL <= 0 {
 		o.LeaseTTL = 30 * time.Second
 	}
+	if o.FastEvery <= 0 {
+		o.FastEvery = 10
+	}
+	if o.FastInterval <= 0 {
+		o.FastInterval = 30 * time.Second
+	}
 	e := &Engine{drv: o.Driver, meta: o.Meta, log: o.Log, reg: o.Registry, tmpl: o.Templates,
 		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval,
 		ckpts: o.Checkpoints, workDir: o.WorkDir, node: "node/" + o.Node, leaseTTL: o.LeaseTTL,
-		leases: map[string]eventlog.Lease{}}
+		leases: map[string]eventlog.Lease{}, fastEvery: o.FastEvery, fastInterval: o.FastInterval}
 	for name := range o.Pool {
 		if _, err := o.Templates.Get(name); err != nil {
 			return nil, fmt.Errorf("warm pool: %w", err)
@@ -153,8 +169,15 @@ func (e *Engine) Start(ctx context.Context) error {
 		return err
 	}
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	e.cancel = cancel
+	e.cancel, e.bg = cancel, bg
 	e.pool.start(bg)
+	if e.ckpts != nil {
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.policyLoop(bg)
+		}()
+	}
 	if e.watch > 0 {
 		e.wg.Add(1)
 		go func() {
@@ -221,6 +244,8 @@ type CreateRequest struct {
 	Env      []string
 	// Cold bypasses the warm pool.
 	Cold bool
+	// Policy is the recovery policy: "", "none", "fast" or "strict".
+	Policy string
 }
 
 // Create returns a running sandbox for r: one claimed from the warm pool
@@ -236,6 +261,15 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (meta.Sandbox, err
 	if err := ValidateLimits(r.Limits); err != nil {
 		return meta.Sandbox{}, err
 	}
+	if err := ValidatePolicy(r.Policy); err != nil {
+		return meta.Sandbox{}, err
+	}
+	r.Policy = normPolicy(r.Policy)
+	if r.Policy != PolicyNone {
+		if _, err := e.checkpointer(); err != nil {
+			return meta.Sandbox{}, fmt.Errorf("recovery policy %s: %w", r.Policy, err)
+		}
+	}
 	for _, kv := range r.Env {
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
 			return meta.Sandbox{}, errdefs.InvalidArgumentf("env entry %.60q is not KEY=VALUE", kv)
@@ -244,20 +278,23 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (meta.Sandbox, err
 	limits := MergeLimits(t.Limits, r.Limits)
 	if !r.Cold {
 		sb, ok, err := e.pool.claim(ctx, t, r.Tenant, limits, r.Env)
+		if err == nil && ok && r.Policy != PolicyNone {
+			sb, err = e.meta.SetPolicy(ctx, sb.ID, r.Policy)
+		}
 		if err != nil || ok {
 			return sb, err
 		}
 	}
-	return e.coldCreate(ctx, t, r.Tenant, limits, r.Env, false)
+	return e.coldCreate(ctx, t, r.Tenant, limits, r.Env, false, r.Policy)
 }
 
 // coldCreate makes a new sandbox; pooled ones have no tenant and no events.
-func (e *Engine) coldCreate(ctx context.Context, t sandbox.Template, tenant string, limits sandbox.Limits, env []string, pooled bool) (meta.Sandbox, error) {
+func (e *Engine) coldCreate(ctx context.Context, t sandbox.Template, tenant string, limits sandbox.Limits, env []string, pooled bool, policy string) (meta.Sandbox, error) {
 	id := newID()
 	defer e.lock(id)()
 	sb, err := e.meta.Insert(ctx, meta.Sandbox{
 		ID: id, Tenant: tenant, Template: t.Name, TemplateVersion: t.Version, Driver: e.drv.Name(),
-		Limits: limits, Env: env, State: meta.StateCreating, Pooled: pooled,
+		Limits: limits, Env: env, State: meta.StateCreating, Pooled: pooled, Policy: policy,
 	})
 	if err != nil {
 		return sb, err

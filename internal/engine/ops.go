@@ -3,11 +3,28 @@ package engine
 import (
 	"context"
 	"os"
+	"sync"
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/meta"
 )
+
+// inSandbox marks a call that runs something in sandbox id (exec, start,
+// ps, signal) until the returned func is called. A checkpoint's cut waits
+// for such calls to end and holds new ones until the sandbox runs again:
+// runsc refuses to checkpoint during an exec, and a command must not see
+// its sandbox paused mid-call.
+func (e *Engine) inSandbox(id string) func() {
+	mu := e.cutLock(id)
+	mu.RLock()
+	return mu.RUnlock
+}
+
+func (e *Engine) cutLock(id string) *sync.RWMutex {
+	m, _ := e.cuts.LoadOrStore(id, &sync.RWMutex{})
+	return m.(*sync.RWMutex)
+}
 
 // running returns sandbox id if tenant owns it and it runs.
 func (e *Engine) running(ctx context.Context, tenant, id string) (meta.Sandbox, error) {
@@ -51,7 +68,13 @@ func (e *Engine) Exec(ctx context.Context, tenant, id string, spec sandbox.ExecS
 		return sandbox.ExitStatus{}, err
 	}
 	// Driver errors name the sandbox already.
-	return e.drv.Exec(ctx, id, withEnv(sb, spec))
+	unlock := e.inSandbox(id)
+	st, err := e.drv.Exec(ctx, id, withEnv(sb, spec))
+	unlock()
+	if err != nil {
+		return st, err
+	}
+	return st, e.afterExec(ctx, sb)
 }
 
 // StartProcess runs a command in the background in sandbox id and returns
@@ -64,6 +87,7 @@ func (e *Engine) StartProcess(ctx context.Context, tenant, id string, spec sandb
 	if err != nil {
 		return 0, err
 	}
+	defer e.inSandbox(id)()
 	return e.drv.Start(ctx, id, withEnv(sb, spec))
 }
 
@@ -72,6 +96,7 @@ func (e *Engine) Processes(ctx context.Context, tenant, id string) ([]sandbox.Pr
 	if _, err := e.running(ctx, tenant, id); err != nil {
 		return nil, err
 	}
+	defer e.inSandbox(id)()
 	return e.drv.Processes(ctx, id)
 }
 
@@ -83,6 +108,7 @@ func (e *Engine) Signal(ctx context.Context, tenant, id string, pid int, sig os.
 	if _, err := e.running(ctx, tenant, id); err != nil {
 		return err
 	}
+	defer e.inSandbox(id)()
 	return e.drv.Signal(ctx, id, pid, sig)
 }
 

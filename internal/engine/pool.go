@@ -118,7 +118,7 @@ func (p *pool) fill(ctx context.Context, name string) {
 		if err == nil {
 			p.setFilling(name, true, "")
 			var sb meta.Sandbox
-			sb, err = p.e.coldCreate(ctx, t, "", t.Limits, nil, true)
+			sb, err = p.e.coldCreate(ctx, t, "", t.Limits, nil, true, PolicyNone)
 			if err == nil {
 				p.setFilling(name, false, sb.ID)
 				backoff = time.Second

@@ -73,9 +73,12 @@ type Sandbox struct {
 	Generation int `json:"generation"`
 	// Origin is the checkpoint this sandbox was last restored from ("" if
 	// never): its own, or another sandbox's for a fork.
-	Origin  string    `json:"origin,omitempty"`
+	Origin string `json:"origin,omitempty"`
+	// Policy is the recovery policy: "" (checkpoints on request only),
+	// "fast" or "strict" (see engine/policy.go).
+	Policy  string    `json:"policy,omitempty"`
 	Created time.Time `json:"created"`
-	Updated  time.Time `json:"updated"`
+	Updated time.Time `json:"updated"`
 }
 
 // Options configure Open.
@@ -108,7 +111,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	created_ns       INTEGER NOT NULL,
 	updated_ns       INTEGER NOT NULL,
 	generation       INTEGER NOT NULL DEFAULT 0,
-	origin           TEXT NOT NULL DEFAULT ''
+	origin           TEXT NOT NULL DEFAULT '',
+	policy           TEXT NOT NULL DEFAULT ''
 ) STRICT;
 CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes(tenant, state);
 CREATE TABLE IF NOT EXISTS api_keys (
@@ -131,7 +135,8 @@ CREATE TABLE IF NOT EXISTS exposures (
 // CREATE … IF NOT EXISTS statements run.
 var migrations = map[int]string{
 	1: `ALTER TABLE sandboxes ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
-	    ALTER TABLE sandboxes ADD COLUMN origin TEXT NOT NULL DEFAULT '';`,
+	    ALTER TABLE sandboxes ADD COLUMN origin TEXT NOT NULL DEFAULT '';
+	    ALTER TABLE sandboxes ADD COLUMN policy TEXT NOT NULL DEFAULT '';`,
 }
 
 // Open opens (creating if needed) the store at path.
@@ -182,7 +187,7 @@ func (s *Store) migrate() error {
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
 
-const cols = `id, tenant, template, template_version, driver, limits, env, state, reason, pooled, from_pool, created_ns, updated_ns, generation, origin`
+const cols = `id, tenant, template, template_version, driver, limits, env, state, reason, pooled, from_pool, created_ns, updated_ns, generation, origin, policy`
 
 // Insert adds a new sandbox row. Created and Updated are set from the clock.
 func (s *Store) Insert(ctx context.Context, sb Sandbox) (Sandbox, error) {
@@ -193,9 +198,9 @@ func (s *Store) Insert(ctx context.Context, sb Sandbox) (Sandbox, error) {
 	sb.Created, sb.Updated = now, now
 	limits, _ := json.Marshal(sb.Limits)
 	env, _ := json.Marshal(nonNil(sb.Env))
-	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+cols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+cols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Tenant, sb.Template, sb.TemplateVersion, sb.Driver, string(limits), string(env),
-		string(sb.State), sb.Reason, sb.Pooled, sb.FromPool, now.UnixNano(), now.UnixNano(), sb.Generation, sb.Origin)
+		string(sb.State), sb.Reason, sb.Pooled, sb.FromPool, now.UnixNano(), now.UnixNano(), sb.Generation, sb.Origin, sb.Policy)
 	if err != nil {
 		if strings.Contains(err.Error(), "UNIQUE constraint") {
 			return sb, errdefs.AlreadyExistsf("sandbox %s", sb.ID)
@@ -291,6 +296,12 @@ func (s *Store) Restored(ctx context.Context, id, origin string) (Sandbox, error
 		string(StateRunning), origin, s.clock.Now().UnixNano(), id, string(StateRestoring))
 }
 
+// SetPolicy sets sandbox id's recovery policy.
+func (s *Store) SetPolicy(ctx context.Context, id, policy string) (Sandbox, error) {
+	return s.update(ctx, id, "set policy", `UPDATE sandboxes SET policy = ?, updated_ns = ? WHERE id = ?`,
+		policy, s.clock.Now().UnixNano(), id)
+}
+
 // Claim gives the pooled, running sandbox id to tenant with the limits and
 // env it is claimed with; its Created becomes the claim time (when the
 // tenant got it). It fails with ErrFailedPrecondition when id is not
@@ -334,7 +345,7 @@ func scan(r scanner) (Sandbox, error) {
 	var limits, env, state string
 	var created, updated int64
 	err := r.Scan(&sb.ID, &sb.Tenant, &sb.Template, &sb.TemplateVersion, &sb.Driver, &limits, &env,
-		&state, &sb.Reason, &sb.Pooled, &sb.FromPool, &created, &updated, &sb.Generation, &sb.Origin)
+		&state, &sb.Reason, &sb.Pooled, &sb.FromPool, &created, &updated, &sb.Generation, &sb.Origin, &sb.Policy)
 	if err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return sb, err

@@ -22,7 +22,7 @@ func toAPISandbox(sb meta.Sandbox) api.Sandbox {
 	return api.Sandbox{
 		ID: sb.ID, Tenant: sb.Tenant, Template: sb.Template, TemplateVersion: sb.TemplateVersion,
 		Driver: sb.Driver, State: string(sb.State), Reason: sb.Reason, Limits: toAPILimits(sb.Limits),
-		Env: sb.Env, FromPool: sb.FromPool, Generation: sb.Generation, Origin: sb.Origin,
+		Env: sb.Env, FromPool: sb.FromPool, Generation: sb.Generation, Origin: sb.Origin, Recovery: sb.Policy,
 		Created: sb.Created, Updated: sb.Updated,
 	}
 }
@@ -70,7 +70,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) 
 		return err
 	}
 	sb, err := s.eng.Create(r.Context(), engine.CreateRequest{
-		Tenant: c.tenant, Template: req.Template, Limits: fromAPILimits(req.Limits), Env: req.Env, Cold: req.Cold,
+		Tenant: c.tenant, Template: req.Template, Limits: fromAPILimits(req.Limits), Env: req.Env, Cold: req.Cold, Policy: req.Recovery,
 	})
 	if err != nil {
 		return err
