@@ -29,6 +29,7 @@ import (
 type upOptions struct {
 	addr, driver, pool, logLevel, blobs string
 	watch                               time.Duration
+	keep                                int
 }
 
 func newUpCmd(g *globalFlags) *cobra.Command {
@@ -56,6 +57,7 @@ reused.`,
 	f.StringVar(&o.pool, "pool", "1", "warm sandboxes per template: N, or NAME=N,NAME=N")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.blobs, "blobs", "", "checkpoint blob store directory (default DATA_DIR/blobs)")
+	f.IntVar(&o.keep, "keep-checkpoints", 0, "keep each sandbox's newest N checkpoints plus tagged ones, delete the rest and truncate its log below them (0: keep all)")
 	f.DurationVar(&o.watch, "watch-interval", 5*time.Second, "how often running sandboxes are checked for a dead init")
 	return c
 }
@@ -148,6 +150,9 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	}
 	defer log.Close()
 
+	if o.keep < 0 {
+		return usageError{fmt.Errorf("--keep-checkpoints %d: must be 0 (keep all) or more", o.keep)}
+	}
 	ckpts, workDir, err := openCheckpointStore(dataDir, o.blobs, lg)
 	if err != nil {
 		return err
@@ -155,7 +160,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	eng, err := engine.New(engine.Options{
 		Driver: drv, Meta: m, Log: log, Registry: eventlog.NewRegistry(), Templates: cat,
 		Pool: pool, WatchInterval: o.watch, Logger: lg.With("component", "engine"),
-		Checkpoints: ckpts, WorkDir: workDir,
+		Checkpoints: ckpts, WorkDir: workDir, KeepCheckpoints: o.keep,
 	})
 	if err != nil {
 		return err

@@ -245,6 +245,9 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 			return ck, err
 		}
 	}
+	if err := e.retain(ctx, sb); err != nil {
+		lg.Warn("retention", "err", err)
+	}
 	lg.Info("checkpoint committed", "frozen", cs.Frozen.Round(time.Millisecond), "total", time.Since(start).Round(time.Millisecond),
 		"image_bytes", res.Size, "stored_bytes", res.StoredBytes, "new_chunks", res.NewChunks, "chunks", res.Chunks)
 	return ck, nil
@@ -587,4 +590,40 @@ func (e *Engine) findCheckpointEvent(ctx context.Context, ck meta.Checkpoint) (u
 		}
 		from = evs[len(evs)-1].Seq + 1
 	}
+}
+
+// retain applies retention to sb's checkpoints: the newest KeepCheckpoints
+// committed ones and every tagged one stay, the rest are deleted (pointer,
+// then the chunks only they used), and the stream is truncated below the
+// sandbox.checkpointed event of the oldest one kept — the log keeps what a
+// restore of any kept checkpoint may need to replay, nothing older.
+func (e *Engine) retain(ctx context.Context, sb meta.Sandbox) error {
+	if e.keep <= 0 {
+		return nil
+	}
+	cks, err := e.meta.Checkpoints(ctx, meta.CheckpointFilter{SandboxID: sb.ID, States: []meta.CheckpointState{meta.CheckpointCommitted}})
+	if err != nil {
+		return err
+	}
+	var oldestKept uint64
+	for i, ck := range cks {
+		if ck.Tag != "" || i >= len(cks)-e.keep {
+			if oldestKept == 0 || (ck.EventSeq > 0 && ck.EventSeq < oldestKept) {
+				oldestKept = ck.EventSeq
+			}
+			continue
+		}
+		if _, err := e.ckpts.DeleteCheckpoint(ctx, ck.Tenant, ck.ID); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("retention: delete %s: %w", ck.ID, err)
+		}
+		if _, err := e.meta.SetCheckpointState(ctx, ck.ID, meta.CheckpointDeleted, "retention"); err != nil {
+			return err
+		}
+	}
+	if oldestKept > 1 {
+		if err := e.log.Truncate(ctx, Stream(sb.ID), oldestKept); err != nil {
+			return fmt.Errorf("retention: truncate %s below %d: %w", Stream(sb.ID), oldestKept, err)
+		}
+	}
+	return nil
 }

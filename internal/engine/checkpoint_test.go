@@ -347,3 +347,59 @@ func TestCheckpointCommitFailures(t *testing.T) {
 	}
 	var _ eventlog.Lease
 }
+
+// TestCheckpointRetention keeps the newest two checkpoints and the tagged
+// one, deletes the rest from the store, and truncates the log below the
+// oldest one kept.
+func TestCheckpointRetention(t *testing.T) {
+	env := enginetest.NewFor(t, "gvisor", engine.Options{KeepCheckpoints: 2})
+	e := env.Engine
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Cold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i, tag := range []string{"", "keep-me", "", "", ""} {
+		ck, err := e.Checkpoint(ctx, engine.CheckpointRequest{Tenant: "default", Sandbox: sb.ID, Tag: tag})
+		if err != nil {
+			t.Fatalf("checkpoint %d: %v", i, err)
+		}
+		ids = append(ids, ck.ID)
+	}
+	cks, err := e.ListCheckpoints(ctx, "default", sb.ID, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []string
+	for _, ck := range cks {
+		kept = append(kept, ck.ID)
+	}
+	want := []string{ids[1], ids[3], ids[4]}
+	if strings.Join(kept, ",") != strings.Join(want, ",") {
+		t.Fatalf("kept %v, want %v", kept, want)
+	}
+	for i, id := range ids {
+		_, err := os.Stat(filepath.Join(env.Blobs, "objects/tenants/default/checkpoints", id, "COMMITTED"))
+		if gone := os.IsNotExist(err); gone != (i == 0 || i == 2) {
+			t.Errorf("checkpoint %d (%s): pointer gone %v", i, id, gone)
+		}
+	}
+	tagged, _ := e.GetCheckpoint(ctx, "default", ids[1])
+	b, err := env.Log.Bounds(ctx, engine.Stream(sb.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.First != tagged.EventSeq {
+		t.Errorf("log starts at %d, want the tagged checkpoint's event %d", b.First, tagged.EventSeq)
+	}
+	evs, err := e.Events(ctx, "default", sb.ID, 1, 100)
+	if err != nil || len(evs) == 0 || evs[0].Seq != b.First || evs[0].CheckpointRef != ids[1] {
+		t.Fatalf("events after truncation: %v %v", evs, err)
+	}
+	// The oldest kept checkpoint still restores.
+	if _, err := e.Restore(ctx, engine.RestoreRequest{Tenant: "default", Checkpoint: ids[1]}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -70,6 +70,10 @@ type Options struct {
 	// 10 execs, 30s; see policy.go).
 	FastEvery    int
 	FastInterval time.Duration
+	// KeepCheckpoints, when > 0, keeps each sandbox's newest K committed
+	// checkpoints plus the tagged ones, deletes the others, and truncates
+	// the sandbox's stream below the oldest one kept (see retain).
+	KeepCheckpoints int
 }
 
 // Engine is the sandbox manager. It is safe for concurrent use.
@@ -97,6 +101,7 @@ type Engine struct {
 	policies     sync.Map // sandbox id → *policyState
 	fastEvery    int
 	fastInterval time.Duration
+	keep         int
 	bg           context.Context // background work; set by Start
 
 	cancel context.CancelFunc
@@ -142,7 +147,7 @@ func New(o Options) (*Engine, error) {
 	e := &Engine{drv: o.Driver, meta: o.Meta, log: o.Log, reg: o.Registry, tmpl: o.Templates,
 		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval,
 		ckpts: o.Checkpoints, workDir: o.WorkDir, node: "node/" + o.Node, leaseTTL: o.LeaseTTL,
-		leases: map[string]eventlog.Lease{}, fastEvery: o.FastEvery, fastInterval: o.FastInterval}
+		leases: map[string]eventlog.Lease{}, fastEvery: o.FastEvery, fastInterval: o.FastInterval, keep: o.KeepCheckpoints}
 	for name := range o.Pool {
 		if _, err := o.Templates.Get(name); err != nil {
 			return nil, fmt.Errorf("warm pool: %w", err)

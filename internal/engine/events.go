@@ -164,6 +164,11 @@ func (e *Engine) Events(ctx context.Context, tenant, id string, from uint64, lim
 	if limit <= 0 || limit > 1000 {
 		limit = 1000
 	}
+	// Retention may have truncated the stream: reading starts at its first
+	// retained event.
+	if b, err := e.log.Bounds(ctx, Stream(id)); err == nil && from < b.First {
+		from = b.First
+	}
 	evs, err := e.log.Read(ctx, Stream(id), from, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read events of %s: %w", id, err)
