@@ -210,6 +210,35 @@ func (s *suite) testWait(t *testing.T) {
 			t.Errorf("Wait = %+v, want ended by SIGTERM", st)
 		}
 	})
+	t.Run("EnvNotListed", func(t *testing.T) {
+		// Whatever waits for the process inside the sandbox does not
+		// show the environment it was given (a secret, often) on a
+		// command line that Processes lists.
+		secret := randToken("secret")
+		pid, err := s.d.Start(ctx, id, sandbox.ExecSpec{Args: []string{"sleep", "3600"}, Env: []string{"AMBER_SECRET=" + secret}})
+		if err != nil {
+			t.Fatalf("Start: %v", err)
+		}
+		procs, err := s.d.Processes(ctx, id)
+		if err != nil {
+			t.Fatalf("Processes: %v", err)
+		}
+		i := slices.IndexFunc(procs, func(p sandbox.Process) bool { return p.PID == pid })
+		if i < 0 || strings.Join(procs[i].Args, " ") != "sleep 3600" {
+			t.Errorf("Processes = %+v, want pid %d running sleep 3600", procs, pid)
+		}
+		for _, p := range procs {
+			if strings.Contains(strings.Join(p.Args, " "), secret) {
+				t.Errorf("process %d lists the environment's secret: %q", p.PID, p.Args)
+			}
+		}
+		if got := s.sh(t, id, fmt.Sprintf("tr '\\000' '\\n' < /proc/%d/environ | grep AMBER_SECRET", pid)); got != "AMBER_SECRET="+secret+"\n" {
+			t.Errorf("the process's environment: %q", got)
+		}
+		if err := s.d.Signal(ctx, id, pid, syscall.SIGKILL); err != nil {
+			t.Fatalf("Signal: %v", err)
+		}
+	})
 	t.Run("NotStarted", func(t *testing.T) {
 		for _, pid := range []int{1, 99999} {
 			if st, err := s.d.Wait(ctxFor(t, callTimeout), id, pid); !errors.Is(err, errdefs.ErrNotFound) {
