@@ -289,6 +289,26 @@ func TestE2ECreateExecFilesRm(t *testing.T) {
 	if got := d.must("ps", id); !strings.Contains(got, "PID") {
 		t.Fatalf("ps: %q", got)
 	}
+	// A background process: amber wait exits with its code, also when
+	// asked again after the end.
+	pid := strings.TrimSpace(d.must("exec", "-d", id, "--", "sh", "-c", "sleep 1; exit 9"))
+	for range 2 {
+		if out, errs, code := d.amber("wait", id, pid); code != 9 || out != "exit 9\n" {
+			t.Fatalf("wait: %d %q %q", code, out, errs)
+		}
+	}
+	if out, _, code := d.amber("wait", "--json", id, pid); code != 9 || out != `{"code":9}`+"\n" {
+		t.Fatalf("wait --json: %d %q", code, out)
+	}
+	// Killed from inside the sandbox: 128+9, and the signal is named.
+	pid = strings.TrimSpace(d.must("exec", "-d", id, "--", "sleep", "300"))
+	d.must("exec", id, "--", "sh", "-c", "kill -9 "+pid)
+	if out, errs, code := d.amber("wait", id, pid); code != 137 || !strings.Contains(out, "SIGKILL") {
+		t.Fatalf("wait for a killed process: %d %q %q", code, out, errs)
+	}
+	if _, errs, code := d.amber("wait", id, "99999"); code != 1 || !strings.Contains(errs, "not found") {
+		t.Fatalf("wait for a pid never started: %d %q", code, errs)
+	}
 	var sb struct{ ID, State string }
 	if json.Unmarshal([]byte(d.must("sandbox", "ls", "--json")), &sb) != nil || sb.ID != id || sb.State != "running" {
 		t.Fatalf("ls --json: %+v", sb)

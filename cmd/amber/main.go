@@ -77,6 +77,7 @@ func newRoot() *cobra.Command {
 		newExecCmd(g),
 		newFilesCmd(g),
 		newPsCmd(g),
+		newWaitCmd(g),
 		newPortCmd(g),
 		newTemplateCmd(g),
 		newCheckpointCmd(g),

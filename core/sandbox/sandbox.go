@@ -169,6 +169,27 @@ type Driver interface {
 	Start(ctx context.Context, id string, spec ExecSpec) (int, error)
 	Processes(ctx context.Context, id string) ([]Process, error)
 	Signal(ctx context.Context, id string, pid int, sig os.Signal) error
+	// Wait waits for process pid, which Start made in sandbox id, to end
+	// and returns how it ended: Code is its exit code; when signal n
+	// ended it, Code is 128+n and Signal names n ("SIGKILL"), as Exec
+	// reports a command it killed. (A process that calls exit(128+n)
+	// itself reads as killed by n: the status is taken by a shell.)
+	//
+	// The status is recorded inside the sandbox when the process ends,
+	// in /run/amber/proc/<pid>.exit next to its log, by a waiter that is
+	// the process's parent there; it does not depend on the daemon
+	// watching. So Wait returns it however late it is called, any number
+	// of times, after a daemon restart, and after a checkpoint and
+	// restore (the file is in the writable layer; a process still
+	// running is restored with its waiter). A later process that gets
+	// the same PID replaces it.
+	//
+	// A pid that Start did not make in id is ErrNotFound. When ctx ends
+	// first, Wait returns ctx's error promptly and the process runs on.
+	// A sandbox that stops while Wait waits is ErrFailedPrecondition; a
+	// process that ended without a recorded status (its waiter was
+	// killed from inside the sandbox) is ErrDataLoss.
+	Wait(ctx context.Context, id string, pid int) (ExitStatus, error)
 
 	// Files gives access to the sandbox's filesystem, confined to it.
 	Files(ctx context.Context, id string) (FS, error)

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -193,8 +194,14 @@ func TestStartProcessesSignal(t *testing.T) {
 		}
 		return found != nil
 	})
-	if found == nil || strings.Join(found.Args, " ") != "sleep 1000" || found.PPID != 1 || found.StartTicks == 0 {
-		t.Fatalf("processes: %+v; want pid %d running sleep 1000 with ppid 1", ps, pid)
+	if found == nil || strings.Join(found.Args, " ") != "sleep 1000" || found.StartTicks == 0 {
+		t.Fatalf("processes: %+v; want pid %d running sleep 1000", ps, pid)
+	}
+	// Its parent is its waiter (internal/procwait), a child of the init
+	// once the exec that started it is gone.
+	i := slices.IndexFunc(ps, func(p sandbox.Process) bool { return p.PID == found.PPID })
+	if i < 0 || ps[i].PPID != 1 || !slices.Contains(ps[i].Args, "amber-wait") {
+		t.Fatalf("processes: %+v; want the parent of %d to be its waiter, a child of the init", ps, pid)
 	}
 	if ps[0].PID != 1 {
 		t.Fatalf("processes: %+v, want the init as pid 1", ps)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/procwait"
 )
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -475,11 +476,18 @@ func recvFile(sock *os.File) (*os.File, error) {
 	return os.NewFile(uintptr(fds[0]), string(name[:n])), nil
 }
 
-// startScript starts "$@" in the background with output to
-// /run/amber/proc/<pid>.log and prints its PID. The inner sh learns its own
-// PID ($$) and execs the command, which keeps it. (Create made the
-// directory; mkdir -p covers a sandbox that removed it.)
-const startScript = `mkdir -p /run/amber/proc 2>/dev/null; /bin/sh -c 'exec "$@" </dev/null >/run/amber/proc/$$.log 2>&1' sh "$@" & echo $!`
+// startScript starts "$@" in the background under the waiter of
+// internal/procwait and prints the command's PID. The waiter starts the
+// command as its child (which points its stdio at
+// /run/amber/proc/<its pid>.log and execs the command, so keeping that
+// PID), prints the PID and closes its stdout and stderr, so the command
+// substitution here ends at once; it then stays, reparented to the
+// sandbox's init when this shell exits, to record the command's exit
+// status for Wait. Environment and working directory are the exec's own.
+// (Create made the directory; mkdir -p covers a sandbox that removed it.)
+var startScript = `mkdir -p ` + procwait.Dir + ` 2>/dev/null; amber_p=$(/bin/sh -c ` +
+	procwait.ShQuote(procwait.Script(procwait.Dir, "", `echo "$amber_c"; exec >/dev/null 2>&1`)) +
+	` amber-wait "$@" </dev/null &) && echo "$amber_p"`
 
 // Start implements sandbox.Driver.
 func (d *Driver) Start(ctx context.Context, id string, spec sandbox.ExecSpec) (int, error) {
@@ -501,8 +509,44 @@ func (d *Driver) Start(ctx context.Context, id string, spec sandbox.ExecSpec) (i
 		return 0, fmt.Errorf("sandbox %s: start %q: exit %d: %s", id, spec.Args[0], st.Code, strings.TrimSpace(errb.String()))
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(out.String()))
-	if err != nil {
-		return 0, fmt.Errorf("sandbox %s: start %q: wrapper printed %q", id, spec.Args[0], out.String())
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("sandbox %s: start %q: wrapper printed %q (%s)", id, spec.Args[0], out.String(), strings.TrimSpace(errb.String()))
 	}
+	d.awaitExec(ctx, id, pid)
 	return pid, nil
+}
+
+// awaitExec waits (up to 10s) until sandbox process pid runs its command,
+// not one of the shells that start it (procwait.Starting), or has ended.
+// Without it, a Processes right after Start could list the shell that
+// opens the log (the criu driver's Start returns as soon as the waiter
+// printed the PID).
+func (d *Driver) awaitExec(ctx context.Context, id string, pid int) {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		ls, err := d.container(id)
+		if err != nil {
+			return
+		}
+		toHost, _, err := d.sandboxPids(ls)
+		if err != nil {
+			return
+		}
+		hp, ok := toHost[pid]
+		if !ok {
+			return
+		}
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", hp))
+		if err != nil {
+			return
+		}
+		// An empty command line: in the middle of execve (or a zombie).
+		if len(cmdline) > 0 && !procwait.Starting(strings.Split(string(cmdline), "\x00")) {
+			return
+		}
+		if st, err := readStat(hp); err != nil || st.state == "Z" {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

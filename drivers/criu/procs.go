@@ -13,6 +13,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/procwait"
 )
 
 // procStatus is what the driver reads from /proc/<pid>/status.
@@ -206,4 +207,38 @@ func (d *Driver) Signal(ctx context.Context, id string, pid int, sig os.Signal) 
 		return fmt.Errorf("sandbox %s: signal %d: %w", id, pid, err)
 	}
 	return nil
+}
+
+// Wait implements sandbox.Driver with internal/procwait: the exit file the
+// process's waiter writes is read on the host, in the sandbox's root,
+// every 100ms; every 2s the sandbox's cgroup is checked for the process
+// (and the container for still running).
+func (d *Driver) Wait(ctx context.Context, id string, pid int) (sandbox.ExitStatus, error) {
+	if _, err := d.container(id); err != nil {
+		return sandbox.ExitStatus{}, err
+	}
+	if pid <= 0 {
+		return sandbox.ExitStatus{}, errdefs.InvalidArgumentf("wait: pid %d", pid)
+	}
+	fs, err := d.Files(ctx, id)
+	if err != nil {
+		return sandbox.ExitStatus{}, err
+	}
+	alive := func(ctx context.Context, pid int) (bool, error) {
+		ls, err := d.running(id)
+		if err != nil {
+			return false, err
+		}
+		toHost, _, err := d.sandboxPids(ls)
+		if err != nil {
+			return false, err
+		}
+		_, ok := toHost[pid]
+		return ok, nil
+	}
+	st, err := procwait.Wait(ctx, fs, pid, alive, procwait.Options{})
+	if err != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return st, nil
 }

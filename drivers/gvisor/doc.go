@@ -10,9 +10,10 @@
 // template, which stays read-only and shared), pins a fresh network
 // namespace, and runs `runsc run --detach`. The init (PID 1) is the
 // template's /bin/sh sleeping in a loop and reaping orphans. Exec is one
-// `runsc exec` per command; Start asks the init to start the process (see
-// Start: a runsc exec'd process does not survive a restore); Processes
-// reads /proc inside; Signal is
+// `runsc exec` per command; Start asks the init to start the process under
+// a waiter that records its exit status in the layer (see Start: a runsc
+// exec'd process does not survive a restore); Wait reads that status on the
+// host (internal/procwait); Processes reads /proc inside; Signal is
 // `runsc kill --pid`; Kill is `runsc kill --all KILL`; Destroy is
 // `runsc delete --force` and the removal of everything below.
 //

@@ -22,6 +22,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/procwait"
 )
 
 // drainGrace is how long Exec keeps copying output after the command has
@@ -350,33 +351,49 @@ func (f *execFiles) remove() {
 // `runsc exec`: gVisor's restore SIGKILLs every task descended from a
 // runsc exec (its caller is gone), so only the init's descendants survive
 // a checkpoint. Start therefore hands the command to the init: a short
-// exec (spawnScript) writes a shell script into spawnDir (a directory of
-// the sandbox's /dev tmpfs, in its memory) and signals the init with USR1;
-// the init's trap (initScript) runs every pending script in the
-// background and writes its PID next to it. The script points its stdio
-// at /run/amber/proc/<its own pid>.log, sets the environment and working
-// directory, and execs the command, which so keeps that PID. No host
-// process stays behind for it.
+// exec (spawnScript) writes the request into spawnDir (a directory of the
+// sandbox's /dev tmpfs, in its memory) and signals the init with USR1; the
+// init's trap (initScript) runs every pending request in the background
+// and writes its PID next to it.
+//
+// What the init runs is the waiter of internal/procwait: a shell that
+// starts the command as its child (that child points its stdio at
+// /run/amber/proc/<its own pid>.log, sets the environment and working
+// directory, and execs the command, which so keeps that PID), reports the
+// command's PID into spawnDir, and stays to record the command's exit
+// status for Wait. The waiter's body (command, environment) is a file the
+// waiter reads and removes as it starts, so that its command line, which
+// Processes lists for as long as the command runs, holds none of the
+// environment's values. No host process stays behind for it.
 
 // spawnScript is run by Start's exec with the request's name as $1 and
-// the script on stdin. It waits for the init's trap to be installed
+// the waiter's body on stdin. It waits for the init's trap to be installed
 // (spawnDir is made after it), publishes the request atomically, and
-// signals the init, again every half second until the PID file appears (a
-// signal that arrives while the init is not waiting is not lost, but the
-// init may have scanned the directory just before the request appeared).
+// signals the init, again every half second until the init has written
+// the waiter's PID (<name>.pid) and the waiter the command's
+// (<name>.cpid); a signal that arrives while the init is not waiting is
+// not lost, but the init may have scanned the directory just before the
+// request appeared. It prints the command's PID once that process runs the
+// command, no longer one of the shells that start it (procwait.Starting:
+// their fourth argument is amber-proc).
 const spawnScript = `d=` + spawnDir + `; n=$1; i=0
 while [ ! -d $d ]; do i=$((i+1)); [ $i -lt 300 ] || { echo "the sandbox's init has no spawn directory" >&2; exit 1; }; sleep 0.01 2>/dev/null || sleep 1; done
-cat > $d/$n.new && mv $d/$n.new $d/$n.req || exit 1
+cat > $d/$n.body || exit 1
+echo "amber_b=\$(cat $d/$n.body) && rm -f $d/$n.body && eval \"\$amber_b\"" > $d/$n.new && mv $d/$n.new $d/$n.req || exit 1
 i=0
-while [ ! -s $d/$n.pid ]; do
+while [ ! -s $d/$n.pid ] || [ ! -s $d/$n.cpid ]; do
   [ $((i % 50)) -ne 0 ] || kill -USR1 1
-  i=$((i+1)); [ $i -lt 2000 ] || { rm -f $d/$n.req; echo "the sandbox's init did not start the process" >&2; exit 1; }
+  i=$((i+1)); [ $i -lt 2000 ] || { rm -f $d/$n.req $d/$n.body; echo "the sandbox's init did not start the process" >&2; exit 1; }
   sleep 0.01 2>/dev/null || { sleep 1; i=$((i+49)); }
 done
-cat $d/$n.pid; rm -f $d/$n.pid`
-
-// shQuote quotes s for a POSIX shell.
-func shQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+p=$(cat $d/$n.cpid); rm -f $d/$n.pid $d/$n.cpid
+i=0
+while [ $i -lt 1000 ]; do
+  a=$(tr '\000' '\n' </proc/$p/cmdline 2>/dev/null | { read -r x; read -r x; read -r x; read -r x; echo "$x"; })
+  case $a in amber-proc|amber-wait) ;; *) break ;; esac
+  i=$((i+1)); sleep 0.01 2>/dev/null || { sleep 1; i=$((i+99)); }
+done
+echo $p`
 
 // Start implements sandbox.Driver. The command's stdin is /dev/null and its
 // stdout and stderr go to /run/amber/proc/<pid>.log inside the sandbox;
@@ -400,22 +417,24 @@ func (d *Driver) Start(ctx context.Context, id string, spec sandbox.ExecSpec) (i
 	if !strings.HasPrefix(cwd, "/") {
 		return 0, errdefs.InvalidArgumentf("start: cwd %q is not absolute", cwd)
 	}
-	var script strings.Builder
-	script.WriteString(`exec </dev/null >"` + procLogDir + `/$$.log" 2>&1` + "\n")
-	for _, kv := range mergeEnv(rec.UID, rec.Env, spec.Env) {
-		script.WriteString("export " + shQuote(kv) + "\n")
-	}
-	script.WriteString("cd " + shQuote(cwd) + " || exit 127\nexec")
-	for _, a := range spec.Args {
-		script.WriteString(" " + shQuote(a))
-	}
-	script.WriteString("\n")
 	nonce := make([]byte, 8)
 	_, _ = rand.Read(nonce)
+	name := hex.EncodeToString(nonce)
+	var setup, body strings.Builder
+	for _, kv := range mergeEnv(rec.UID, rec.Env, spec.Env) {
+		setup.WriteString("export " + procwait.ShQuote(kv) + "\n")
+	}
+	setup.WriteString("cd " + procwait.ShQuote(cwd) + " || exit 127\n")
+	body.WriteString("set --")
+	for _, a := range spec.Args {
+		body.WriteString(" " + procwait.ShQuote(a))
+	}
+	body.WriteString("\n")
+	body.WriteString(procwait.Script(procwait.Dir, setup.String(), `echo "$amber_c" >`+spawnDir+"/"+name+".cpid"))
 	var out, errb bytes.Buffer
 	st, err := d.exec(ctx, rec, sandbox.ExecSpec{
-		Args:    []string{"/bin/sh", "-c", spawnScript, "amber-start", hex.EncodeToString(nonce)},
-		Stdin:   strings.NewReader(script.String()),
+		Args:    []string{"/bin/sh", "-c", spawnScript, "amber-start", name},
+		Stdin:   strings.NewReader(body.String()),
 		Stdout:  &out,
 		Stderr:  &errb,
 		Timeout: 30 * time.Second,

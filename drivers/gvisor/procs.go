@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/procwait"
 )
 
 // psScript prints, for every process of the sandbox, two lines: "S " and
@@ -137,4 +139,34 @@ func (d *Driver) Signal(ctx context.Context, id string, pid int, sig os.Signal) 
 		return classify(id, err)
 	}
 	return nil
+}
+
+// Wait implements sandbox.Driver with internal/procwait: the exit file the
+// process's waiter writes is read on the host, in the layer that runsc
+// serves as the sandbox's root (writes inside go through to it at once:
+// --overlay2=none), every 100ms; every 2s an exec of Processes checks that
+// the process is still there, and that the sandbox still runs.
+func (d *Driver) Wait(ctx context.Context, id string, pid int) (sandbox.ExitStatus, error) {
+	if _, err := d.running(id); err != nil {
+		return sandbox.ExitStatus{}, err
+	}
+	if pid <= 0 {
+		return sandbox.ExitStatus{}, errdefs.InvalidArgumentf("wait: pid %d", pid)
+	}
+	fs, err := d.Files(ctx, id)
+	if err != nil {
+		return sandbox.ExitStatus{}, err
+	}
+	alive := func(ctx context.Context, pid int) (bool, error) {
+		ps, err := d.Processes(ctx, id)
+		if err != nil {
+			return false, err
+		}
+		return slices.ContainsFunc(ps, func(p sandbox.Process) bool { return p.PID == pid }), nil
+	}
+	st, err := procwait.Wait(ctx, fs, pid, alive, procwait.Options{})
+	if err != nil {
+		return sandbox.ExitStatus{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return st, nil
 }

@@ -7,6 +7,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/procwait"
 )
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -31,8 +32,9 @@ const initScript = `trap : TERM INT HUP USR1; mkdir -p ` + procLogDir + ` ` + sp
 // sandbox's /dev tmpfs (memory, saved with a checkpoint).
 const spawnDir = "/dev/.amber-spawn"
 
-// procLogDir holds the output of background processes, <pid>.log.
-const procLogDir = "/run/amber/proc"
+// procLogDir holds the output of background processes, <pid>.log, and
+// their exit statuses, <pid>.exit (see internal/procwait).
+const procLogDir = procwait.Dir
 
 // defaultCaps is the capability set of sandbox processes (bounding,
 // effective, permitted): the criu driver's, which is Docker's default less

@@ -67,8 +67,26 @@ func TestLifecycleAndEvents(t *testing.T) {
 	if _, err := e.Exec(ctx, "other", sb.ID, sandbox.ExecSpec{Args: []string{"true"}}); !errdefs.IsNotFound(err) {
 		t.Fatalf("other tenant exec: %v", err)
 	}
+	// A background process: its owner waits for its status; another
+	// tenant cannot even learn that it exists.
+	pid, err := e.StartProcess(ctx, "default", sb.ID, sandbox.ExecSpec{Args: []string{"sh", "-c", "exit 4"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Wait(ctx, "other", sb.ID, pid); !errdefs.IsNotFound(err) {
+		t.Fatalf("other tenant wait: %v", err)
+	}
+	if st, err := e.Wait(ctx, "default", sb.ID, pid); err != nil || st != (sandbox.ExitStatus{Code: 4}) {
+		t.Fatalf("wait: %+v %v, want exit 4", st, err)
+	}
+	if _, err := e.Wait(ctx, "default", sb.ID, 0); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("wait for pid 0: %v", err)
+	}
 	if _, err := e.Kill(ctx, "default", sb.ID); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := e.Wait(ctx, "default", sb.ID, pid); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("wait in killed sandbox: %v", err)
 	}
 	_, err = e.Exec(ctx, "default", sb.ID, sandbox.ExecSpec{Args: []string{"true"}})
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) {

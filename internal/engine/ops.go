@@ -112,6 +112,20 @@ func (e *Engine) Signal(ctx context.Context, tenant, id string, pid int, sig os.
 	return e.drv.Signal(ctx, id, pid, sig)
 }
 
+// Wait waits for background process pid of sandbox id (one StartProcess
+// made) to end and returns how it ended. The status is kept inside the
+// sandbox, so a Wait after the end, or a second one, returns it too; when
+// ctx ends first, Wait returns and the process runs on.
+func (e *Engine) Wait(ctx context.Context, tenant, id string, pid int) (sandbox.ExitStatus, error) {
+	if pid <= 0 {
+		return sandbox.ExitStatus{}, errdefs.InvalidArgumentf("pid %d is not a process", pid)
+	}
+	if _, err := e.running(ctx, tenant, id); err != nil {
+		return sandbox.ExitStatus{}, err
+	}
+	return e.drv.Wait(ctx, id, pid)
+}
+
 // Files gives access to sandbox id's filesystem. A stopped or crashed
 // sandbox keeps its files, so they stay readable until it is destroyed.
 func (e *Engine) Files(ctx context.Context, tenant, id string) (sandbox.FS, error) {

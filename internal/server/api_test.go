@@ -181,6 +181,37 @@ func TestSandboxExecFilesProcessesEvents(t *testing.T) {
 		if err := c.Signal(ctx, sb.ID, pid, "NOPE"); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Fatalf("bad signal: %v", err)
 		}
+		if st, err := c.Wait(ctx, sb.ID, pid); err != nil || st.Signal != "SIGKILL" || st.Code != 137 {
+			t.Fatalf("wait for the killed process: %+v %v", st, err)
+		}
+		pid, err = c.StartProcess(ctx, sb.ID, api.StartProcessRequest{Args: []string{"sh", "-c", "sleep 1; exit 6"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, err := c.Wait(ctx, sb.ID, pid); err != nil || st != (api.ExitStatus{Code: 6}) {
+			t.Fatalf("wait: %+v %v, want exit 6", st, err)
+		}
+		if _, err := c.Wait(ctx, sb.ID, 99999); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Fatalf("wait for a pid never started: %v", err)
+		}
+		if _, err := c.Wait(ctx, sb.ID, 0); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Fatalf("wait for pid 0: %v", err)
+		}
+		// A client that stops waiting gets its context's error; the
+		// process runs on.
+		pid, err = c.StartProcess(ctx, sb.ID, api.StartProcessRequest{Args: []string{"sleep", "300"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		_, err = c.Wait(wctx, sb.ID, pid)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("wait with a deadline: %v", err)
+		}
+		if ps, err := c.Processes(ctx, sb.ID); err != nil || !hasPID(ps, pid) {
+			t.Fatalf("processes after a cancelled wait: %+v %v (want pid %d)", ps, err, pid)
+		}
 	})
 
 	if _, err := c.KillSandbox(ctx, sb.ID); err != nil {

@@ -55,6 +55,22 @@ func (s *Server) signalProcess(w http.ResponseWriter, r *http.Request, c *call) 
 	return nil
 }
 
+// waitProcess waits until the process ends and answers with its
+// ExitStatus. It holds the request for as long as the process runs; a
+// client that gives up (closes the connection) ends the wait, never the
+// process.
+func (s *Server) waitProcess(w http.ResponseWriter, r *http.Request, c *call) error {
+	pid, err := strconv.Atoi(r.PathValue("pid"))
+	if err != nil || pid <= 0 {
+		return errdefs.InvalidArgumentf("pid %q is not a process id", r.PathValue("pid"))
+	}
+	st, err := s.eng.Wait(r.Context(), c.tenant, r.PathValue("id"), pid)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, api.ExitStatus{Code: st.Code, Signal: st.Signal, TimedOut: st.TimedOut})
+}
+
 var signals = map[string]syscall.Signal{
 	"HUP": syscall.SIGHUP, "INT": syscall.SIGINT, "QUIT": syscall.SIGQUIT, "KILL": syscall.SIGKILL,
 	"USR1": syscall.SIGUSR1, "USR2": syscall.SIGUSR2, "PIPE": syscall.SIGPIPE, "ALRM": syscall.SIGALRM,

@@ -70,6 +70,7 @@ func (s *Server) routes() []Route {
 		{Method: "GET", Path: "/v1/sandboxes/{id}/processes", h: s.listProcesses},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/processes", h: s.startProcess},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}/signal", h: s.signalProcess},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}/wait", h: s.waitProcess},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/files", h: s.getFile},
 		{Method: "PUT", Path: "/v1/sandboxes/{id}/files", h: s.putFile},
 		{Method: "DELETE", Path: "/v1/sandboxes/{id}/files", h: s.deleteFile},

@@ -23,7 +23,9 @@
 // stdin, env, cwd, timeout and cancellation that kill the command's
 // process group), that only fds 0-2 reach a command and never a file of the
 // caller, PTY mode, background processes (survive execs, listed, logged,
-// signalled to death and reaped), files (every FS call; host writes seen
+// signalled to death and reaped; Wait returns exit codes and signals, after
+// the end too and from a restarted driver, ErrNotFound for a pid Start did
+// not make, and returns promptly on a cancelled context), files (every FS call; host writes seen
 // inside at once and the other way round; tar round trip), confinement of
 // FS paths (traversal, absolute and relative symlinks planted by the
 // sandbox, /proc magic links, writes through symlinks, tar escapes: none
@@ -120,6 +122,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) sandbox.Driver, opts Options
 			{"ExecFDs", s.testExecFDs},
 			{"TTY", s.testTTY},
 			{"Background", s.testBackground},
+			{"Wait", s.testWait},
 			{"Files", s.testFiles},
 			{"Confinement", s.testConfinement},
 			{"MemoryLimit", s.testMemoryLimit},
