@@ -30,6 +30,7 @@ type upOptions struct {
 	addr, driver, pool, logLevel, blobs string
 	watch                               time.Duration
 	keep                                int
+	idle                                time.Duration
 }
 
 func newUpCmd(g *globalFlags) *cobra.Command {
@@ -57,6 +58,7 @@ reused.`,
 	f.StringVar(&o.pool, "pool", "1", "warm sandboxes per template: N, or NAME=N,NAME=N")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.blobs, "blobs", "", "checkpoint blob store directory (default DATA_DIR/blobs)")
+	f.DurationVar(&o.idle, "idle-timeout", 0, "checkpoint and stop a sandbox after this long without calls; the next call resumes it (0: never)")
 	f.IntVar(&o.keep, "keep-checkpoints", 0, "keep each sandbox's newest N checkpoints plus tagged ones, delete the rest and truncate its log below them (0: keep all)")
 	f.DurationVar(&o.watch, "watch-interval", 5*time.Second, "how often running sandboxes are checked for a dead init")
 	return c
@@ -160,7 +162,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	eng, err := engine.New(engine.Options{
 		Driver: drv, Meta: m, Log: log, Registry: eventlog.NewRegistry(), Templates: cat,
 		Pool: pool, WatchInterval: o.watch, Logger: lg.With("component", "engine"),
-		Checkpoints: ckpts, WorkDir: workDir, KeepCheckpoints: o.keep,
+		Checkpoints: ckpts, WorkDir: workDir, KeepCheckpoints: o.keep, IdleTimeout: o.idle,
 	})
 	if err != nil {
 		return err

@@ -71,6 +71,8 @@ type CheckpointRequest struct {
 	// (recover or restore brings it back).
 	Stop     bool
 	Progress func(Progress)
+	// stopReason, when set, is the stopped sandbox's reason (idle.go).
+	stopReason string
 }
 
 // RestoreRequest asks for a restore of a checkpoint.
@@ -237,7 +239,10 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 		return ck, err // committed in storage and log; the next start settles the row
 	}
 	if r.Stop {
-		const reason = "checkpointed and stopped"
+		reason := "checkpointed and stopped"
+		if r.stopReason != "" {
+			reason = r.stopReason
+		}
 		if sb, err = e.meta.SetState(ctx, id, meta.StateStopped, reason, meta.StateRunning); err != nil {
 			return ck, err
 		}
@@ -382,6 +387,12 @@ func (e *Engine) Recover(ctx context.Context, tenant, id string, progress func(P
 
 // restore restores ck into sandbox target (a new sandbox when target is "").
 func (e *Engine) restore(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress)) (meta.Sandbox, error) {
+	return e.restoreWith(ctx, ck, target, progress, false)
+}
+
+// restoreWith is restore; with resumeIdle it restores target only if it is
+// still stopped for being idle and returns it as it is when it runs again.
+func (e *Engine) restoreWith(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress), resumeIdle bool) (meta.Sandbox, error) {
 	cp, err := e.checkpointer()
 	if err != nil {
 		return meta.Sandbox{}, err
@@ -431,6 +442,12 @@ func (e *Engine) restore(ctx context.Context, ck meta.Checkpoint, target string,
 		defer e.lock(target)()
 		if sb, err = e.meta.Get(ctx, target); err != nil {
 			return sb, err
+		}
+		if resumeIdle && sb.State == meta.StateRunning {
+			return sb, nil // another call resumed it
+		}
+		if resumeIdle && !idleStopped(sb) {
+			return sb, errdefs.FailedPreconditionf("sandbox %s is %s, not running", sb.ID, sb.State)
 		}
 		switch sb.State {
 		case meta.StateRunning, meta.StateStopped, meta.StateCrashed:

@@ -74,6 +74,9 @@ type Options struct {
 	// checkpoints plus the tagged ones, deletes the others, and truncates
 	// the sandbox's stream below the oldest one kept (see retain).
 	KeepCheckpoints int
+	// IdleTimeout, when > 0, checkpoints and stops a sandbox after this
+	// long without a call into it; the next call resumes it (idle.go).
+	IdleTimeout time.Duration
 }
 
 // Engine is the sandbox manager. It is safe for concurrent use.
@@ -102,6 +105,8 @@ type Engine struct {
 	fastEvery    int
 	fastInterval time.Duration
 	keep         int
+	idle         time.Duration
+	activity     sync.Map // sandbox id → time.Time of the last call into it
 	bg           context.Context // background work; set by Start
 
 	cancel context.CancelFunc
@@ -147,7 +152,7 @@ func New(o Options) (*Engine, error) {
 	e := &Engine{drv: o.Driver, meta: o.Meta, log: o.Log, reg: o.Registry, tmpl: o.Templates,
 		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval,
 		ckpts: o.Checkpoints, workDir: o.WorkDir, node: "node/" + o.Node, leaseTTL: o.LeaseTTL,
-		leases: map[string]eventlog.Lease{}, fastEvery: o.FastEvery, fastInterval: o.FastInterval, keep: o.KeepCheckpoints}
+		leases: map[string]eventlog.Lease{}, fastEvery: o.FastEvery, fastInterval: o.FastInterval, keep: o.KeepCheckpoints, idle: o.IdleTimeout}
 	for name := range o.Pool {
 		if _, err := o.Templates.Get(name); err != nil {
 			return nil, fmt.Errorf("warm pool: %w", err)
@@ -182,6 +187,13 @@ func (e *Engine) Start(ctx context.Context) error {
 			defer e.wg.Done()
 			e.policyLoop(bg)
 		}()
+		if e.idle > 0 {
+			e.wg.Add(1)
+			go func() {
+				defer e.wg.Done()
+				e.idleLoop(bg)
+			}()
+		}
 	}
 	if e.watch > 0 {
 		e.wg.Add(1)

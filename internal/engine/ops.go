@@ -26,6 +26,38 @@ func (e *Engine) cutLock(id string) *sync.RWMutex {
 	return m.(*sync.RWMutex)
 }
 
+// enter returns tenant's sandbox id, running, with a hold on it that a
+// checkpoint's cut waits for (see inSandbox); the caller releases it with
+// the returned func. A sandbox stopped for being idle is resumed first. The
+// call counts as activity for the idle timeout, at its start and its end.
+func (e *Engine) enter(ctx context.Context, tenant, id string) (meta.Sandbox, func(), error) {
+	for attempt := 0; ; attempt++ {
+		sb, err := e.Get(ctx, tenant, id)
+		if err != nil {
+			return sb, nil, err
+		}
+		if idleStopped(sb) && attempt < 3 {
+			if _, err := e.resume(ctx, sb); err != nil {
+				return sb, nil, err
+			}
+			continue
+		}
+		if sb.State != meta.StateRunning {
+			return sb, nil, errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
+		}
+		unlock := e.inSandbox(id)
+		// A cut (an idle stop) may have ended while this call waited.
+		if cur, err := e.meta.Get(ctx, id); err == nil && cur.State == meta.StateRunning {
+			e.touch(id)
+			return cur, func() { e.touch(id); unlock() }, nil
+		}
+		unlock()
+		if attempt >= 3 {
+			return sb, nil, errdefs.FailedPreconditionf("sandbox %s stopped while the call waited", id)
+		}
+	}
+}
+
 // running returns sandbox id if tenant owns it and it runs.
 func (e *Engine) running(ctx context.Context, tenant, id string) (meta.Sandbox, error) {
 	sb, err := e.Get(ctx, tenant, id)
@@ -63,12 +95,11 @@ func (e *Engine) Exec(ctx context.Context, tenant, id string, spec sandbox.ExecS
 	if err := validateExec(spec); err != nil {
 		return sandbox.ExitStatus{}, err
 	}
-	sb, err := e.running(ctx, tenant, id)
+	sb, unlock, err := e.enter(ctx, tenant, id)
 	if err != nil {
 		return sandbox.ExitStatus{}, err
 	}
 	// Driver errors name the sandbox already.
-	unlock := e.inSandbox(id)
 	st, err := e.drv.Exec(ctx, id, withEnv(sb, spec))
 	unlock()
 	if err != nil {
@@ -83,20 +114,21 @@ func (e *Engine) StartProcess(ctx context.Context, tenant, id string, spec sandb
 	if err := validateExec(spec); err != nil {
 		return 0, err
 	}
-	sb, err := e.running(ctx, tenant, id)
+	sb, unlock, err := e.enter(ctx, tenant, id)
 	if err != nil {
 		return 0, err
 	}
-	defer e.inSandbox(id)()
+	defer unlock()
 	return e.drv.Start(ctx, id, withEnv(sb, spec))
 }
 
 // Processes lists the processes of sandbox id.
 func (e *Engine) Processes(ctx context.Context, tenant, id string) ([]sandbox.Process, error) {
-	if _, err := e.running(ctx, tenant, id); err != nil {
+	_, unlock, err := e.enter(ctx, tenant, id)
+	if err != nil {
 		return nil, err
 	}
-	defer e.inSandbox(id)()
+	defer unlock()
 	return e.drv.Processes(ctx, id)
 }
 
@@ -105,10 +137,11 @@ func (e *Engine) Signal(ctx context.Context, tenant, id string, pid int, sig os.
 	if pid <= 0 {
 		return errdefs.InvalidArgumentf("pid %d is not a process", pid)
 	}
-	if _, err := e.running(ctx, tenant, id); err != nil {
+	_, unlock, err := e.enter(ctx, tenant, id)
+	if err != nil {
 		return err
 	}
-	defer e.inSandbox(id)()
+	defer unlock()
 	return e.drv.Signal(ctx, id, pid, sig)
 }
 
@@ -120,9 +153,13 @@ func (e *Engine) Wait(ctx context.Context, tenant, id string, pid int) (sandbox.
 	if pid <= 0 {
 		return sandbox.ExitStatus{}, errdefs.InvalidArgumentf("pid %d is not a process", pid)
 	}
-	if _, err := e.running(ctx, tenant, id); err != nil {
+	_, unlock, err := e.enter(ctx, tenant, id)
+	if err != nil {
 		return sandbox.ExitStatus{}, err
 	}
+	// Waiting reads a status file from the host: it holds nothing that a
+	// checkpoint would wait for.
+	unlock()
 	return e.drv.Wait(ctx, id, pid)
 }
 
@@ -136,5 +173,11 @@ func (e *Engine) Files(ctx context.Context, tenant, id string) (sandbox.FS, erro
 	if sb.State == meta.StateDestroyed || sb.State == meta.StateCreating {
 		return nil, errdefs.FailedPreconditionf("sandbox %s is %s", id, sb.State)
 	}
+	if idleStopped(sb) {
+		if _, err := e.resume(ctx, sb); err != nil {
+			return nil, err
+		}
+	}
+	e.touch(id)
 	return e.drv.Files(ctx, id)
 }

@@ -55,9 +55,11 @@ func (e *Engine) DialPort(ctx context.Context, tenant, id string, port int) (net
 	if err != nil {
 		return nil, err
 	}
-	if _, err := e.running(ctx, tenant, id); err != nil {
+	_, unlock, err := e.enter(ctx, tenant, id)
+	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	return pd.DialPort(ctx, id, port)
 }
 

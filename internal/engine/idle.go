@@ -1,0 +1,85 @@
+package engine
+
+// Idle sandboxes are checkpointed and stopped after Options.IdleTimeout
+// without a call into them (exec, start, ps, signal, wait, files, a port
+// request), and resumed from that checkpoint by the next such call, which
+// waits for the restore and then proceeds: the caller sees a slower call,
+// nothing else. A stopped idle sandbox holds no memory or CPU on the node;
+// its state is in the checkpoint store.
+//
+// The stop is a checkpoint with Stop (committed before the sandbox stops;
+// see checkpoint.go) whose sandbox.killed event and row carry the reason
+// idleReason; a resume is an in-place restore from the sandbox's latest
+// checkpoint (sandbox.restored), done once even when many calls arrive
+// together (they wait on the sandbox's lock and find it running).
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/meta"
+)
+
+// idleReason is the reason of a sandbox the engine stopped for being idle.
+const idleReason = "idle: checkpointed and stopped; the next call resumes it"
+
+func idleStopped(sb meta.Sandbox) bool {
+	return sb.State == meta.StateStopped && sb.Reason == idleReason
+}
+
+// touch records activity in sandbox id.
+func (e *Engine) touch(id string) { e.activity.Store(id, time.Now()) }
+
+// idleLoop stops sandboxes idle for e.idle.
+func (e *Engine) idleLoop(ctx context.Context) {
+	every := min(max(e.idle/4, 100*time.Millisecond), 10*time.Second)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rows, err := e.meta.List(ctx, meta.Filter{States: []meta.State{meta.StateRunning}})
+		if err != nil {
+			continue
+		}
+		for _, sb := range rows {
+			if sb.Pooled || sb.Driver != e.drv.Name() {
+				continue
+			}
+			last, ok := e.activity.Load(sb.ID)
+			if !ok {
+				// First sight (e.g. after a restart): idle from now.
+				e.touch(sb.ID)
+				continue
+			}
+			if time.Since(last.(time.Time)) < e.idle {
+				continue
+			}
+			_, err := e.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID, Stop: true, stopReason: idleReason})
+			switch {
+			case err == nil:
+				e.lg.Info("idle sandbox checkpointed and stopped", "sandbox", sb.ID, "idle_for", e.idle)
+			case ctx.Err() == nil && !errors.Is(err, errdefs.ErrFailedPrecondition):
+				e.lg.Warn("stop idle sandbox", "sandbox", sb.ID, "err", err)
+				e.touch(sb.ID) // try again after another idle period
+			}
+		}
+	}
+}
+
+// resume restores idle-stopped sb in place from its latest checkpoint,
+// unless another call did already.
+func (e *Engine) resume(ctx context.Context, sb meta.Sandbox) (meta.Sandbox, error) {
+	ck, err := e.latestCheckpoint(ctx, sb.ID)
+	if err != nil {
+		return sb, err
+	}
+	e.lg.Info("resuming idle sandbox", "sandbox", sb.ID, "checkpoint", ck.ID)
+	e.touch(sb.ID)
+	return e.restoreWith(ctx, ck, sb.ID, nil, true)
+}
