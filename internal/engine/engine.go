@@ -106,7 +106,7 @@ type Engine struct {
 	fastInterval time.Duration
 	keep         int
 	idle         time.Duration
-	activity     sync.Map // sandbox id → time.Time of the last call into it
+	activity     sync.Map        // sandbox id → time.Time of the last call into it
 	bg           context.Context // background work; set by Start
 
 	cancel context.CancelFunc
