@@ -65,6 +65,11 @@ func (s *Server) waitProcess(w http.ResponseWriter, r *http.Request, c *call) er
 		return errdefs.InvalidArgumentf("pid %q is not a process id", r.PathValue("pid"))
 	}
 	st, err := s.eng.Wait(r.Context(), c.tenant, r.PathValue("id"), pid)
+	if err != nil && r.Context().Err() != nil {
+		// The client hung up: nobody to answer, and not a failure.
+		c.lg.Info("wait ended by the client", "pid", pid)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
