@@ -22,7 +22,6 @@ import (
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/server"
-	"github.com/amber-run/amber/stores/localfs"
 	"github.com/amber-run/amber/stores/sqlite"
 )
 
@@ -57,7 +56,7 @@ reused.`,
 	f.StringVar(&o.driver, "driver", "gvisor", "sandbox driver: gvisor or criu")
 	f.StringVar(&o.pool, "pool", "1", "warm sandboxes per template: N, or NAME=N,NAME=N")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	f.StringVar(&o.blobs, "blobs", "", "checkpoint blob store directory (default DATA_DIR/blobs)")
+	f.StringVar(&o.blobs, "blobs", "", "checkpoint blob store: a directory (default DATA_DIR/blobs) or s3://HOST:PORT/BUCKET[/PREFIX][?secure=false] with keys in AMBER_S3_ACCESS_KEY/AMBER_S3_SECRET_KEY")
 	f.DurationVar(&o.idle, "idle-timeout", 0, "checkpoint and stop a sandbox after this long without calls; the next call resumes it (0: never)")
 	f.IntVar(&o.keep, "keep-checkpoints", 0, "keep each sandbox's newest N checkpoints plus tagged ones, delete the rest and truncate its log below them (0: keep all)")
 	f.DurationVar(&o.watch, "watch-interval", 5*time.Second, "how often running sandboxes are checked for a dead init")
@@ -155,7 +154,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if o.keep < 0 {
 		return usageError{fmt.Errorf("--keep-checkpoints %d: must be 0 (keep all) or more", o.keep)}
 	}
-	ckpts, workDir, err := openCheckpointStore(dataDir, o.blobs, lg)
+	ckpts, workDir, err := openCheckpointStore(ctx, dataDir, o.blobs, lg)
 	if err != nil {
 		return err
 	}
@@ -210,23 +209,20 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 }
 
 // openCheckpointStore opens the chunk store of checkpoints on the blob
-// store at blobs (a directory; default DATA_DIR/blobs) with the data dir's
-// master key, and empties the work directory where images are cut and
-// fetched (what a crashed daemon left there is garbage: committed images
-// live in the blob store).
-func openCheckpointStore(dataDir, blobs string, lg *slog.Logger) (*chunkstore.Store, string, error) {
-	if blobs == "" {
-		blobs = filepath.Join(dataDir, "blobs")
-	}
-	bs, err := localfs.Open(blobs)
+// store named by blobs (see openBlobs) with the data dir's master key, and
+// empties the work directory where images are cut and fetched (what a
+// crashed daemon left there is garbage: committed images live in the blob
+// store).
+func openCheckpointStore(ctx context.Context, dataDir, blobs string, lg *slog.Logger) (*chunkstore.Store, string, error) {
+	bs, where, err := openBlobs(ctx, dataDir, blobs, lg)
 	if err != nil {
-		return nil, "", fmt.Errorf("blob store %s: %w", blobs, err)
+		return nil, "", err
 	}
 	key, err := ensureMasterKey(dataDir, chunkstore.MasterKeySize)
 	if err != nil {
 		return nil, "", err
 	}
-	cs, err := chunkstore.New(chunkstore.Config{Blobs: bs, MasterKey: key, Logger: lg.With("component", "chunkstore")})
+	cs, err := chunkstore.New(chunkstore.Config{Blobs: bs, MasterKey: key, Logger: lg.With("component", "chunkstore", "blobs", where)})
 	if err != nil {
 		return nil, "", err
 	}
