@@ -287,6 +287,13 @@ type RestoreRequest struct {
 	AsNew bool `json:"as_new,omitempty"`
 }
 
+// RecoverRequest is the (optional) body of POST /v1/sandboxes/{id}/recover.
+type RecoverRequest struct {
+	// ToEvent, when set, recovers the state as of that event of the
+	// sandbox's stream: the newest checkpoint cut at or before it.
+	ToEvent uint64 `json:"to_event,omitempty"`
+}
+
 // Progress reports a long operation: its phase ("cut", "upload", "fetch",
 // "restore") and bytes done of total for transfers.
 type Progress struct {

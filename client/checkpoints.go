@@ -92,9 +92,10 @@ func (c *Client) Restore(ctx context.Context, id string, r api.RestoreRequest, p
 	return c.sandboxOp(ctx, ckPath(id, "/restore"), r, progress)
 }
 
-// Recover restores sandbox id in place from its latest checkpoint.
-func (c *Client) Recover(ctx context.Context, id string, progress func(api.Progress)) (api.Sandbox, error) {
-	return c.sandboxOp(ctx, sbPath(id, "/recover"), struct{}{}, progress)
+// Recover restores sandbox id in place from its latest checkpoint, or with
+// r.ToEvent from the newest one cut at or before that event.
+func (c *Client) Recover(ctx context.Context, id string, r api.RecoverRequest, progress func(api.Progress)) (api.Sandbox, error) {
+	return c.sandboxOp(ctx, sbPath(id, "/recover"), r, progress)
 }
 
 func (c *Client) sandboxOp(ctx context.Context, path string, in any, progress func(api.Progress)) (api.Sandbox, error) {

@@ -197,9 +197,10 @@ chunk by chunk before anything runs.`,
 }
 
 func newRecoverCmd(g *globalFlags) *cobra.Command {
-	return &cobra.Command{
-		Use:   "recover SBX",
-		Short: "Restore a sandbox in place from its latest checkpoint",
+	var toEvent uint64
+	c := &cobra.Command{
+		Use:   "recover SBX [--to-event N]",
+		Short: "Restore a sandbox in place from its latest checkpoint (or the last one cut at or before event N)",
 		Args:  exactArgs(1, "a sandbox id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cl, err := g.client()
@@ -207,7 +208,7 @@ func newRecoverCmd(g *globalFlags) *cobra.Command {
 				return err
 			}
 			p := newProgress(cmd)
-			sb, err := cl.Recover(cmd.Context(), args[0], p.update)
+			sb, err := cl.Recover(cmd.Context(), args[0], api.RecoverRequest{ToEvent: toEvent}, p.update)
 			p.done()
 			if err != nil {
 				return err
@@ -219,4 +220,6 @@ func newRecoverCmd(g *globalFlags) *cobra.Command {
 			return nil
 		},
 	}
+	c.Flags().Uint64Var(&toEvent, "to-event", 0, "recover the state as of this event of the sandbox's log (see `amber sandbox events`)")
+	return c
 }

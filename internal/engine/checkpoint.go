@@ -368,11 +368,34 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (meta.Sandbox, e
 // checkpoint (for a fork without checkpoints of its own: the checkpoint it
 // was forked from).
 func (e *Engine) Recover(ctx context.Context, tenant, id string, progress func(Progress)) (meta.Sandbox, error) {
+	return e.RecoverTo(ctx, tenant, id, 0, progress)
+}
+
+// RecoverTo is Recover to the state as of event toEvent of the sandbox's
+// stream: the newest committed checkpoint whose cut is at or before that
+// event (0: the newest of all).
+func (e *Engine) RecoverTo(ctx context.Context, tenant, id string, toEvent uint64, progress func(Progress)) (meta.Sandbox, error) {
 	sb, err := e.Get(ctx, tenant, id)
 	if err != nil {
 		return sb, err
 	}
-	ck, err := e.latestCheckpoint(ctx, id)
+	var ck meta.Checkpoint
+	if toEvent > 0 {
+		cks, err := e.meta.Checkpoints(ctx, meta.CheckpointFilter{SandboxID: id, States: []meta.CheckpointState{meta.CheckpointCommitted}})
+		if err != nil {
+			return sb, err
+		}
+		for _, c := range cks {
+			if c.Seq <= toEvent {
+				ck = c
+			}
+		}
+		if ck.ID == "" {
+			return sb, errdefs.FailedPreconditionf("sandbox %s has no checkpoint cut at or before event %d", id, toEvent)
+		}
+		return e.restore(ctx, ck, id, progress)
+	}
+	ck, err = e.latestCheckpoint(ctx, id)
 	if errdefs.IsNotFound(err) && sb.Origin != "" {
 		ck, err = e.meta.Checkpoint(ctx, sb.Origin)
 	}

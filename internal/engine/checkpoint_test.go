@@ -219,6 +219,11 @@ func testCheckpointRestoreFork(t *testing.T, drv string) {
 		t.Errorf("counter after recover: %+v", got)
 	}
 
+	// "Restore to event N": the newest checkpoint cut at or before it.
+	if _, err := e.RecoverTo(ctx, "default", id, ck1.Seq-1, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("recover to an event before any cut: %v", err)
+	}
+
 	// The log tells the story, one event per incarnation, with the
 	// fidelity report of each restore.
 	evs, err := e.Events(ctx, "default", id, 1, 100)
@@ -238,6 +243,13 @@ func testCheckpointRestoreFork(t *testing.T, drv string) {
 	want := "sandbox.created,sandbox.started,sandbox.checkpointed,sandbox.checkpointed,sandbox.killed,sandbox.restored,sandbox.killed,sandbox.restored"
 	if strings.Join(types, ",") != want {
 		t.Errorf("events:\n got %s\nwant %s", strings.Join(types, ","), want)
+	}
+	rsb, err = e.RecoverTo(ctx, "default", id, ck2.Seq-1, nil)
+	if err != nil || rsb.Origin != ck1.ID {
+		t.Fatalf("recover to event %d: %+v %v (want %s)", ck2.Seq-1, rsb, err, ck1.ID)
+	}
+	if fs := fileState(t, e, id); strings.Contains(fs, "after\n") {
+		t.Errorf("files after recovering to event %d: %q", ck2.Seq-1, fs)
 	}
 }
 

@@ -148,9 +148,13 @@ func (s *Server) restoreCheckpoint(w http.ResponseWriter, r *http.Request, c *ca
 }
 
 func (s *Server) recoverSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+	var req api.RecoverRequest
+	if err := readOptionalJSON(r, &req); err != nil {
+		return err
+	}
 	id := r.PathValue("id")
 	return operation(w, r, http.StatusOK, func(progress func(engine.Progress)) (api.OperationFrame, error) {
-		sb, err := s.eng.Recover(r.Context(), c.tenant, id, progress)
+		sb, err := s.eng.RecoverTo(r.Context(), c.tenant, id, req.ToEvent, progress)
 		if err != nil {
 			return api.OperationFrame{}, err
 		}
