@@ -151,6 +151,7 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 			lg.Error("record failed checkpoint", "err", merr)
 		}
 		lg.Warn("checkpoint failed", "err", err)
+		e.collect(ck.Tenant) // what it stored is garbage now
 		return ck, err
 	}
 
@@ -605,6 +606,7 @@ func (e *Engine) reconcileCheckpoints(ctx context.Context) error {
 			return err
 		}
 		lg.Warn("pending checkpoint failed: the daemon stopped before it committed")
+		defer e.collect(ck.Tenant)
 	}
 	return nil
 }

@@ -286,6 +286,19 @@ func TestCheckpointCommitFailures(t *testing.T) {
 			t.Errorf("failure at %s: row %s, pointer %v", step, row.State, pointer(ck.ID))
 		}
 	}
+	// What the failed checkpoints stored is collected: no checkpoint is
+	// committed yet, so no chunk may stay.
+	for deadline := time.Now().Add(time.Minute); ; {
+		chunks, _ := filepath.Glob(filepath.Join(env.Blobs, "objects/tenants/default/chunks/*/*"))
+		if len(chunks) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d chunks of failed checkpoints are still stored after a minute", len(chunks))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
 	// A failure after the pointer and the log event: the checkpoint counts.
 	env.FailAt = func(s string) error {
 		if s == "committed" {

@@ -107,6 +107,7 @@ type Engine struct {
 	keep         int
 	idle         time.Duration
 	activity     sync.Map        // sandbox id → time.Time of the last call into it
+	gcs          sync.Map        // tenant → *gcState (gc.go)
 	bg           context.Context // background work; set by Start
 
 	cancel context.CancelFunc
@@ -175,11 +176,12 @@ func (e *Engine) Start(ctx context.Context) error {
 	if err := e.reconcile(ctx); err != nil {
 		return err
 	}
-	if err := e.reconcileCheckpoints(ctx); err != nil {
-		return err
-	}
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.cancel, e.bg = cancel, bg
+	if err := e.reconcileCheckpoints(ctx); err != nil {
+		cancel()
+		return err
+	}
 	e.pool.start(bg)
 	if e.ckpts != nil {
 		e.wg.Add(1)

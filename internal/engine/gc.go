@@ -1,0 +1,80 @@
+package engine
+
+import (
+	"sync"
+	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
+)
+
+// Garbage collection of checkpoint chunks. A checkpoint that fails before
+// its pointer leaves chunks and maybe a manifest nothing references; the
+// engine asks the chunk store to collect the tenant's garbage after every
+// failed checkpoint (and after a restart settles failed ones). The chunk
+// store's GC is safe against concurrent checkpoints: while a writer of the
+// tenant is live it deletes nothing and says Deferred, and the engine tries
+// again a second later. Requests for a tenant whose collection runs are
+// folded into one more run after it.
+
+type gcState struct {
+	mu      sync.Mutex
+	running bool
+	again   bool
+}
+
+// gcRetry is how long a deferred collection waits before trying again.
+var gcRetry = time.Second
+
+// collect schedules a garbage collection of tenant's chunks.
+func (e *Engine) collect(tenant string) {
+	if e.ckpts == nil || e.bg == nil {
+		return
+	}
+	v, _ := e.gcs.LoadOrStore(tenant, &gcState{})
+	st := v.(*gcState)
+	st.mu.Lock()
+	if st.running {
+		st.again = true
+		st.mu.Unlock()
+		return
+	}
+	st.running = true
+	st.mu.Unlock()
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		for {
+			e.collectOnce(tenant)
+			st.mu.Lock()
+			if !st.again || e.bg.Err() != nil {
+				st.running = false
+				st.mu.Unlock()
+				return
+			}
+			st.again = false
+			st.mu.Unlock()
+		}
+	}()
+}
+
+func (e *Engine) collectOnce(tenant string) {
+	for attempt := 0; attempt < 120 && e.bg.Err() == nil; attempt++ {
+		res, err := e.ckpts.GC(e.bg, tenant)
+		switch {
+		case err == nil && !res.Deferred:
+			if res.DeletedChunks > 0 || res.DeletedManifests > 0 {
+				e.lg.Info("checkpoint garbage collected", "tenant", tenant, "chunks", res.DeletedChunks,
+					"bytes", res.DeletedBytes, "manifests", res.DeletedManifests, "kept_checkpoints", res.Checkpoints)
+			}
+			return
+		case err != nil && !errdefs.IsConflict(err):
+			e.lg.Warn("checkpoint garbage collection", "tenant", tenant, "err", err)
+			return
+		}
+		select { // deferred by a live writer, or another collector: later
+		case <-e.bg.Done():
+			return
+		case <-time.After(gcRetry):
+		}
+	}
+}
