@@ -186,6 +186,9 @@ func (e *Engine) Subscribe(ctx context.Context, tenant, id string, from uint64) 
 	if _, err := e.Get(ctx, tenant, id); err != nil {
 		return nil, err
 	}
+	if b, err := e.log.Bounds(ctx, Stream(id)); err == nil && from < b.First {
+		from = b.First // retention truncated the stream below from
+	}
 	return eventlog.Subscribe(e.log, Stream(id), from), nil
 }
 
