@@ -19,11 +19,14 @@ SETUP_SCRIPTS := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../scripts/setup)
 _setup_mk_default_goal := $(.DEFAULT_GOAL)
 
 .PHONY: setup setup-test setup-runsc setup-criu setup-sysctl setup-minimal \
-	setup-python-template setup-postgres setup-minio setup-build-deps
+	setup-python-template setup-postgres setup-minio setup-build-deps setup-test-deps
 
 setup: setup-build-deps setup-runsc setup-criu setup-sysctl setup-minimal setup-python-template
 
-setup-test: setup setup-postgres setup-minio
+setup-test: setup setup-postgres setup-minio setup-test-deps
+
+setup-test-deps:
+	$(SETUP_SCRIPTS)/test-deps.sh
 
 setup-build-deps:
 	$(SETUP_SCRIPTS)/build-deps.sh

@@ -1,0 +1,302 @@
+"""Amber's Python SDK: the REST API of an Amber daemon, standard library only.
+
+    import amber
+    c = amber.Client()                      # AMBER_ADDR / AMBER_TOKEN, or DATA_DIR/admin.key
+    sb = c.create_sandbox("python")
+    r = c.exec(sb["id"], ["python3", "-c", "print(6*7)"])
+    assert r.stdout == b"42\\n" and r.code == 0
+    ck = c.checkpoint(sb["id"])
+    c.kill(sb["id"]); c.recover(sb["id"])
+    for ev in c.follow_events(sb["id"]): ...
+
+Every failed call raises amber.Error with the API's error kind ("not found",
+"invalid argument", ...), the HTTP status and the message. Streams (exec
+output, followed events, checkpoint progress) are newline-delimited JSON read
+as they arrive.
+"""
+
+import base64
+import http.client
+import json
+import os
+import urllib.parse
+
+__all__ = ["Client", "Error", "ExecResult"]
+
+
+class Error(Exception):
+    """A failed API call: kind is one of the API's error kinds."""
+
+    def __init__(self, kind, message, status=None):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status = status
+
+    def __str__(self):
+        return "%s (%s)" % (self.message, self.kind)
+
+
+class ExecResult:
+    """How an exec ended, with its collected output."""
+
+    def __init__(self, code, signal, timed_out, stdout, stderr):
+        self.code = code
+        self.signal = signal
+        self.timed_out = timed_out
+        self.stdout = stdout
+        self.stderr = stderr
+
+    def __repr__(self):
+        return "ExecResult(code=%r, signal=%r, stdout=%r, stderr=%r)" % (
+            self.code, self.signal, self.stdout[:80], self.stderr[:80])
+
+
+def _default_token(data_dir):
+    token = os.environ.get("AMBER_TOKEN")
+    if token:
+        return token
+    path = os.path.join(data_dir or os.environ.get("AMBER_DATA_DIR", "/var/lib/amber"), "admin.key")
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+class Client:
+    """A client of one Amber daemon.
+
+    addr is "host:port" or a URL (default $AMBER_ADDR or 127.0.0.1:7777);
+    token an API key (default $AMBER_TOKEN, else DATA_DIR/admin.key).
+    """
+
+    def __init__(self, addr=None, token=None, data_dir=None, timeout=300):
+        addr = addr or os.environ.get("AMBER_ADDR") or "127.0.0.1:7777"
+        if "://" not in addr:
+            addr = "http://" + addr
+        u = urllib.parse.urlsplit(addr)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise Error("invalid argument", "daemon address %r is not host:port or a URL" % addr)
+        self._scheme = u.scheme
+        self._host = u.hostname
+        self._port = u.port or (443 if u.scheme == "https" else 80)
+        self._base = u.path.rstrip("/")
+        self._token = token or _default_token(data_dir)
+        self._timeout = timeout
+
+    # --- plumbing -------------------------------------------------------
+
+    def _conn(self):
+        cls = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
+        return cls(self._host, self._port, timeout=self._timeout)
+
+    def _request(self, method, path, query=None, body=None, ctype=None, accept=None):
+        url = self._base + path
+        if query:
+            url += "?" + urllib.parse.urlencode(query, doseq=True)
+        headers = {}
+        if self._token:
+            headers["Authorization"] = "Bearer " + self._token
+        if ctype:
+            headers["Content-Type"] = ctype
+        if accept:
+            headers["Accept"] = accept
+        conn = self._conn()
+        try:
+            conn.request(method, url, body=body, headers=headers)
+            resp = conn.getresponse()
+        except OSError as e:
+            conn.close()
+            raise Error("unavailable", "%s %s: %s (is `amber up` running there?)" % (method, url, e)) from e
+        if resp.status // 100 != 2:
+            raw = resp.read(1 << 20)
+            conn.close()
+            try:
+                e = json.loads(raw)["error"]
+                raise Error(e.get("kind", "internal"), e.get("message", ""), resp.status)
+            except (ValueError, KeyError, TypeError):
+                raise Error("internal", "%s %s: HTTP %d: %s" % (method, url, resp.status, raw[:200].decode(errors="replace")), resp.status)
+        return conn, resp
+
+    def _json(self, method, path, query=None, body=None):
+        data = None if body is None else json.dumps(body).encode()
+        conn, resp = self._request(method, path, query, data, "application/json" if data is not None else None)
+        try:
+            raw = resp.read()
+        finally:
+            conn.close()
+        return json.loads(raw) if raw.strip() else None
+
+    def _frames(self, method, path, query=None, body=None, ctype="application/json"):
+        """Yields the NDJSON frames of a streamed answer."""
+        conn, resp = self._request(method, path, query, body, ctype, accept="application/x-ndjson")
+        try:
+            while True:
+                line = resp.readline()
+                if not line:
+                    return
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _sb(sid, rest=""):
+        return "/v1/sandboxes/" + urllib.parse.quote(sid, safe="") + rest
+
+    # --- sandboxes ------------------------------------------------------
+
+    def info(self):
+        return self._json("GET", "/v1/info")
+
+    def templates(self):
+        return self._json("GET", "/v1/templates")["templates"]
+
+    def create_sandbox(self, template, memory_bytes=0, millicpus=0, env=None, recovery=None, cold=False):
+        body = {"template": template}
+        limits = {k: v for k, v in (("memory_bytes", memory_bytes), ("millicpus", millicpus)) if v}
+        if limits:
+            body["limits"] = limits
+        if env:
+            body["env"] = ["%s=%s" % kv for kv in env.items()] if isinstance(env, dict) else list(env)
+        if recovery:
+            body["recovery"] = recovery
+        if cold:
+            body["cold"] = True
+        return self._json("POST", "/v1/sandboxes", body=body)
+
+    def sandboxes(self):
+        return self._json("GET", "/v1/sandboxes")["sandboxes"]
+
+    def sandbox(self, sid):
+        return self._json("GET", self._sb(sid))
+
+    def destroy(self, sid):
+        self._json("DELETE", self._sb(sid))
+
+    def kill(self, sid):
+        """SIGKILLs every process of the sandbox: a crash, for testing."""
+        return self._json("POST", self._sb(sid, "/kill"))
+
+    # --- exec and processes ----------------------------------------------
+
+    def exec(self, sid, args, env=None, cwd=None, stdin=None, timeout=None, on_output=None):
+        """Runs args to completion; returns an ExecResult. on_output(stream,
+        data), when given, sees the output as it arrives."""
+        body = {"args": list(args)}
+        if env:
+            body["env"] = ["%s=%s" % kv for kv in env.items()] if isinstance(env, dict) else list(env)
+        if cwd:
+            body["cwd"] = cwd
+        if stdin is not None:
+            body["stdin"] = base64.b64encode(stdin if isinstance(stdin, bytes) else stdin.encode()).decode()
+        if timeout:
+            body["timeout_ms"] = int(timeout * 1000)
+        out, err = [], []
+        for f in self._frames("POST", self._sb(sid, "/exec"), body=json.dumps(body).encode()):
+            if f.get("error"):
+                e = f["error"]
+                raise Error(e.get("kind", "internal"), e.get("message", ""))
+            if f.get("exit") is not None:
+                x = f["exit"]
+                return ExecResult(x.get("code", 0), x.get("signal"), x.get("timed_out", False), b"".join(out), b"".join(err))
+            data = base64.b64decode(f.get("data") or "")
+            (out if f.get("stream") == "stdout" else err).append(data)
+            if on_output:
+                on_output(f.get("stream"), data)
+        raise Error("unavailable", "exec in %s: the output stream broke before the exit status" % sid)
+
+    def start(self, sid, args, env=None, cwd=None):
+        """Starts args in the background; returns its PID in the sandbox."""
+        body = {"args": list(args)}
+        if env:
+            body["env"] = ["%s=%s" % kv for kv in env.items()] if isinstance(env, dict) else list(env)
+        if cwd:
+            body["cwd"] = cwd
+        return self._json("POST", self._sb(sid, "/processes"), body=body)["pid"]
+
+    def processes(self, sid):
+        return self._json("GET", self._sb(sid, "/processes"))["processes"]
+
+    def signal(self, sid, pid, signal="SIGTERM"):
+        self._json("POST", self._sb(sid, "/processes/%d/signal" % pid), body={"signal": signal})
+
+    def wait(self, sid, pid):
+        """Waits for a started process to end; returns its exit status."""
+        return self._json("POST", self._sb(sid, "/processes/%d/wait" % pid))
+
+    # --- files ------------------------------------------------------------
+
+    def read_file(self, sid, path):
+        conn, resp = self._request("GET", self._sb(sid, "/files"), {"path": path})
+        try:
+            return resp.read()
+        finally:
+            conn.close()
+
+    def write_file(self, sid, path, data, mode=0o644):
+        if isinstance(data, str):
+            data = data.encode()
+        conn, resp = self._request("PUT", self._sb(sid, "/files"), {"path": path, "mode": "%04o" % mode},
+                                   data, "application/octet-stream")
+        resp.read()
+        conn.close()
+
+    def list_dir(self, sid, path):
+        return self._json("GET", self._sb(sid, "/files"), {"path": path})["entries"]
+
+    def remove(self, sid, path, recursive=False):
+        self._json("DELETE", self._sb(sid, "/files"), {"path": path, "recursive": str(recursive).lower()})
+
+    # --- checkpoints ------------------------------------------------------
+
+    def _operation(self, path, body, progress):
+        for f in self._frames("POST", path, body=json.dumps(body).encode()):
+            if f.get("error"):
+                e = f["error"]
+                raise Error(e.get("kind", "internal"), e.get("message", ""))
+            if f.get("progress"):
+                if progress:
+                    progress(f["progress"])
+                continue
+            return f.get("checkpoint") or f.get("sandbox")
+        raise Error("unavailable", "POST %s: the answer broke off before its result" % path)
+
+    def checkpoint(self, sid, tag=None, stop=False, progress=None):
+        """Cuts and commits a checkpoint; progress(dict) sees phases and bytes."""
+        body = {}
+        if tag:
+            body["tag"] = tag
+        if stop:
+            body["stop"] = True
+        return self._operation(self._sb(sid, "/checkpoints"), body, progress)
+
+    def checkpoints(self, sid, all=False):
+        return self._json("GET", self._sb(sid, "/checkpoints"), {"all": "true"} if all else None)["checkpoints"]
+
+    def restore(self, checkpoint_id, as_new=False, progress=None):
+        """Restores a checkpoint (as a new sandbox when as_new); returns the sandbox."""
+        path = "/v1/checkpoints/" + urllib.parse.quote(checkpoint_id, safe="") + "/restore"
+        return self._operation(path, {"as_new": True} if as_new else {}, progress)
+
+    def recover(self, sid, to_event=None, progress=None):
+        """Restores a sandbox in place from its latest checkpoint (or the newest cut at or before to_event)."""
+        return self._operation(self._sb(sid, "/recover"), {"to_event": to_event} if to_event else {}, progress)
+
+    def delete_checkpoint(self, checkpoint_id):
+        self._json("DELETE", "/v1/checkpoints/" + urllib.parse.quote(checkpoint_id, safe=""))
+
+    # --- events -----------------------------------------------------------
+
+    def events(self, sid, start=1, limit=1000):
+        """The sandbox's events from position start."""
+        return self._json("GET", self._sb(sid, "/events"), {"from": start, "limit": limit})["events"]
+
+    def follow_events(self, sid, start=1):
+        """Yields the sandbox's events from position start as they happen."""
+        for f in self._frames("GET", self._sb(sid, "/events"), {"from": start, "follow": "true"}, ctype=None):
+            if f.get("error"):
+                e = f["error"]
+                raise Error(e.get("kind", "internal"), e.get("message", ""))
+            yield f

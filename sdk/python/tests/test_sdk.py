@@ -1,0 +1,112 @@
+"""Tests of the Python SDK against a real daemon.
+
+They run when AMBER_ADDR and AMBER_TOKEN name one (cmd/amber's
+TestE2EPythonSDK starts a daemon and runs them; `make test` does that) and
+are skipped otherwise.
+"""
+
+import os
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import amber  # noqa: E402
+
+LIVE = bool(os.environ.get("AMBER_ADDR") and os.environ.get("AMBER_TOKEN"))
+COUNTER = 'R=$(od -An -N4 -tu4 /dev/urandom | tr -d " "); i=0; while :; do i=$((i+1)); echo "$R $i"; sleep 0.05; done'
+
+
+@unittest.skipUnless(LIVE, "set AMBER_ADDR and AMBER_TOKEN to a running daemon")
+class SDKTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.c = amber.Client()
+        cls.sb = cls.c.create_sandbox("minimal", env={"GREETING": "hello"})
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            cls.c.destroy(cls.sb["id"])
+        except amber.Error:
+            pass
+
+    def test_1_exec(self):
+        seen = []
+        r = self.c.exec(self.sb["id"], ["sh", "-c", "echo $GREETING; echo oops >&2; exit 3"],
+                        on_output=lambda s, d: seen.append(s))
+        self.assertEqual(r.code, 3)
+        self.assertEqual(r.stdout, b"hello\n")
+        self.assertEqual(r.stderr, b"oops\n")
+        self.assertIn("stdout", seen)
+        r = self.c.exec(self.sb["id"], ["cat"], stdin=b"from stdin")
+        self.assertEqual(r.stdout, b"from stdin")
+
+    def test_2_files(self):
+        sid = self.sb["id"]
+        self.c.write_file(sid, "/root/note.txt", "written by python\n", mode=0o600)
+        self.assertEqual(self.c.read_file(sid, "/root/note.txt"), b"written by python\n")
+        names = [e["name"] for e in self.c.list_dir(sid, "/root")]
+        self.assertIn("note.txt", names)
+        with self.assertRaises(amber.Error) as cm:
+            self.c.read_file(sid, "/../../etc/shadow-does-not-exist")
+        self.assertEqual(cm.exception.kind, "not found")
+
+    def test_3_checkpoint_restore_events(self):
+        sid = self.sb["id"]
+        pid = self.c.start(sid, ["sh", "-c", COUNTER])
+        time.sleep(0.3)
+        phases = []
+        ck = self.c.checkpoint(sid, tag="sdk", progress=lambda p: phases.append(p["phase"]))
+        self.assertEqual(ck["state"], "committed")
+        self.assertIn("upload", phases)
+        before = self.c.exec(sid, ["sh", "-c", "tail -n 2 /run/amber/proc/%d.log | head -n 1" % pid]).stdout.split()
+        self.assertIn(ck["id"], [c["id"] for c in self.c.checkpoints(sid)])
+
+        followed = []
+        stop = threading.Event()
+
+        def follow():
+            try:
+                for ev in self.c.follow_events(sid):
+                    followed.append(ev["type"])
+                    if ev["type"] == "sandbox.restored":
+                        stop.set()
+                        return
+            except amber.Error:
+                stop.set()
+
+        threading.Thread(target=follow, daemon=True).start()
+        self.c.kill(sid)
+        sb = self.c.recover(sid)
+        self.assertEqual(sb["state"], "running")
+        self.assertEqual(sb["origin"], ck["id"])
+        after = self.c.exec(sid, ["sh", "-c", "tail -n 2 /run/amber/proc/%d.log | head -n 1" % pid]).stdout.split()
+        self.assertEqual(after[0], before[0], "the counter's in-memory random value changed: restarted, not restored")
+        self.assertTrue(stop.wait(30), "followed events never showed the restore: %r" % followed)
+        self.assertEqual(followed[:2], ["sandbox.created", "sandbox.started"])
+        self.assertIn("sandbox.checkpointed", followed)
+
+        fork = self.c.restore(ck["id"], as_new=True) if self.c.info()["driver"] == "gvisor" else None
+        if fork:
+            self.assertNotEqual(fork["id"], sid)
+            self.c.destroy(fork["id"])
+
+    def test_4_errors(self):
+        with self.assertRaises(amber.Error) as cm:
+            self.c.sandbox("sbx-doesnotexist")
+        self.assertEqual(cm.exception.kind, "not found")
+        self.assertEqual(cm.exception.status, 404)
+        with self.assertRaises(amber.Error) as cm:
+            self.c.create_sandbox("no-such-template")
+        self.assertIn(cm.exception.status, (400, 404))
+        bad = amber.Client(token="amber_not_a_key")
+        with self.assertRaises(amber.Error) as cm:
+            bad.sandboxes()
+        self.assertEqual(cm.exception.status, 401)
+
+
+if __name__ == "__main__":
+    unittest.main()
