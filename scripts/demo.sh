@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The demo `make demo` runs (after `make setup build`): start a daemon on a
 # temporary data directory, create a python sandbox, run code in it, move a
-# file in and out, list its processes and its events, remove it, and stop the
-# daemon this script started (by its PID). Nothing is left behind.
+# file in and out, list its processes; then checkpoint it, crash it, recover
+# it and show that a program's in-memory state came back; list its events,
+# remove it, and stop the daemon this script started (by its PID). Nothing
+# is left behind.
 #
 #   AMBER=bin/amber           the binary to run
 #   AMBER_DEMO_DRIVER=gvisor  the sandbox driver (gvisor or criu)
@@ -98,6 +100,44 @@ step exec -d "$SBX" -- python3 -c 'import time; time.sleep(600)'
 step ps "$SBX"
 step sandbox ls
 step exec "$SBX" -- sh -c 'exit 3' || echo "(exit status $? — amber exec passes the command's status through)"
+
+# The point of Amber: a crash loses nothing that was checkpointed. A
+# program keeps a random value and a counter only in memory; after a
+# checkpoint, a change, a crash (SIGKILL of everything) and a recover, it
+# goes on from the checkpoint with the same value.
+printf '
+%s$ PID=$(amber exec -d %s -- python3 -c …a counter with a random value in memory…)%s\n' "$B" "$SBX" "$N"
+PID=$("$AMBER" exec -d "$SBX" -- python3 -c '
+import random, sys, time
+r = random.getrandbits(32)
+i = 0
+while True:
+    i += 1
+    print(r, i, flush=True)
+    time.sleep(0.1)
+')
+echo "$PID"
+sleep 1
+counter() { "$AMBER" exec "$SBX" -- sh -c "tail -n 2 /run/amber/proc/$PID.log | head -n 1"; }
+show amber exec "$SBX" -- tail -n 1 "/run/amber/proc/$PID.log"
+BEFORE=$(counter); echo "$BEFORE"
+printf '
+%s$ CKPT=$(amber checkpoint %s)%s\n' "$B" "$SBX" "$N"
+CKPT=$("$AMBER" checkpoint "$SBX")
+echo "$CKPT"
+step exec "$SBX" -- sh -c 'echo written after the checkpoint > /root/after.txt'
+step sandbox kill "$SBX"
+step sandbox recover "$SBX"
+sleep 0.5
+show amber exec "$SBX" -- tail -n 1 "/run/amber/proc/$PID.log"
+AFTER=$(counter); echo "$AFTER"
+if [[ ${BEFORE%% *} != "${AFTER%% *}" ]]; then
+    echo "demo: the counter's in-memory value changed (${BEFORE%% *} → ${AFTER%% *}): it was restarted, not restored" >&2
+    exit 1
+fi
+echo "(the same random value ${AFTER%% *}: the process was restored from memory, not restarted)"
+step exec "$SBX" -- sh -c 'ls /root; test ! -e /root/after.txt && echo "after.txt is gone: the sandbox is back at the cut"'
+step checkpoint ls "$SBX"
 step sandbox rm "$SBX"
 step sandbox events "$SBX"
 SBX=""

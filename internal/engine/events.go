@@ -50,7 +50,6 @@ type CheckpointedPayload struct {
 	// Seq is the last event of the stream before the cut.
 	Seq            uint64 `json:"seq"`
 	ManifestDigest string `json:"manifest_digest"`
-	ImageDigest    string `json:"image_digest"`
 	FrozenNS       int64  `json:"frozen_ns"`
 	MemoryBytes    int64  `json:"memory_bytes"`
 	LayerBytes     int64  `json:"layer_bytes"`
