@@ -268,4 +268,3 @@ func TestAuthorizationTable(t *testing.T) {
 		t.Errorf("a refused PUT wrote acme's file: %q %v", buf.String(), err)
 	}
 }
-
