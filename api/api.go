@@ -312,3 +312,63 @@ type OperationFrame struct {
 	Sandbox    *Sandbox    `json:"sandbox,omitempty"`
 	Error      *ErrorBody  `json:"error,omitempty"`
 }
+
+// Tenant is a team sharing the daemon (POST/GET /v1/tenants). Its
+// sandboxes, checkpoints and keys are invisible to every other tenant.
+type Tenant struct {
+	ID      string    `json:"id"`
+	Name    string    `json:"name"`
+	State   string    `json:"state"` // active
+	Created time.Time `json:"created"`
+}
+
+// CreateTenantRequest is the body of POST /v1/tenants (the operator's
+// admin key only). ID is 1 to 40 of a-z, 0-9 and '-'; Name defaults to it.
+type CreateTenantRequest struct {
+	ID   string `json:"id"`
+	Name string `json:"name,omitempty"`
+}
+
+// TenantList is the body of GET /v1/tenants: every tenant for the
+// operator, the caller's own for a tenant's admin key.
+type TenantList struct {
+	Tenants []Tenant `json:"tenants"`
+}
+
+// The scopes an API key can hold.
+const (
+	ScopeRead  = "read"  // look: list, get, read files, events, wait
+	ScopeWrite = "write" // change sandboxes and checkpoints
+	ScopeAdmin = "admin" // manage the tenant's keys (the operator's: every tenant)
+)
+
+// CreateKeyRequest is the body of POST /v1/tenants/{tenant}/keys.
+type CreateKeyRequest struct {
+	// Name is unique within the tenant: 1 to 64 of letters, digits, '.',
+	// '_' and '-'.
+	Name string `json:"name"`
+	// Scopes: one or more of read, write, admin.
+	Scopes []string `json:"scopes"`
+	// ExpiresAt, when set, is when the key stops working; it must be in
+	// the future.
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+}
+
+// APIKey describes a key. Key, the secret itself, is in the answer to
+// POST /v1/tenants/{tenant}/keys only: the daemon keeps its SHA-256 and
+// Prefix (its first characters) and can never show it again.
+type APIKey struct {
+	Name      string     `json:"name"`
+	Tenant    string     `json:"tenant"`
+	Scopes    []string   `json:"scopes"`
+	Prefix    string     `json:"prefix,omitempty"`
+	Created   time.Time  `json:"created"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+	Key       string     `json:"key,omitempty"`
+}
+
+// APIKeyList is the body of GET /v1/tenants/{tenant}/keys.
+type APIKeyList struct {
+	Keys []APIKey `json:"keys"`
+}

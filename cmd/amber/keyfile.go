@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -14,7 +13,8 @@ import (
 )
 
 // ensureAdminKey makes sure DATA_DIR/admin.key holds a key the daemon
-// accepts, for tenant "default":
+// accepts: the operator's key, named "admin", of tenant "default", with
+// every scope (admin included: it creates tenants and their keys):
 //
 //   - no file: a new random key is written (0600; temp file, fsync,
 //     rename, fsync dir) and its hash replaces any previous admin key;
@@ -31,19 +31,25 @@ func ensureAdminKey(ctx context.Context, m *meta.Store, dataDir string) (path st
 		if len(key) < 32 {
 			return path, false, fmt.Errorf("%s holds no usable key (too short); delete it and restart to get a new one", path)
 		}
-		return path, false, m.PutKey(ctx, "admin", "default", meta.HashKey(key))
+		return path, false, putAdminKey(ctx, m, key)
 	case !os.IsNotExist(err):
 		return path, false, err
 	}
-	raw := make([]byte, 32)
-	if _, err := rand.Read(raw); err != nil {
+	key, err := meta.NewKeySecret()
+	if err != nil {
 		return path, false, err
 	}
-	key := "amber_" + base64.RawURLEncoding.EncodeToString(raw)
 	if err := writeFileAtomic(path, []byte(key+"\n"), 0o600); err != nil {
 		return path, false, err
 	}
-	return path, true, m.PutKey(ctx, "admin", "default", meta.HashKey(key))
+	return path, true, putAdminKey(ctx, m, key)
+}
+
+// putAdminKey registers key as the operator's key, replacing (and
+// un-revoking) any previous one.
+func putAdminKey(ctx context.Context, m *meta.Store, key string) error {
+	return m.PutKey(ctx, meta.APIKey{Tenant: meta.DefaultTenant, Name: meta.OperatorKeyName,
+		Hash: meta.HashKey(key), Prefix: meta.KeyPrefix(key), Scopes: meta.AllScopes})
 }
 
 // writeFileAtomic writes data to path so that a reader sees the old content

@@ -29,7 +29,7 @@ func TestAdminKeyLifecycle(t *testing.T) {
 	}
 	b, _ := os.ReadFile(path)
 	key1 := strings.TrimSpace(string(b))
-	if k, err := m.KeyByHash(ctx, meta.HashKey(key1)); err != nil || k.Tenant != "default" {
+	if k, err := m.KeyByHash(ctx, meta.HashKey(key1)); err != nil || k.Tenant != "default" || !k.Has(meta.ScopeAdmin) || !k.Has(meta.ScopeWrite) || !k.Has(meta.ScopeRead) || k.Prefix != key1[:12] {
 		t.Fatalf("key not accepted: %v", err)
 	}
 	if _, created, _ := ensureAdminKey(ctx, m, dir); created {

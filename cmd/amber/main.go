@@ -82,6 +82,8 @@ func newRoot() *cobra.Command {
 		newTemplateCmd(g),
 		newCheckpointCmd(g),
 		newRestoreCmd(g),
+		newTenantCmd(g),
+		newKeyCmd(g),
 	)
 	return root
 }

@@ -1,6 +1,6 @@
 // Package meta is the daemon's metadata store: one row per sandbox it ever
 // made (who owns it, which template, which driver, its limits and its
-// lifecycle state) and the hashes of the API keys it accepts.
+// lifecycle state), the tenants, and the hashes of the API keys it accepts.
 //
 // It is a SQLite database (modernc.org/sqlite, WAL, synchronous=FULL) in
 // DATA_DIR/meta.db, so every acknowledged change survives power loss. The
@@ -93,7 +93,7 @@ type Store struct {
 }
 
 // schemaVersion is stored in PRAGMA user_version.
-const schemaVersion = 2
+const schemaVersion = 3
 
 const schema = `
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -115,12 +115,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	policy           TEXT NOT NULL DEFAULT ''
 ) STRICT;
 CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes(tenant, state);
-CREATE TABLE IF NOT EXISTS api_keys (
-	hash       TEXT PRIMARY KEY,
-	name       TEXT NOT NULL UNIQUE,
-	tenant     TEXT NOT NULL,
-	created_ns INTEGER NOT NULL
-) STRICT;
+` + apiKeysSchema + `
 CREATE TABLE IF NOT EXISTS exposures (
 	sandbox_id TEXT NOT NULL,
 	port       INTEGER NOT NULL,
@@ -129,7 +124,23 @@ CREATE TABLE IF NOT EXISTS exposures (
 	created_ns INTEGER NOT NULL,
 	PRIMARY KEY (sandbox_id, port)
 ) STRICT;
-` + checkpointSchema
+` + checkpointSchema + tenantsSchema
+
+// apiKeysSchema is the api_keys table since schema version 3. Times are
+// Unix nanoseconds; 0 in expires_ns or revoked_ns means never. scopes is
+// a comma-separated list in canonical order ("read,write,admin").
+const apiKeysSchema = `
+CREATE TABLE IF NOT EXISTS api_keys (
+	hash       TEXT PRIMARY KEY,
+	tenant     TEXT NOT NULL,
+	name       TEXT NOT NULL,
+	prefix     TEXT NOT NULL,
+	scopes     TEXT NOT NULL,
+	created_ns INTEGER NOT NULL,
+	expires_ns INTEGER NOT NULL DEFAULT 0,
+	revoked_ns INTEGER NOT NULL DEFAULT 0,
+	UNIQUE (tenant, name)
+) STRICT;`
 
 // migrations[v] brings a database at version v to v+1 before the schema's
 // CREATE … IF NOT EXISTS statements run.
@@ -137,6 +148,19 @@ var migrations = map[int]string{
 	1: `ALTER TABLE sandboxes ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
 	    ALTER TABLE sandboxes ADD COLUMN origin TEXT NOT NULL DEFAULT '';
 	    ALTER TABLE sandboxes ADD COLUMN policy TEXT NOT NULL DEFAULT '';`,
+	// 2 → 3: tenants, and keys with scopes, a prefix, expiry and
+	// revocation, unique per tenant. Keys made before scopes existed could
+	// do everything, so they keep every scope; every tenant that owns a
+	// sandbox or a key gets a row.
+	2: strings.ReplaceAll(apiKeysSchema, "api_keys", "api_keys_v3") + `
+	    INSERT INTO api_keys_v3 (hash, tenant, name, prefix, scopes, created_ns)
+	      SELECT hash, tenant, name, '', 'read,write,admin', created_ns FROM api_keys;
+	    DROP TABLE api_keys;
+	    ALTER TABLE api_keys_v3 RENAME TO api_keys;` + tenantsSchema + `
+	    INSERT OR IGNORE INTO tenants (id, name, state, created_ns)
+	      SELECT tenant, tenant, 'active', MIN(created_ns) FROM
+	        (SELECT tenant, created_ns FROM api_keys UNION ALL SELECT tenant, created_ns FROM sandboxes WHERE tenant != '')
+	      GROUP BY tenant;`,
 }
 
 // Open opens (creating if needed) the store at path.
@@ -173,15 +197,37 @@ func (s *Store) migrate() error {
 		return errdefs.FailedPreconditionf("meta schema version %d is newer than this binary's %d; upgrade amber", v, schemaVersion)
 	}
 	for ; v > 0 && v < schemaVersion; v++ {
-		if _, err := s.db.Exec(migrations[v]); err != nil {
+		if err := s.migrateOne(v); err != nil {
 			return fmt.Errorf("migrate schema %d to %d: %w", v, v+1, err)
 		}
 	}
 	if _, err := s.db.Exec(schema); err != nil {
 		return err
 	}
+	// The operator's tenant always exists.
+	if _, err := s.db.Exec(`INSERT OR IGNORE INTO tenants (id, name, state, created_ns) VALUES (?, ?, ?, ?)`,
+		DefaultTenant, DefaultTenant, TenantActive, s.clock.Now().UnixNano()); err != nil {
+		return err
+	}
 	_, err := s.db.Exec(fmt.Sprintf(`PRAGMA user_version = %d`, schemaVersion))
 	return err
+}
+
+// migrateOne applies migrations[v] and records version v+1 in one
+// transaction, so a crash leaves the database at v or at v+1, never between.
+func (s *Store) migrateOne(v int) error {
+	tx, err := s.db.Begin()
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.Exec(migrations[v]); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(fmt.Sprintf(`PRAGMA user_version = %d`, v+1)); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // Close closes the database.

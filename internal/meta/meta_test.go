@@ -123,24 +123,3 @@ func TestClaimOnlyOnce(t *testing.T) {
 		t.Fatalf("claimed row: %+v", got)
 	}
 }
-
-func TestKeys(t *testing.T) {
-	ctx := context.Background()
-	s, _ := open(t)
-	h1, h2 := HashKey("one"), HashKey("two")
-	if err := s.PutKey(ctx, "admin", "default", h1); err != nil {
-		t.Fatal(err)
-	}
-	if k, err := s.KeyByHash(ctx, h1); err != nil || k.Tenant != "default" {
-		t.Fatalf("lookup: %+v %v", k, err)
-	}
-	if err := s.PutKey(ctx, "admin", "default", h2); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.KeyByHash(ctx, h1); !errdefs.IsNotFound(err) {
-		t.Fatalf("replaced key still accepted: %v", err)
-	}
-	if k, err := s.KeyByName(ctx, "admin"); err != nil || k.Hash != h2 {
-		t.Fatalf("by name: %+v %v", k, err)
-	}
-}

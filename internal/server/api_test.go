@@ -34,7 +34,7 @@ func newAPIWith(t *testing.T, opts engine.Options) (*client.Client, *enginetest.
 	t.Helper()
 	env := enginetest.New(t, opts)
 	key := testKey
-	if err := env.Meta.PutKey(context.Background(), "admin", "default", meta.HashKey(key)); err != nil {
+	if err := env.Meta.PutKey(context.Background(), meta.APIKey{Tenant: "default", Name: "admin", Hash: meta.HashKey(key), Scopes: meta.AllScopes}); err != nil {
 		t.Fatal(err)
 	}
 	ts := httptest.NewServer(server.New(server.Options{Engine: env.Engine, Meta: env.Meta, Logger: enginetest.Logger(t), Version: "test"}))

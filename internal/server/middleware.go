@@ -76,15 +76,21 @@ func (s *Server) wrap(rt Route) http.Handler {
 			lg.Log(r.Context(), lvl, "request", "method", r.Method, "path", r.URL.Path, "status", sw.status,
 				"took", time.Since(start).Round(time.Microsecond), "tenant", c.tenant)
 		}()
-		if !rt.Public {
-			tenant, err := s.authenticate(r)
+		if rt.Scope != Public {
+			key, err := s.authorize(r, rt)
 			if err != nil {
-				sw.Header().Set("WWW-Authenticate", `Bearer realm="amber"`)
+				if errdefs.HTTPStatus(err) == http.StatusUnauthorized {
+					sw.Header().Set("WWW-Authenticate", `Bearer realm="amber"`)
+				}
+				if key.Tenant != "" {
+					lg = lg.With("tenant", key.Tenant, "key", key.Name)
+				}
+				lg.Info("request refused", "method", r.Method, "path", r.URL.Path, "err", err)
 				writeError(sw, err)
 				return
 			}
-			c.tenant = tenant
-			c.lg = lg.With("tenant", tenant)
+			c.tenant, c.key = key.Tenant, key
+			c.lg = lg.With("tenant", key.Tenant, "key", key.Name)
 		}
 		if err := rt.h(sw, r, c); err != nil {
 			if sw.status != 0 {
@@ -100,19 +106,41 @@ func (s *Server) wrap(rt Route) http.Handler {
 	})
 }
 
-// authenticate maps the request's Bearer token to its tenant.
-func (s *Server) authenticate(r *http.Request) (string, error) {
+// authorize finds the key of the request's Bearer token and checks that
+// it may call rt: an unknown, revoked or expired key is ErrUnauthenticated
+// (401), a key without rt's scope ErrPermissionDenied (403) naming the
+// scope. Whether the resource a call names belongs to the key's tenant is
+// decided later, by the engine or the handler, and answered NotFound.
+func (s *Server) authorize(r *http.Request, rt Route) (meta.APIKey, error) {
+	if rt.Scope != read && rt.Scope != write && rt.Scope != admin {
+		return meta.APIKey{}, fmt.Errorf("route %s %s declares no scope (server bug; refused): %w", rt.Method, rt.Path, errdefs.ErrPermissionDenied)
+	}
 	h := r.Header.Get("Authorization")
 	token, ok := strings.CutPrefix(h, "Bearer ")
 	if !ok || strings.TrimSpace(token) == "" {
-		return "", fmt.Errorf("missing Authorization: Bearer <api key> (the admin key is in DATA_DIR/admin.key): %w", errdefs.ErrUnauthenticated)
+		return meta.APIKey{}, fmt.Errorf("missing Authorization: Bearer <api key> (the admin key is in DATA_DIR/admin.key): %w", errdefs.ErrUnauthenticated)
 	}
 	k, err := s.meta.KeyByHash(r.Context(), meta.HashKey(strings.TrimSpace(token)))
 	if errdefs.IsNotFound(err) {
-		return "", fmt.Errorf("the API key is not valid: %w", errdefs.ErrUnauthenticated)
+		return meta.APIKey{}, fmt.Errorf("the API key is not valid: %w", errdefs.ErrUnauthenticated)
 	}
 	if err != nil {
-		return "", err
+		return meta.APIKey{}, err
 	}
-	return k.Tenant, nil
+	if err := k.Usable(s.clock.Now()); err != nil {
+		return k, err
+	}
+	if !k.Has(rt.Scope) {
+		return k, errdefs.PermissionDeniedf("%s %s needs an API key with scope %s; key %q of tenant %s has %s",
+			rt.Method, rt.Path, rt.Scope, k.Name, k.Tenant, scopeList(k.Scopes))
+	}
+	return k, nil
+}
+
+func scopeList(ss []meta.Scope) string {
+	names := make([]string, len(ss))
+	for i, s := range ss {
+		names[i] = string(s)
+	}
+	return strings.Join(names, ",")
 }

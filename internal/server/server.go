@@ -1,6 +1,8 @@
 // Package server is Amber's REST API: the HTTP edge over internal/engine.
 // It authenticates callers (Bearer API keys whose hashes live in
-// internal/meta), turns requests into engine calls, maps error kinds to
+// internal/meta), authorizes them (each route declares the scope it needs,
+// and the engine answers NotFound for another tenant's resources), turns
+// requests into engine calls, maps error kinds to
 // HTTP status codes (errdefs.HTTPStatus) and writes every error as
 // {"error":{"kind":…,"message":…}}. The routes are listed once, in routes(),
 // and the OpenAPI document in api/openapi.json is tested to describe each.
@@ -10,14 +12,17 @@ import (
 	"log/slog"
 	"net/http"
 
+	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/meta"
 )
 
 // Options configure New.
 type Options struct {
-	Engine  *engine.Engine
-	Meta    *meta.Store // API key hashes
+	Engine *engine.Engine
+	Meta   *meta.Store // tenants and API key hashes
+	// Clock decides when keys expire (default clock.Real).
+	Clock   clock.Clock
 	Logger  *slog.Logger
 	Version string
 	// PublicURL is the daemon's address as clients see it, for the URLs of
@@ -29,6 +34,7 @@ type Options struct {
 type Server struct {
 	eng     *engine.Engine
 	meta    *meta.Store
+	clock   clock.Clock
 	lg      *slog.Logger
 	version string
 	mux     *http.ServeMux
@@ -39,7 +45,8 @@ type Server struct {
 
 // call is what a handler knows about its request beyond the request itself.
 type call struct {
-	tenant string
+	tenant string      // the caller's: key.Tenant
+	key    meta.APIKey // the key that authenticated the call (zero on public routes)
 	lg     *slog.Logger
 }
 
@@ -48,45 +55,63 @@ type handler func(w http.ResponseWriter, r *http.Request, c *call) error
 // Route is one endpoint of the API.
 type Route struct {
 	Method, Path string
-	// Public routes need no API key.
-	Public bool
-	h      handler
+	// Scope is what the caller's API key must hold: read (looking), write
+	// (changing the tenant's sandboxes and checkpoints) or admin (managing
+	// tenants and keys); Public routes need no key. A route that declares
+	// none is refused to everyone (fail closed), and a test fails.
+	Scope meta.Scope
+	h     handler
 }
 
-// routes lists every endpoint. Paths use net/http's pattern syntax, which is
-// also OpenAPI's ({id}).
+// Public is the Scope of the routes that need no API key.
+const Public meta.Scope = "public"
+
+const (
+	read  = meta.ScopeRead
+	write = meta.ScopeWrite
+	admin = meta.ScopeAdmin
+)
+
+// routes lists every endpoint with the scope it needs. Paths use net/http's
+// pattern syntax, which is also OpenAPI's ({id}). GET routes need read (a
+// GET changes nothing); so does waiting for a process, which only looks.
 func (s *Server) routes() []Route {
 	return []Route{
-		{Method: "GET", Path: "/healthz", Public: true, h: s.health},
-		{Method: "GET", Path: "/v1/openapi.json", Public: true, h: s.openapi},
-		{Method: "GET", Path: "/v1/info", h: s.info},
-		{Method: "GET", Path: "/v1/templates", h: s.listTemplates},
-		{Method: "POST", Path: "/v1/sandboxes", h: s.createSandbox},
-		{Method: "GET", Path: "/v1/sandboxes", h: s.listSandboxes},
-		{Method: "GET", Path: "/v1/sandboxes/{id}", h: s.getSandbox},
-		{Method: "DELETE", Path: "/v1/sandboxes/{id}", h: s.deleteSandbox},
-		{Method: "POST", Path: "/v1/sandboxes/{id}/kill", h: s.killSandbox},
-		{Method: "POST", Path: "/v1/sandboxes/{id}/exec", h: s.exec},
-		{Method: "GET", Path: "/v1/sandboxes/{id}/processes", h: s.listProcesses},
-		{Method: "POST", Path: "/v1/sandboxes/{id}/processes", h: s.startProcess},
-		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}/signal", h: s.signalProcess},
-		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}/wait", h: s.waitProcess},
-		{Method: "GET", Path: "/v1/sandboxes/{id}/files", h: s.getFile},
-		{Method: "PUT", Path: "/v1/sandboxes/{id}/files", h: s.putFile},
-		{Method: "DELETE", Path: "/v1/sandboxes/{id}/files", h: s.deleteFile},
-		{Method: "POST", Path: "/v1/sandboxes/{id}/files/mkdir", h: s.mkdir},
-		{Method: "GET", Path: "/v1/sandboxes/{id}/files/tar", h: s.getTar},
-		{Method: "PUT", Path: "/v1/sandboxes/{id}/files/tar", h: s.putTar},
-		{Method: "GET", Path: "/v1/sandboxes/{id}/events", h: s.events},
-		{Method: "POST", Path: "/v1/sandboxes/{id}/ports", h: s.exposePort},
-		{Method: "GET", Path: "/v1/sandboxes/{id}/ports", h: s.listPorts},
-		{Method: "DELETE", Path: "/v1/sandboxes/{id}/ports/{port}", h: s.unexposePort},
-		{Method: "POST", Path: "/v1/sandboxes/{id}/checkpoints", h: s.createCheckpoint},
-		{Method: "GET", Path: "/v1/sandboxes/{id}/checkpoints", h: s.listCheckpoints},
-		{Method: "POST", Path: "/v1/sandboxes/{id}/recover", h: s.recoverSandbox},
-		{Method: "GET", Path: "/v1/checkpoints/{id}", h: s.getCheckpoint},
-		{Method: "DELETE", Path: "/v1/checkpoints/{id}", h: s.deleteCheckpoint},
-		{Method: "POST", Path: "/v1/checkpoints/{id}/restore", h: s.restoreCheckpoint},
+		{Method: "GET", Path: "/healthz", Scope: Public, h: s.health},
+		{Method: "GET", Path: "/v1/openapi.json", Scope: Public, h: s.openapi},
+		{Method: "GET", Path: "/v1/info", Scope: read, h: s.info},
+		{Method: "GET", Path: "/v1/templates", Scope: read, h: s.listTemplates},
+		{Method: "POST", Path: "/v1/sandboxes", Scope: write, h: s.createSandbox},
+		{Method: "GET", Path: "/v1/sandboxes", Scope: read, h: s.listSandboxes},
+		{Method: "GET", Path: "/v1/sandboxes/{id}", Scope: read, h: s.getSandbox},
+		{Method: "DELETE", Path: "/v1/sandboxes/{id}", Scope: write, h: s.deleteSandbox},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/kill", Scope: write, h: s.killSandbox},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/exec", Scope: write, h: s.exec},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/processes", Scope: read, h: s.listProcesses},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/processes", Scope: write, h: s.startProcess},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}/signal", Scope: write, h: s.signalProcess},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}/wait", Scope: read, h: s.waitProcess},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/files", Scope: read, h: s.getFile},
+		{Method: "PUT", Path: "/v1/sandboxes/{id}/files", Scope: write, h: s.putFile},
+		{Method: "DELETE", Path: "/v1/sandboxes/{id}/files", Scope: write, h: s.deleteFile},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/files/mkdir", Scope: write, h: s.mkdir},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/files/tar", Scope: read, h: s.getTar},
+		{Method: "PUT", Path: "/v1/sandboxes/{id}/files/tar", Scope: write, h: s.putTar},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/events", Scope: read, h: s.events},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/ports", Scope: write, h: s.exposePort},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/ports", Scope: read, h: s.listPorts},
+		{Method: "DELETE", Path: "/v1/sandboxes/{id}/ports/{port}", Scope: write, h: s.unexposePort},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/checkpoints", Scope: write, h: s.createCheckpoint},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/checkpoints", Scope: read, h: s.listCheckpoints},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/recover", Scope: write, h: s.recoverSandbox},
+		{Method: "GET", Path: "/v1/checkpoints/{id}", Scope: read, h: s.getCheckpoint},
+		{Method: "DELETE", Path: "/v1/checkpoints/{id}", Scope: write, h: s.deleteCheckpoint},
+		{Method: "POST", Path: "/v1/checkpoints/{id}/restore", Scope: write, h: s.restoreCheckpoint},
+		{Method: "POST", Path: "/v1/tenants", Scope: admin, h: s.createTenant},
+		{Method: "GET", Path: "/v1/tenants", Scope: admin, h: s.listTenants},
+		{Method: "POST", Path: "/v1/tenants/{tenant}/keys", Scope: admin, h: s.createKey},
+		{Method: "GET", Path: "/v1/tenants/{tenant}/keys", Scope: admin, h: s.listKeys},
+		{Method: "DELETE", Path: "/v1/tenants/{tenant}/keys/{name}", Scope: admin, h: s.revokeKey},
 	}
 }
 
@@ -95,7 +120,10 @@ func New(o Options) *Server {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	s := &Server{eng: o.Engine, meta: o.Meta, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL}
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
+	s := &Server{eng: o.Engine, meta: o.Meta, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL}
 	for _, rt := range s.routes() {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}

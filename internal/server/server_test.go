@@ -32,8 +32,17 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	for _, rt := range (&Server{}).routes() {
 		key := strings.ToLower(rt.Method) + " " + rt.Path
 		routed[key] = true
-		if _, ok := doc.Paths[rt.Path][strings.ToLower(rt.Method)]; !ok {
+		op, ok := doc.Paths[rt.Path][strings.ToLower(rt.Method)]
+		if !ok {
 			t.Errorf("route %s %s is not in api/openapi.json", rt.Method, rt.Path)
+			continue
+		}
+		var ext struct {
+			Scope string `json:"x-amber-scope"`
+		}
+		json.Unmarshal(op, &ext)
+		if ext.Scope != string(rt.Scope) {
+			t.Errorf("api/openapi.json says %s %s needs scope %q; routes() says %q", rt.Method, rt.Path, ext.Scope, rt.Scope)
 		}
 	}
 	for p, ops := range doc.Paths {
@@ -56,7 +65,7 @@ func newAuthServer(t *testing.T) (*httptest.Server, string) {
 	}
 	t.Cleanup(func() { m.Close() })
 	key := "amber_test_key"
-	if err := m.PutKey(context.Background(), "admin", "default", meta.HashKey(key)); err != nil {
+	if err := m.PutKey(context.Background(), meta.APIKey{Tenant: "default", Name: "admin", Hash: meta.HashKey(key), Scopes: meta.AllScopes}); err != nil {
 		t.Fatal(err)
 	}
 	ts := httptest.NewServer(New(Options{Meta: m}))
@@ -87,7 +96,7 @@ func TestAuthRequiredExceptPublicRoutes(t *testing.T) {
 		url := ts.URL + strings.NewReplacer("{id}", "sbx-x", "{pid}", "1").Replace(rt.Path)
 		for _, tok := range []string{"", "wrong"} {
 			code, e, h := do(t, rt.Method, url, tok)
-			if rt.Public {
+			if rt.Scope == Public {
 				if code != 200 {
 					t.Errorf("%s %s (public) = %d", rt.Method, rt.Path, code)
 				}

@@ -1,0 +1,48 @@
+package client
+
+import (
+	"context"
+	"net/url"
+
+	"github.com/amber-run/amber/api"
+)
+
+func tenantPath(tenant string, rest ...string) string {
+	p := "/v1/tenants/" + url.PathEscape(tenant)
+	for _, r := range rest {
+		p += "/" + url.PathEscape(r)
+	}
+	return p
+}
+
+// CreateTenant creates a tenant. It needs the operator's key (an
+// admin-scoped key of tenant "default").
+func (c *Client) CreateTenant(ctx context.Context, r api.CreateTenantRequest) (api.Tenant, error) {
+	var out api.Tenant
+	return out, c.do(ctx, "POST", "/v1/tenants", nil, r, &out)
+}
+
+// Tenants lists every tenant (the operator) or the caller's own (another
+// tenant's admin key).
+func (c *Client) Tenants(ctx context.Context) ([]api.Tenant, error) {
+	var out api.TenantList
+	return out.Tenants, c.do(ctx, "GET", "/v1/tenants", nil, nil, &out)
+}
+
+// CreateKey creates an API key of tenant. The answer's Key is the secret,
+// returned this once.
+func (c *Client) CreateKey(ctx context.Context, tenant string, r api.CreateKeyRequest) (api.APIKey, error) {
+	var out api.APIKey
+	return out, c.do(ctx, "POST", tenantPath(tenant, "keys"), nil, r, &out)
+}
+
+// Keys lists tenant's keys (without their secrets).
+func (c *Client) Keys(ctx context.Context, tenant string) ([]api.APIKey, error) {
+	var out api.APIKeyList
+	return out.Keys, c.do(ctx, "GET", tenantPath(tenant, "keys"), nil, nil, &out)
+}
+
+// RevokeKey revokes tenant's key name.
+func (c *Client) RevokeKey(ctx context.Context, tenant, name string) error {
+	return c.do(ctx, "DELETE", tenantPath(tenant, "keys", name), nil, nil, nil)
+}

@@ -1,0 +1,247 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/amber-run/amber/api"
+)
+
+func newTenantCmd(g *globalFlags) *cobra.Command {
+	c := &cobra.Command{Use: "tenant", Aliases: []string{"tenants"}, Short: "Create and list tenants (the operator's admin key)"}
+	c.AddCommand(newTenantCreateCmd(g), newTenantLsCmd(g))
+	return c
+}
+
+func newTenantCreateCmd(g *globalFlags) *cobra.Command {
+	var name string
+	c := &cobra.Command{
+		Use:   "create ID [--name NAME]",
+		Short: "Create a tenant (needs the operator's key: DATA_DIR/admin.key)",
+		Long: `Create a tenant: a team whose sandboxes, checkpoints and keys no other
+tenant sees. ID is 1 to 40 of a-z, 0-9 and '-'. Then give it a key:
+
+  amber key create admin --tenant ID --scope read,write,admin`,
+		Args: exactArgs(1, "a tenant id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			t, err := cl.CreateTenant(cmd.Context(), api.CreateTenantRequest{ID: args[0], Name: name})
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(cmd, t)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), t.ID)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&name, "name", "", "a name for people (default: the id)")
+	return c
+}
+
+func newTenantLsCmd(g *globalFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List tenants (every tenant for the operator, your own otherwise)",
+		Args:    exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			ts, err := cl.Tenants(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.json {
+				for _, t := range ts {
+					if err := printJSON(cmd, t); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tSTATE\tCREATED")
+			for _, t := range ts {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.ID, t.Name, t.State, t.Created.Local().Format(time.DateTime))
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func newKeyCmd(g *globalFlags) *cobra.Command {
+	c := &cobra.Command{Use: "key", Aliases: []string{"keys"}, Short: "Create, list and revoke a tenant's API keys (an admin-scoped key)"}
+	c.AddCommand(newKeyCreateCmd(g), newKeyLsCmd(g), newKeyRevokeCmd(g))
+	return c
+}
+
+// parseExpiry reads --expires: a duration from now ("24h", "90m", "30d")
+// or an RFC 3339 time. "" is never.
+func parseExpiry(s string, now time.Time) (*time.Time, error) {
+	if s == "" {
+		return nil, nil
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return &t, nil
+	}
+	var d time.Duration
+	var err error
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		var n int
+		n, err = strconv.Atoi(days)
+		d = time.Duration(n) * 24 * time.Hour
+	} else {
+		d, err = time.ParseDuration(s)
+	}
+	if err != nil || d <= 0 {
+		return nil, usageError{fmt.Errorf("--expires %q is not a positive duration (24h, 30d) or an RFC 3339 time", s)}
+	}
+	t := now.Add(d).UTC().Truncate(time.Second)
+	return &t, nil
+}
+
+func requireTenant(tenant string) error {
+	if tenant == "" {
+		return usageError{fmt.Errorf("--tenant is required (the tenant whose keys these are)")}
+	}
+	return nil
+}
+
+func newKeyCreateCmd(g *globalFlags) *cobra.Command {
+	var tenant, scopes, expires string
+	c := &cobra.Command{
+		Use:   "create NAME --tenant T [--scope read,write] [--expires 24h]",
+		Short: "Create an API key and print it (shown this once)",
+		Long: `Create an API key of tenant T and print it. The daemon keeps only its
+SHA-256: the key cannot be shown again, so store it now.
+
+Scopes: read (look at sandboxes, checkpoints, files, events), write (create,
+exec, change, checkpoint, restore, destroy), admin (manage the tenant's keys).
+The operator's key (DATA_DIR/admin.key) makes keys for any tenant; a tenant's
+admin key for its own tenant only.`,
+		Args: exactArgs(1, "a key name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := requireTenant(tenant); err != nil {
+				return err
+			}
+			exp, err := parseExpiry(expires, time.Now())
+			if err != nil {
+				return err
+			}
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			k, err := cl.CreateKey(cmd.Context(), tenant, api.CreateKeyRequest{Name: args[0], Scopes: strings.Split(scopes, ","), ExpiresAt: exp})
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(cmd, k)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), k.Key)
+			fmt.Fprintf(cmd.ErrOrStderr(), "key %q of tenant %s (%s): shown once, store it now; use it as AMBER_TOKEN or --token\n",
+				k.Name, k.Tenant, strings.Join(k.Scopes, ","))
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&tenant, "tenant", "", "the tenant the key belongs to")
+	f.StringVar(&scopes, "scope", "read,write", "comma-separated scopes: read, write, admin")
+	f.StringVar(&expires, "expires", "", "when the key stops working: a duration from now (24h, 30d) or an RFC 3339 time (default: never)")
+	return c
+}
+
+func newKeyLsCmd(g *globalFlags) *cobra.Command {
+	var tenant string
+	c := &cobra.Command{
+		Use:     "ls --tenant T",
+		Aliases: []string{"list"},
+		Short:   "List a tenant's keys (never the keys themselves: name, scopes, prefix, times)",
+		Args:    exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := requireTenant(tenant); err != nil {
+				return err
+			}
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			keys, err := cl.Keys(cmd.Context(), tenant)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				for _, k := range keys {
+					if err := printJSON(cmd, k); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tTENANT\tSCOPES\tPREFIX\tCREATED\tEXPIRES\tREVOKED")
+			for _, k := range keys {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.Name, k.Tenant, strings.Join(k.Scopes, ","), dash(k.Prefix),
+					k.Created.Local().Format(time.DateTime), fmtTime(k.ExpiresAt), fmtTime(k.RevokedAt))
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().StringVar(&tenant, "tenant", "", "the tenant whose keys to list")
+	return c
+}
+
+func newKeyRevokeCmd(g *globalFlags) *cobra.Command {
+	var tenant string
+	c := &cobra.Command{
+		Use:   "revoke NAME --tenant T",
+		Short: "Revoke a key: it is refused from now on",
+		Args:  exactArgs(1, "a key name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := requireTenant(tenant); err != nil {
+				return err
+			}
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			if err := cl.RevokeKey(cmd.Context(), tenant, args[0]); err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(cmd, map[string]any{"tenant": tenant, "name": args[0], "revoked": true})
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s/%s revoked\n", tenant, args[0])
+			return nil
+		},
+	}
+	c.Flags().StringVar(&tenant, "tenant", "", "the tenant the key belongs to")
+	return c
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func fmtTime(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.Local().Format(time.DateTime)
+}
