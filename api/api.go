@@ -372,3 +372,21 @@ type APIKey struct {
 type APIKeyList struct {
 	Keys []APIKey `json:"keys"`
 }
+
+// TenantPolicy is a tenant's recovery policy (GET/PUT
+// /v1/tenants/{tenant}/policy). Zero fields mean the daemon's defaults.
+type TenantPolicy struct {
+	// Recovery is the policy of sandboxes created without one: "none",
+	// "fast" or "strict".
+	Recovery string `json:"recovery,omitempty"`
+	// FastEvery and FastIntervalMS: the fast policy checkpoints after this
+	// many execs or this long after the last checkpoint.
+	FastEvery      int   `json:"fast_every,omitempty"`
+	FastIntervalMS int64 `json:"fast_interval_ms,omitempty"`
+	// KeepCheckpoints keeps each sandbox's newest N checkpoints plus tagged
+	// ones and truncates its log below them.
+	KeepCheckpoints int `json:"keep_checkpoints,omitempty"`
+	// IdleTimeoutMS checkpoints and stops a sandbox without calls this
+	// long; the next call resumes it.
+	IdleTimeoutMS int64 `json:"idle_timeout_ms,omitempty"`
+}

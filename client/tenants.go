@@ -46,3 +46,15 @@ func (c *Client) Keys(ctx context.Context, tenant string) ([]api.APIKey, error) 
 func (c *Client) RevokeKey(ctx context.Context, tenant, name string) error {
 	return c.do(ctx, "DELETE", tenantPath(tenant, "keys", name), nil, nil, nil)
 }
+
+// TenantPolicy returns tenant's recovery policy.
+func (c *Client) TenantPolicy(ctx context.Context, tenant string) (api.TenantPolicy, error) {
+	var out api.TenantPolicy
+	return out, c.do(ctx, "GET", "/v1/tenants/"+url.PathEscape(tenant)+"/policy", nil, nil, &out)
+}
+
+// SetTenantPolicy replaces tenant's recovery policy and returns it.
+func (c *Client) SetTenantPolicy(ctx context.Context, tenant string, p api.TenantPolicy) (api.TenantPolicy, error) {
+	var out api.TenantPolicy
+	return out, c.do(ctx, "PUT", "/v1/tenants/"+url.PathEscape(tenant)+"/policy", nil, p, &out)
+}

@@ -14,7 +14,7 @@ import (
 
 func newTenantCmd(g *globalFlags) *cobra.Command {
 	c := &cobra.Command{Use: "tenant", Aliases: []string{"tenants"}, Short: "Create and list tenants (the operator's admin key)"}
-	c.AddCommand(newTenantCreateCmd(g), newTenantLsCmd(g))
+	c.AddCommand(newTenantCreateCmd(g), newTenantLsCmd(g), newTenantPolicyCmd(g))
 	return c
 }
 
@@ -244,4 +244,77 @@ func fmtTime(t *time.Time) string {
 		return "-"
 	}
 	return t.Local().Format(time.DateTime)
+}
+
+func newTenantPolicyCmd(g *globalFlags) *cobra.Command {
+	var recovery string
+	var fastEvery, keep int
+	var fastInterval, idle time.Duration
+	c := &cobra.Command{
+		Use:   "policy TENANT [--recovery none|fast|strict] [--fast-every N] [--fast-interval D] [--keep-checkpoints N] [--idle-timeout D]",
+		Short: "Show or set a tenant's recovery policy",
+		Long: `Show a tenant's recovery policy, or set it with flags (flags not given keep
+their value; 0 means the daemon's default):
+
+  --recovery          policy of sandboxes created without --recovery
+  --fast-every N      the fast policy checkpoints after N execs …
+  --fast-interval D   … or D after the last checkpoint
+  --keep-checkpoints  keep each sandbox's newest N checkpoints plus tagged ones
+  --idle-timeout D    checkpoint and stop sandboxes idle this long`,
+		Args: exactArgs(1, "a tenant id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			p, err := cl.TenantPolicy(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			f := cmd.Flags()
+			if f.NFlag() > 0 {
+				if f.Changed("recovery") {
+					p.Recovery = recovery
+				}
+				if f.Changed("fast-every") {
+					p.FastEvery = fastEvery
+				}
+				if f.Changed("fast-interval") {
+					p.FastIntervalMS = fastInterval.Milliseconds()
+				}
+				if f.Changed("keep-checkpoints") {
+					p.KeepCheckpoints = keep
+				}
+				if f.Changed("idle-timeout") {
+					p.IdleTimeoutMS = idle.Milliseconds()
+				}
+				if p, err = cl.SetTenantPolicy(cmd.Context(), args[0], p); err != nil {
+					return err
+				}
+			}
+			if g.json {
+				return printJSON(cmd, p)
+			}
+			show := func(v any, dflt string) string {
+				if fmt.Sprint(v) == "0" || fmt.Sprint(v) == "" {
+					return dflt
+				}
+				return fmt.Sprint(v)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintf(tw, "recovery\t%s\n", show(p.Recovery, "none"))
+			fmt.Fprintf(tw, "fast every\t%s\n", show(p.FastEvery, "default"))
+			fmt.Fprintf(tw, "fast interval\t%s\n", show(time.Duration(p.FastIntervalMS)*time.Millisecond, "default"))
+			fmt.Fprintf(tw, "keep checkpoints\t%s\n", show(p.KeepCheckpoints, "default"))
+			fmt.Fprintf(tw, "idle timeout\t%s\n", show(time.Duration(p.IdleTimeoutMS)*time.Millisecond, "default"))
+			return tw.Flush()
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&recovery, "recovery", "", "none, fast or strict")
+	f.IntVar(&fastEvery, "fast-every", 0, "fast policy: checkpoint after this many execs")
+	f.DurationVar(&fastInterval, "fast-interval", 0, "fast policy: checkpoint this long after the last one")
+	f.IntVar(&keep, "keep-checkpoints", 0, "keep each sandbox's newest N checkpoints (plus tagged)")
+	f.DurationVar(&idle, "idle-timeout", 0, "checkpoint and stop sandboxes idle this long")
+	return c
 }

@@ -640,7 +640,11 @@ func (e *Engine) findCheckpointEvent(ctx context.Context, ck meta.Checkpoint) (u
 // sandbox.checkpointed event of the oldest one kept — the log keeps what a
 // restore of any kept checkpoint may need to replay, nothing older.
 func (e *Engine) retain(ctx context.Context, sb meta.Sandbox) error {
-	if e.keep <= 0 {
+	keep := e.keep
+	if p := e.tenantPolicy(ctx, sb.Tenant); p.KeepCheckpoints > 0 {
+		keep = p.KeepCheckpoints
+	}
+	if keep <= 0 {
 		return nil
 	}
 	cks, err := e.meta.Checkpoints(ctx, meta.CheckpointFilter{SandboxID: sb.ID, States: []meta.CheckpointState{meta.CheckpointCommitted}})
@@ -649,7 +653,7 @@ func (e *Engine) retain(ctx context.Context, sb meta.Sandbox) error {
 	}
 	var oldestKept uint64
 	for i, ck := range cks {
-		if ck.Tag != "" || i >= len(cks)-e.keep {
+		if ck.Tag != "" || i >= len(cks)-keep {
 			if oldestKept == 0 || (ck.EventSeq > 0 && ck.EventSeq < oldestKept) {
 				oldestKept = ck.EventSeq
 			}

@@ -189,13 +189,12 @@ func (e *Engine) Start(ctx context.Context) error {
 			defer e.wg.Done()
 			e.policyLoop(bg)
 		}()
-		if e.idle > 0 {
-			e.wg.Add(1)
-			go func() {
-				defer e.wg.Done()
-				e.idleLoop(bg)
-			}()
-		}
+		// Always: a tenant's policy may set an idle timeout.
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.idleLoop(bg)
+		}()
 	}
 	if e.watch > 0 {
 		e.wg.Add(1)
@@ -279,6 +278,9 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (meta.Sandbox, err
 	}
 	if err := ValidateLimits(r.Limits); err != nil {
 		return meta.Sandbox{}, err
+	}
+	if r.Policy == "" {
+		r.Policy = e.tenantPolicy(ctx, r.Tenant).Recovery
 	}
 	if err := ValidatePolicy(r.Policy); err != nil {
 		return meta.Sandbox{}, err

@@ -32,9 +32,21 @@ func idleStopped(sb meta.Sandbox) bool {
 // touch records activity in sandbox id.
 func (e *Engine) touch(id string) { e.activity.Store(id, time.Now()) }
 
-// idleLoop stops sandboxes idle for e.idle.
+// idleTimeout is how long a sandbox of tenant may be idle (0: forever): the
+// tenant's policy, else the daemon's.
+func (e *Engine) idleTimeout(ctx context.Context, tenant string) time.Duration {
+	if p := e.tenantPolicy(ctx, tenant); p.IdleTimeout > 0 {
+		return p.IdleTimeout
+	}
+	return e.idle
+}
+
+// idleLoop stops sandboxes idle for longer than their idle timeout.
 func (e *Engine) idleLoop(ctx context.Context) {
-	every := min(max(e.idle/4, 100*time.Millisecond), 10*time.Second)
+	every := time.Second
+	if e.idle > 0 {
+		every = min(max(e.idle/4, 100*time.Millisecond), time.Second)
+	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -57,13 +69,14 @@ func (e *Engine) idleLoop(ctx context.Context) {
 				e.touch(sb.ID)
 				continue
 			}
-			if time.Since(last.(time.Time)) < e.idle {
+			idle := e.idleTimeout(ctx, sb.Tenant)
+			if idle <= 0 || time.Since(last.(time.Time)) < idle {
 				continue
 			}
 			_, err := e.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID, Stop: true, stopReason: idleReason})
 			switch {
 			case err == nil:
-				e.lg.Info("idle sandbox checkpointed and stopped", "sandbox", sb.ID, "idle_for", e.idle)
+				e.lg.Info("idle sandbox checkpointed and stopped", "sandbox", sb.ID, "idle_for", idle)
 			case ctx.Err() == nil && !errors.Is(err, errdefs.ErrFailedPrecondition):
 				e.lg.Warn("stop idle sandbox", "sandbox", sb.ID, "err", err)
 				e.touch(sb.ID) // try again after another idle period

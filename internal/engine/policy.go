@@ -49,6 +49,29 @@ func normPolicy(p string) string {
 	return p
 }
 
+// tenantPolicy returns tenant's recovery policy (meta.TenantPolicy); on a
+// read error, the daemon's defaults (and the error is logged).
+func (e *Engine) tenantPolicy(ctx context.Context, tenant string) meta.TenantPolicy {
+	p, err := e.meta.TenantPolicy(ctx, tenant)
+	if err != nil {
+		e.lg.Warn("tenant policy unreadable; using the defaults", "tenant", tenant, "err", err)
+	}
+	return p
+}
+
+// fastParams are the fast policy's thresholds for tenant.
+func (e *Engine) fastParams(ctx context.Context, tenant string) (every int, interval time.Duration) {
+	every, interval = e.fastEvery, e.fastInterval
+	p := e.tenantPolicy(ctx, tenant)
+	if p.FastEvery > 0 {
+		every = p.FastEvery
+	}
+	if p.FastInterval > 0 {
+		interval = p.FastInterval
+	}
+	return every, interval
+}
+
 // policyState is a fast-policy sandbox's count of execs since its last
 // checkpoint.
 type policyState struct {
@@ -71,10 +94,11 @@ func (e *Engine) afterExec(ctx context.Context, sb meta.Sandbox) error {
 			return fmt.Errorf("the command ran, but the checkpoint the strict policy takes after it failed: %w", err)
 		}
 	case PolicyFast:
+		every, interval := e.fastParams(ctx, sb.Tenant)
 		st := e.policyState(sb.ID)
 		st.mu.Lock()
 		st.execs++
-		due := st.execs >= e.fastEvery || time.Since(st.last) >= e.fastInterval
+		due := st.execs >= every || time.Since(st.last) >= interval
 		st.mu.Unlock()
 		if due {
 			e.fastCheckpoint(sb)
@@ -109,7 +133,7 @@ func (e *Engine) fastCheckpoint(sb meta.Sandbox) {
 // policyLoop checkpoints fast-policy sandboxes that ran execs since their
 // last checkpoint and whose last one is FastInterval old.
 func (e *Engine) policyLoop(ctx context.Context) {
-	t := time.NewTicker(e.fastInterval)
+	t := time.NewTicker(min(e.fastInterval, time.Second))
 	defer t.Stop()
 	for {
 		select {
@@ -125,13 +149,35 @@ func (e *Engine) policyLoop(ctx context.Context) {
 			if sb.Policy != PolicyFast {
 				continue
 			}
+			_, interval := e.fastParams(ctx, sb.Tenant)
 			st := e.policyState(sb.ID)
 			st.mu.Lock()
-			due := st.execs > 0 && time.Since(st.last) >= e.fastInterval
+			due := st.execs > 0 && time.Since(st.last) >= interval
 			st.mu.Unlock()
 			if due {
 				e.fastCheckpoint(sb)
 			}
 		}
 	}
+}
+
+// TenantPolicy returns tenant's recovery policy as stored.
+func (e *Engine) TenantPolicy(ctx context.Context, tenant string) (meta.TenantPolicy, error) {
+	return e.meta.TenantPolicy(ctx, tenant)
+}
+
+// SetTenantPolicy sets tenant's recovery policy; it applies to sandboxes
+// created from now on (the recovery name) and at once to the others
+// (thresholds, retention, idle timeout).
+func (e *Engine) SetTenantPolicy(ctx context.Context, tenant string, p meta.TenantPolicy) error {
+	if err := ValidatePolicy(p.Recovery); err != nil {
+		return err
+	}
+	p.Recovery = normPolicy(p.Recovery)
+	if p.Recovery != PolicyNone || p.IdleTimeout > 0 || p.KeepCheckpoints > 0 {
+		if _, err := e.checkpointer(); err != nil {
+			return fmt.Errorf("tenant policy: %w", err)
+		}
+	}
+	return e.meta.SetTenantPolicy(ctx, tenant, p)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/meta"
 )
 
 // TestRecoveryPolicies: strict checkpoints after every exec before it
@@ -74,4 +75,60 @@ func TestRecoveryPolicies(t *testing.T) {
 		medians["none"].Round(time.Millisecond), medians["fast"].Round(time.Millisecond),
 		float64(medians["fast"])/float64(medians["none"]),
 		medians["strict"].Round(time.Millisecond), float64(medians["strict"])/float64(medians["none"]))
+}
+
+// TestTenantPolicy: a tenant's policy gives its new sandboxes their
+// recovery policy, its retention and its idle timeout, over the daemon's
+// defaults (none of which are set here).
+func TestTenantPolicy(t *testing.T) {
+	env := enginetest.NewFor(t, "gvisor", engine.Options{})
+	e := env.Engine
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	for _, bad := range []meta.TenantPolicy{{Recovery: "sometimes"}, {IdleTimeout: 10 * time.Millisecond}, {KeepCheckpoints: -1}} {
+		if err := e.SetTenantPolicy(ctx, "default", bad); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("policy %+v: %v", bad, err)
+		}
+	}
+	if err := e.SetTenantPolicy(ctx, "nosuchtenant", meta.TenantPolicy{Recovery: "fast"}); !errdefs.IsNotFound(err) {
+		t.Errorf("policy of a missing tenant: %v", err)
+	}
+	want := meta.TenantPolicy{Recovery: "strict", KeepCheckpoints: 1, IdleTimeout: 2 * time.Second}
+	if err := e.SetTenantPolicy(ctx, "default", want); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := e.TenantPolicy(ctx, "default"); err != nil || got != want {
+		t.Fatalf("policy read back: %+v %v", got, err)
+	}
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Cold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.Policy != "strict" {
+		t.Fatalf("a new sandbox's policy is %q, want the tenant's strict", sb.Policy)
+	}
+	for i := 0; i < 2; i++ {
+		if _, err := e.Exec(ctx, "default", sb.ID, sandbox.ExecSpec{Args: []string{"true"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all, _ := e.ListCheckpoints(ctx, "default", sb.ID, true)
+	kept, _ := e.ListCheckpoints(ctx, "default", sb.ID, false)
+	if len(all) != 2 || len(kept) != 1 {
+		t.Errorf("strict with keep 1: %d checkpoints made, %d kept; want 2 and 1", len(all), len(kept))
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		cur, _ := env.Meta.Get(ctx, sb.ID)
+		if cur.State == meta.StateStopped {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not stopped after the tenant's idle timeout: %+v", cur)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if _, err := e.Exec(ctx, "default", sb.ID, sandbox.ExecSpec{Args: []string{"true"}}); err != nil {
+		t.Fatalf("exec after the idle stop: %v", err)
+	}
 }

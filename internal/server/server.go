@@ -112,6 +112,8 @@ func (s *Server) routes() []Route {
 		{Method: "POST", Path: "/v1/tenants/{tenant}/keys", Scope: admin, h: s.createKey},
 		{Method: "GET", Path: "/v1/tenants/{tenant}/keys", Scope: admin, h: s.listKeys},
 		{Method: "DELETE", Path: "/v1/tenants/{tenant}/keys/{name}", Scope: admin, h: s.revokeKey},
+		{Method: "GET", Path: "/v1/tenants/{tenant}/policy", Scope: read, h: s.getTenantPolicy},
+		{Method: "PUT", Path: "/v1/tenants/{tenant}/policy", Scope: admin, h: s.putTenantPolicy},
 	}
 }
 

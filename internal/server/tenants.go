@@ -156,3 +156,46 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, c *call) erro
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
+
+func toAPITenantPolicy(p meta.TenantPolicy) api.TenantPolicy {
+	return api.TenantPolicy{Recovery: p.Recovery, FastEvery: p.FastEvery, FastIntervalMS: p.FastInterval.Milliseconds(),
+		KeepCheckpoints: p.KeepCheckpoints, IdleTimeoutMS: p.IdleTimeout.Milliseconds()}
+}
+
+func (s *Server) getTenantPolicy(w http.ResponseWriter, r *http.Request, c *call) error {
+	tenant := r.PathValue("tenant")
+	if err := s.manages(r, c, tenant); err != nil {
+		return err
+	}
+	p, err := s.eng.TenantPolicy(r.Context(), tenant)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, toAPITenantPolicy(p))
+}
+
+func (s *Server) putTenantPolicy(w http.ResponseWriter, r *http.Request, c *call) error {
+	tenant := r.PathValue("tenant")
+	if err := s.manages(r, c, tenant); err != nil {
+		return err
+	}
+	var req api.TenantPolicy
+	if err := readJSON(r, &req); err != nil {
+		return err
+	}
+	if req.FastIntervalMS < 0 || req.IdleTimeoutMS < 0 {
+		return errdefs.InvalidArgumentf("durations must not be negative")
+	}
+	p := meta.TenantPolicy{Recovery: req.Recovery, FastEvery: req.FastEvery,
+		FastInterval: time.Duration(req.FastIntervalMS) * time.Millisecond, KeepCheckpoints: req.KeepCheckpoints,
+		IdleTimeout: time.Duration(req.IdleTimeoutMS) * time.Millisecond}
+	if err := s.eng.SetTenantPolicy(r.Context(), tenant, p); err != nil {
+		return err
+	}
+	c.lg.Info("tenant policy set", "for_tenant", tenant, "policy", p)
+	cur, err := s.eng.TenantPolicy(r.Context(), tenant)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, toAPITenantPolicy(cur))
+}
