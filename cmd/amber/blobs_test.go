@@ -7,8 +7,8 @@ import (
 func TestParseS3(t *testing.T) {
 	for _, c := range []struct {
 		in, endpoint, bucket, prefix string
-		secure, create                bool
-		bad                           bool
+		secure, create               bool
+		bad                          bool
 	}{
 		{in: "s3://127.0.0.1:9000/ckpts?secure=false&create=true", endpoint: "127.0.0.1:9000", bucket: "ckpts", create: true},
 		{in: "s3://s3.example.com/b/node-1/", endpoint: "s3.example.com", bucket: "b", prefix: "node-1/", secure: true},
