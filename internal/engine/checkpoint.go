@@ -162,7 +162,14 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	cut := e.cutLock(id)
 	cut.Lock()
 	cs, err := cp.Checkpoint(ctx, id, dir, sandbox.CheckpointOptions{LeaveStopped: r.Stop})
-	cut.Unlock()
+	if r.Stop {
+		// The sandbox no longer runs but its row says running until the
+		// commit: calls into it wait here, then find it stopped (and an
+		// idle-stopped one resumes).
+		defer cut.Unlock()
+	} else {
+		cut.Unlock()
+	}
 	if err != nil {
 		return fail(fmt.Errorf("checkpoint %s: %w", id, err))
 	}
