@@ -42,6 +42,12 @@ func (e *Engine) enter(ctx context.Context, tenant, id string) (meta.Sandbox, fu
 			}
 			continue
 		}
+		if sb.State == meta.StateRestoring && attempt < 3 {
+			// Another call is resuming (or someone restoring) it: wait
+			// for that to end under the sandbox's lock, then look again.
+			e.lock(id)()
+			continue
+		}
 		if sb.State != meta.StateRunning {
 			return sb, nil, errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
 		}
