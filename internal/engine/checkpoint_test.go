@@ -353,6 +353,9 @@ func TestCheckpointCommitFailures(t *testing.T) {
 	}
 	for _, c := range chunks {
 		b, err := os.ReadFile(c)
+		if os.IsNotExist(err) {
+			continue // garbage of the failed checkpoints, collected meanwhile
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
