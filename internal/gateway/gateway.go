@@ -286,7 +286,7 @@ func (g *Gateway) serveHTTP(ctx context.Context, c net.Conn, origDst netip.AddrP
 	srv.Protocols = new(http.Protocols)
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)
-	l := &oneConnListener{c: c, done: done}
+	l := &oneConnListener{c: c, done: done, closed: make(chan struct{})}
 	stop := context.AfterFunc(ctx, func() { srv.Close() })
 	defer stop()
 	err := srv.Serve(l)
@@ -298,11 +298,15 @@ func (g *Gateway) serveHTTP(ctx context.Context, c net.Conn, origDst netip.AddrP
 
 var errListenerDone = errors.New("connection done")
 
-// oneConnListener hands out one connection, then blocks until it is done.
+// oneConnListener hands out one connection, then blocks until it is done
+// (closed or hijacked) or the listener is closed — http.Server.Close waits
+// for Accept to return before it closes the connections it serves.
 type oneConnListener struct {
-	mu   sync.Mutex
-	c    net.Conn
-	done chan struct{}
+	mu     sync.Mutex
+	c      net.Conn
+	done   chan struct{}
+	closed chan struct{}
+	once   sync.Once
 }
 
 func (l *oneConnListener) Accept() (net.Conn, error) {
@@ -313,18 +317,22 @@ func (l *oneConnListener) Accept() (net.Conn, error) {
 	if c != nil {
 		return c, nil
 	}
-	<-l.done
+	select {
+	case <-l.done:
+	case <-l.closed:
+	}
 	return nil, errListenerDone
 }
 
 func (l *oneConnListener) Close() error {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.c != nil {
-		l.c.Close()
-		l.c = nil
-		close(l.done)
+	c := l.c
+	l.c = nil
+	l.mu.Unlock()
+	if c != nil {
+		c.Close() // never accepted
 	}
+	l.once.Do(func() { close(l.closed) })
 	return nil
 }
 

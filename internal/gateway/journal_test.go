@@ -279,3 +279,31 @@ func TestServeConnReturns(t *testing.T) {
 		}
 	}
 }
+
+// TestServeConnCancel: cancelling ServeConn's context ends it while the
+// client keeps an idle keep-alive connection open.
+func TestServeConnCancel(t *testing.T) {
+	led := newLedger(t, false)
+	gw := gateway.New(gateway.Options{Logger: quietLog})
+	if err := gw.StartRun(context.Background(), gateway.Run{Tenant: "a", Sandbox: "s", ID: "c", Policy: allowLoopback(led.addr())}); err != nil {
+		t.Fatal(err)
+	}
+	cli, srv := net.Pipe()
+	defer cli.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- gw.ServeConn(ctx, srv, led.addr(), "s") }()
+	tr := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) { return cli, nil }}
+	resp, err := (&http.Client{Transport: tr}).Get("http://" + led.addr().String() + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close() // the connection stays open, idle
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("ServeConn did not return after its context was cancelled")
+	}
+}
