@@ -52,8 +52,9 @@ type IntentPayload struct {
 
 // OutcomePayload is the payload of effect.outcome, version 1. Body holds
 // the response body when it is at most the journal's body limit; otherwise
-// BodyTruncated is set, Body is empty and only BodySize of what was read
-// before the limit is known (blob references come later).
+// BodyTruncated is set, Body is empty and BodySize is the size the upstream
+// announced (-1 if it did not): such an answer cannot be replayed (blob
+// references come later).
 type OutcomePayload struct {
 	Key           string      `json:"key"`
 	Run           string      `json:"run"`

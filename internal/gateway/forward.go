@@ -266,7 +266,8 @@ func (h *handler) forward(w http.ResponseWriter, q *request, wr *Writer, attempt
 		case rerr != nil:
 			out.Status, out.Error, out.Headers = http.StatusBadGateway, "upstream body: "+rerr.Error(), nil
 		case int64(len(buf)) > limit:
-			out.BodyTruncated, out.BodySize = true, int64(len(buf))
+			// Recorded as its announced size (-1 when chunked) only.
+			out.BodyTruncated, out.BodySize = true, resp.ContentLength
 			rest = io.MultiReader(bytes.NewReader(q.sub.redact(buf)), resp.Body)
 		default:
 			out.Body = q.sub.redact(buf)

@@ -79,6 +79,8 @@ func (l *ledger) serve(w http.ResponseWriter, r *http.Request) {
 		// A careless upstream that reflects the credential it received.
 		w.Header().Set("X-Seen-Authorization", r.Header.Get("Authorization"))
 		fmt.Fprintf(w, "you sent %s", r.Header.Get("Authorization"))
+	case "/big":
+		w.Write(bytes.Repeat([]byte("x"), 4096))
 	default:
 		fmt.Fprintf(w, "ok %s %s", r.Method, r.URL.Path)
 	}

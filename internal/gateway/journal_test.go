@@ -307,3 +307,48 @@ func TestServeConnCancel(t *testing.T) {
 		t.Fatal("ServeConn did not return after its context was cancelled")
 	}
 }
+
+// TestLargeBodyNotJournaled: an answer over the journal's body limit is
+// recorded by size; on a re-run a GET (replay-safe) is fetched again, a POST
+// gets a clear error instead of a made-up answer.
+func TestLargeBodyNotJournaled(t *testing.T) {
+	led := newLedger(t, false)
+	store := openStore(t, storePath(t))
+	defer store.Close()
+	gw := gateway.New(gateway.Options{Journal: gateway.NewJournal(store), Logger: quietLog, MaxJournaledBody: 1024})
+	defer gw.Close()
+	run := gateway.Run{Tenant: "acme", Sandbox: "sb", ID: "c0", Epoch: acquire(t, store, "sb", "n"), Policy: allowLoopback(led.addr())}
+	if err := gw.StartRun(context.Background(), run); err != nil {
+		t.Fatal(err)
+	}
+	f := newFront(t, gw, led.addr(), "sb")
+	c := f.client()
+	url := "http://" + led.addr().String() + "/big"
+	do := func(method string) (int, int) {
+		req, _ := http.NewRequest(method, url, nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, len(b)
+	}
+	for _, m := range []string{"GET", "POST"} {
+		if st, n := do(m); st != 200 || n != 4096 {
+			t.Fatalf("%s: %d, %d bytes", m, st, n)
+		}
+	}
+	if err := gw.StartRun(context.Background(), run); err != nil { // re-run from the cut
+		t.Fatal(err)
+	}
+	if st, n := do("GET"); st != 200 || n != 4096 {
+		t.Fatalf("re-run GET: %d, %d bytes", st, n)
+	}
+	if st, _ := do("POST"); st != http.StatusBadGateway {
+		t.Fatalf("re-run POST: %d, want 502 body-not-journaled", st)
+	}
+	if _, _, total := led.snapshot(); total != 3 {
+		t.Fatalf("upstream requests %d, want 3 (GET twice, POST once)", total)
+	}
+}

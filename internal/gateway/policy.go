@@ -17,7 +17,9 @@ type Mode string
 const (
 	// ModeIdempotentKey (default for POST, PUT, PATCH, DELETE): every
 	// attempt carries the same Idempotency-Key header, derived from the
-	// journal key, so a re-send is deduplicated by the upstream.
+	// journal key, so a re-send is deduplicated by the upstream. It replaces
+	// one the client sent (a client's key may be random and differ on the
+	// re-run); the journal keeps the client's headers as sent.
 	ModeIdempotentKey Mode = "idempotent-key"
 	// ModeAtMostOnce: never re-sent. The client gets a clear error and the
 	// effect is marked as needing reconciliation.
