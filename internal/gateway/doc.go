@@ -36,6 +36,14 @@
 // The three crash points between these steps are failpoints (FPBeforeSend,
 // FPAfterSend, FPAfterOutcome); the tests crash at each.
 //
+// # TLS
+//
+// With Options.TLS (TenantCAs), TLS from a sandbox is terminated with a
+// leaf certificate for the requested server name signed by the tenant's CA
+// (installed in the sandbox's trust store), so HTTPS is journaled like HTTP;
+// upstream, the gateway verifies the server normally (Options.UpstreamRoots).
+// Without it, TLS is a counted stream.
+//
 // # Wiring
 //
 // The network plumbing hands each accepted connection of a sandbox to

@@ -37,6 +37,7 @@ type handler struct {
 	st      *sandboxState
 	sandbox string
 	origDst netip.AddrPort
+	scheme  string // "http", or "https" behind terminated TLS
 }
 
 // request is one HTTP request on its way through the gateway.
@@ -74,7 +75,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	port := h.origDst.Port()
 	q := &request{r: r, run: run, host: host, port: port}
 	q.d = Decision{Dest: joinHostPort(host, port), Method: r.Method}
-	nurl, err := NormalizeURL("http://" + q.d.Dest + r.URL.RequestURI())
+	nurl, err := NormalizeURL(h.scheme + "://" + q.d.Dest + r.URL.RequestURI())
 	if err != nil {
 		h.fail(w, q, http.StatusBadRequest, "bad-request", "error", "request URL does not parse")
 		return
@@ -234,9 +235,10 @@ func (h *handler) forward(w http.ResponseWriter, q *request, wr *Writer, attempt
 	h.crashpoint(FPBeforeSend)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(q.r.Context()), upstreamTimeout)
 	defer cancel()
+	ctx = context.WithValue(ctx, dialTargetKey{}, q.upstream)
 	start := time.Now()
 	out := OutcomePayload{Key: q.d.Key, Run: q.run.ID, Attempt: attempt}
-	req, err := http.NewRequestWithContext(ctx, q.r.Method, "http://"+q.upstream.String()+q.r.URL.RequestURI(), bytes.NewReader(q.body))
+	req, err := http.NewRequestWithContext(ctx, q.r.Method, h.scheme+"://"+joinHostPort(q.host, q.port)+q.r.URL.RequestURI(), bytes.NewReader(q.body))
 	var resp *http.Response
 	if err == nil {
 		req.Host = q.r.Host
@@ -336,7 +338,8 @@ func (h *handler) upgrade(w http.ResponseWriter, q *request) {
 	hdr.Set("Upgrade", q.r.Header.Get("Upgrade"))
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", q.upstream.String()
+			pr.Out = pr.Out.WithContext(context.WithValue(pr.Out.Context(), dialTargetKey{}, q.upstream))
+			pr.Out.URL.Scheme, pr.Out.URL.Host = h.scheme, joinHostPort(q.host, q.port)
 			pr.Out.Host = q.r.Host
 			pr.Out.Header = hdr
 		},

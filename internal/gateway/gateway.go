@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"log/slog"
@@ -60,17 +61,21 @@ type Options struct {
 	// MaxJournaledBody bounds a response body stored in the journal; a
 	// larger one is recorded as its size only. Default 256 KiB.
 	MaxJournaledBody int64
-	// TLS, when set, terminates TLS from the sandbox (per-tenant CA) so
-	// HTTPS is journaled too. Not implemented yet: with nil, TLS is proxied
-	// as a counted stream.
+	// TLS, when set, terminates TLS from sandboxes (a per-tenant CA, see
+	// TenantCAs) so HTTPS goes through the journal like plain HTTP, and
+	// re-encrypts upstream with normal verification. With nil, TLS is
+	// proxied to the original destination as a counted stream.
 	TLS TLSTerminator
+	// UpstreamRoots verifies upstream TLS servers; nil means the system's.
+	UpstreamRoots *x509.CertPool
 }
 
-// TLSTerminator issues the server side of TLS connections from a tenant's
-// sandboxes (certificates signed by the tenant's CA, which Amber installs in
-// the sandbox's trust store). Reserved: the gateway does not call it yet.
+// TLSTerminator gives the server side of TLS connections from a tenant's
+// sandboxes: certificates signed by the tenant's CA, which Amber installs in
+// the sandbox's trust store. fallbackName is the address the sandbox dialled,
+// for clients that send no server name.
 type TLSTerminator interface {
-	ServerConfig(ctx context.Context, tenant string) (*tls.Config, error)
+	ServerConfig(ctx context.Context, tenant, fallbackName string) (*tls.Config, error)
 }
 
 // Run is a sandbox's current run: the traffic since a cut. Request numbering
@@ -154,7 +159,17 @@ func New(opts Options) *Gateway {
 		opts: opts,
 		log:  opts.Logger.With("component", "gateway"),
 		transport: &http.Transport{
-			DialContext:         d.DialContext,
+			// Requests name the host; the dial goes to the address the
+			// policy checked, carried in the context (no second lookup
+			// that DNS could answer differently).
+			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				to, ok := ctx.Value(dialTargetKey{}).(netip.AddrPort)
+				if !ok {
+					return nil, errdefs.FailedPreconditionf("gateway: dial without a checked address")
+				}
+				return d.DialContext(ctx, network, to.String())
+			},
+			TLSClientConfig:     &tls.Config{RootCAs: opts.UpstreamRoots, MinVersion: tls.VersionTLS12},
 			MaxIdleConnsPerHost: 16,
 			IdleConnTimeout:     90 * time.Second,
 			DisableCompression:  true, // bodies pass through as the upstream sent them
@@ -242,7 +257,15 @@ func (g *Gateway) ServeConn(ctx context.Context, conn net.Conn, origDst netip.Ad
 	conn.SetReadDeadline(time.Time{})
 	pc := &peekedConn{Conn: conn, r: br}
 	if looksHTTP(head) {
-		return g.serveHTTP(ctx, pc, origDst, st, run)
+		return g.serveHTTP(ctx, pc, origDst, st, run, "http")
+	}
+	if g.opts.TLS != nil && len(head) >= 2 && head[0] == 0x16 && head[1] == 0x03 { // TLS handshake record
+		cfg, err := g.opts.TLS.ServerConfig(ctx, run.Tenant, origDst.Addr().String())
+		if err != nil {
+			g.report(run, Decision{Kind: "error", Dest: origDst.String(), Reason: "TLS termination: " + err.Error()})
+			return err
+		}
+		return g.serveHTTP(ctx, tls.Server(pc, cfg), origDst, st, run, "https")
 	}
 	return g.serveStream(ctx, pc, origDst, st, run)
 }
@@ -266,13 +289,25 @@ type peekedConn struct {
 
 func (c *peekedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
-// serveHTTP runs an http.Server on the single connection c.
-func (g *Gateway) serveHTTP(ctx context.Context, c net.Conn, origDst netip.AddrPort, st *sandboxState, run Run) error {
+// dialTargetKey carries the checked upstream address to the transport's dial.
+type dialTargetKey struct{}
+
+// serveHTTP runs an http.Server on the single connection c (plain, or a
+// *tls.Conn whose handshake the server runs).
+func (g *Gateway) serveHTTP(ctx context.Context, c net.Conn, origDst netip.AddrPort, st *sandboxState, run Run, scheme string) error {
 	done := make(chan struct{})
 	var once sync.Once
-	h := &handler{g: g, st: st, sandbox: run.Sandbox, origDst: origDst}
+	h := &handler{g: g, st: st, sandbox: run.Sandbox, origDst: origDst, scheme: scheme}
+	// Handlers still running when the server lets go of the connection
+	// (a hijacked upgrade) own it until they return.
+	var active sync.WaitGroup
+	defer active.Wait()
 	srv := &http.Server{
-		Handler:           h,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			active.Add(1)
+			defer active.Done()
+			h.ServeHTTP(w, r)
+		}),
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       5 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
@@ -285,6 +320,7 @@ func (g *Gateway) serveHTTP(ctx context.Context, c net.Conn, origDst netip.AddrP
 	}
 	srv.Protocols = new(http.Protocols)
 	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetHTTP2(true) // over the terminated TLS, by ALPN
 	srv.Protocols.SetUnencryptedHTTP2(true)
 	l := &oneConnListener{c: c, done: done, closed: make(chan struct{})}
 	stop := context.AfterFunc(ctx, func() { srv.Close() })

@@ -262,3 +262,9 @@ func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
 var quietLog = slog.New(slog.DiscardHandler)
 
 type eventStore = eventlog.Store
+
+func httptestServer(t testing.TB, h http.Handler) *httptest.Server {
+	s := httptest.NewServer(h)
+	t.Cleanup(s.Close)
+	return s
+}

@@ -202,3 +202,48 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 	t.Fatal("condition not met in 5s")
 }
+
+// TestUpgradeStreams: a request switching protocols (WebSocket-style) is
+// proxied as a stream after the 101, not journaled.
+func TestUpgradeStreams(t *testing.T) {
+	up := httptestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "echo" {
+			http.Error(w, "want upgrade", 400)
+			return
+		}
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		brw.Flush()
+		io.Copy(c, brw)
+	}))
+	dst := netip.MustParseAddrPort(up.Listener.Addr().String())
+	var ds decisions
+	gw := gateway.New(gateway.Options{Logger: quietLog, OnDecision: ds.add})
+	if err := gw.StartRun(context.Background(), gateway.Run{Tenant: "a", Sandbox: "s", ID: "c", Policy: allowLoopback(dst)}); err != nil {
+		t.Fatal(err)
+	}
+	f := newFront(t, gw, dst, "s")
+	c, err := net.Dial("tcp", f.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: "+dst.String()+"\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 101 {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	io.WriteString(c, "frame-1\n")
+	if l, err := br.ReadString('\n'); err != nil || l != "frame-1\n" {
+		t.Fatalf("echo %q %v", l, err)
+	}
+	if ds.kinds()["stream"] != 1 {
+		t.Fatalf("decisions %v", ds.kinds())
+	}
+}
