@@ -154,6 +154,33 @@ func (h *handler) journaled(w http.ResponseWriter, q *request) {
 	wr := Writer{Tenant: q.run.Tenant, Sandbox: h.sandbox, Epoch: q.run.Epoch}
 	mode := q.run.Policy.mode(r.Method, q.host, q.port)
 
+	// Claim the key in this process; wait if a previous incarnation of the
+	// run is still forwarding it.
+	for {
+		g.mu.Lock()
+		ch, busy := g.inflight[q.d.Key]
+		if !busy {
+			ch = make(chan struct{})
+			g.inflight[q.d.Key] = ch
+		}
+		g.mu.Unlock()
+		if !busy {
+			defer func() {
+				g.mu.Lock()
+				delete(g.inflight, q.d.Key)
+				g.mu.Unlock()
+				close(ch)
+			}()
+			break
+		}
+		h.g.opts.Failpoints.Eval(FPWaitInFlight) // counted: tests see the wait
+		select {
+		case <-ch:
+		case <-r.Context().Done():
+			return
+		}
+	}
+
 	e, found, err := j.Lookup(ctx, k)
 	if err != nil {
 		h.journalError(w, q, err)

@@ -28,6 +28,9 @@ const (
 	FPBeforeSend   = "gateway.before-send"               // intent durable, nothing sent
 	FPAfterSend    = "gateway.after-send-before-outcome" // upstream answered, outcome not recorded
 	FPAfterOutcome = "gateway.after-outcome"             // outcome durable, client not answered
+	// FPWaitInFlight is counted, never fired: a request waits for an
+	// identical one of a previous incarnation still in flight.
+	FPWaitInFlight = "gateway.wait-in-flight"
 )
 
 // Resolver looks up the addresses of a host name (net.Resolver fits).
@@ -121,6 +124,10 @@ type Gateway struct {
 
 	mu  sync.Mutex
 	sbs map[string]*sandboxState
+	// inflight holds the keys being forwarded by this process; a re-run
+	// meeting one (the sandbox was restored while the daemon lived) waits
+	// for its outcome instead of sending it again.
+	inflight map[string]chan struct{}
 }
 
 type sandboxState struct {
@@ -175,7 +182,8 @@ func New(opts Options) *Gateway {
 			DisableCompression:  true, // bodies pass through as the upstream sent them
 			ForceAttemptHTTP2:   false,
 		},
-		sbs: map[string]*sandboxState{},
+		sbs:      map[string]*sandboxState{},
+		inflight: map[string]chan struct{}{},
 	}
 }
 

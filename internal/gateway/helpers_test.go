@@ -268,3 +268,5 @@ func httptestServer(t testing.TB, h http.Handler) *httptest.Server {
 	t.Cleanup(s.Close)
 	return s
 }
+
+func netipAddrPort(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }

@@ -352,3 +352,62 @@ func TestLargeBodyNotJournaled(t *testing.T) {
 		t.Fatalf("upstream requests %d, want 3 (GET twice, POST once)", total)
 	}
 }
+
+// TestRestoreWhileInFlight: the sandbox is restored from the cut while the
+// daemon (and a request of the previous incarnation) is still alive; the
+// re-run's identical request waits for the in-flight outcome and is
+// answered from it — the upstream sees one request, even at-most-once.
+func TestRestoreWhileInFlight(t *testing.T) {
+	release := make(chan struct{})
+	var mu sync.Mutex
+	hits := 0
+	up := httptestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		hits++
+		mu.Unlock()
+		<-release
+		io.WriteString(w, "charged")
+	}))
+	dst := netipAddrPort(up.Listener.Addr().String())
+	store := openStore(t, storePath(t))
+	defer store.Close()
+	fp := failpoint.New()
+	gw := gateway.New(gateway.Options{Journal: gateway.NewJournal(store), Logger: quietLog, Failpoints: fp})
+	defer gw.Close()
+	p := allowLoopback(dst)
+	p.Modes = []gateway.ModeRule{{Dest: "*:*", Mode: gateway.ModeAtMostOnce}}
+	run := gateway.Run{Tenant: "a", Sandbox: "s", ID: "c0", Epoch: acquire(t, store, "s", "n"), Policy: p}
+	if err := gw.StartRun(context.Background(), run); err != nil {
+		t.Fatal(err)
+	}
+	f := newFront(t, gw, dst, "s")
+	answers := make(chan string, 2)
+	send := func() {
+		resp, err := f.client().Post("http://"+dst.String()+"/charge", "text/plain", bytes.NewBufferString("x"))
+		if err != nil {
+			answers <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		answers <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}
+	go send()
+	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return hits == 1 })
+	if err := gw.StartRun(context.Background(), run); err != nil { // restored from the cut
+		t.Fatal(err)
+	}
+	go send()
+	waitFor(t, func() bool { return fp.Hits(gateway.FPWaitInFlight) == 1 }) // the re-run waits
+	close(release)
+	for range 2 {
+		if a := <-answers; a != "200 charged" {
+			t.Fatalf("answer %q, want 200 charged", a)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if hits != 1 {
+		t.Fatalf("upstream saw %d requests, want 1", hits)
+	}
+}
