@@ -211,6 +211,24 @@ func TestFencedForwardsNothing(t *testing.T) {
 	if _, req, _ := e.led.snapshot(); req[2] != 0 {
 		t.Fatalf("fenced gateway forwarded %d requests", req[2])
 	}
+
+	// The new owner's gateway reads the journal from the shared log: the
+	// re-run's step 1 is replayed, step 2 goes out once.
+	l2, _ := st.CurrentLease(context.Background(), gateway.Stream("sb"))
+	gw2 := gateway.New(gateway.Options{Journal: gateway.NewJournal(st), Logger: quietLog})
+	defer gw2.Close()
+	if err := gw2.StartRun(context.Background(), gateway.Run{Tenant: "acme", Sandbox: "sb", ID: "c0", Epoch: l2.Epoch, Policy: allowLoopback(e.led.addr())}); err != nil {
+		t.Fatal(err)
+	}
+	e.f.setGateway(gw2)
+	for step := 1; step <= 2; step++ {
+		if resp := e.post(t, "/charge", fmt.Sprintf(`{"step":%d}`, step)); resp.StatusCode != 200 {
+			t.Fatalf("step %d on the new owner: %s", step, resp.Status)
+		}
+	}
+	if ch, req, _ := e.led.snapshot(); ch[1] != 1 || req[1] != 1 || ch[2] != 1 {
+		t.Fatalf("after failover: charges %v requests %v; want one each, step 1 not re-sent", ch, req)
+	}
 }
 
 // TestH2C: HTTP/2 with prior knowledge goes through the journal too.
