@@ -1,0 +1,458 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
+)
+
+// Response headers the gateway adds.
+const (
+	// HeaderReplayed is set on answers served from the journal.
+	HeaderReplayed = "Amber-Replayed"
+	// HeaderError names the kind of a gateway-made error answer:
+	// "denied", "rate-limited", "fenced", "needs-reconciliation",
+	// "divergence", "body-not-journaled", "journal", "bad-request".
+	HeaderError = "Amber-Gateway-Error"
+)
+
+// upstreamTimeout bounds one forwarded request, detached from the client:
+// once sent, a request's outcome is recorded even if the client went away.
+const upstreamTimeout = 2 * time.Minute
+
+type handler struct {
+	g       *Gateway
+	st      *sandboxState
+	sandbox string
+	origDst netip.AddrPort
+	scheme  string // "http", or "https" behind terminated TLS
+}
+
+// request is one HTTP request on its way through the gateway.
+type request struct {
+	r        *http.Request
+	run      Run
+	host     string
+	port     uint16
+	upstream netip.AddrPort
+	url      string // normalized
+	body     []byte
+	bodySum  string
+	out      http.Header // headers to send: secrets substituted
+	sub      *substitution
+	d        Decision
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	g := h.g
+	if g.crashed.Load() {
+		panic(http.ErrAbortHandler)
+	}
+	h.st.mu.Lock()
+	run := h.st.run
+	h.st.mu.Unlock()
+
+	host := r.Host
+	if hh, _, err := net.SplitHostPort(host); err == nil {
+		host = hh
+	}
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	if host == "" {
+		host = h.origDst.Addr().String()
+	}
+	port := h.origDst.Port()
+	q := &request{r: r, run: run, host: host, port: port}
+	q.d = Decision{Dest: joinHostPort(host, port), Method: r.Method}
+	nurl, err := NormalizeURL(h.scheme + "://" + q.d.Dest + r.URL.RequestURI())
+	if err != nil {
+		h.fail(w, q, http.StatusBadRequest, "bad-request", "error", "request URL does not parse")
+		return
+	}
+	q.url, q.d.URL = nurl, nurl
+
+	// Policy, before anything is read or numbered: a refused request has no
+	// journal key, so a re-run refused differently still numbers alike.
+	if !h.st.limiter.allow(g.opts.Clock.Now()) {
+		w.Header().Set("Retry-After", "1")
+		h.fail(w, q, http.StatusTooManyRequests, "rate-limited", "rate-limited", "request rate limit")
+		return
+	}
+	if !run.Policy.allowed(host, port) {
+		h.fail(w, q, http.StatusForbidden, "denied", "deny", "destination not in the allowlist")
+		return
+	}
+	ip, err := g.resolve(r.Context(), host)
+	if err != nil {
+		h.fail(w, q, http.StatusBadGateway, "resolve", "error", "cannot resolve "+host)
+		return
+	}
+	if run.Policy.addrDenied(ip) {
+		h.fail(w, q, http.StatusForbidden, "denied", "deny", "destination resolves into a denied network")
+		return
+	}
+	q.upstream = netip.AddrPortFrom(ip, port)
+
+	q.out, q.sub, err = substituteSecrets(r.Context(), g.opts.Secrets, run.Tenant, r.Header, host, port)
+	if err != nil {
+		h.fail(w, q, http.StatusForbidden, "denied", "deny", err.Error())
+		return
+	}
+	removeHopByHop(q.out)
+
+	if r.Header.Get("Upgrade") != "" {
+		h.upgrade(w, q)
+		return
+	}
+
+	q.body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, g.opts.MaxRequestBody))
+	if err != nil {
+		h.fail(w, q, http.StatusRequestEntityTooLarge, "bad-request", "deny", "request body too large or unreadable")
+		return
+	}
+	sum := sha256.Sum256(q.body)
+	q.bodySum = hex.EncodeToString(sum[:])
+
+	if g.opts.Journal == nil {
+		h.forward(w, q, nil, 0)
+		return
+	}
+	h.journaled(w, q)
+}
+
+// journaled runs a request through the journal: replay, reconcile, refuse
+// a divergence, or record the intent and forward.
+func (h *handler) journaled(w http.ResponseWriter, q *request) {
+	g, j, r := h.g, h.g.opts.Journal, q.r
+	ctx := context.WithoutCancel(r.Context())
+
+	// Number the request among identical ones, and among those to the same
+	// method and URL, since the cut.
+	h.st.mu.Lock()
+	q.run = h.st.run
+	cid := contentID(q.run.ID, r.Method, q.url, q.bodySum)
+	h.st.counts[cid]++
+	occ := h.st.counts[cid]
+	sid := r.Method + " " + q.url
+	h.st.slots[sid]++
+	sl := slot{Run: q.run.ID, Method: r.Method, URL: q.url, Occurrence: h.st.slots[sid]}
+	h.st.mu.Unlock()
+
+	k := Key{Sandbox: h.sandbox, Run: q.run.ID, Method: r.Method, URL: q.url, BodySHA256: q.bodySum, Occurrence: occ}
+	q.d.Key = k.ID()
+	wr := Writer{Tenant: q.run.Tenant, Sandbox: h.sandbox, Epoch: q.run.Epoch}
+	mode := q.run.Policy.mode(r.Method, q.host, q.port)
+
+	// Claim the key in this process; wait if a previous incarnation of the
+	// run is still forwarding it.
+	for {
+		g.mu.Lock()
+		ch, busy := g.inflight[q.d.Key]
+		if !busy {
+			ch = make(chan struct{})
+			g.inflight[q.d.Key] = ch
+		}
+		g.mu.Unlock()
+		if !busy {
+			defer func() {
+				g.mu.Lock()
+				delete(g.inflight, q.d.Key)
+				g.mu.Unlock()
+				close(ch)
+			}()
+			break
+		}
+		h.g.opts.Failpoints.Eval(FPWaitInFlight) // counted: tests see the wait
+		select {
+		case <-ch:
+		case <-r.Context().Done():
+			return
+		}
+	}
+
+	e, found, err := j.Lookup(ctx, k)
+	if err != nil {
+		h.journalError(w, q, err)
+		return
+	}
+	attempt := 1
+	switch {
+	case found && e.Outcome != nil:
+		if e.Outcome.BodyTruncated {
+			if mode == ModeReplaySafe {
+				h.forward(w, q, nil, 0) // safe to fetch again; not journaled twice
+				return
+			}
+			h.fail(w, q, http.StatusBadGateway, "body-not-journaled", "error",
+				fmt.Sprintf("recorded response body (%d bytes) exceeds the journal limit; it cannot be replayed", e.Outcome.BodySize))
+			return
+		}
+		h.replay(w, q, e.Outcome)
+		return
+	case found && mode == ModeAtMostOnce:
+		err := j.RecordReconcile(ctx, wr, ReconcilePayload{Key: k.ID(), Run: q.run.ID, Method: r.Method, URL: q.url,
+			Reason: "intent recorded without outcome; at-most-once: not re-sent"})
+		if err != nil {
+			h.journalError(w, q, err)
+			return
+		}
+		h.fail(w, q, http.StatusBadGateway, "needs-reconciliation", "reconcile",
+			"an earlier attempt of this request may have reached the destination; at-most-once: not re-sent, marked for reconciliation")
+		return
+	case found:
+		attempt = e.Attempts + 1 // idempotent-key or replay-safe: re-send
+	default:
+		se, ok, err := j.lookupSlot(ctx, h.sandbox, sl)
+		if err != nil {
+			h.journalError(w, q, err)
+			return
+		}
+		if ok && se.Intent != nil && se.Intent.Key != k.ID() {
+			pol := q.run.Policy.divergence()
+			err := j.RecordDivergence(ctx, wr, DivergencePayload{Key: k.ID(), Run: q.run.ID, Method: r.Method, URL: q.url,
+				Slot: sl.Occurrence, RecordedKey: se.Intent.Key, RecordedBodySHA256: se.Intent.BodySHA256,
+				BodySHA256: q.bodySum, Policy: pol})
+			if err != nil {
+				h.journalError(w, q, err)
+				return
+			}
+			reason := fmt.Sprintf("re-run request #%d to %s %s differs from the recorded one (body %.12s, recorded %.12s)",
+				sl.Occurrence, r.Method, q.url, q.bodySum, se.Intent.BodySHA256)
+			if pol == DivergenceFail {
+				h.fail(w, q, http.StatusConflict, "divergence", "divergence", reason+"; policy fail")
+				return
+			}
+			d := q.d
+			d.Kind, d.Reason = "divergence", reason+"; policy forward"
+			g.report(q.run, d)
+		}
+	}
+
+	intent := IntentPayload{Key: k.ID(), Run: q.run.ID, Method: r.Method, URL: q.url, BodySHA256: q.bodySum,
+		BodySize: int64(len(q.body)), Occurrence: occ, Slot: sl.Occurrence, Attempt: attempt, Mode: mode,
+		Headers: journalHeaders(r.Header)}
+	if mode == ModeIdempotentKey {
+		intent.IdemKey = k.IdempotencyKey()
+		q.out.Set("Idempotency-Key", intent.IdemKey)
+	}
+	if err := j.RecordIntent(ctx, wr, intent); err != nil {
+		h.journalError(w, q, err)
+		return
+	}
+	h.forward(w, q, &wr, attempt)
+}
+
+// forward sends q upstream and answers the client. With wr set, the outcome
+// is recorded (durably) before the client sees it. The crash points are
+// evaluated with the journal off too, so the negative control meets the same
+// crashes.
+func (h *handler) forward(w http.ResponseWriter, q *request, wr *Writer, attempt int) {
+	g := h.g
+	h.crashpoint(FPBeforeSend)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(q.r.Context()), upstreamTimeout)
+	defer cancel()
+	ctx = context.WithValue(ctx, dialTargetKey{}, q.upstream)
+	start := time.Now()
+	out := OutcomePayload{Key: q.d.Key, Run: q.run.ID, Attempt: attempt}
+	req, err := http.NewRequestWithContext(ctx, q.r.Method, h.scheme+"://"+joinHostPort(q.host, q.port)+q.r.URL.RequestURI(), bytes.NewReader(q.body))
+	var resp *http.Response
+	if err == nil {
+		req.Host = q.r.Host
+		req.Header = q.out
+		req.ContentLength = int64(len(q.body))
+		if len(q.body) == 0 {
+			req.Body = http.NoBody
+		}
+		resp, err = g.transport.RoundTrip(req)
+	}
+	var rest io.Reader // unjournaled tail of a body over the limit
+	if err != nil {
+		out.Status = http.StatusBadGateway
+		out.Error = string(q.sub.redact([]byte("upstream: " + err.Error())))
+	} else {
+		defer resp.Body.Close()
+		out.Status = resp.StatusCode
+		out.Headers = resp.Header.Clone()
+		removeHopByHop(out.Headers)
+		q.sub.redactHeader(out.Headers)
+		limit := g.opts.MaxJournaledBody
+		if wr == nil {
+			limit = 1 << 20 // unjournaled: buffer a little, stream the rest
+		}
+		buf, rerr := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+		switch {
+		case rerr != nil:
+			out.Status, out.Error, out.Headers = http.StatusBadGateway, "upstream body: "+rerr.Error(), nil
+		case int64(len(buf)) > limit:
+			// Recorded as its announced size (-1 when chunked) only.
+			out.BodyTruncated, out.BodySize = true, resp.ContentLength
+			rest = io.MultiReader(bytes.NewReader(q.sub.redact(buf)), resp.Body)
+		default:
+			out.Body = q.sub.redact(buf)
+			out.BodySize = int64(len(out.Body))
+			s := sha256.Sum256(out.Body)
+			out.BodySHA256 = hex.EncodeToString(s[:])
+		}
+	}
+	out.DurationNS = time.Since(start).Nanoseconds()
+
+	h.crashpoint(FPAfterSend)
+	if wr != nil {
+		rec := out
+		if rec.BodyTruncated {
+			rec.Body = nil
+		}
+		if err := g.opts.Journal.RecordOutcome(context.WithoutCancel(q.r.Context()), *wr, rec); err != nil {
+			// The effect happened; the client gets its answer. A re-run
+			// finds the intent without outcome and follows the mode.
+			g.log.Error("record outcome", "sandbox", h.sandbox, "key", q.d.Key, "err", err)
+		}
+	}
+	h.crashpoint(FPAfterOutcome)
+
+	d := q.d
+	d.Kind, d.Status, d.Reason = "forward", out.Status, out.Error
+	g.report(q.run, d)
+	if out.Error != "" {
+		writeGatewayError(w, out.Status, "upstream", out.Error)
+		return
+	}
+	copyHeader(w.Header(), out.Headers)
+	if rest != nil {
+		w.WriteHeader(out.Status)
+		io.Copy(w, rest)
+		return
+	}
+	w.WriteHeader(out.Status)
+	w.Write(out.Body)
+}
+
+// replay answers from a recorded outcome; the upstream is not contacted.
+func (h *handler) replay(w http.ResponseWriter, q *request, o *OutcomePayload) {
+	d := q.d
+	d.Kind, d.Status = "replay", o.Status
+	h.g.report(q.run, d)
+	if o.Error != "" {
+		w.Header().Set(HeaderReplayed, "true")
+		writeGatewayError(w, o.Status, "upstream", o.Error)
+		return
+	}
+	copyHeader(w.Header(), o.Headers)
+	w.Header().Set(HeaderReplayed, "true")
+	w.WriteHeader(o.Status)
+	w.Write(o.Body)
+}
+
+// upgrade proxies a request asking for a protocol switch (WebSocket) as a
+// stream: not journaled.
+func (h *handler) upgrade(w http.ResponseWriter, q *request) {
+	d := q.d
+	d.Kind, d.Reason = "stream", "upgrade "+q.r.Header.Get("Upgrade")+": proxied as a stream, not journaled"
+	h.g.report(q.run, d)
+	hdr := q.out.Clone()
+	hdr.Set("Connection", "Upgrade")
+	hdr.Set("Upgrade", q.r.Header.Get("Upgrade"))
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out = pr.Out.WithContext(context.WithValue(pr.Out.Context(), dialTargetKey{}, q.upstream))
+			pr.Out.URL.Scheme, pr.Out.URL.Host = h.scheme, joinHostPort(q.host, q.port)
+			pr.Out.Host = q.r.Host
+			pr.Out.Header = hdr
+		},
+		Transport: h.g.transport,
+	}
+	rp.ServeHTTP(w, q.r)
+}
+
+// crashpoint evaluates a failpoint; when it fires the gateway behaves as a
+// crashed process from then on.
+func (h *handler) crashpoint(name string) {
+	if err := h.g.opts.Failpoints.Eval(name); err != nil {
+		h.g.crashed.Store(true)
+		h.g.log.Warn("failpoint fired", "point", name, "err", err)
+		panic(http.ErrAbortHandler)
+	}
+}
+
+func (h *handler) journalError(w http.ResponseWriter, q *request, err error) {
+	if errors.Is(err, errdefs.ErrFenced) {
+		h.fail(w, q, http.StatusServiceUnavailable, "fenced", "fenced",
+			"this node no longer holds the sandbox's lease; nothing was forwarded")
+		return
+	}
+	h.g.log.Error("effect journal", "sandbox", h.sandbox, "key", q.d.Key, "err", err)
+	h.fail(w, q, http.StatusServiceUnavailable, "journal", "error", "effect journal unavailable; nothing was forwarded")
+}
+
+// fail answers with a gateway-made error and reports the decision.
+func (h *handler) fail(w http.ResponseWriter, q *request, status int, errKind, kind, reason string) {
+	d := q.d
+	d.Kind, d.Status, d.Reason = kind, status, reason
+	h.g.report(q.run, d)
+	writeGatewayError(w, status, errKind, reason)
+}
+
+func writeGatewayError(w http.ResponseWriter, status int, kind, msg string) {
+	w.Header().Set(HeaderError, kind)
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(status)
+	fmt.Fprintf(w, "amber gateway: %s\n", msg)
+}
+
+func (g *Gateway) resolve(ctx context.Context, host string) (netip.Addr, error) {
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return ip.Unmap(), nil
+	}
+	ips, err := g.opts.Resolver.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	if len(ips) == 0 {
+		return netip.Addr{}, errdefs.NotFoundf("no address for %s", host)
+	}
+	return ips[0].Unmap(), nil
+}
+
+var hopByHop = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+func removeHopByHop(h http.Header) {
+	for _, f := range h.Values("Connection") {
+		for _, name := range strings.Split(f, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				h.Del(name)
+			}
+		}
+	}
+	for _, k := range hopByHop {
+		h.Del(k)
+	}
+}
+
+// journalHeaders is the request's header set as the journal keeps it: as the
+// sandbox sent it (placeholders, never values), without hop-by-hop fields.
+func journalHeaders(h http.Header) http.Header {
+	c := h.Clone()
+	removeHopByHop(c)
+	if len(c) == 0 {
+		return nil
+	}
+	return c
+}
+
+func copyHeader(dst, src http.Header) {
+	for k, vs := range src {
+		dst[k] = append([]string(nil), vs...)
+	}
+}

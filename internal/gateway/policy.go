@@ -1,0 +1,205 @@
+package gateway
+
+import (
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Mode says what the gateway does with a request whose intent is recorded
+// but whose outcome is not (the gateway crashed between sending and
+// recording).
+type Mode string
+
+const (
+	// ModeIdempotentKey (default for POST, PUT, PATCH, DELETE): every
+	// attempt carries the same Idempotency-Key header, derived from the
+	// journal key, so a re-send is deduplicated by the upstream. It replaces
+	// one the client sent (a client's key may be random and differ on the
+	// re-run); the journal keeps the client's headers as sent.
+	ModeIdempotentKey Mode = "idempotent-key"
+	// ModeAtMostOnce: never re-sent. The client gets a clear error and the
+	// effect is marked as needing reconciliation.
+	ModeAtMostOnce Mode = "at-most-once"
+	// ModeReplaySafe (default for GET, HEAD, OPTIONS, TRACE): re-sent.
+	ModeReplaySafe Mode = "replay-safe"
+)
+
+// DivergencePolicy says what to do with a re-run request that differs from
+// the one recorded at the same position (same method and URL, n-th since
+// the cut, another body). Either way a divergence event is journaled.
+type DivergencePolicy string
+
+const (
+	// DivergenceFail (default) answers 409 and forwards nothing.
+	DivergenceFail DivergencePolicy = "fail"
+	// DivergenceForward forwards the request as a new effect.
+	DivergenceForward DivergencePolicy = "forward"
+)
+
+// ModeRule assigns a mode to requests matching Dest (a destination pattern,
+// see Policy.Allow) and Method ("" for any).
+type ModeRule struct {
+	Dest   string
+	Method string
+	Mode   Mode
+}
+
+// Policy is a sandbox's egress policy. The zero value denies everything.
+type Policy struct {
+	// Allow lists the destinations a sandbox may reach, as "host:port"
+	// patterns: host is a name, "*.suffix" (any subdomain), an IP literal or
+	// "*"; port is a number or "*". HTTP requests are matched by the name in
+	// their Host header, other TCP by the original destination's address.
+	Allow []string
+	// AllowNets exempts these networks from DeniedNets. Without it, a
+	// destination that resolves into a denied range is refused even when
+	// Allow matches its name.
+	AllowNets []netip.Prefix
+	// DeniedNets are refused by default; nil means DefaultDeniedNets.
+	DeniedNets []netip.Prefix
+	// RequestsPerSecond and Burst bound the request rate of the sandbox
+	// (HTTP requests and new TCP streams). 0 means unlimited.
+	RequestsPerSecond float64
+	Burst             int
+	// Modes are tried in order; the first match wins, then the method's
+	// default.
+	Modes []ModeRule
+	// OnDivergence defaults to DivergenceFail.
+	OnDivergence DivergencePolicy
+}
+
+// DefaultDeniedNets are the private, loopback, link-local, CGNAT, multicast
+// and unspecified ranges, IPv4 and IPv6.
+var DefaultDeniedNets = mustPrefixes(
+	"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
+	"172.16.0.0/12", "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4",
+	"::/128", "::1/128", "fc00::/7", "fe80::/10", "ff00::/8", "64:ff9b:1::/48",
+)
+
+func mustPrefixes(ss ...string) []netip.Prefix {
+	out := make([]netip.Prefix, len(ss))
+	for i, s := range ss {
+		out[i] = netip.MustParsePrefix(s)
+	}
+	return out
+}
+
+// allowed reports whether host:port matches Allow.
+func (p *Policy) allowed(host string, port uint16) bool {
+	for _, pat := range p.Allow {
+		if matchDest(pat, host, port) {
+			return true
+		}
+	}
+	return false
+}
+
+// addrDenied reports whether ip is in a denied range not exempted.
+func (p *Policy) addrDenied(ip netip.Addr) bool {
+	ip = ip.Unmap()
+	for _, n := range p.AllowNets {
+		if n.Contains(ip) {
+			return false
+		}
+	}
+	denied := p.DeniedNets
+	if denied == nil {
+		denied = DefaultDeniedNets
+	}
+	for _, n := range denied {
+		if n.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// mode returns the mode of a request.
+func (p *Policy) mode(method, host string, port uint16) Mode {
+	for _, r := range p.Modes {
+		if (r.Method == "" || strings.EqualFold(r.Method, method)) && matchDest(r.Dest, host, port) {
+			return r.Mode
+		}
+	}
+	switch method {
+	case "GET", "HEAD", "OPTIONS", "TRACE":
+		return ModeReplaySafe
+	}
+	return ModeIdempotentKey
+}
+
+func (p *Policy) divergence() DivergencePolicy {
+	if p.OnDivergence == "" {
+		return DivergenceFail
+	}
+	return p.OnDivergence
+}
+
+// matchDest matches "host:port" patterns (see Policy.Allow).
+func matchDest(pat, host string, port uint16) bool {
+	ph, pp, err := net.SplitHostPort(pat)
+	if err != nil {
+		return false
+	}
+	if pp != "*" {
+		n, err := strconv.ParseUint(pp, 10, 16)
+		if err != nil || uint16(n) != port {
+			return false
+		}
+	}
+	ph, host = strings.ToLower(ph), strings.ToLower(strings.TrimSuffix(host, "."))
+	switch {
+	case ph == "*":
+		return true
+	case strings.HasPrefix(ph, "*."):
+		return strings.HasSuffix(host, ph[1:])
+	default:
+		if a, err := netip.ParseAddr(ph); err == nil {
+			b, err := netip.ParseAddr(host)
+			return err == nil && a.Unmap() == b.Unmap()
+		}
+		return ph == host
+	}
+}
+
+// limiter is a token bucket on an injected clock.
+type limiter struct {
+	mu     sync.Mutex
+	rate   float64
+	burst  float64
+	tokens float64
+	last   time.Time
+}
+
+func newLimiter(rate float64, burst int, now time.Time) *limiter {
+	if rate <= 0 {
+		return nil
+	}
+	b := float64(burst)
+	if b < 1 {
+		b = 1
+	}
+	return &limiter{rate: rate, burst: b, tokens: b, last: now}
+}
+
+// allow takes a token if one is available; a nil limiter always allows.
+func (l *limiter) allow(now time.Time) bool {
+	if l == nil {
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if dt := now.Sub(l.last).Seconds(); dt > 0 {
+		l.tokens = min(l.burst, l.tokens+dt*l.rate)
+		l.last = now
+	}
+	if l.tokens < 1 {
+		return false
+	}
+	l.tokens--
+	return true
+}
