@@ -92,7 +92,11 @@ func (s *Server) wrap(rt Route) http.Handler {
 			c.tenant, c.key = key.Tenant, key
 			c.lg = lg.With("tenant", key.Tenant, "key", key.Name)
 		}
-		if err := rt.h(sw, r, c); err != nil {
+		h := rt.h
+		if rt.Idempotent {
+			h = func(w http.ResponseWriter, r *http.Request, c *call) error { return s.idempotent(w, r, c, rt.h) }
+		}
+		if err := h(sw, r, c); err != nil {
 			if sw.status != 0 {
 				// Headers are out (a stream broke): the client sees a cut stream.
 				c.lg.Warn("error after response started", "err", err)

@@ -60,7 +60,10 @@ type Route struct {
 	// tenants and keys); Public routes need no key. A route that declares
 	// none is refused to everyone (fail closed), and a test fails.
 	Scope meta.Scope
-	h     handler
+	// Idempotent routes (creating calls) honour an Idempotency-Key header
+	// (idempotency.go).
+	Idempotent bool
+	h          handler
 }
 
 // Public is the Scope of the routes that need no API key.
@@ -81,14 +84,14 @@ func (s *Server) routes() []Route {
 		{Method: "GET", Path: "/v1/openapi.json", Scope: Public, h: s.openapi},
 		{Method: "GET", Path: "/v1/info", Scope: read, h: s.info},
 		{Method: "GET", Path: "/v1/templates", Scope: read, h: s.listTemplates},
-		{Method: "POST", Path: "/v1/sandboxes", Scope: write, h: s.createSandbox},
+		{Method: "POST", Path: "/v1/sandboxes", Scope: write, Idempotent: true, h: s.createSandbox},
 		{Method: "GET", Path: "/v1/sandboxes", Scope: read, h: s.listSandboxes},
 		{Method: "GET", Path: "/v1/sandboxes/{id}", Scope: read, h: s.getSandbox},
 		{Method: "DELETE", Path: "/v1/sandboxes/{id}", Scope: write, h: s.deleteSandbox},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/kill", Scope: write, h: s.killSandbox},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/exec", Scope: write, h: s.exec},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/processes", Scope: read, h: s.listProcesses},
-		{Method: "POST", Path: "/v1/sandboxes/{id}/processes", Scope: write, h: s.startProcess},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/processes", Scope: write, Idempotent: true, h: s.startProcess},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}/signal", Scope: write, h: s.signalProcess},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}/wait", Scope: read, h: s.waitProcess},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/files", Scope: read, h: s.getFile},
@@ -101,12 +104,12 @@ func (s *Server) routes() []Route {
 		{Method: "POST", Path: "/v1/sandboxes/{id}/ports", Scope: write, h: s.exposePort},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/ports", Scope: read, h: s.listPorts},
 		{Method: "DELETE", Path: "/v1/sandboxes/{id}/ports/{port}", Scope: write, h: s.unexposePort},
-		{Method: "POST", Path: "/v1/sandboxes/{id}/checkpoints", Scope: write, h: s.createCheckpoint},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/checkpoints", Scope: write, Idempotent: true, h: s.createCheckpoint},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/checkpoints", Scope: read, h: s.listCheckpoints},
-		{Method: "POST", Path: "/v1/sandboxes/{id}/recover", Scope: write, h: s.recoverSandbox},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/recover", Scope: write, Idempotent: true, h: s.recoverSandbox},
 		{Method: "GET", Path: "/v1/checkpoints/{id}", Scope: read, h: s.getCheckpoint},
 		{Method: "DELETE", Path: "/v1/checkpoints/{id}", Scope: write, h: s.deleteCheckpoint},
-		{Method: "POST", Path: "/v1/checkpoints/{id}/restore", Scope: write, h: s.restoreCheckpoint},
+		{Method: "POST", Path: "/v1/checkpoints/{id}/restore", Scope: write, Idempotent: true, h: s.restoreCheckpoint},
 		{Method: "POST", Path: "/v1/tenants", Scope: admin, h: s.createTenant},
 		{Method: "GET", Path: "/v1/tenants", Scope: admin, h: s.listTenants},
 		{Method: "POST", Path: "/v1/tenants/{tenant}/keys", Scope: admin, h: s.createKey},

@@ -91,7 +91,7 @@ class Client:
         cls = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
         return cls(self._host, self._port, timeout=self._timeout)
 
-    def _request(self, method, path, query=None, body=None, ctype=None, accept=None):
+    def _request(self, method, path, query=None, body=None, ctype=None, accept=None, idempotency_key=None):
         url = self._base + path
         if query:
             url += "?" + urllib.parse.urlencode(query, doseq=True)
@@ -102,6 +102,8 @@ class Client:
             headers["Content-Type"] = ctype
         if accept:
             headers["Accept"] = accept
+        if idempotency_key:
+            headers["Idempotency-Key"] = idempotency_key
         conn = self._conn()
         try:
             conn.request(method, url, body=body, headers=headers)
@@ -119,9 +121,10 @@ class Client:
                 raise Error("internal", "%s %s: HTTP %d: %s" % (method, url, resp.status, raw[:200].decode(errors="replace")), resp.status)
         return conn, resp
 
-    def _json(self, method, path, query=None, body=None):
+    def _json(self, method, path, query=None, body=None, idempotency_key=None):
         data = None if body is None else json.dumps(body).encode()
-        conn, resp = self._request(method, path, query, data, "application/json" if data is not None else None)
+        conn, resp = self._request(method, path, query, data, "application/json" if data is not None else None,
+                                   idempotency_key=idempotency_key)
         try:
             raw = resp.read()
         finally:
@@ -153,7 +156,10 @@ class Client:
     def templates(self):
         return self._json("GET", "/v1/templates")["templates"]
 
-    def create_sandbox(self, template, memory_bytes=0, millicpus=0, env=None, recovery=None, cold=False):
+    def create_sandbox(self, template, memory_bytes=0, millicpus=0, env=None, recovery=None, cold=False,
+                       idempotency_key=None):
+        """Creates a sandbox. With idempotency_key, a retry of the same call
+        returns the first sandbox instead of making a second."""
         body = {"template": template}
         limits = {k: v for k, v in (("memory_bytes", memory_bytes), ("millicpus", millicpus)) if v}
         if limits:
@@ -164,7 +170,7 @@ class Client:
             body["recovery"] = recovery
         if cold:
             body["cold"] = True
-        return self._json("POST", "/v1/sandboxes", body=body)
+        return self._json("POST", "/v1/sandboxes", body=body, idempotency_key=idempotency_key)
 
     def sandboxes(self):
         return self._json("GET", "/v1/sandboxes")["sandboxes"]

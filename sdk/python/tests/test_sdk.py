@@ -94,6 +94,14 @@ class SDKTest(unittest.TestCase):
             self.assertNotEqual(fork["id"], sid)
             self.c.destroy(fork["id"])
 
+    def test_5_idempotent_create(self):
+        a = self.c.create_sandbox("minimal", idempotency_key="sdk-create-once", cold=True)
+        try:
+            b = self.c.create_sandbox("minimal", idempotency_key="sdk-create-once", cold=True)
+            self.assertEqual(a["id"], b["id"])
+        finally:
+            self.c.destroy(a["id"])
+
     def test_4_errors(self):
         with self.assertRaises(amber.Error) as cm:
             self.c.sandbox("sbx-doesnotexist")

@@ -1,0 +1,135 @@
+package server
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/meta"
+)
+
+// Idempotency-Key (creating calls).
+//
+// A route marked Idempotent accepts an Idempotency-Key header. The first
+// call with a key claims it (a row in internal/meta, before the handler
+// runs: intent first), runs, and records its answer when it succeeded; a
+// retry with the same key and the same request (method, path and body,
+// hashed) gets that answer again with `Idempotent-Replayed: true` and
+// creates nothing. The same key with another request is 400; a retry
+// while the first call still runs is 409. A call that failed forgets its
+// claim, so its retry runs again. A claim older than idemStale whose call
+// never answered (the daemon died) is taken over by the next retry: a create
+// cut off by a crash may then happen twice (the engine does not know the
+// key); within a running daemon, never.
+
+const (
+	idemHeader   = "Idempotency-Key"
+	idemReplayed = "Idempotent-Replayed"
+	idemStale    = 10 * time.Minute
+	idemMaxBody  = 1 << 20 // answers larger than this are not recorded
+)
+
+// recorder tees what a handler writes into a buffer (up to idemMaxBody).
+type recorder struct {
+	http.ResponseWriter
+	status   int
+	buf      bytes.Buffer
+	overflow bool
+}
+
+func (w *recorder) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *recorder) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	if !w.overflow {
+		if w.buf.Len()+len(b) > idemMaxBody {
+			w.overflow = true
+		} else {
+			w.buf.Write(b)
+		}
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// succeeded tells whether the recorded answer is a success worth replaying:
+// a 2xx whose streamed last frame (NDJSON) is not an error.
+func (w *recorder) succeeded() bool {
+	if w.status/100 != 2 || w.overflow {
+		return false
+	}
+	b := bytes.TrimSpace(w.buf.Bytes())
+	if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
+		b = b[i+1:]
+	}
+	return !bytes.HasPrefix(b, []byte(`{"error":`))
+}
+
+// idempotent runs h under r's Idempotency-Key, if any (see above).
+func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, c *call, h handler) error {
+	key := r.Header.Get(idemHeader)
+	if key == "" {
+		return h(w, r, c)
+	}
+	if err := meta.ValidIdempotencyKey(key); err != nil {
+		return err
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxJSONBody+1))
+	if err != nil {
+		return errdefs.InvalidArgumentf("request body: %v", err)
+	}
+	if len(body) > maxJSONBody {
+		return errdefs.InvalidArgumentf("request body is larger than %d bytes", maxJSONBody)
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	sum := sha256.New()
+	sum.Write([]byte(r.Method + " " + r.URL.RequestURI() + "\n" + r.Header.Get("Accept") + "\n"))
+	sum.Write(body)
+	hash := hex.EncodeToString(sum.Sum(nil))
+
+	prev, claimed, err := s.meta.BeginIdempotent(r.Context(), c.tenant, key, hash, idemStale)
+	if err != nil {
+		return err
+	}
+	if !claimed {
+		switch {
+		case prev.RequestHash != hash:
+			return errdefs.InvalidArgumentf("%s %q was used for another request; use a new key for a new request", idemHeader, key)
+		case !prev.Done:
+			return errdefs.Conflictf("a request with %s %q is still running; retry later", idemHeader, key)
+		}
+		w.Header().Set(idemReplayed, "true")
+		if prev.ContentType != "" {
+			w.Header().Set("Content-Type", prev.ContentType)
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(prev.Body)))
+		w.WriteHeader(prev.Status)
+		_, err := w.Write(prev.Body)
+		c.lg.Info("idempotent replay", "key", key, "status", prev.Status)
+		return err
+	}
+	rec := &recorder{ResponseWriter: w}
+	herr := h(rec, r, c)
+	if herr == nil && rec.succeeded() {
+		err = s.meta.FinishIdempotent(r.Context(), c.tenant, key, rec.status, rec.Header().Get("Content-Type"), rec.buf.Bytes())
+	} else {
+		err = s.meta.AbandonIdempotent(r.Context(), c.tenant, key)
+	}
+	if err != nil {
+		c.lg.Error("record idempotency key", "key", key, "err", err)
+	}
+	return herr
+}
