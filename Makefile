@@ -40,6 +40,16 @@ fuzz:
 	$(FUZZ) -fuzz '^FuzzResolvePath$$' ./internal/confinedfs
 	$(FUZZ) -fuzz '^FuzzTarIn$$' ./internal/confinedfs
 
+# The extended fidelity tests (browser sessions, live PostgreSQL sessions,
+# core/sandbox/fidelitytest) against both drivers. They need templates built
+# from Debian's chromium and postgresql packages (mk/setup.mk:
+# setup-extended), so they are built only with the `extended` tag and are
+# not part of `make test`. One package at a time (-p 1): two Chromiums at
+# once on a small host would only measure each other.
+EXTENDED_RUN ?= ^TestFidelity(Browser|BrowserZoneinfoWatch|Postgres)$$
+test-extended: setup setup-extended
+	$(GO) test -tags $(GOTAGS),extended -count=1 -p 1 -timeout 30m -run '$(EXTENDED_RUN)' -v ./drivers/gvisor ./drivers/criu
+
 bench: setup-test build
 	scripts/bench.sh
 

@@ -5,6 +5,8 @@
 #   make setup        what `amber` needs to run: runsc, criu (+ sysctl),
 #                     the minimal and python templates
 #   make setup-test   setup + PostgreSQL and MinIO for the store tests
+#   make setup-extended  the chromium and postgres templates of
+#                     `make test-extended`
 #   make setup-<x>    one component
 #
 # A MinIO server for tests: scripts/setup/minio-start.sh DIR PORT (prints PID).
@@ -19,7 +21,8 @@ SETUP_SCRIPTS := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../scripts/setup)
 _setup_mk_default_goal := $(.DEFAULT_GOAL)
 
 .PHONY: setup setup-test setup-runsc setup-criu setup-sysctl setup-minimal \
-	setup-python-template setup-postgres setup-minio setup-build-deps setup-test-deps
+	setup-python-template setup-postgres setup-minio setup-build-deps setup-test-deps \
+	setup-extended setup-chromium-template setup-postgres-template
 
 setup: setup-build-deps setup-runsc setup-criu setup-sysctl setup-minimal setup-python-template
 
@@ -27,6 +30,8 @@ setup-test: setup setup-postgres setup-minio setup-test-deps
 
 setup-test-deps:
 	$(SETUP_SCRIPTS)/test-deps.sh
+
+setup-extended: setup-chromium-template setup-postgres-template
 
 setup-build-deps:
 	$(SETUP_SCRIPTS)/build-deps.sh
@@ -45,6 +50,12 @@ setup-minimal:
 
 setup-python-template:
 	$(SETUP_SCRIPTS)/python-template.sh
+
+setup-chromium-template:
+	$(SETUP_SCRIPTS)/chromium-template.sh
+
+setup-postgres-template:
+	$(SETUP_SCRIPTS)/postgres-template.sh
 
 setup-postgres:
 	$(SETUP_SCRIPTS)/postgres.sh

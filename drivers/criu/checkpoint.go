@@ -564,6 +564,13 @@ func writeLayerTar(path, upper string, hostID int) (int, int64, error) {
 		if err != nil {
 			return err
 		}
+		// A socket file is not content: CRIU binds a restored unix
+		// socket to its path again (creating the file), and tar cannot
+		// carry one (a server's socket, e.g. PostgreSQL's
+		// /tmp/.s.PGSQL.5432, failed the whole checkpoint).
+		if fi.Mode()&os.ModeSocket != 0 {
+			return nil
+		}
 		var target string
 		if fi.Mode()&os.ModeSymlink != 0 {
 			if target, err = os.Readlink(p); err != nil {
