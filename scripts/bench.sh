@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 out=${AMBER_BENCH_OUT:-/tmp/amber-bench-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
 export AMBER_BENCH=1 CGO_ENABLED=1
-all="sqlite postgres gvisor criu engine engine-criu server chunkstore"
+all="sqlite postgres gvisor criu engine engine-criu engine-ckpt engine-ckpt-criu server chunkstore"
 for b in ${BENCH:-$all}; do
     echo "== $b (load: $(cut -d' ' -f1-3 /proc/loadavg))"
     case $b in
@@ -18,6 +18,8 @@ for b in ${BENCH:-$all}; do
     criu)        cmd=(go test -tags seccomp -count=1 -run TestPerf -v ./drivers/criu) ;;
     engine)      cmd=(go test -tags seccomp -count=1 -run TestBenchClaimVsCold -v ./internal/engine) ;;
     engine-criu) cmd=(env AMBER_TEST_DRIVER=criu go test -tags seccomp -count=1 -run TestBenchClaimVsCold -v ./internal/engine) ;;
+    engine-ckpt) cmd=(go test -tags seccomp -count=1 -run TestBenchCheckpoint -v -timeout 90m ./internal/engine) ;;
+    engine-ckpt-criu) cmd=(env AMBER_TEST_DRIVER=criu go test -tags seccomp -count=1 -run TestBenchCheckpoint -v -timeout 90m ./internal/engine) ;;
     server)      cmd=(go test -tags seccomp -count=1 -run TestBenchAPIClaim -v ./internal/server) ;;
     chunkstore)  cmd=(go test -count=1 -run TestBenchReport -v -timeout 30m ./internal/chunkstore) ;;
     *) echo "unknown benchmark $b (have: $all)" >&2; exit 2 ;;
