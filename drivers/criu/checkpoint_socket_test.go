@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/core/sandbox/fidelitytest"
 )
 
 // unixServerPy listens on a unix socket whose file is in the writable layer
@@ -38,7 +39,7 @@ print(c.recv(100).decode().strip())
 func TestCheckpointUnixSocketFile(t *testing.T) {
 	td := newTestDriver(t)
 	requireCriu(t, td)
-	tmpl := fidelityPythonTemplate(t)
+	tmpl := fidelitytest.PythonTemplate(t)
 	ctx := context.Background()
 	id := newID("unixsk")
 	spec := sandbox.Spec{ID: id, Template: tmpl}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/core/sandbox/fidelitytest"
 )
 
 // sqliteTxWriterPy opens a write transaction on a SQLite database in the
@@ -126,7 +127,7 @@ print(db.execute("pragma integrity_check").fetchone()[0])'`)
 //	go test -tags seccomp -count=1 -run TestCheckpointSQLite -v ./drivers/gvisor
 func TestCheckpointSQLite(t *testing.T) {
 	runsc := requireHost(t)
-	tmpl := fidelityPythonTemplate(t)
+	tmpl := fidelitytest.PythonTemplate(t)
 	ctx := context.Background()
 	start := time.Now()
 	lap := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
