@@ -390,3 +390,38 @@ type TenantPolicy struct {
 	// long; the next call resumes it.
 	IdleTimeoutMS int64 `json:"idle_timeout_ms,omitempty"`
 }
+
+// AuditRecord is one record of a tenant's audit trail (GET /v1/audit): who
+// did what, when, and how it ended; Prev and Hash chain it to the record
+// before.
+type AuditRecord struct {
+	Seq       uint64    `json:"seq"`
+	Time      time.Time `json:"time"`
+	Actor     string    `json:"actor"`
+	Action    string    `json:"action"`
+	Resource  string    `json:"resource,omitempty"`
+	Outcome   string    `json:"outcome"`
+	Status    int       `json:"status,omitempty"`
+	RequestID string    `json:"request_id,omitempty"`
+	Detail    string    `json:"detail,omitempty"`
+	Prev      string    `json:"prev"`
+	Hash      string    `json:"hash"`
+}
+
+// AuditList is the body of GET /v1/audit.
+type AuditList struct {
+	Records []AuditRecord `json:"records"`
+}
+
+// AuditReport is the body of GET /v1/audit/verify: whether the tenant's
+// chain holds, and if not, the first record that does not.
+type AuditReport struct {
+	Tenant   string `json:"tenant"`
+	OK       bool   `json:"ok"`
+	Records  int    `json:"records"`
+	First    uint64 `json:"first"`
+	Head     uint64 `json:"head"`
+	BadSeq   uint64 `json:"bad_seq,omitempty"`
+	Problem  string `json:"problem,omitempty"`
+	HeadHash string `json:"head_hash,omitempty"`
+}

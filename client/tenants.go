@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 
 	"github.com/amber-run/amber/api"
@@ -57,4 +58,25 @@ func (c *Client) TenantPolicy(ctx context.Context, tenant string) (api.TenantPol
 func (c *Client) SetTenantPolicy(ctx context.Context, tenant string, p api.TenantPolicy) (api.TenantPolicy, error) {
 	var out api.TenantPolicy
 	return out, c.do(ctx, "PUT", "/v1/tenants/"+url.PathEscape(tenant)+"/policy", nil, p, &out)
+}
+
+// Audit returns the caller's tenant's audit records (tenant: another's, for
+// the operator) from position from.
+func (c *Client) Audit(ctx context.Context, tenant string, from uint64) ([]api.AuditRecord, error) {
+	var out api.AuditList
+	q := url.Values{"from": {fmt.Sprint(from)}}
+	if tenant != "" {
+		q.Set("tenant", tenant)
+	}
+	return out.Records, c.do(ctx, "GET", "/v1/audit", q, nil, &out)
+}
+
+// VerifyAudit checks the tenant's audit hash chain.
+func (c *Client) VerifyAudit(ctx context.Context, tenant string) (api.AuditReport, error) {
+	var out api.AuditReport
+	var q url.Values
+	if tenant != "" {
+		q = url.Values{"tenant": {tenant}}
+	}
+	return out, c.do(ctx, "GET", "/v1/audit/verify", q, nil, &out)
 }

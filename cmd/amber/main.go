@@ -84,6 +84,7 @@ func newRoot() *cobra.Command {
 		newRestoreCmd(g),
 		newTenantCmd(g),
 		newKeyCmd(g),
+		newAuditCmd(g),
 	)
 	return root
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/chunkstore"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/meta"
@@ -158,10 +159,13 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if err != nil {
 		return err
 	}
+	reg := eventlog.NewRegistry()
+	audit.RegisterEvents(reg)
+	trail := audit.New(log, nil)
 	eng, err := engine.New(engine.Options{
-		Driver: drv, Meta: m, Log: log, Registry: eventlog.NewRegistry(), Templates: cat,
+		Driver: drv, Meta: m, Log: log, Registry: reg, Templates: cat,
 		Pool: pool, WatchInterval: o.watch, Logger: lg.With("component", "engine"),
-		Checkpoints: ckpts, WorkDir: workDir, KeepCheckpoints: o.keep, IdleTimeout: o.idle,
+		Checkpoints: ckpts, WorkDir: workDir, KeepCheckpoints: o.keep, IdleTimeout: o.idle, Audit: trail,
 	})
 	if err != nil {
 		return err
@@ -187,7 +191,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	}
 	defer os.Remove(addrFile)
 	srv := &http.Server{
-		Handler:           server.New(server.Options{Engine: eng, Meta: m, Logger: lg.With("component", "api"), Version: version}),
+		Handler:           server.New(server.Options{Engine: eng, Meta: m, Audit: trail, Logger: lg.With("component", "api"), Version: version}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	lg.Info("amber is up", "addr", "http://"+ln.Addr().String(), "driver", drv.Name(), "data_dir", dataDir,

@@ -672,6 +672,7 @@ func (e *Engine) retain(ctx context.Context, sb meta.Sandbox) error {
 		if _, err := e.meta.SetCheckpointState(ctx, ck.ID, meta.CheckpointDeleted, "retention"); err != nil {
 			return err
 		}
+		e.auditSystem(ctx, ck.Tenant, "checkpoint.retention_delete", ck.ID, nil)
 	}
 	if oldestKept > 1 {
 		if err := e.log.Truncate(ctx, Stream(sb.ID), oldestKept); err != nil {

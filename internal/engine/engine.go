@@ -34,6 +34,7 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/chunkstore"
 	"github.com/amber-run/amber/internal/meta"
 )
@@ -77,6 +78,9 @@ type Options struct {
 	// IdleTimeout, when > 0, checkpoints and stops a sandbox after this
 	// long without a call into it; the next call resumes it (idle.go).
 	IdleTimeout time.Duration
+	// Audit, when set, records what the engine does on its own (idle
+	// stops, policy checkpoints, retention) as actor "system".
+	Audit *audit.Trail
 }
 
 // Engine is the sandbox manager. It is safe for concurrent use.
@@ -105,6 +109,7 @@ type Engine struct {
 	fastEvery    int
 	fastInterval time.Duration
 	keep         int
+	audit        *audit.Trail
 	idle         time.Duration
 	activity     sync.Map        // sandbox id → time.Time of the last call into it
 	gcs          sync.Map        // tenant → *gcState (gc.go)
@@ -153,7 +158,7 @@ func New(o Options) (*Engine, error) {
 	e := &Engine{drv: o.Driver, meta: o.Meta, log: o.Log, reg: o.Registry, tmpl: o.Templates,
 		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval,
 		ckpts: o.Checkpoints, workDir: o.WorkDir, node: "node/" + o.Node, leaseTTL: o.LeaseTTL,
-		leases: map[string]eventlog.Lease{}, fastEvery: o.FastEvery, fastInterval: o.FastInterval, keep: o.KeepCheckpoints, idle: o.IdleTimeout}
+		leases: map[string]eventlog.Lease{}, fastEvery: o.FastEvery, fastInterval: o.FastInterval, keep: o.KeepCheckpoints, idle: o.IdleTimeout, audit: o.Audit}
 	for name := range o.Pool {
 		if _, err := o.Templates.Get(name); err != nil {
 			return nil, fmt.Errorf("warm pool: %w", err)

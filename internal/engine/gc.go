@@ -1,10 +1,12 @@
 package engine
 
 import (
+	"context"
 	"sync"
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/audit"
 )
 
 // Garbage collection of checkpoint chunks. A checkpoint that fails before
@@ -76,5 +78,21 @@ func (e *Engine) collectOnce(tenant string) {
 			return
 		case <-time.After(gcRetry):
 		}
+	}
+}
+
+// auditSystem records an action the engine took on its own for tenant.
+func (e *Engine) auditSystem(ctx context.Context, tenant, action, resource string, err error) {
+	if e.audit == nil || tenant == "" {
+		return
+	}
+	r := audit.Record{Actor: "system", Action: action, Resource: resource, Outcome: "ok"}
+	if err != nil {
+		r.Outcome, r.Detail = errdefs.Kind(err), err.Error()
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if _, aerr := e.audit.Append(actx, tenant, r); aerr != nil {
+		e.lg.Error("audit record not written", "action", action, "err", aerr)
 	}
 }

@@ -73,7 +73,10 @@ func (e *Engine) idleLoop(ctx context.Context) {
 			if idle <= 0 || time.Since(last.(time.Time)) < idle {
 				continue
 			}
-			_, err := e.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID, Stop: true, stopReason: idleReason})
+			ck, err := e.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID, Stop: true, stopReason: idleReason})
+			if err == nil || !errors.Is(err, errdefs.ErrFailedPrecondition) {
+				e.auditSystem(ctx, sb.Tenant, "sandbox.idle_stop", sb.ID+" "+ck.ID, err)
+			}
 			switch {
 			case err == nil:
 				e.lg.Info("idle sandbox checkpointed and stopped", "sandbox", sb.ID, "idle_for", idle)

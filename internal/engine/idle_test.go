@@ -85,4 +85,16 @@ func TestIdleStopAndResume(t *testing.T) {
 	if restores != 1 {
 		t.Errorf("%d restores for two concurrent calls, want 1", restores)
 	}
+	// The engine's own act is in the tenant's audit trail.
+	recs, err := env.Audit.List(ctx, "default", 1, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, r := range recs {
+		found = found || (r.Actor == "system" && r.Action == "sandbox.idle_stop" && r.Outcome == "ok" && strings.HasPrefix(r.Resource, sb.ID))
+	}
+	if !found {
+		t.Errorf("no audit record of the idle stop: %+v", recs)
+	}
 }

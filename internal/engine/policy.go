@@ -120,7 +120,8 @@ func (e *Engine) fastCheckpoint(sb meta.Sandbox) {
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		_, err := e.Checkpoint(e.bg, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID})
+		ck, err := e.Checkpoint(e.bg, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID})
+		e.auditSystem(e.bg, sb.Tenant, "checkpoint.fast_policy", sb.ID+" "+ck.ID, err)
 		st.mu.Lock()
 		st.running, st.last = false, time.Now()
 		st.mu.Unlock()

@@ -22,6 +22,7 @@ import (
 
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/chunkstore"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/meta"
@@ -130,6 +131,8 @@ type Env struct {
 	Log     eventlog.Store
 	Engine  *engine.Engine
 	Catalog *engine.Catalog
+	// Audit is the engine's audit trail (on Log).
+	Audit *audit.Trail
 	// Blobs is the checkpoint blob store's directory (Dir/blobs).
 	Blobs string
 	// FailAt, when set, is the chunk store's failpoint (chunkstore.Config.FailAt).
@@ -182,6 +185,8 @@ func (env *Env) open(t testing.TB) {
 	}
 	o := env.opts
 	o.Driver, o.Meta, o.Log, o.Templates, o.Logger = env.Driver, env.Meta, env.Log, env.Catalog, Logger(t)
+	env.Audit = audit.New(env.Log, nil)
+	o.Audit = env.Audit
 	if o.Checkpoints == nil {
 		bs, err := localfs.Open(env.Blobs)
 		if err != nil {

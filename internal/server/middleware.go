@@ -96,7 +96,11 @@ func (s *Server) wrap(rt Route) http.Handler {
 		if rt.Idempotent {
 			h = func(w http.ResponseWriter, r *http.Request, c *call) error { return s.idempotent(w, r, c, rt.h) }
 		}
-		if err := h(sw, r, c); err != nil {
+		err := h(sw, r, c)
+		if rt.Scope == write || rt.Scope == admin {
+			defer s.record(r, rt, c, rid, sw, err)
+		}
+		if err != nil {
 			if sw.status != 0 {
 				// Headers are out (a stream broke): the client sees a cut stream.
 				c.lg.Warn("error after response started", "err", err)

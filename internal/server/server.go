@@ -13,6 +13,7 @@ import (
 	"net/http"
 
 	"github.com/amber-run/amber/core/clock"
+	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/meta"
 )
@@ -28,10 +29,14 @@ type Options struct {
 	// PublicURL is the daemon's address as clients see it, for the URLs of
 	// exposed ports ("https://amber.example.com"); empty: the request's.
 	PublicURL string
+	// Audit, when set, gets a record of every call to a write or admin
+	// route that passed authentication (audit.go).
+	Audit *audit.Trail
 }
 
 // Server serves the API. It is an http.Handler.
 type Server struct {
+	audit   *audit.Trail
 	eng     *engine.Engine
 	meta    *meta.Store
 	clock   clock.Clock
@@ -116,6 +121,8 @@ func (s *Server) routes() []Route {
 		{Method: "GET", Path: "/v1/tenants/{tenant}/keys", Scope: admin, h: s.listKeys},
 		{Method: "DELETE", Path: "/v1/tenants/{tenant}/keys/{name}", Scope: admin, h: s.revokeKey},
 		{Method: "GET", Path: "/v1/tenants/{tenant}/policy", Scope: read, h: s.getTenantPolicy},
+		{Method: "GET", Path: "/v1/audit", Scope: read, h: s.listAudit},
+		{Method: "GET", Path: "/v1/audit/verify", Scope: read, h: s.verifyAudit},
 		{Method: "PUT", Path: "/v1/tenants/{tenant}/policy", Scope: admin, h: s.putTenantPolicy},
 	}
 }
@@ -128,7 +135,7 @@ func New(o Options) *Server {
 	if o.Clock == nil {
 		o.Clock = clock.Real{}
 	}
-	s := &Server{eng: o.Engine, meta: o.Meta, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL}
+	s := &Server{eng: o.Engine, meta: o.Meta, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL, audit: o.Audit}
 	for _, rt := range s.routes() {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"database/sql"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/internal/audit"
+)
+
+// TestE2EAuditVerify: state-changing calls leave audit records; `amber
+// audit verify` holds on the untouched trail, and names the record after
+// one was edited in the daemon's database (with a valid checksum, as a
+// forger with write access would).
+func TestE2EAuditVerify(t *testing.T) {
+	bin, dir := e2eSetup(t)
+	addr := freeAddr(t)
+	d := startDaemon(t, bin, dir, addr, "--pool", "0")
+	id := strings.TrimSpace(d.must("sandbox", "create", "--template", "minimal"))
+	d.must("exec", id, "--", "true")
+	if _, _, code := d.amber("sandbox", "create", "--template", "no-such-template"); code == 0 {
+		t.Fatal("create from a missing template succeeded")
+	}
+	d.must("sandbox", "rm", id)
+	ls := d.must("audit", "ls")
+	for _, want := range []string{"POST /v1/sandboxes", "POST /v1/sandboxes/{id}/exec", "DELETE /v1/sandboxes/{id}", "key:admin", "not found"} {
+		if !strings.Contains(ls, want) {
+			t.Errorf("audit ls lacks %q:\n%s", want, ls)
+		}
+	}
+	if out := d.must("audit", "verify"); !strings.Contains(out, "holds: 4 records") {
+		t.Fatalf("verify of the untouched trail: %q", out)
+	}
+	d.stop(syscall.SIGTERM)
+
+	// Edit record 2 in the database, keeping the envelope's checksum valid.
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "events.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const where = ` WHERE seq = 2 AND sid = (SELECT sid FROM streams WHERE stream = 'audit/default')`
+	var env []byte
+	if err := db.QueryRow(`SELECT env FROM events`+where).Scan(&env); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := eventlog.Decode(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r audit.Record
+	if err := json.Unmarshal(ev.Payload, &r); err != nil {
+		t.Fatal(err)
+	}
+	r.Actor = "key:someone-else"
+	ev.Payload, _ = json.Marshal(r)
+	if env, err = eventlog.Encode(ev); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`UPDATE events SET env = ?`+where, env); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	d = startDaemon(t, bin, dir, addr, "--pool", "0")
+	out, _, code := d.amber("audit", "verify")
+	if code != 1 || !strings.Contains(out, "BROKEN at record 2") {
+		t.Fatalf("verify of the edited trail: exit %d %q", code, out)
+	}
+}
