@@ -44,7 +44,7 @@ func TestE2EAuditVerify(t *testing.T) {
 	}
 	const where = ` WHERE seq = 2 AND sid = (SELECT sid FROM streams WHERE stream = 'audit/default')`
 	var env []byte
-	if err := db.QueryRow(`SELECT env FROM events`+where).Scan(&env); err != nil {
+	if err := db.QueryRow(`SELECT env FROM events` + where).Scan(&env); err != nil {
 		t.Fatal(err)
 	}
 	ev, err := eventlog.Decode(env)
