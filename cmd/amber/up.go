@@ -22,6 +22,7 @@ import (
 	"github.com/amber-run/amber/internal/chunkstore"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/metrics"
 	"github.com/amber-run/amber/internal/server"
 	"github.com/amber-run/amber/stores/sqlite"
 )
@@ -159,11 +160,13 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if err != nil {
 		return err
 	}
+	mx := metrics.New(m)
+	tlog := mx.Log(log) // appends timed for amber_log_append_seconds
 	reg := eventlog.NewRegistry()
 	audit.RegisterEvents(reg)
-	trail := audit.New(log, nil)
+	trail := audit.New(tlog, nil)
 	eng, err := engine.New(engine.Options{
-		Driver: drv, Meta: m, Log: log, Registry: reg, Templates: cat,
+		Driver: drv, Meta: m, Log: tlog, Registry: reg, Templates: cat, Observer: mx,
 		Pool: pool, WatchInterval: o.watch, Logger: lg.With("component", "engine"),
 		Checkpoints: ckpts, WorkDir: workDir, KeepCheckpoints: o.keep, IdleTimeout: o.idle, Audit: trail,
 	})
@@ -191,7 +194,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	}
 	defer os.Remove(addrFile)
 	srv := &http.Server{
-		Handler:           server.New(server.Options{Engine: eng, Meta: m, Audit: trail, Logger: lg.With("component", "api"), Version: version}),
+		Handler:           server.New(server.Options{Engine: eng, Meta: m, Audit: trail, Metrics: mx, Logger: lg.With("component", "api"), Version: version}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	lg.Info("amber is up", "addr", "http://"+ln.Addr().String(), "driver", drv.Name(), "data_dir", dataDir,

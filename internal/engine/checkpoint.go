@@ -110,9 +110,29 @@ func report(f func(Progress), p Progress) {
 	}
 }
 
+// Observer is told about checkpoints and restores (internal/metrics).
+type Observer interface {
+	// Checkpoint: kind is "" on success, else the error's kind.
+	Checkpoint(driver, tenant, kind string, frozen, total time.Duration, stored int64)
+	Restore(driver, kind string, d time.Duration)
+}
+
 // Checkpoint cuts sandbox r.Sandbox and commits the image (see the order
 // above). Never two at once for one sandbox: it holds the sandbox's lock.
 func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (meta.Checkpoint, error) {
+	start := time.Now()
+	ck, err := e.checkpoint(ctx, r)
+	if e.obs != nil && (err == nil || ck.ID != "") {
+		kind := ""
+		if err != nil {
+			kind = errdefs.Kind(err)
+		}
+		e.obs.Checkpoint(e.drv.Name(), ck.Tenant, kind, time.Duration(ck.Stats.FrozenNS), time.Since(start), ck.Stats.StoredBytes)
+	}
+	return ck, err
+}
+
+func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Checkpoint, error) {
 	cp, err := e.checkpointer()
 	if err != nil {
 		return meta.Checkpoint{}, err
@@ -424,6 +444,19 @@ func (e *Engine) restore(ctx context.Context, ck meta.Checkpoint, target string,
 // restoreWith is restore; with resumeIdle it restores target only if it is
 // still stopped for being idle and returns it as it is when it runs again.
 func (e *Engine) restoreWith(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress), resumeIdle bool) (meta.Sandbox, error) {
+	start := time.Now()
+	sb, err := e.restoreOnce(ctx, ck, target, progress, resumeIdle)
+	if e.obs != nil {
+		kind := ""
+		if err != nil {
+			kind = errdefs.Kind(err)
+		}
+		e.obs.Restore(e.drv.Name(), kind, time.Since(start))
+	}
+	return sb, err
+}
+
+func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress), resumeIdle bool) (meta.Sandbox, error) {
 	cp, err := e.checkpointer()
 	if err != nil {
 		return meta.Sandbox{}, err

@@ -81,6 +81,8 @@ type Options struct {
 	// Audit, when set, records what the engine does on its own (idle
 	// stops, policy checkpoints, retention) as actor "system".
 	Audit *audit.Trail
+	// Observer, when set, is told about checkpoints and restores.
+	Observer Observer
 }
 
 // Engine is the sandbox manager. It is safe for concurrent use.
@@ -110,6 +112,7 @@ type Engine struct {
 	fastInterval time.Duration
 	keep         int
 	audit        *audit.Trail
+	obs          Observer
 	idle         time.Duration
 	activity     sync.Map        // sandbox id → time.Time of the last call into it
 	gcs          sync.Map        // tenant → *gcState (gc.go)
@@ -158,7 +161,7 @@ func New(o Options) (*Engine, error) {
 	e := &Engine{drv: o.Driver, meta: o.Meta, log: o.Log, reg: o.Registry, tmpl: o.Templates,
 		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval,
 		ckpts: o.Checkpoints, workDir: o.WorkDir, node: "node/" + o.Node, leaseTTL: o.LeaseTTL,
-		leases: map[string]eventlog.Lease{}, fastEvery: o.FastEvery, fastInterval: o.FastInterval, keep: o.KeepCheckpoints, idle: o.IdleTimeout, audit: o.Audit}
+		leases: map[string]eventlog.Lease{}, fastEvery: o.FastEvery, fastInterval: o.FastInterval, keep: o.KeepCheckpoints, idle: o.IdleTimeout, audit: o.Audit, obs: o.Observer}
 	for name := range o.Pool {
 		if _, err := o.Templates.Get(name); err != nil {
 			return nil, fmt.Errorf("warm pool: %w", err)

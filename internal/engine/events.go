@@ -193,3 +193,11 @@ func (e *Engine) Subscribe(ctx context.Context, tenant, id string, from uint64) 
 
 // Upcast lifts ev to its type's current version.
 func (e *Engine) Upcast(ev eventlog.Event) (eventlog.Event, error) { return e.reg.Upcast(ev) }
+
+// Ping checks that the event log answers.
+func (e *Engine) Ping(ctx context.Context) error {
+	if _, err := e.log.Bounds(ctx, "sandbox/ping"); err != nil {
+		return fmt.Errorf("event log: %w", err)
+	}
+	return nil
+}

@@ -97,6 +97,15 @@ func (s *Server) wrap(rt Route) http.Handler {
 			h = func(w http.ResponseWriter, r *http.Request, c *call) error { return s.idempotent(w, r, c, rt.h) }
 		}
 		err := h(sw, r, c)
+		if s.metrics != nil {
+			defer func() {
+				code := sw.status
+				if code == 0 {
+					code = errdefs.HTTPStatus(err)
+				}
+				s.metrics.Request(rt.Method+" "+rt.Path, code, time.Since(start))
+			}()
+		}
 		if rt.Scope == write || rt.Scope == admin {
 			defer s.record(r, rt, c, rid, sw, err)
 		}

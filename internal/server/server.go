@@ -16,6 +16,7 @@ import (
 	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/metrics"
 )
 
 // Options configure New.
@@ -32,11 +33,15 @@ type Options struct {
 	// Audit, when set, gets a record of every call to a write or admin
 	// route that passed authentication (audit.go).
 	Audit *audit.Trail
+	// Metrics, when set, counts and times requests and is served at
+	// /metrics (the operator's key).
+	Metrics *metrics.Metrics
 }
 
 // Server serves the API. It is an http.Handler.
 type Server struct {
 	audit   *audit.Trail
+	metrics *metrics.Metrics
 	eng     *engine.Engine
 	meta    *meta.Store
 	clock   clock.Clock
@@ -86,6 +91,8 @@ const (
 func (s *Server) routes() []Route {
 	return []Route{
 		{Method: "GET", Path: "/healthz", Scope: Public, h: s.health},
+		{Method: "GET", Path: "/readyz", Scope: Public, h: s.ready},
+		{Method: "GET", Path: "/metrics", Scope: admin, h: s.serveMetrics},
 		{Method: "GET", Path: "/v1/openapi.json", Scope: Public, h: s.openapi},
 		{Method: "GET", Path: "/v1/info", Scope: read, h: s.info},
 		{Method: "GET", Path: "/v1/templates", Scope: read, h: s.listTemplates},
@@ -135,7 +142,7 @@ func New(o Options) *Server {
 	if o.Clock == nil {
 		o.Clock = clock.Real{}
 	}
-	s := &Server{eng: o.Engine, meta: o.Meta, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL, audit: o.Audit}
+	s := &Server{eng: o.Engine, meta: o.Meta, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL, audit: o.Audit, metrics: o.Metrics}
 	for _, rt := range s.routes() {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}

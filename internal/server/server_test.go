@@ -97,7 +97,9 @@ func TestAuthRequiredExceptPublicRoutes(t *testing.T) {
 		for _, tok := range []string{"", "wrong"} {
 			code, e, h := do(t, rt.Method, url, tok)
 			if rt.Scope == Public {
-				if code != 200 {
+				// Reached without a key (/readyz says 503 here: this
+				// server has no engine).
+				if code == 401 || code == 403 || code == 404 {
 					t.Errorf("%s %s (public) = %d", rt.Method, rt.Path, code)
 				}
 				continue

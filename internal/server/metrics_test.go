@@ -1,0 +1,99 @@
+package server_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/amber-run/amber/api"
+	"github.com/amber-run/amber/client"
+	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/metrics"
+	"github.com/amber-run/amber/internal/server"
+)
+
+// TestMetricsAndReady: /readyz answers 200 with a working engine; /metrics
+// (the operator's key only) counts the sandboxes by state, the checkpoints
+// and the API requests that just happened.
+func TestMetricsAndReady(t *testing.T) {
+	ctx := context.Background()
+	mx := metrics.New(nil)
+	env := enginetest.New(t, engine.Options{Observer: mx})
+	mx.Sandboxes(env.Meta)
+	if err := env.Meta.PutKey(ctx, meta.APIKey{Tenant: "default", Name: "admin", Hash: meta.HashKey(testKey), Scopes: meta.AllScopes}); err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(server.New(server.Options{Engine: env.Engine, Meta: env.Meta, Logger: enginetest.Logger(t), Metrics: mx}))
+	t.Cleanup(ts.Close)
+	get := func(path, key string) (int, string) {
+		req, _ := http.NewRequest("GET", ts.URL+path, nil)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/readyz", ""); code != 200 {
+		t.Fatalf("readyz: %d %s", code, body)
+	}
+	c, _ := client.New(ts.URL, testKey)
+	sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Template: "minimal", Cold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Checkpoint(ctx, sb.ID, api.CreateCheckpointRequest{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	wants := []string{
+		`amber_sandboxes{state="running"} 1`,
+		`amber_http_requests_total{code="Created",route="POST /v1/sandboxes"} 1`,
+		`amber_http_requests_total{code="OK",route="POST /v1/sandboxes/{id}/checkpoints"} 1`,
+		`amber_http_request_seconds_count{route="POST /v1/sandboxes"} 1`,
+		`amber_checkpoints_total{driver="gvisor",outcome="ok"} 1`,
+		`amber_checkpoint_frozen_seconds_count{driver="gvisor"} 1`,
+		`amber_checkpoint_stored_bytes_total{tenant="default"}`,
+	}
+	// A request is counted once its handler returned, which may be just
+	// after the client read the answer: poll briefly.
+	var missing []string
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		code, body := get("/metrics", testKey)
+		if code != 200 {
+			t.Fatalf("metrics: %d %s", code, body)
+		}
+		missing = missing[:0]
+		for _, w := range wants {
+			if !strings.Contains(body, w) {
+				missing = append(missing, w)
+			}
+		}
+		if len(missing) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, w := range missing {
+		t.Errorf("metrics lack %s", w)
+	}
+	// A tenant's own admin key does not see every tenant's figures.
+	if _, err := env.Meta.CreateTenant(ctx, meta.Tenant{ID: "acme"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Meta.PutKey(ctx, meta.APIKey{Tenant: "acme", Name: "admin", Hash: meta.HashKey("amber_acme_admin_key_for_tests"), Scopes: meta.AllScopes}); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := get("/metrics", "amber_acme_admin_key_for_tests"); code != 403 {
+		t.Errorf("metrics with a tenant's admin key: %d, want 403", code)
+	}
+}
