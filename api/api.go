@@ -425,3 +425,14 @@ type AuditReport struct {
 	Problem  string `json:"problem,omitempty"`
 	HeadHash string `json:"head_hash,omitempty"`
 }
+
+// TenantQuota bounds what a tenant may use (GET/PUT
+// /v1/tenants/{tenant}/quota; only the operator sets it). Zero fields mean
+// no limit. Exceeding one is 429 naming the quota.
+type TenantQuota struct {
+	MaxSandboxes       int     `json:"max_sandboxes,omitempty"`
+	MaxMemoryBytes     int64   `json:"max_memory_bytes,omitempty"`
+	MaxMilliCPUs       int64   `json:"max_millicpus,omitempty"`
+	MaxCheckpointBytes int64   `json:"max_checkpoint_bytes,omitempty"`
+	RequestsPerSecond  float64 `json:"requests_per_second,omitempty"`
+}

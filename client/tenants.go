@@ -80,3 +80,15 @@ func (c *Client) VerifyAudit(ctx context.Context, tenant string) (api.AuditRepor
 	}
 	return out, c.do(ctx, "GET", "/v1/audit/verify", q, nil, &out)
 }
+
+// TenantQuota returns tenant's quota.
+func (c *Client) TenantQuota(ctx context.Context, tenant string) (api.TenantQuota, error) {
+	var out api.TenantQuota
+	return out, c.do(ctx, "GET", "/v1/tenants/"+url.PathEscape(tenant)+"/quota", nil, nil, &out)
+}
+
+// SetTenantQuota replaces tenant's quota (the operator's key).
+func (c *Client) SetTenantQuota(ctx context.Context, tenant string, q api.TenantQuota) (api.TenantQuota, error) {
+	var out api.TenantQuota
+	return out, c.do(ctx, "PUT", "/v1/tenants/"+url.PathEscape(tenant)+"/quota", nil, q, &out)
+}

@@ -14,7 +14,7 @@ import (
 
 func newTenantCmd(g *globalFlags) *cobra.Command {
 	c := &cobra.Command{Use: "tenant", Aliases: []string{"tenants"}, Short: "Create and list tenants (the operator's admin key)"}
-	c.AddCommand(newTenantCreateCmd(g), newTenantLsCmd(g), newTenantPolicyCmd(g))
+	c.AddCommand(newTenantCreateCmd(g), newTenantLsCmd(g), newTenantPolicyCmd(g), newTenantQuotaCmd(g))
 	return c
 }
 
@@ -316,5 +316,77 @@ their value; 0 means the daemon's default):
 	f.DurationVar(&fastInterval, "fast-interval", 0, "fast policy: checkpoint this long after the last one")
 	f.IntVar(&keep, "keep-checkpoints", 0, "keep each sandbox's newest N checkpoints (plus tagged)")
 	f.DurationVar(&idle, "idle-timeout", 0, "checkpoint and stop sandboxes idle this long")
+	return c
+}
+
+func newTenantQuotaCmd(g *globalFlags) *cobra.Command {
+	var sandboxes int
+	var memory, cpus, ckpt string
+	var rps float64
+	c := &cobra.Command{
+		Use:   "quota TENANT [--max-sandboxes N] [--max-memory 8Gi] [--max-cpus 4] [--max-checkpoint-bytes 50Gi] [--requests-per-second R]",
+		Short: "Show or set a tenant's quota (setting needs the operator's key; 0 means no limit)",
+		Args:  exactArgs(1, "a tenant id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			q, err := cl.TenantQuota(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			f := cmd.Flags()
+			if f.NFlag() > 0 {
+				if f.Changed("max-sandboxes") {
+					q.MaxSandboxes = sandboxes
+				}
+				if f.Changed("max-memory") {
+					if q.MaxMemoryBytes, err = parseSize(memory); err != nil {
+						return err
+					}
+				}
+				if f.Changed("max-cpus") {
+					if q.MaxMilliCPUs, err = parseCPUs(cpus); err != nil {
+						return err
+					}
+				}
+				if f.Changed("max-checkpoint-bytes") {
+					if q.MaxCheckpointBytes, err = parseSize(ckpt); err != nil {
+						return err
+					}
+				}
+				if f.Changed("requests-per-second") {
+					q.RequestsPerSecond = rps
+				}
+				if q, err = cl.SetTenantQuota(cmd.Context(), args[0], q); err != nil {
+					return err
+				}
+			}
+			if g.json {
+				return printJSON(cmd, q)
+			}
+			lim := func(v int64, f func(int64) string) string {
+				if v == 0 {
+					return "no limit"
+				}
+				return f(v)
+			}
+			num := func(v int64) string { return strconv.FormatInt(v, 10) }
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintf(tw, "sandboxes\t%s\n", lim(int64(q.MaxSandboxes), num))
+			fmt.Fprintf(tw, "memory\t%s\n", lim(q.MaxMemoryBytes, formatSize))
+			fmt.Fprintf(tw, "cpus\t%s\n", lim(q.MaxMilliCPUs, func(v int64) string { return fmt.Sprintf("%g", float64(v)/1000) }))
+			fmt.Fprintf(tw, "checkpoint bytes\t%s\n", lim(q.MaxCheckpointBytes, formatSize))
+			fmt.Fprintf(tw, "requests/s\t%s\n", lim(int64(q.RequestsPerSecond*1000), func(v int64) string { return fmt.Sprintf("%g", q.RequestsPerSecond) }))
+			return tw.Flush()
+		},
+	}
+	f := c.Flags()
+	f.IntVar(&sandboxes, "max-sandboxes", 0, "sandboxes not destroyed, forks included")
+	f.StringVar(&memory, "max-memory", "", "sum of the sandboxes' memory limits, e.g. 8Gi")
+	f.StringVar(&cpus, "max-cpus", "", "sum of the sandboxes' CPU limits, e.g. 4 or 500m")
+	f.StringVar(&ckpt, "max-checkpoint-bytes", "", "bytes the tenant's checkpoints may store, e.g. 50Gi")
+	f.Float64Var(&rps, "requests-per-second", 0, "API requests per second (burst: twice as many)")
 	return c
 }

@@ -42,6 +42,17 @@ func TestE2ETenantsAndKeys(t *testing.T) {
 	if _, errs, code := d.amber("sandbox", "inspect", id); code != 1 || !strings.Contains(errs, "not found") {
 		t.Fatalf("the operator's tenant inspects acme's sandbox: %d %q", code, errs)
 	}
+	// Quotas: the operator's to set; over one, a clear 429.
+	if _, errs, code := as(acmeAdmin, "tenant", "quota", "acme", "--max-sandboxes", "9"); code != 1 || !strings.Contains(errs, "operator") {
+		t.Fatalf("acme's admin sets its own quota: %d %q", code, errs)
+	}
+	if out := d.must("tenant", "quota", "acme", "--max-sandboxes", "1"); !strings.Contains(out, "sandboxes         1") && !strings.Contains(out, "sandboxes") {
+		t.Fatalf("tenant quota: %q", out)
+	}
+	if _, errs, code := as(acmeAdmin, "sandbox", "create", "--template", "minimal"); code != 1 || !strings.Contains(errs, "max_sandboxes") {
+		t.Fatalf("acme over its sandbox quota: %d %q", code, errs)
+	}
+	d.must("tenant", "quota", "acme", "--max-sandboxes", "0")
 	if _, errs, code := as(acmeAdmin, "tenant", "create", "evil"); code != 1 || !strings.Contains(errs, "operator") {
 		t.Fatalf("acme's admin creates a tenant: %d %q", code, errs)
 	}

@@ -143,6 +143,9 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	if _, err := e.running(ctx, r.Tenant, r.Sandbox); err != nil {
 		return meta.Checkpoint{}, err
 	}
+	if err := e.checkCheckpointQuota(ctx, r.Tenant); err != nil {
+		return meta.Checkpoint{}, err
+	}
 	id := r.Sandbox
 	defer e.lock(id)()
 	sb, err := e.meta.Get(ctx, id)
@@ -496,6 +499,11 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 	var sb meta.Sandbox
 	replaced := false
 	if target == "" {
+		release, err := e.reserveSandbox(ctx, ck.Tenant, src.Limits)
+		if err != nil {
+			return meta.Sandbox{}, err
+		}
+		defer release()
 		sb = meta.Sandbox{ID: newID(), Tenant: ck.Tenant, Template: ck.Template, TemplateVersion: ck.TemplateVersion,
 			Driver: ck.Driver, Limits: src.Limits, Env: src.Env, State: meta.StateRestoring, Origin: ck.ID, Policy: src.Policy}
 		defer e.lock(sb.ID)()

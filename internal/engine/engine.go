@@ -115,6 +115,7 @@ type Engine struct {
 	obs          Observer
 	idle         time.Duration
 	activity     sync.Map        // sandbox id → time.Time of the last call into it
+	quotaLocks   sync.Map        // tenant → *sync.Mutex (quota.go)
 	gcs          sync.Map        // tenant → *gcState (gc.go)
 	bg           context.Context // background work; set by Start
 
@@ -305,6 +306,11 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (meta.Sandbox, err
 		}
 	}
 	limits := MergeLimits(t.Limits, r.Limits)
+	release, err := e.reserveSandbox(ctx, r.Tenant, limits)
+	if err != nil {
+		return meta.Sandbox{}, err
+	}
+	defer release()
 	if !r.Cold {
 		sb, ok, err := e.pool.claim(ctx, t, r.Tenant, limits, r.Env)
 		if err == nil && ok && r.Policy != PolicyNone {

@@ -2,7 +2,9 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -130,5 +132,56 @@ func TestTenantPolicy(t *testing.T) {
 	}
 	if _, err := e.Exec(ctx, "default", sb.ID, sandbox.ExecSpec{Args: []string{"true"}}); err != nil {
 		t.Fatalf("exec after the idle stop: %v", err)
+	}
+}
+
+// TestTenantQuota: a tenant's sandbox count, memory and checkpoint-bytes
+// quotas refuse what would pass them, with 429-kind errors naming the
+// quota; a fork counts as a sandbox.
+func TestTenantQuota(t *testing.T) {
+	env := enginetest.NewFor(t, "gvisor", engine.Options{})
+	e := env.Engine
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := e.SetTenantQuota(ctx, "default", meta.TenantQuota{MaxSandboxes: -1}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("negative quota: %v", err)
+	}
+	if err := e.SetTenantQuota(ctx, "default", meta.TenantQuota{MaxSandboxes: 2, MaxMemoryBytes: 3 << 28}); err != nil {
+		t.Fatal(err)
+	}
+	mk := func(mem int64) (meta.Sandbox, error) {
+		return e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Cold: true, Limits: sandbox.Limits{MemoryBytes: mem}})
+	}
+	a, err := mk(256 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mk(768 << 20); !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "max_memory_bytes") {
+		t.Errorf("over the memory quota: %v", err)
+	}
+	if _, err := mk(256 << 20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mk(64 << 20); !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "max_sandboxes") {
+		t.Errorf("over the sandbox quota: %v", err)
+	}
+	ck, err := e.Checkpoint(ctx, engine.CheckpointRequest{Tenant: "default", Sandbox: a.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Restore(ctx, engine.RestoreRequest{Tenant: "default", Checkpoint: ck.ID, AsNew: true}); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Errorf("a fork over the sandbox quota: %v", err)
+	}
+	if err := e.SetTenantQuota(ctx, "default", meta.TenantQuota{MaxCheckpointBytes: ck.Stats.StoredBytes}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Checkpoint(ctx, engine.CheckpointRequest{Tenant: "default", Sandbox: a.ID}); !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "max_checkpoint_bytes") {
+		t.Errorf("over the checkpoint quota: %v", err)
+	}
+	if err := e.SetTenantQuota(ctx, "default", meta.TenantQuota{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mk(64 << 20); err != nil {
+		t.Errorf("with the quota lifted: %v", err)
 	}
 }

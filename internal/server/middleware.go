@@ -91,6 +91,11 @@ func (s *Server) wrap(rt Route) http.Handler {
 			}
 			c.tenant, c.key = key.Tenant, key
 			c.lg = lg.With("tenant", key.Tenant, "key", key.Name)
+			if ok, rate := s.allow(r, key.Tenant); !ok {
+				sw.Header().Set("Retry-After", "1")
+				writeError(sw, errdefs.ResourceExhaustedf("quota requests_per_second of tenant %s: more than %g requests per second", key.Tenant, rate))
+				return
+			}
 		}
 		h := rt.h
 		if rt.Idempotent {

@@ -40,6 +40,7 @@ type Options struct {
 
 // Server serves the API. It is an http.Handler.
 type Server struct {
+	rates   rateLimits
 	audit   *audit.Trail
 	metrics *metrics.Metrics
 	eng     *engine.Engine
@@ -128,6 +129,8 @@ func (s *Server) routes() []Route {
 		{Method: "GET", Path: "/v1/tenants/{tenant}/keys", Scope: admin, h: s.listKeys},
 		{Method: "DELETE", Path: "/v1/tenants/{tenant}/keys/{name}", Scope: admin, h: s.revokeKey},
 		{Method: "GET", Path: "/v1/tenants/{tenant}/policy", Scope: read, h: s.getTenantPolicy},
+		{Method: "GET", Path: "/v1/tenants/{tenant}/quota", Scope: read, h: s.getTenantQuota},
+		{Method: "PUT", Path: "/v1/tenants/{tenant}/quota", Scope: admin, h: s.putTenantQuota},
 		{Method: "GET", Path: "/v1/audit", Scope: read, h: s.listAudit},
 		{Method: "GET", Path: "/v1/audit/verify", Scope: read, h: s.verifyAudit},
 		{Method: "PUT", Path: "/v1/tenants/{tenant}/policy", Scope: admin, h: s.putTenantPolicy},
