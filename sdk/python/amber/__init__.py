@@ -306,3 +306,61 @@ class Client:
                 e = f["error"]
                 raise Error(e.get("kind", "internal"), e.get("message", ""))
             yield f
+
+    # --- tenants, keys, policy, quota, audit (the operator or a tenant admin) ---
+
+    def create_tenant(self, tenant_id, name=None):
+        """Creates a tenant (the operator's key)."""
+        body = {"id": tenant_id}
+        if name:
+            body["name"] = name
+        return self._json("POST", "/v1/tenants", body=body)
+
+    def tenants(self):
+        return self._json("GET", "/v1/tenants")["tenants"]
+
+    def create_key(self, tenant, name, scopes=("read", "write"), expires_at=None):
+        """Creates an API key of tenant; the answer's "key" is shown only here."""
+        body = {"name": name, "scopes": list(scopes)}
+        if expires_at:
+            body["expires_at"] = expires_at
+        return self._json("POST", "/v1/tenants/%s/keys" % urllib.parse.quote(tenant, safe=""), body=body)
+
+    def keys(self, tenant):
+        return self._json("GET", "/v1/tenants/%s/keys" % urllib.parse.quote(tenant, safe=""))["keys"]
+
+    def revoke_key(self, tenant, name):
+        self._json("DELETE", "/v1/tenants/%s/keys/%s" % (urllib.parse.quote(tenant, safe=""), urllib.parse.quote(name, safe="")))
+
+    def tenant_policy(self, tenant, **changes):
+        """Returns tenant's recovery policy; with keyword arguments
+        (recovery, fast_every, fast_interval_ms, keep_checkpoints,
+        idle_timeout_ms), changes them first."""
+        path = "/v1/tenants/%s/policy" % urllib.parse.quote(tenant, safe="")
+        p = self._json("GET", path)
+        if changes:
+            p.update(changes)
+            p = self._json("PUT", path, body=p)
+        return p
+
+    def tenant_quota(self, tenant, **changes):
+        """Returns tenant's quota; with keyword arguments (max_sandboxes,
+        max_memory_bytes, max_millicpus, max_checkpoint_bytes,
+        requests_per_second), sets them first (the operator's key)."""
+        path = "/v1/tenants/%s/quota" % urllib.parse.quote(tenant, safe="")
+        q = self._json("GET", path)
+        if changes:
+            q.update(changes)
+            q = self._json("PUT", path, body=q)
+        return q
+
+    def audit(self, start=1, tenant=None):
+        """The audit trail's records from position start."""
+        q = {"from": start}
+        if tenant:
+            q["tenant"] = tenant
+        return self._json("GET", "/v1/audit", q)["records"]
+
+    def verify_audit(self, tenant=None):
+        """Checks the audit trail's hash chain: {"ok": ..., "bad_seq": ..., "problem": ...}."""
+        return self._json("GET", "/v1/audit/verify", {"tenant": tenant} if tenant else None)

@@ -102,6 +102,36 @@ class SDKTest(unittest.TestCase):
         finally:
             self.c.destroy(a["id"])
 
+    def test_6_tenants_quota_audit(self):
+        tid = "sdk-%d" % os.getpid()
+        self.c.create_tenant(tid, name="SDK test")
+        self.assertIn(tid, [t["id"] for t in self.c.tenants()])
+        k = self.c.create_key(tid, "dev", scopes=["read", "write"])
+        self.assertTrue(k["key"].startswith("amber_"))
+        self.assertEqual(self.c.tenant_quota(tid, max_sandboxes=1)["max_sandboxes"], 1)
+        self.assertEqual(self.c.tenant_policy(tid, recovery="fast")["recovery"], "fast")
+        dev = amber.Client(token=k["key"])
+        sb = dev.create_sandbox("minimal", cold=True)
+        try:
+            self.assertEqual(sb["recovery"], "fast")
+            with self.assertRaises(amber.Error) as cm:
+                dev.create_sandbox("minimal", cold=True)
+            self.assertEqual(cm.exception.status, 429)
+            self.assertIn("max_sandboxes", cm.exception.message)
+            with self.assertRaises(amber.Error) as cm:
+                dev.tenant_quota(tid, max_sandboxes=5)
+            self.assertIn(cm.exception.status, (403,))
+        finally:
+            dev.destroy(sb["id"])
+        actions = [r["action"] for r in dev.audit()]
+        self.assertIn("POST /v1/sandboxes", actions)
+        v = dev.verify_audit()
+        self.assertTrue(v["ok"], v)
+        self.c.revoke_key(tid, "dev")
+        with self.assertRaises(amber.Error) as cm:
+            dev.sandboxes()
+        self.assertEqual(cm.exception.status, 401)
+
     def test_4_errors(self):
         with self.assertRaises(amber.Error) as cm:
             self.c.sandbox("sbx-doesnotexist")
