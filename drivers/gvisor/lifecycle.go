@@ -313,6 +313,24 @@ func (d *Driver) Kill(ctx context.Context, id string) error {
 			return err
 		}
 	}
+	// Kill's promise is that Inspect then says stopped: runsc's state can
+	// lag behind its kill (a transient "unknown" above ends the first
+	// wait early), so wait for it here too.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		st, ok, err := d.state(ctx, rec, id)
+		if err != nil {
+			return err
+		}
+		if info := infoOf(rec, st, ok); info.State != sandbox.StateRunning {
+			break
+		}
+		if time.Now().After(deadline) {
+			return errdefs.Unavailablef("sandbox %s: runsc still reports it running 10s after the kill", id)
+		}
+		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+			return err
+		}
+	}
 	d.log.Info("sandbox killed", "sandbox", id)
 	return nil
 }
