@@ -404,6 +404,10 @@ func TestConcurrentCreate(t *testing.T) {
 	layers := make([]*Layer, n)
 	errs := make([]error, n)
 	base := t.TempDir()
+	// The parent first: Create makes only the layer's own directory.
+	if err := os.MkdirAll(filepath.Join(base, "l"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for i := range n {
 		dir := filepath.Join(base, "l", string(rune('a'+i)))
 		t.Cleanup(func() {
@@ -415,9 +419,6 @@ func TestConcurrentCreate(t *testing.T) {
 		wg.Go(func() {
 			layers[i], errs[i] = Create(dir, lower, int64(64+i%3*32)<<20)
 		})
-	}
-	if err := os.MkdirAll(filepath.Join(base, "l"), 0o755); err != nil {
-		t.Fatal(err)
 	}
 	wg.Wait()
 	var devs []string
