@@ -59,6 +59,7 @@ func (e *Engine) idleLoop(ctx context.Context) {
 		if err != nil {
 			continue
 		}
+		idleOf := map[string]time.Duration{} // each tenant's policy read once a tick
 		for _, sb := range rows {
 			if sb.Pooled || sb.Driver != e.drv.Name() {
 				continue
@@ -69,7 +70,11 @@ func (e *Engine) idleLoop(ctx context.Context) {
 				e.touch(sb.ID)
 				continue
 			}
-			idle := e.idleTimeout(ctx, sb.Tenant)
+			idle, seen := idleOf[sb.Tenant]
+			if !seen {
+				idle = e.idleTimeout(ctx, sb.Tenant)
+				idleOf[sb.Tenant] = idle
+			}
 			if idle <= 0 || time.Since(last.(time.Time)) < idle {
 				continue
 			}

@@ -146,11 +146,16 @@ func (e *Engine) policyLoop(ctx context.Context) {
 		if err != nil {
 			continue
 		}
+		intervalOf := map[string]time.Duration{} // each tenant's policy read once a tick
 		for _, sb := range rows {
 			if sb.Policy != PolicyFast {
 				continue
 			}
-			_, interval := e.fastParams(ctx, sb.Tenant)
+			interval, seen := intervalOf[sb.Tenant]
+			if !seen {
+				_, interval = e.fastParams(ctx, sb.Tenant)
+				intervalOf[sb.Tenant] = interval
+			}
 			st := e.policyState(sb.ID)
 			st.mu.Lock()
 			due := st.execs > 0 && time.Since(st.last) >= interval
