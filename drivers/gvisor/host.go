@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,83 +13,23 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/amber-run/amber/internal/netns"
 )
 
 // This file holds the host objects a sandbox owns besides runsc's own
 // state: its network namespace and its cgroups.
 
-// createNetns makes a new network namespace whose only interface is
-// loopback, up, and pins it by bind-mounting it on path (which must not
-// exist). runsc (--network=sandbox) runs the sandbox in it and copies its
-// interfaces and routes into the sandbox's own network stack: loopback only,
-// no route anywhere. The gateway issue adds a veth to this namespace before
-// the sandbox starts; a restore finds the namespace at the same path.
-//
-// The namespace is made on a locked OS thread that is never unlocked: when
-// the goroutine returns, the Go runtime ends the thread, so no thread of the
-// daemon is ever left in the sandbox's namespace.
-func createNetns(path string) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
-	if err != nil {
-		return err
-	}
-	f.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		// No UnlockOSThread: see above.
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("unshare(CLONE_NEWNET): %w", err)
-			return
-		}
-		src := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
-		if err := unix.Mount(src, path, "", unix.MS_BIND, ""); err != nil {
-			errc <- fmt.Errorf("bind %s on %s: %w", src, path, err)
-			return
-		}
-		errc <- loopbackUp()
-	}()
-	if err := <-errc; err != nil {
-		removeNetns(path)
-		return fmt.Errorf("network namespace %s: %w", path, err)
-	}
-	return nil
-}
-
-// loopbackUp sets IFF_UP on "lo" in the calling thread's network namespace.
-func loopbackUp() error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		return err
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("SIOCGIFFLAGS lo: %w", err)
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("SIOCSIFFLAGS lo: %w", err)
-	}
-	return nil
-}
+// createNetns makes the sandbox's network namespace (loopback only, up) and
+// pins it on path (which must not exist). runsc (--network=sandbox) runs the
+// sandbox in it and copies its interfaces and routes into the sandbox's own
+// network stack; Options.Network adds the egress veth first. A restore finds
+// the namespace at the same path.
+func createNetns(path string) error { return netns.Create(path) }
 
 // removeNetns unpins the namespace at path and removes the file; the
 // namespace itself goes when its last process (the sandbox) has gone.
-func removeNetns(path string) error {
-	for i := 0; i < 4 && isMountPoint(path); i++ {
-		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("unmount %s: %w", path, err)
-		}
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return nil
-}
+func removeNetns(path string) error { return netns.Remove(path) }
 
 // isMountPoint reports whether path is a mount point (of anything,
 // including an nsfs bind mount) according to /proc/self/mountinfo.

@@ -21,11 +21,16 @@ const (
 	// EventDivergence records a re-run request that differs from the one
 	// recorded at the same position, and what the gateway did about it.
 	EventDivergence = "effect.divergence" // DivergencePayload
+	// EventName records the stand-in address the gateway's DNS gave the
+	// sandbox for a name (package egress), before the answer is sent, so a
+	// sandbox restored anywhere reaches the same names at the addresses it
+	// remembers. The first record of a name wins.
+	EventName = "effect.dns_name" // NamePayload
 )
 
 // RegisterEvents declares the effect event types in r.
 func RegisterEvents(r *eventlog.Registry) {
-	for _, t := range []string{EventIntent, EventOutcome, EventReconcile, EventDivergence} {
+	for _, t := range []string{EventIntent, EventOutcome, EventReconcile, EventDivergence, EventName} {
 		r.Register(t, 1)
 	}
 }
@@ -92,4 +97,10 @@ type DivergencePayload struct {
 	RecordedBodySHA256 string           `json:"recorded_body_sha256"`
 	BodySHA256         string           `json:"body_sha256"`
 	Policy             DivergencePolicy `json:"policy"`
+}
+
+// NamePayload is the payload of effect.dns_name, version 1.
+type NamePayload struct {
+	Name string `json:"name"` // lower case, no trailing dot
+	Addr string `json:"addr"`
 }

@@ -37,7 +37,9 @@ type handler struct {
 	st      *sandboxState
 	sandbox string
 	origDst netip.AddrPort
-	scheme  string // "http", or "https" behind terminated TLS
+	// origHost is the name the sandbox resolved origDst from ("" if none).
+	origHost string
+	scheme   string // "http", or "https" behind terminated TLS
 }
 
 // request is one HTTP request on its way through the gateway.
@@ -69,6 +71,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		host = hh
 	}
 	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	if host == "" {
+		host = h.origHost
+	}
 	if host == "" {
 		host = h.origDst.Addr().String()
 	}

@@ -251,6 +251,17 @@ func (g *Gateway) state(sandbox string) (*sandboxState, Run, bool) {
 // as a counted stream. The sandbox must have a run (StartRun). ServeConn
 // closes conn.
 func (g *Gateway) ServeConn(ctx context.Context, conn net.Conn, origDst netip.AddrPort, sandbox string) error {
+	return g.ServeConnTo(ctx, conn, origDst, "", sandbox)
+}
+
+// ServeConnTo is ServeConn for a connection whose destination the sandbox
+// named: host is the name it resolved to origDst through the gateway's DNS
+// (origDst is then a stand-in address, see package egress), "" for an
+// address the sandbox dialled directly. Streams are checked against the
+// allowlist by that name and dialled at the address the gateway resolves
+// for it; HTTP requests are matched by their Host header as always, and
+// host is the server name for TLS clients that send none.
+func (g *Gateway) ServeConnTo(ctx context.Context, conn net.Conn, origDst netip.AddrPort, host, sandbox string) error {
 	defer conn.Close()
 	st, run, ok := g.state(sandbox)
 	if !ok {
@@ -265,17 +276,21 @@ func (g *Gateway) ServeConn(ctx context.Context, conn net.Conn, origDst netip.Ad
 	conn.SetReadDeadline(time.Time{})
 	pc := &peekedConn{Conn: conn, r: br}
 	if looksHTTP(head) {
-		return g.serveHTTP(ctx, pc, origDst, st, run, "http")
+		return g.serveHTTP(ctx, pc, origDst, host, st, run, "http")
 	}
 	if g.opts.TLS != nil && len(head) >= 2 && head[0] == 0x16 && head[1] == 0x03 { // TLS handshake record
-		cfg, err := g.opts.TLS.ServerConfig(ctx, run.Tenant, origDst.Addr().String())
+		name := host
+		if name == "" {
+			name = origDst.Addr().String()
+		}
+		cfg, err := g.opts.TLS.ServerConfig(ctx, run.Tenant, name)
 		if err != nil {
 			g.report(run, Decision{Kind: "error", Dest: origDst.String(), Reason: "TLS termination: " + err.Error()})
 			return err
 		}
-		return g.serveHTTP(ctx, tls.Server(pc, cfg), origDst, st, run, "https")
+		return g.serveHTTP(ctx, tls.Server(pc, cfg), origDst, host, st, run, "https")
 	}
-	return g.serveStream(ctx, pc, origDst, st, run)
+	return g.serveStream(ctx, pc, origDst, host, st, run)
 }
 
 var errCrashed = errors.New("gateway: crashed at a failpoint")
@@ -302,10 +317,10 @@ type dialTargetKey struct{}
 
 // serveHTTP runs an http.Server on the single connection c (plain, or a
 // *tls.Conn whose handshake the server runs).
-func (g *Gateway) serveHTTP(ctx context.Context, c net.Conn, origDst netip.AddrPort, st *sandboxState, run Run, scheme string) error {
+func (g *Gateway) serveHTTP(ctx context.Context, c net.Conn, origDst netip.AddrPort, host string, st *sandboxState, run Run, scheme string) error {
 	done := make(chan struct{})
 	var once sync.Once
-	h := &handler{g: g, st: st, sandbox: run.Sandbox, origDst: origDst, scheme: scheme}
+	h := &handler{g: g, st: st, sandbox: run.Sandbox, origDst: origDst, origHost: host, scheme: scheme}
 	// Handlers still running when the server lets go of the connection
 	// (a hijacked upgrade) own it until they return.
 	var active sync.WaitGroup
@@ -387,16 +402,21 @@ type dummyAddr struct{}
 func (dummyAddr) Network() string { return "tcp" }
 func (dummyAddr) String() string  { return "gateway" }
 
-// serveStream proxies non-HTTP TCP to origDst, counting bytes, unjournaled.
-func (g *Gateway) serveStream(ctx context.Context, c net.Conn, origDst netip.AddrPort, st *sandboxState, run Run) error {
+// serveStream proxies non-HTTP TCP to origDst (or to host, resolved by the
+// gateway), counting bytes, unjournaled.
+func (g *Gateway) serveStream(ctx context.Context, c net.Conn, origDst netip.AddrPort, host string, st *sandboxState, run Run) error {
 	d := Decision{Kind: "stream", Dest: origDst.String()}
-	if reason := g.checkStream(st, run, origDst); reason != "" {
+	if host != "" {
+		d.Dest = joinHostPort(host, origDst.Port())
+	}
+	target, reason := g.checkStream(ctx, st, run, origDst, host)
+	if reason != "" {
 		d.Kind, d.Reason = "deny", reason
 		g.report(run, d)
 		return nil
 	}
 	dialer := net.Dialer{Timeout: g.opts.DialTimeout}
-	up, err := dialer.DialContext(ctx, "tcp", origDst.String())
+	up, err := dialer.DialContext(ctx, "tcp", target.String())
 	if err != nil {
 		d.Kind, d.Reason = "error", "dial: "+err.Error()
 		g.report(run, d)
@@ -431,17 +451,31 @@ func (g *Gateway) serveStream(ctx context.Context, c net.Conn, origDst netip.Add
 	return nil
 }
 
-func (g *Gateway) checkStream(st *sandboxState, run Run, dst netip.AddrPort) string {
+// checkStream applies the policy to a stream and returns the address to
+// dial, or why not. A named destination is matched by its name and dialled
+// at the address the gateway resolves for it (the one it checked).
+func (g *Gateway) checkStream(ctx context.Context, st *sandboxState, run Run, dst netip.AddrPort, host string) (netip.AddrPort, string) {
 	if !st.limiter.allow(g.opts.Clock.Now()) {
-		return "request rate limit"
+		return netip.AddrPort{}, "request rate limit"
 	}
-	if !run.Policy.allowed(dst.Addr().String(), dst.Port()) {
-		return "destination not in the allowlist"
+	name := host
+	if name == "" {
+		name = dst.Addr().String()
 	}
-	if run.Policy.addrDenied(dst.Addr()) {
-		return "destination in a denied network"
+	if !run.Policy.allowed(name, dst.Port()) {
+		return netip.AddrPort{}, "destination not in the allowlist"
 	}
-	return ""
+	ip := dst.Addr()
+	if host != "" {
+		var err error
+		if ip, err = g.resolve(ctx, host); err != nil {
+			return netip.AddrPort{}, "cannot resolve " + host
+		}
+	}
+	if run.Policy.addrDenied(ip) {
+		return netip.AddrPort{}, "destination in a denied network"
+	}
+	return netip.AddrPortFrom(ip, dst.Port()), ""
 }
 
 // report sends d to OnDecision and the logger.
@@ -463,4 +497,28 @@ func (g *Gateway) report(run Run, d Decision) {
 
 func joinHostPort(host string, port uint16) string {
 	return net.JoinHostPort(host, strconv.Itoa(int(port)))
+}
+
+// RecordName records, in sandbox's effect journal under its current run's
+// epoch, that the sandbox's DNS answered name with addr, and returns the
+// address recorded for name (an earlier record wins). Without a journal it
+// returns addr.
+func (g *Gateway) RecordName(ctx context.Context, sandbox, name string, addr netip.Addr) (netip.Addr, error) {
+	if g.opts.Journal == nil {
+		return addr, nil
+	}
+	_, run, ok := g.state(sandbox)
+	if !ok {
+		return netip.Addr{}, errdefs.FailedPreconditionf("gateway: sandbox %s has no run (StartRun)", sandbox)
+	}
+	return g.opts.Journal.RecordName(ctx, Writer{Tenant: run.Tenant, Sandbox: sandbox, Epoch: run.Epoch}, name, addr)
+}
+
+// Names returns the stand-in addresses recorded for sandbox's names (empty
+// without a journal).
+func (g *Gateway) Names(ctx context.Context, sandbox string) (map[string]netip.Addr, error) {
+	if g.opts.Journal == nil {
+		return map[string]netip.Addr{}, nil
+	}
+	return g.opts.Journal.Names(ctx, sandbox)
 }

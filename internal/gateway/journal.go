@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"strconv"
 	"sync"
 
@@ -55,8 +56,9 @@ type index struct {
 	synced    bool   // read from the store at least once
 	next      uint64 // next stream position to read
 	entries   map[string]*Entry
-	slots     map[string]string // slot id → key id of the first request recorded there
-	reconcile []string          // key ids, in order
+	slots     map[string]string     // slot id → key id of the first request recorded there
+	reconcile []string              // key ids, in order
+	names     map[string]netip.Addr // EventName: name → stand-in address
 }
 
 func (j *Journal) index(sandbox string) *index {
@@ -149,6 +151,21 @@ func (ix *index) apply(ev eventlog.Event) error {
 			e.NeedsReconciliation = true
 			ix.reconcile = append(ix.reconcile, p.Key)
 		}
+	case EventName:
+		var p NamePayload
+		if err := json.Unmarshal(ev.Payload, &p); err != nil {
+			return bad(err)
+		}
+		a, err := netip.ParseAddr(p.Addr)
+		if err != nil {
+			return bad(err)
+		}
+		if ix.names == nil {
+			ix.names = map[string]netip.Addr{}
+		}
+		if _, ok := ix.names[p.Name]; !ok {
+			ix.names[p.Name] = a
+		}
 	case EventDivergence:
 		var p DivergencePayload
 		if err := json.Unmarshal(ev.Payload, &p); err != nil {
@@ -240,6 +257,38 @@ func (j *Journal) RecordReconcile(ctx context.Context, w Writer, p ReconcilePayl
 // RecordDivergence records a divergence of p.Key (idempotent per key).
 func (j *Journal) RecordDivergence(ctx context.Context, w Writer, p DivergencePayload) error {
 	return j.append(ctx, w, EventDivergence, p.Key, ".d", p)
+}
+
+// RecordName records that sandbox's DNS answered name with addr and returns
+// the address recorded for name, which is an earlier one if there was one.
+func (j *Journal) RecordName(ctx context.Context, w Writer, name string, addr netip.Addr) (netip.Addr, error) {
+	if err := j.append(ctx, w, EventName, "dns:"+name, ".n", NamePayload{Name: name, Addr: addr.String()}); err != nil {
+		return netip.Addr{}, err
+	}
+	names, err := j.Names(ctx, w.Sandbox)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	a, ok := names[name]
+	if !ok {
+		return netip.Addr{}, errdefs.DataLossf("effect journal %s: name %s recorded but not found", Stream(w.Sandbox), name)
+	}
+	return a, nil
+}
+
+// Names returns the stand-in addresses recorded for sandbox's names.
+func (j *Journal) Names(ctx context.Context, sandbox string) (map[string]netip.Addr, error) {
+	ix, err := j.loaded(ctx, sandbox)
+	if err != nil {
+		return nil, err
+	}
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	out := make(map[string]netip.Addr, len(ix.names))
+	for n, a := range ix.names {
+		out[n] = a
+	}
+	return out, nil
 }
 
 // append writes one event whose id is derived from the sandbox, the key and
