@@ -142,6 +142,16 @@ type Process struct {
 	State      string `json:"state"`
 }
 
+// Network connects sandboxes to the node's egress gateway (package
+// internal/egress implements it). A driver given one calls Plumb after it
+// made a sandbox's network namespace and before the sandbox starts — on
+// create and on every restore — and Unplumb when it destroys the sandbox.
+// Without one, a sandbox has loopback only.
+type Network interface {
+	Plumb(ctx context.Context, id, netnsPath string) error
+	Unplumb(ctx context.Context, id string) error
+}
+
 // Driver runs sandboxes. A Driver is safe for concurrent use; calls for
 // different sandboxes proceed in parallel.
 type Driver interface {

@@ -360,6 +360,11 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 			return stats, fmt.Errorf("restore %s: %w", id, err)
 		}
 	}
+	if d.opts.Network != nil {
+		if err := d.opts.Network.Plumb(ctx, id, rec.Netns); err != nil {
+			return stats, fmt.Errorf("restore %s: %w", id, err)
+		}
+	}
 	if err := d.writeBundle(rec, l.Merged()); err != nil {
 		return stats, fmt.Errorf("restore %s: bundle: %w", id, err)
 	}

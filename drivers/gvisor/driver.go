@@ -51,7 +51,10 @@ type Options struct {
 	CgroupParent string
 	// Limits override DefaultLimits field by field.
 	Limits sandbox.Limits
-	Logger *slog.Logger
+	// Network, when set, connects each sandbox's namespace to the egress
+	// gateway before the sandbox boots or is restored.
+	Network sandbox.Network
+	Logger  *slog.Logger
 }
 
 // Driver runs sandboxes with gVisor's runsc. It is safe for concurrent use:

@@ -104,6 +104,11 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (_ sandbox.Info,
 	if err := createNetns(rec.Netns); err != nil {
 		return sandbox.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
 	}
+	if d.opts.Network != nil {
+		if err := d.opts.Network.Plumb(ctx, id, rec.Netns); err != nil {
+			return sandbox.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+	}
 	d.log.Debug("create: netns", "sandbox", id, "took", time.Since(t0))
 	if err := d.writeBundle(rec, l.Merged()); err != nil {
 		return sandbox.Info{}, fmt.Errorf("sandbox %s: bundle: %w", id, err)
@@ -369,7 +374,12 @@ func (d *Driver) destroy(ctx context.Context, id string) error {
 	if err := d.removeRuntimeState(id); err != nil {
 		return err
 	}
-	// 2. The network namespace.
+	// 2. The egress plumbing and the network namespace.
+	if d.opts.Network != nil {
+		if err := d.opts.Network.Unplumb(ctx, id); err != nil {
+			return err
+		}
+	}
 	if err := removeNetns(d.netnsPath(id)); err != nil {
 		return err
 	}

@@ -71,7 +71,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		host = hh
 	}
 	host = strings.ToLower(strings.TrimSuffix(host, "."))
-	if host == "" {
+	if a, err := netip.ParseAddr(host); host == "" || err == nil && a.Unmap() == h.origDst.Addr() && h.origHost != "" {
+		// No Host, or the stand-in address the sandbox dialled by literal:
+		// the request is for the name the address stands for.
 		host = h.origHost
 	}
 	if host == "" {
