@@ -93,6 +93,11 @@ type Run struct {
 	// journal's appends carry it and a stale one forwards nothing.
 	Epoch  uint64
 	Policy Policy
+	// Resume continues run ID where its journal left it instead of
+	// restarting the numbering: for a daemon that restarted while the
+	// sandbox ran on (no cut happened, so nothing re-runs, and a request
+	// identical to an earlier one is a new one).
+	Resume bool
 }
 
 // Decision is one egress decision, reported through Options.OnDecision and
@@ -215,6 +220,13 @@ func (g *Gateway) StartRun(ctx context.Context, r Run) error {
 	st.run = r
 	st.counts = map[string]int{}
 	st.slots = map[string]int{}
+	if r.Resume && g.opts.Journal != nil {
+		counts, slots, err := g.opts.Journal.numbering(ctx, r.Sandbox, r.ID)
+		if err != nil {
+			return err
+		}
+		st.counts, st.slots = counts, slots
+	}
 	return nil
 }
 

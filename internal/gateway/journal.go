@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/amber-run/amber/core/errdefs"
@@ -59,6 +60,10 @@ type index struct {
 	slots     map[string]string     // slot id → key id of the first request recorded there
 	reconcile []string              // key ids, in order
 	names     map[string]netip.Addr // EventName: name → stand-in address
+	// Numbering per run, from the intents: contentID → highest occurrence,
+	// run+method+URL → highest slot (see Run.Resume).
+	occurrences map[string]int
+	slotMax     map[string]int
 }
 
 func (j *Journal) index(sandbox string) *index {
@@ -131,6 +136,13 @@ func (ix *index) apply(ev eventlog.Event) error {
 		e := ix.entry(p.Key)
 		e.Intent = &p
 		e.Attempts++
+		if ix.occurrences == nil {
+			ix.occurrences, ix.slotMax = map[string]int{}, map[string]int{}
+		}
+		cid := contentID(p.Run, p.Method, p.URL, p.BodySHA256)
+		ix.occurrences[cid] = max(ix.occurrences[cid], p.Occurrence)
+		rs := p.Run + "\x00" + p.Method + " " + p.URL
+		ix.slotMax[rs] = max(ix.slotMax[rs], p.Slot)
 		sl := slot{Run: p.Run, Method: p.Method, URL: p.URL, Occurrence: p.Slot}.id()
 		if _, ok := ix.slots[sl]; !ok {
 			ix.slots[sl] = p.Key
@@ -274,6 +286,28 @@ func (j *Journal) RecordName(ctx context.Context, w Writer, name string, addr ne
 		return netip.Addr{}, errdefs.DataLossf("effect journal %s: name %s recorded but not found", Stream(w.Sandbox), name)
 	}
 	return a, nil
+}
+
+// numbering returns how far run of sandbox numbered its requests: the
+// highest occurrence per content id and the highest slot per method+URL.
+func (j *Journal) numbering(ctx context.Context, sandbox, run string) (counts, slots map[string]int, err error) {
+	ix, err := j.loaded(ctx, sandbox)
+	if err != nil {
+		return nil, nil, err
+	}
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	counts, slots = map[string]int{}, map[string]int{}
+	for cid, n := range ix.occurrences {
+		counts[cid] = n // content ids include the run: others never match
+	}
+	prefix := run + "\x00"
+	for rs, n := range ix.slotMax {
+		if rest, ok := strings.CutPrefix(rs, prefix); ok {
+			slots[rest] = n
+		}
+	}
+	return counts, slots, nil
 }
 
 // Names returns the stand-in addresses recorded for sandbox's names.
