@@ -16,7 +16,9 @@ type driverConfig struct {
 	// daemon restart there, so running sandboxes can be reattached.
 	StateDir string
 	Cache    string // $AMBER_CACHE: installed runtimes (bin/runsc, bin/criu)
-	Logger   *slog.Logger
+	// Network is the egress plumbing (nil: sandboxes get loopback only).
+	Network sandbox.Network
+	Logger  *slog.Logger
 }
 
 // driverFactories maps --driver names to constructors. Each driver registers
@@ -43,7 +45,7 @@ func driverNames() []string {
 	return names
 }
 
-func newDriver(name, dataDir, cache string, lg *slog.Logger) (sandbox.Driver, error) {
+func newDriver(name, dataDir, cache string, network sandbox.Network, lg *slog.Logger) (sandbox.Driver, error) {
 	f, ok := driverFactories[name]
 	if !ok {
 		return nil, usageError{fmt.Errorf("unknown driver %q (this amber has: %s)", name, strings.Join(driverNames(), ", "))}
@@ -51,6 +53,7 @@ func newDriver(name, dataDir, cache string, lg *slog.Logger) (sandbox.Driver, er
 	return f(driverConfig{
 		StateDir: filepath.Join(dataDir, "drivers", name),
 		Cache:    cache,
+		Network:  network,
 		Logger:   lg,
 	})
 }

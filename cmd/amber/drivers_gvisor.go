@@ -14,6 +14,7 @@ func init() {
 			StateDir:  c.StateDir,
 			RunscPath: filepath.Join(c.Cache, "bin", "runsc"),
 			Logger:    c.Logger,
+			Network:   c.Network,
 		})
 	}
 }

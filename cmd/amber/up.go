@@ -20,7 +20,9 @@ import (
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/chunkstore"
+	"github.com/amber-run/amber/internal/egress"
 	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/gateway"
 	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/metrics"
 	"github.com/amber-run/amber/internal/server"
@@ -32,6 +34,7 @@ type upOptions struct {
 	watch                               time.Duration
 	keep                                int
 	idle                                time.Duration
+	egress                              egressOptions
 }
 
 func newUpCmd(g *globalFlags) *cobra.Command {
@@ -62,6 +65,9 @@ reused.`,
 	f.DurationVar(&o.idle, "idle-timeout", 0, "checkpoint and stop a sandbox after this long without calls; the next call resumes it (0: never)")
 	f.IntVar(&o.keep, "keep-checkpoints", 0, "keep each sandbox's newest N checkpoints plus tagged ones, delete the rest and truncate its log below them (0: keep all)")
 	f.DurationVar(&o.watch, "watch-interval", 5*time.Second, "how often running sandboxes are checked for a dead init")
+	f.BoolVar(&o.egress.enabled, "egress", true, "give sandboxes a way out through the egress gateway (gvisor driver); off: loopback only")
+	f.StringSliceVar(&o.egress.allow, "egress-allow", nil, "destinations (HOST:PORT patterns, *.suffix and * allowed) sandboxes may reach when their tenant set no egress policy (default: none)")
+	f.StringSliceVar(&o.egress.hosts, "egress-host", nil, "NAME=IP names the gateway resolves itself (local services, tests); reachable by that name even on a private address")
 	return c
 }
 
@@ -114,7 +120,22 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 
 	// Check before touching any state: a missing runtime or template is
 	// the operator's to fix, with the command named.
-	drv, err := newDriver(o.driver, dataDir, cacheDir(), lg)
+	hosts, err := parseHosts(o.egress.hosts)
+	if err != nil {
+		return err
+	}
+	defEgress, err := defaultEgress(o.egress.allow)
+	if err != nil {
+		return err
+	}
+	var enet *egress.Network
+	if o.egress.enabled && o.driver == "gvisor" {
+		if enet, err = newEgressNetwork(dataDir, lg); err != nil {
+			return err
+		}
+		defer enet.Close()
+	}
+	drv, err := newDriver(o.driver, dataDir, cacheDir(), enet, lg)
 	if err != nil {
 		return err
 	}
@@ -165,7 +186,14 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	reg := eventlog.NewRegistry()
 	audit.RegisterEvents(reg)
 	trail := audit.New(tlog, nil)
+	var gw *gateway.Gateway
+	if enet != nil {
+		gw = newGateway(ctx, tlog, reg, trail, hosts, lg)
+		defer gw.Close()
+		enet.SetServer(gw)
+	}
 	eng, err := engine.New(engine.Options{
+		Gateway: gw, Network: enet, Egress: defEgress,
 		Driver: drv, Meta: m, Log: tlog, Registry: reg, Templates: cat, Observer: mx,
 		Pool: pool, WatchInterval: o.watch, Logger: lg.With("component", "engine"),
 		Checkpoints: ckpts, WorkDir: workDir, KeepCheckpoints: o.keep, IdleTimeout: o.idle, Audit: trail,

@@ -37,14 +37,17 @@ type Network struct {
 }
 
 type attachment struct {
-	tl    *net.TCPListener
-	uc    *net.UDPConn
-	names *names
-	wg    sync.WaitGroup
+	server Server
+	tl     *net.TCPListener
+	uc     *net.UDPConn
+	names  *names
+	wg     sync.WaitGroup
 }
 
 // New returns a Network pinning gateway namespaces under dir and serving
-// connections with server.
+// connections with server. server may be nil when the Network must exist
+// before the gateway does (drivers are made first); SetServer must then be
+// called before any sandbox is plumbed.
 func New(dir string, server Server, log *slog.Logger) (*Network, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
@@ -54,6 +57,13 @@ func New(dir string, server Server, log *slog.Logger) (*Network, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Network{dir: dir, server: server, log: log, ctx: ctx, cancel: cancel, sbs: map[string]*attachment{}}, nil
+}
+
+// SetServer sets the server connections are handed to (see New).
+func (n *Network) SetServer(s Server) {
+	n.mu.Lock()
+	n.server = s
+	n.mu.Unlock()
 }
 
 // GatewayNetns is where sandbox id's gateway namespace is pinned.
@@ -77,6 +87,9 @@ func (n *Network) Listen(id string) error {
 	if _, ok := n.sbs[id]; ok {
 		return nil
 	}
+	if n.server == nil {
+		return fmt.Errorf("egress: no gateway to serve sandbox %s (SetServer)", id)
+	}
 	gw := n.GatewayNetns(id)
 	if !netns.Pinned(gw) {
 		return fmt.Errorf("egress: sandbox %s is not plumbed (%s)", id, gw)
@@ -85,7 +98,7 @@ func (n *Network) Listen(id string) error {
 	if err != nil {
 		return err
 	}
-	a := &attachment{tl: tl, uc: uc, names: newNames(id, n.server)}
+	a := &attachment{server: n.server, tl: tl, uc: uc, names: newNames(id, n.server)}
 	n.sbs[id] = a
 	a.wg.Add(2)
 	go func() { defer a.wg.Done(); serveDNS(n.ctx, uc, a.names, n.log) }()
@@ -114,7 +127,7 @@ func (n *Network) accept(id string, a *attachment) {
 			if StandIns.Contains(dst.Addr()) {
 				host, _ = a.names.name(n.ctx, dst.Addr())
 			}
-			if err := n.server.ServeConnTo(n.ctx, c, dst, host, id); err != nil {
+			if err := a.server.ServeConnTo(n.ctx, c, dst, host, id); err != nil {
 				n.log.Debug("egress: connection ended", "sandbox", id, "dest", dst, "host", host, "err", err)
 			}
 		}()

@@ -184,7 +184,13 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	report(r.Progress, Progress{Phase: "cut"})
 	cut := e.cutLock(id)
 	cut.Lock()
+	releaseEgress := e.holdEgress(id)
 	cs, err := cp.Checkpoint(ctx, id, dir, sandbox.CheckpointOptions{LeaveStopped: r.Stop})
+	if err == nil {
+		// Requests from here on are the run this cut starts.
+		err = e.startRun(ctx, sb, ck.ID, false)
+	}
+	releaseEgress()
 	if r.Stop {
 		// The sandbox no longer runs but its row says running until the
 		// commit: calls into it wait here, then find it stopped (and an
@@ -293,28 +299,33 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 // if it holds none. It fails with errdefs.ErrFenced when another holder
 // took the stream: a fenced node publishes and restores nothing.
 func (e *Engine) holdLease(ctx context.Context, id string) (eventlog.Lease, error) {
+	return e.holdStreamLease(ctx, id, Stream(id), "sandbox "+id)
+}
+
+// holdStreamLease is holdLease for any stream; key names it in e.leases.
+func (e *Engine) holdStreamLease(ctx context.Context, key, stream, what string) (eventlog.Lease, error) {
 	e.leasesMu.Lock()
-	l, ok := e.leases[id]
+	l, ok := e.leases[key]
 	e.leasesMu.Unlock()
 	var err error
 	if ok {
 		l, err = e.log.Renew(ctx, l, e.leaseTTL)
 	} else {
-		l, err = e.log.Acquire(ctx, Stream(id), e.node, e.leaseTTL)
+		l, err = e.log.Acquire(ctx, stream, e.node, e.leaseTTL)
 		if errdefs.IsConflict(err) {
-			err = errdefs.Fencedf("sandbox %s: another node holds its stream: %v", id, err)
+			err = errdefs.Fencedf("%s: another node holds its stream: %v", what, err)
 		}
 	}
 	if err != nil {
 		if errdefs.IsFenced(err) {
 			e.leasesMu.Lock()
-			delete(e.leases, id)
+			delete(e.leases, key)
 			e.leasesMu.Unlock()
 		}
 		return l, err
 	}
 	e.leasesMu.Lock()
-	e.leases[id] = l
+	e.leases[key] = l
 	e.leasesMu.Unlock()
 	return l, nil
 }
@@ -544,6 +555,11 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 	}
 	lg := e.lg.With("sandbox", sb.ID, "checkpoint", ck.ID)
 	report(progress, Progress{Phase: "restore"})
+	// The re-run's requests are numbered from the cut restored from; the
+	// run starts before the sandbox does.
+	if err := e.startRun(ctx, sb, ck.ID, false); err != nil {
+		return sb, err
+	}
 	rs, err := cp.Restore(ctx, e.specFor(sb, sb.ID), dir, sandbox.RestoreOptions{})
 	if err != nil {
 		cleanup := context.WithoutCancel(ctx)

@@ -24,6 +24,8 @@ import (
 	"crypto/rand"
 	"encoding/base32"
 	"fmt"
+	"github.com/amber-run/amber/internal/egress"
+	"github.com/amber-run/amber/internal/gateway"
 	"log/slog"
 	"os"
 	"strings"
@@ -83,6 +85,14 @@ type Options struct {
 	Audit *audit.Trail
 	// Observer, when set, is told about checkpoints and restores.
 	Observer Observer
+	// Gateway, when set, is the node's egress gateway: the engine starts
+	// each sandbox's run at create, cut and restore (egress.go). Network
+	// is its plumbing (the driver was given it too); the engine reopens a
+	// sandbox's sockets after a daemon restart. Egress is the policy of
+	// sandboxes whose tenant set none (the zero policy reaches nothing).
+	Gateway *gateway.Gateway
+	Network *egress.Network
+	Egress  meta.EgressPolicy
 }
 
 // Engine is the sandbox manager. It is safe for concurrent use.
@@ -113,6 +123,9 @@ type Engine struct {
 	keep         int
 	audit        *audit.Trail
 	obs          Observer
+	gw           *gateway.Gateway
+	net          *egress.Network
+	defEgress    meta.EgressPolicy
 	idle         time.Duration
 	activity     sync.Map        // sandbox id → time.Time of the last call into it
 	quotaLocks   sync.Map        // tenant → *sync.Mutex (quota.go)
@@ -162,7 +175,8 @@ func New(o Options) (*Engine, error) {
 	e := &Engine{drv: o.Driver, meta: o.Meta, log: o.Log, reg: o.Registry, tmpl: o.Templates,
 		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval,
 		ckpts: o.Checkpoints, workDir: o.WorkDir, node: "node/" + o.Node, leaseTTL: o.LeaseTTL,
-		leases: map[string]eventlog.Lease{}, fastEvery: o.FastEvery, fastInterval: o.FastInterval, keep: o.KeepCheckpoints, idle: o.IdleTimeout, audit: o.Audit, obs: o.Observer}
+		leases: map[string]eventlog.Lease{}, fastEvery: o.FastEvery, fastInterval: o.FastInterval, keep: o.KeepCheckpoints, idle: o.IdleTimeout, audit: o.Audit, obs: o.Observer,
+		gw: o.Gateway, net: o.Network, defEgress: o.Egress}
 	for name := range o.Pool {
 		if _, err := o.Templates.Get(name); err != nil {
 			return nil, fmt.Errorf("warm pool: %w", err)
@@ -348,7 +362,19 @@ func (e *Engine) coldCreate(ctx context.Context, t sandbox.Template, tenant stri
 		}
 		return sb, fmt.Errorf("create sandbox from %s: %w", t.Name, err)
 	}
+	if err := e.prepareEgress(ctx, id); err != nil {
+		lg.Warn("egress setup failed", "err", err)
+		cleanup := context.WithoutCancel(ctx)
+		if derr := e.drv.Destroy(cleanup, id); derr != nil {
+			lg.Error("destroy after failed create", "err", derr)
+		}
+		_, _ = e.meta.SetState(cleanup, id, meta.StateDestroyed, "create failed: "+err.Error())
+		return sb, err
+	}
 	if sb, err = e.meta.SetState(ctx, id, meta.StateRunning, "", meta.StateCreating); err != nil {
+		return sb, err
+	}
+	if err := e.startRun(ctx, sb, startRunID(id), false); err != nil {
 		return sb, err
 	}
 	if err := e.appendEvents(ctx, sb, createdEvents(sb)...); err != nil {
@@ -382,6 +408,9 @@ func (e *Engine) destroy(ctx context.Context, sb meta.Sandbox, reason string) er
 		var err error
 		if sb, err = e.meta.SetState(ctx, sb.ID, meta.StateDestroyed, reason); err != nil {
 			return err
+		}
+		if e.gw != nil {
+			e.gw.EndSandbox(sb.ID)
 		}
 		e.lg.Info("sandbox destroyed", "sandbox", sb.ID, "reason", reason)
 	}

@@ -230,6 +230,9 @@ func (p *pool) claimOne(ctx context.Context, id string, t sandbox.Template, tena
 	if err != nil {
 		return sb, false, err
 	}
+	if err := e.startRun(ctx, sb, startRunID(id), false); err != nil {
+		return sb, true, err
+	}
 	if err := e.appendEvents(ctx, sb, createdEvents(sb)...); err != nil {
 		return sb, true, err
 	}

@@ -81,6 +81,9 @@ func (e *Engine) reconcile(ctx context.Context) error {
 				e.pool.adopt(ctx, sb)
 			} else {
 				reattached++
+				if err := e.reattachEgress(ctx, sb); err != nil {
+					lg.Error("egress not reattached: the sandbox's connections out fail until it is restored", "err", err)
+				}
 				lg.Info("sandbox reattached", "tenant", sb.Tenant, "init_pid", in.InitPID)
 			}
 		case sb.State == meta.StateRunning:

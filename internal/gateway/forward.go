@@ -100,12 +100,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, q, http.StatusForbidden, "denied", "deny", "destination not in the allowlist")
 		return
 	}
-	ip, err := g.resolve(r.Context(), host)
+	ip, named, err := g.resolve(r.Context(), host)
 	if err != nil {
 		h.fail(w, q, http.StatusBadGateway, "resolve", "error", "cannot resolve "+host)
 		return
 	}
-	if run.Policy.addrDenied(ip) {
+	if !named && run.Policy.addrDenied(ip) {
 		h.fail(w, q, http.StatusForbidden, "denied", "deny", "destination resolves into a denied network")
 		return
 	}
@@ -147,6 +147,23 @@ func (h *handler) journaled(w http.ResponseWriter, q *request) {
 	// Number the request among identical ones, and among those to the same
 	// method and URL, since the cut.
 	h.st.mu.Lock()
+	for h.st.held != nil {
+		// A cut is in progress: this request belongs to the run it starts.
+		ch := h.st.held
+		h.st.mu.Unlock()
+		select {
+		case <-ch:
+		case <-r.Context().Done():
+			return
+		}
+		h.st.mu.Lock()
+	}
+	h.st.active++
+	defer func() {
+		h.st.mu.Lock()
+		h.st.active--
+		h.st.mu.Unlock()
+	}()
 	q.run = h.st.run
 	cid := contentID(q.run.ID, r.Method, q.url, q.bodySum)
 	h.st.counts[cid]++
@@ -417,18 +434,23 @@ func writeGatewayError(w http.ResponseWriter, status int, kind, msg string) {
 	fmt.Fprintf(w, "amber gateway: %s\n", msg)
 }
 
-func (g *Gateway) resolve(ctx context.Context, host string) (netip.Addr, error) {
+// resolve returns host's address and whether the operator named it
+// (Options.Hosts: exempt from the denied networks).
+func (g *Gateway) resolve(ctx context.Context, host string) (netip.Addr, bool, error) {
 	if ip, err := netip.ParseAddr(host); err == nil {
-		return ip.Unmap(), nil
+		return ip.Unmap(), false, nil
+	}
+	if a, ok := g.opts.Hosts[strings.ToLower(host)]; ok {
+		return a.Unmap(), true, nil
 	}
 	ips, err := g.opts.Resolver.LookupNetIP(ctx, "ip", host)
 	if err != nil {
-		return netip.Addr{}, err
+		return netip.Addr{}, false, err
 	}
 	if len(ips) == 0 {
-		return netip.Addr{}, errdefs.NotFoundf("no address for %s", host)
+		return netip.Addr{}, false, errdefs.NotFoundf("no address for %s", host)
 	}
-	return ips[0].Unmap(), nil
+	return ips[0].Unmap(), false, nil
 }
 
 var hopByHop = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",

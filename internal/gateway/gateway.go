@@ -53,6 +53,12 @@ type Options struct {
 	Failpoints *failpoint.Set
 	// Resolver resolves Host names; default net.DefaultResolver.
 	Resolver Resolver
+	// Hosts are names the operator maps to addresses (tests and local
+	// services: "shop.test" → 127.0.0.1). They are looked up first, and
+	// their addresses are exempt from the denied networks when reached by
+	// that name only: a sandbox that dials the address itself is refused
+	// as before.
+	Hosts map[string]netip.Addr
 	// DialTimeout bounds a dial upstream; default 10s.
 	DialTimeout time.Duration
 	// SniffTimeout is how long ServeConn waits for the client's first bytes
@@ -141,6 +147,10 @@ type sandboxState struct {
 	counts  map[string]int // contentID → identical requests since the cut
 	slots   map[string]int // method+URL → requests since the cut
 	limiter *limiter
+	// held is closed when a cut in progress ends (Hold); active counts the
+	// journaled requests numbered and not yet answered.
+	held   chan struct{}
+	active int
 }
 
 // New returns a gateway.
@@ -218,6 +228,10 @@ func (g *Gateway) StartRun(ctx context.Context, r Run) error {
 		st.limiter = newLimiter(r.Policy.RequestsPerSecond, r.Policy.Burst, g.opts.Clock.Now())
 	}
 	st.run = r
+	if st.held != nil {
+		close(st.held) // the cut is over: held requests go into this run
+		st.held = nil
+	}
 	st.counts = map[string]int{}
 	st.slots = map[string]int{}
 	if r.Resume && g.opts.Journal != nil {
@@ -228,6 +242,48 @@ func (g *Gateway) StartRun(ctx context.Context, r Run) error {
 		st.counts, st.slots = counts, slots
 	}
 	return nil
+}
+
+// Hold begins a cut of sandbox: journaled requests that arrive from now on
+// wait, and Hold waits (up to timeout) for those already numbered to be
+// answered, so that every request is wholly before the cut or wholly in
+// the run the cut starts. The next StartRun ends the hold; so does the
+// returned release (a cut that failed). It reports whether the requests in
+// flight all finished in time.
+func (g *Gateway) Hold(sandbox string, timeout time.Duration) (release func(), drained bool) {
+	g.mu.Lock()
+	st := g.sbs[sandbox]
+	g.mu.Unlock()
+	if st == nil {
+		return func() {}, true
+	}
+	st.mu.Lock()
+	ch := st.held
+	if ch == nil {
+		ch = make(chan struct{})
+		st.held = ch
+	}
+	st.mu.Unlock()
+	release = func() {
+		st.mu.Lock()
+		if st.held == ch {
+			close(ch)
+			st.held = nil
+		}
+		st.mu.Unlock()
+	}
+	for deadline := time.Now().Add(timeout); ; time.Sleep(2 * time.Millisecond) {
+		st.mu.Lock()
+		n := st.active
+		st.mu.Unlock()
+		if n == 0 {
+			return release, true
+		}
+		if time.Now().After(deadline) {
+			g.log.Warn("cut: requests still in flight; they stay in the run before the cut", "sandbox", sandbox, "in_flight", n)
+			return release, false
+		}
+	}
 }
 
 // EndSandbox forgets a sandbox (it was destroyed or moved away).
@@ -477,14 +533,14 @@ func (g *Gateway) checkStream(ctx context.Context, st *sandboxState, run Run, ds
 	if !run.Policy.allowed(name, dst.Port()) {
 		return netip.AddrPort{}, "destination not in the allowlist"
 	}
-	ip := dst.Addr()
+	ip, named := dst.Addr(), false
 	if host != "" {
 		var err error
-		if ip, err = g.resolve(ctx, host); err != nil {
+		if ip, named, err = g.resolve(ctx, host); err != nil {
 			return netip.AddrPort{}, "cannot resolve " + host
 		}
 	}
-	if run.Policy.addrDenied(ip) {
+	if !named && run.Policy.addrDenied(ip) {
 		return netip.AddrPort{}, "destination in a denied network"
 	}
 	return netip.AddrPortFrom(ip, dst.Port()), ""

@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/amber-run/amber/internal/gateway"
 )
@@ -52,5 +53,54 @@ func TestResumeRunAfterDaemonRestart(t *testing.T) {
 				t.Fatalf("charges for step 1 = %d, want %d", charges[1], want)
 			}
 		})
+	}
+}
+
+// TestHoldAtCut: a request that arrives during a cut waits and is numbered
+// in the run the cut starts, not the one before.
+func TestHoldAtCut(t *testing.T) {
+	ctx := context.Background()
+	l := newLedger(t, false)
+	st := openStore(t, storePath(t))
+	const sb = "sbx-hold"
+	run := gateway.Run{Tenant: "t1", Sandbox: sb, ID: "ck-1", Epoch: acquire(t, st, sb, "node-a"), Policy: allowLoopback(l.addr())}
+	gw := gateway.New(gateway.Options{Journal: gateway.NewJournal(st)})
+	if err := gw.StartRun(ctx, run); err != nil {
+		t.Fatal(err)
+	}
+	f := newFront(t, gw, l.addr(), sb)
+	release, drained := gw.Hold(sb, time.Second)
+	defer release()
+	if !drained {
+		t.Fatal("nothing was in flight, yet Hold did not drain")
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := charge(f.client(), l.addr().String(), 7)
+		done <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	if _, _, total := l.snapshot(); total != 0 {
+		t.Fatalf("a request went upstream during the cut (%d)", total)
+	}
+	run.ID = "ck-2"
+	if err := gw.StartRun(ctx, run); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var intents []gateway.IntentPayload
+	for _, ev := range readStream(t, st, gateway.Stream(sb)) {
+		if ev.Type == gateway.EventIntent {
+			var p gateway.IntentPayload
+			if err := jsonUnmarshal(ev.Payload, &p); err != nil {
+				t.Fatal(err)
+			}
+			intents = append(intents, p)
+		}
+	}
+	if len(intents) != 1 || intents[0].Run != "ck-2" {
+		t.Fatalf("intents %+v, want one in run ck-2", intents)
 	}
 }

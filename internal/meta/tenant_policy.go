@@ -25,6 +25,9 @@ type TenantPolicy struct {
 	KeepCheckpoints int `json:"keep_checkpoints,omitempty"`
 	// IdleTimeout checkpoints and stops a sandbox idle this long.
 	IdleTimeout time.Duration `json:"idle_timeout_ns,omitempty"`
+	// Egress is the egress policy of the tenant's sandboxes that have none
+	// of their own (nil: the daemon's default).
+	Egress *EgressPolicy `json:"egress,omitempty"`
 }
 
 // Check validates p's ranges (the recovery name is the engine's to check).
@@ -38,6 +41,9 @@ func (p TenantPolicy) Check() error {
 		return errdefs.InvalidArgumentf("keep_checkpoints %d: want 0 (keep all) to 10000", p.KeepCheckpoints)
 	case p.IdleTimeout < 0 || (p.IdleTimeout > 0 && p.IdleTimeout < time.Second):
 		return errdefs.InvalidArgumentf("idle timeout %v: want 0 (the default) or at least 1s", p.IdleTimeout)
+	}
+	if p.Egress != nil {
+		return p.Egress.Check()
 	}
 	return nil
 }

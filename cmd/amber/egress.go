@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+
+	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/internal/audit"
+	"github.com/amber-run/amber/internal/egress"
+	"github.com/amber-run/amber/internal/gateway"
+	"github.com/amber-run/amber/internal/meta"
+)
+
+// egressOptions are `amber up`'s egress flags.
+type egressOptions struct {
+	enabled bool
+	allow   []string // the default policy's allowlist
+	hosts   []string // NAME=IP, the operator's names
+}
+
+// parseHosts reads NAME=IP pairs.
+func parseHosts(pairs []string) (map[string]netip.Addr, error) {
+	out := map[string]netip.Addr{}
+	for _, p := range pairs {
+		name, ip, ok := strings.Cut(p, "=")
+		a, err := netip.ParseAddr(ip)
+		name = strings.ToLower(strings.TrimSuffix(name, "."))
+		if !ok || name == "" || err != nil || strings.ContainsAny(name, "*/: ") {
+			return nil, usageError{fmt.Errorf("--egress-host %q: want NAME=IP, e.g. shop.test=127.0.0.1", p)}
+		}
+		out[name] = a
+	}
+	return out, nil
+}
+
+// defaultEgress is the policy of sandboxes whose tenant set none.
+func defaultEgress(allow []string) (meta.EgressPolicy, error) {
+	p := meta.EgressPolicy{Allow: allow}
+	if err := p.Check(); err != nil {
+		return p, usageError{fmt.Errorf("--egress-allow: %w", err)}
+	}
+	return p, nil
+}
+
+// newGateway makes the node's gateway: journal on the event log, the
+// operator's names, every decision audited (asynchronously: OnDecision
+// must not block a request; a full queue drops records and counts them).
+func newGateway(ctx context.Context, log eventlog.Store, reg *eventlog.Registry, trail *audit.Trail, hosts map[string]netip.Addr, lg *slog.Logger) *gateway.Gateway {
+	gateway.RegisterEvents(reg)
+	decisions := make(chan gateway.Decision, 4096)
+	var dropped atomic.Int64
+	go func() {
+		for d := range decisions {
+			outcome := "ok"
+			switch d.Kind {
+			case "deny", "rate-limited", "fenced", "error", "divergence", "reconcile":
+				outcome = d.Kind
+			}
+			detail := d.Reason
+			if d.Key != "" {
+				detail = strings.TrimSpace(detail + " key=" + d.Key)
+			}
+			_, err := trail.Append(context.WithoutCancel(ctx), d.Tenant, audit.Record{
+				Time: d.Time, Actor: "sandbox:" + d.Sandbox, Action: "egress." + d.Kind,
+				Resource: strings.TrimSpace(d.Method + " " + firstNonEmpty(d.URL, d.Dest)),
+				Outcome:  outcome, Status: d.Status, Detail: detail,
+			})
+			if err != nil {
+				lg.Warn("audit of an egress decision failed", "err", err)
+			}
+		}
+	}()
+	return gateway.New(gateway.Options{
+		Journal: gateway.NewJournal(log),
+		Hosts:   hosts,
+		Logger:  lg.With("component", "gateway"),
+		OnDecision: func(d gateway.Decision) {
+			if d.Tenant == "" {
+				return
+			}
+			select {
+			case decisions <- d:
+			default:
+				if n := dropped.Add(1); n == 1 || n%1000 == 0 {
+					lg.Error("egress audit queue full; decisions not audited", "dropped", n)
+				}
+			}
+		},
+	})
+}
+
+// newEgressNetwork makes the plumbing under DATA_DIR/egress; its gateway
+// is set once the event log is open (SetServer).
+func newEgressNetwork(dataDir string, lg *slog.Logger) (*egress.Network, error) {
+	return egress.New(filepath.Join(dataDir, "egress"), nil, lg.With("component", "egress"))
+}

@@ -1,0 +1,134 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/amber-run/amber/internal/egress"
+	"github.com/amber-run/amber/internal/gateway"
+	"github.com/amber-run/amber/internal/meta"
+)
+
+// Egress: the engine tells the node's gateway which run each sandbox's
+// traffic belongs to (see package gateway: request numbering restarts at
+// every cut, taken or restored from).
+//
+//   - create (and a claim from the warm pool): run "<sandbox>.start";
+//   - checkpoint: the gateway holds the sandbox's new requests and drains
+//     those in flight (Hold) before the driver cuts, and the run named by
+//     the checkpoint starts right after the cut, so every request is
+//     wholly before the cut or wholly after it;
+//   - restore, in place or as a new sandbox: the run of the checkpoint
+//     restored from starts before the driver restores, so the first
+//     request of the re-run is already numbered in it;
+//   - a daemon that restarts while a sandbox ran on resumes its run (the
+//     numbering continues from the journal: nothing re-ran).
+//
+// The run is recorded in meta (SetEgressRun) before the gateway starts it:
+// a daemon that dies in between resumes the run the sandbox is in. Journal
+// appends carry this node's lease epoch on the sandbox's effects stream.
+
+// egressHoldTimeout bounds how long a cut waits for requests in flight.
+const egressHoldTimeout = 10 * time.Second
+
+// startRunID is the run of a sandbox that was never cut.
+func startRunID(sandbox string) string { return sandbox + ".start" }
+
+// egressPolicy is sb's effective policy: its own, else its tenant's, else
+// the daemon's default.
+func (e *Engine) egressPolicy(ctx context.Context, sb meta.Sandbox) (meta.EgressPolicy, error) {
+	own, _, err := e.meta.SandboxEgress(ctx, sb.ID)
+	if err != nil {
+		return meta.EgressPolicy{}, err
+	}
+	if own != nil {
+		return *own, nil
+	}
+	if tp := e.tenantPolicy(ctx, sb.Tenant); tp.Egress != nil {
+		return *tp.Egress, nil
+	}
+	return e.defEgress, nil
+}
+
+// gatewayPolicy converts an API policy into the gateway's.
+func gatewayPolicy(p meta.EgressPolicy) gateway.Policy {
+	g := gateway.Policy{Allow: append([]string(nil), p.Allow...), RequestsPerSecond: p.RequestsPerSecond, Burst: p.Burst,
+		OnDivergence: gateway.DivergencePolicy(p.OnDivergence)}
+	for _, m := range p.Modes {
+		g.Modes = append(g.Modes, gateway.ModeRule{Dest: m.Dest, Method: m.Method, Mode: gateway.Mode(m.Mode)})
+	}
+	return g
+}
+
+// startRun starts run of sb in the gateway (resume: continue its
+// numbering). Sandboxes without a tenant (the warm pool) have no run yet.
+func (e *Engine) startRun(ctx context.Context, sb meta.Sandbox, run string, resume bool) error {
+	if e.gw == nil || sb.Tenant == "" {
+		return nil
+	}
+	pol, err := e.egressPolicy(ctx, sb)
+	if err != nil {
+		return err
+	}
+	if err := e.meta.SetEgressRun(ctx, sb.ID, run); err != nil {
+		return err
+	}
+	l, err := e.holdStreamLease(ctx, "effects:"+sb.ID, gateway.Stream(sb.ID), "effects of sandbox "+sb.ID)
+	if err != nil {
+		return err
+	}
+	if err := e.gw.StartRun(ctx, gateway.Run{Tenant: sb.Tenant, Sandbox: sb.ID, ID: run, Epoch: l.Epoch,
+		Policy: gatewayPolicy(pol), Resume: resume}); err != nil {
+		return fmt.Errorf("egress run %s of %s: %w", run, sb.ID, err)
+	}
+	return nil
+}
+
+// holdEgress begins a cut of sandbox id in the gateway (see Hold).
+func (e *Engine) holdEgress(id string) func() {
+	if e.gw == nil {
+		return func() {}
+	}
+	release, _ := e.gw.Hold(id, egressHoldTimeout)
+	return release
+}
+
+// prepareEgress writes what a new sandbox needs to use the gateway: its
+// resolv.conf names the gateway's DNS.
+func (e *Engine) prepareEgress(ctx context.Context, id string) error {
+	if e.gw == nil {
+		return nil
+	}
+	fs, err := e.drv.Files(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := fs.WriteFile(ctx, "/etc/resolv.conf", bytes.NewReader([]byte(egress.ResolvConf)), 0o644); err != nil {
+		return fmt.Errorf("sandbox %s: resolv.conf: %w", id, err)
+	}
+	return nil
+}
+
+// reattachEgress serves a sandbox that ran on while the daemon was down:
+// its sockets in the gateway namespace are opened again and its run
+// resumes where the journal left it.
+func (e *Engine) reattachEgress(ctx context.Context, sb meta.Sandbox) error {
+	if e.gw == nil {
+		return nil
+	}
+	if e.net != nil {
+		if err := e.net.Listen(sb.ID); err != nil {
+			return err
+		}
+	}
+	_, run, err := e.meta.SandboxEgress(ctx, sb.ID)
+	if err != nil {
+		return err
+	}
+	if run == "" {
+		run = startRunID(sb.ID)
+	}
+	return e.startRun(ctx, sb, run, true)
+}

@@ -1,0 +1,161 @@
+package meta
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/amber-run/amber/core/errdefs"
+)
+
+// EgressPolicy is what a sandbox may reach through the egress gateway (the
+// API's form of gateway.Policy). The zero policy reaches nothing.
+type EgressPolicy struct {
+	// Allow lists destinations as "host:port" patterns: a name,
+	// "*.suffix", an IP literal or "*"; a port number or "*".
+	Allow []string `json:"allow,omitempty"`
+	// RequestsPerSecond and Burst bound HTTP requests and new streams; 0
+	// means unlimited.
+	RequestsPerSecond float64 `json:"requests_per_second,omitempty"`
+	Burst             int     `json:"burst,omitempty"`
+	// Modes assign a crash mode to destinations: "idempotent-key",
+	// "at-most-once" or "replay-safe" (gateway.Mode).
+	Modes []EgressMode `json:"modes,omitempty"`
+	// OnDivergence is "fail" (default) or "forward".
+	OnDivergence string `json:"on_divergence,omitempty"`
+}
+
+// EgressMode assigns Mode to requests to Dest (a pattern as in Allow) with
+// Method ("" for any).
+type EgressMode struct {
+	Dest   string `json:"dest"`
+	Method string `json:"method,omitempty"`
+	Mode   string `json:"mode"`
+}
+
+// Check validates p: patterns, modes and limits.
+func (p EgressPolicy) Check() error {
+	if len(p.Allow) > 1000 || len(p.Modes) > 1000 {
+		return errdefs.InvalidArgumentf("egress policy: at most 1000 allow entries and 1000 modes")
+	}
+	for _, a := range p.Allow {
+		if err := checkDestPattern(a); err != nil {
+			return err
+		}
+	}
+	for _, m := range p.Modes {
+		if err := checkDestPattern(m.Dest); err != nil {
+			return err
+		}
+		switch m.Mode {
+		case "idempotent-key", "at-most-once", "replay-safe":
+		default:
+			return errdefs.InvalidArgumentf("egress mode %q for %s: want idempotent-key, at-most-once or replay-safe", m.Mode, m.Dest)
+		}
+	}
+	switch p.OnDivergence {
+	case "", "fail", "forward":
+	default:
+		return errdefs.InvalidArgumentf("egress on_divergence %q: want fail or forward", p.OnDivergence)
+	}
+	if p.RequestsPerSecond < 0 || p.RequestsPerSecond > 1e6 || p.Burst < 0 || p.Burst > 1e6 {
+		return errdefs.InvalidArgumentf("egress rate %v/s burst %d: want 0 to 1000000", p.RequestsPerSecond, p.Burst)
+	}
+	return nil
+}
+
+// checkDestPattern validates a "host:port" destination pattern.
+func checkDestPattern(s string) error {
+	h, port, err := net.SplitHostPort(s)
+	if err != nil || h == "" || port == "" {
+		return errdefs.InvalidArgumentf("egress destination %q: want host:port (host a name, *.suffix, an IP or *; port a number or *)", s)
+	}
+	if port != "*" {
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			return errdefs.InvalidArgumentf("egress destination %q: port %q is not 1-65535 or *", s, port)
+		}
+	}
+	if h == "*" {
+		return nil
+	}
+	if _, err := netip.ParseAddr(h); err == nil {
+		return nil
+	}
+	name := strings.TrimPrefix(h, "*.")
+	if len(name) > 253 || strings.ContainsAny(name, "*/ \t") || strings.HasPrefix(name, ".") {
+		return errdefs.InvalidArgumentf("egress destination %q: %q is not a host name", s, h)
+	}
+	return nil
+}
+
+// sandboxEgressSchema is created with the schema at every start (no
+// migration: a database without it gets it empty). policy is JSON, ""
+// when the sandbox follows its tenant's; run is the gateway run the
+// sandbox's traffic is numbered in (its latest cut).
+const sandboxEgressSchema = `
+CREATE TABLE IF NOT EXISTS sandbox_egress (
+	sandbox    TEXT PRIMARY KEY,
+	policy     TEXT NOT NULL DEFAULT '',
+	run        TEXT NOT NULL DEFAULT '',
+	updated_ns INTEGER NOT NULL
+) STRICT;`
+
+// SetSandboxEgress records sandbox's own egress policy (nil: follow the
+// tenant's).
+func (s *Store) SetSandboxEgress(ctx context.Context, sandbox string, p *EgressPolicy) error {
+	raw := ""
+	if p != nil {
+		if err := p.Check(); err != nil {
+			return err
+		}
+		b, _ := json.Marshal(p)
+		raw = string(b)
+	}
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandbox_egress (sandbox, policy, updated_ns) VALUES (?,?,?)
+		ON CONFLICT(sandbox) DO UPDATE SET policy = excluded.policy, updated_ns = excluded.updated_ns`,
+		sandbox, raw, s.clock.Now().UnixNano())
+	if err != nil {
+		return fmt.Errorf("set egress policy of %s: %w", sandbox, err)
+	}
+	return nil
+}
+
+// SandboxEgress returns sandbox's own egress policy (nil if it follows
+// its tenant's) and its current gateway run ("" if none yet).
+func (s *Store) SandboxEgress(ctx context.Context, sandbox string) (*EgressPolicy, string, error) {
+	var raw, run string
+	err := s.db.QueryRowContext(ctx, `SELECT policy, run FROM sandbox_egress WHERE sandbox = ?`, sandbox).Scan(&raw, &run)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, "", nil
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("egress policy of %s: %w", sandbox, err)
+	}
+	if raw == "" {
+		return nil, run, nil
+	}
+	var p EgressPolicy
+	if err := json.Unmarshal([]byte(raw), &p); err != nil {
+		return nil, run, errdefs.DataLossf("egress policy of %s: %v", sandbox, err)
+	}
+	return &p, run, nil
+}
+
+// SetEgressRun records the gateway run sandbox's traffic is numbered in.
+// The engine writes it before it starts the run, so a daemon that restarts
+// continues the run the sandbox is in.
+func (s *Store) SetEgressRun(ctx context.Context, sandbox, run string) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandbox_egress (sandbox, run, updated_ns) VALUES (?,?,?)
+		ON CONFLICT(sandbox) DO UPDATE SET run = excluded.run, updated_ns = excluded.updated_ns`,
+		sandbox, run, s.clock.Now().UnixNano())
+	if err != nil {
+		return fmt.Errorf("set egress run of %s: %w", sandbox, err)
+	}
+	return nil
+}
