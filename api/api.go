@@ -51,6 +51,74 @@ type CreateSandboxRequest struct {
 	// request), "fast" (in the background every few execs or seconds) or
 	// "strict" (after every exec, before it is acknowledged).
 	Recovery string `json:"recovery,omitempty"`
+	// Egress is the sandbox's own egress policy; without it the sandbox
+	// follows its tenant's (or the daemon's default).
+	Egress *EgressPolicy `json:"egress,omitempty"`
+}
+
+// EgressPolicy is what a sandbox may reach through the egress gateway.
+// The zero policy reaches nothing; private, loopback and link-local
+// addresses are refused unless the operator named the host.
+type EgressPolicy struct {
+	// Allow lists destinations as "host:port" patterns: a name,
+	// "*.suffix", an IP literal or "*"; a port number or "*".
+	Allow []string `json:"allow,omitempty"`
+	// RequestsPerSecond and Burst bound HTTP requests and new streams.
+	RequestsPerSecond float64 `json:"requests_per_second,omitempty"`
+	Burst             int     `json:"burst,omitempty"`
+	// Modes say what happens to a request whose outcome a crash lost:
+	// "idempotent-key" (re-sent with the same Idempotency-Key; default for
+	// POST, PUT, PATCH, DELETE), "at-most-once" (never re-sent; marked for
+	// reconciliation) or "replay-safe" (re-sent; default for GET, HEAD).
+	Modes []EgressMode `json:"modes,omitempty"`
+	// OnDivergence: "fail" (default) or "forward" a re-run request that
+	// differs from the one recorded at its place.
+	OnDivergence string `json:"on_divergence,omitempty"`
+}
+
+// EgressMode assigns Mode to requests to Dest (a pattern) with Method
+// ("" for any).
+type EgressMode struct {
+	Dest   string `json:"dest"`
+	Method string `json:"method,omitempty"`
+	Mode   string `json:"mode"`
+}
+
+// SandboxEgress is the body of GET /v1/sandboxes/{id}/egress.
+type SandboxEgress struct {
+	// Policy is the sandbox's own policy (null: it follows its tenant's);
+	// Effective is the one in force.
+	Policy    *EgressPolicy `json:"policy"`
+	Effective EgressPolicy  `json:"effective"`
+	// Run is the gateway run its requests are numbered in: its latest cut.
+	Run string `json:"run"`
+}
+
+// Effect is one outbound request in a sandbox's effect journal.
+type Effect struct {
+	Key    string `json:"key"`
+	Run    string `json:"run"`
+	Method string `json:"method"`
+	URL    string `json:"url"`
+	// State: "done" (an outcome is recorded; a re-run is answered from
+	// it), "in-flight" (intent recorded, no outcome yet) or
+	// "needs-reconciliation" (an at-most-once request a crash left
+	// unknown: it may or may not have happened).
+	State       string `json:"state"`
+	Status      int    `json:"status,omitempty"`
+	Attempts    int    `json:"attempts"`
+	Mode        string `json:"mode"`
+	Divergences int    `json:"divergences,omitempty"`
+	Error       string `json:"error,omitempty"`
+	// Seq is the position of its intent in the effects stream.
+	Seq uint64 `json:"seq"`
+}
+
+// EffectList is the body of GET /v1/sandboxes/{id}/effects.
+type EffectList struct {
+	Effects []Effect `json:"effects"`
+	// NeedsReconciliation counts the effects in that state.
+	NeedsReconciliation int `json:"needs_reconciliation"`
 }
 
 // Sandbox describes one sandbox.
@@ -389,6 +457,9 @@ type TenantPolicy struct {
 	// IdleTimeoutMS checkpoints and stops a sandbox without calls this
 	// long; the next call resumes it.
 	IdleTimeoutMS int64 `json:"idle_timeout_ms,omitempty"`
+	// Egress is the egress policy of the tenant's sandboxes that have none
+	// of their own (null: the daemon's default).
+	Egress *EgressPolicy `json:"egress,omitempty"`
 }
 
 // AuditRecord is one record of a tenant's audit trail (GET /v1/audit): who

@@ -3,9 +3,11 @@ package engine
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
+	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/internal/egress"
 	"github.com/amber-run/amber/internal/gateway"
 	"github.com/amber-run/amber/internal/meta"
@@ -131,4 +133,116 @@ func (e *Engine) reattachEgress(ctx context.Context, sb meta.Sandbox) error {
 		run = startRunID(sb.ID)
 	}
 	return e.startRun(ctx, sb, run, true)
+}
+
+// SetEgress sets sandbox id's own egress policy (nil: follow the tenant's)
+// and applies it to its current run at once.
+func (e *Engine) SetEgress(ctx context.Context, tenant, id string, p *meta.EgressPolicy) error {
+	sb, err := e.Get(ctx, tenant, id)
+	if err != nil {
+		return err
+	}
+	if sb.State == meta.StateDestroyed {
+		return errdefs.FailedPreconditionf("sandbox %s is destroyed", id)
+	}
+	defer e.lock(id)()
+	if err := e.meta.SetSandboxEgress(ctx, id, p); err != nil {
+		return err
+	}
+	_, run, err := e.meta.SandboxEgress(ctx, id)
+	if err != nil || run == "" || sb.State != meta.StateRunning {
+		return err
+	}
+	return e.startRun(ctx, sb, run, true)
+}
+
+// Egress returns sandbox id's own egress policy (nil if none), the one in
+// force, and its current run.
+func (e *Engine) Egress(ctx context.Context, tenant, id string) (own *meta.EgressPolicy, eff meta.EgressPolicy, run string, err error) {
+	sb, err := e.Get(ctx, tenant, id)
+	if err != nil {
+		return nil, eff, "", err
+	}
+	if own, run, err = e.meta.SandboxEgress(ctx, id); err != nil {
+		return nil, eff, "", err
+	}
+	eff, err = e.egressPolicy(ctx, sb)
+	return own, eff, run, err
+}
+
+// Effect is one request of a sandbox's effect journal, summarized.
+type Effect struct {
+	Key, Run, Method, URL, Mode, Error string
+	// State: "done", "in-flight" or "needs-reconciliation".
+	State       string
+	Status      int
+	Attempts    int
+	Divergences int
+	Seq         uint64
+}
+
+// Effects reads sandbox id's effect journal (the effects/<id> stream), one
+// entry per request key, in the order their first intent was recorded.
+func (e *Engine) Effects(ctx context.Context, tenant, id string) ([]Effect, error) {
+	if _, err := e.Get(ctx, tenant, id); err != nil {
+		return nil, err
+	}
+	stream := gateway.Stream(id)
+	byKey := map[string]*Effect{}
+	var order []string
+	for from := uint64(1); ; {
+		evs, err := e.log.Read(ctx, stream, from, 1000)
+		if errdefs.IsCompacted(err) {
+			b, berr := e.log.Bounds(ctx, stream)
+			if berr != nil {
+				return nil, berr
+			}
+			from = b.First
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, ev := range evs {
+			from = ev.Seq + 1
+			var p struct {
+				Key, Run, Method, URL, Mode, Error string
+				Status                             int
+			}
+			if err := json.Unmarshal(ev.Payload, &p); err != nil {
+				return nil, errdefs.DataLossf("%s/%d: %v", stream, ev.Seq, err)
+			}
+			if p.Key == "" {
+				continue
+			}
+			fx := byKey[p.Key]
+			if fx == nil {
+				if ev.Type != gateway.EventIntent {
+					continue
+				}
+				fx = &Effect{Key: p.Key, Seq: ev.Seq, State: "in-flight"}
+				byKey[p.Key] = fx
+				order = append(order, p.Key)
+			}
+			switch ev.Type {
+			case gateway.EventIntent:
+				fx.Attempts++
+				fx.Run, fx.Method, fx.URL, fx.Mode = p.Run, p.Method, p.URL, p.Mode
+			case gateway.EventOutcome:
+				fx.State, fx.Status, fx.Error = "done", p.Status, p.Error
+			case gateway.EventReconcile:
+				fx.State = "needs-reconciliation"
+			case gateway.EventDivergence:
+				fx.Divergences++
+			}
+		}
+		if len(evs) < 1000 {
+			break
+		}
+	}
+	out := make([]Effect, 0, len(order))
+	for _, k := range order {
+		out = append(out, *byKey[k])
+	}
+	return out, nil
 }

@@ -287,6 +287,8 @@ type CreateRequest struct {
 	Cold bool
 	// Policy is the recovery policy: "", "none", "fast" or "strict".
 	Policy string
+	// Egress is the sandbox's own egress policy (nil: its tenant's).
+	Egress *meta.EgressPolicy
 }
 
 // Create returns a running sandbox for r: one claimed from the warm pool
@@ -319,22 +321,45 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (meta.Sandbox, err
 			return meta.Sandbox{}, errdefs.InvalidArgumentf("env entry %.60q is not KEY=VALUE", kv)
 		}
 	}
+	if r.Egress != nil {
+		if err := r.Egress.Check(); err != nil {
+			return meta.Sandbox{}, err
+		}
+	}
 	limits := MergeLimits(t.Limits, r.Limits)
 	release, err := e.reserveSandbox(ctx, r.Tenant, limits)
 	if err != nil {
 		return meta.Sandbox{}, err
 	}
 	defer release()
+	var sb meta.Sandbox
+	claimed := false
 	if !r.Cold {
-		sb, ok, err := e.pool.claim(ctx, t, r.Tenant, limits, r.Env)
-		if err == nil && ok && r.Policy != PolicyNone {
+		var err error
+		sb, claimed, err = e.pool.claim(ctx, t, r.Tenant, limits, r.Env)
+		if err == nil && claimed && r.Policy != PolicyNone {
 			sb, err = e.meta.SetPolicy(ctx, sb.ID, r.Policy)
 		}
-		if err != nil || ok {
+		if err != nil {
 			return sb, err
 		}
 	}
-	return e.coldCreate(ctx, t, r.Tenant, limits, r.Env, false, r.Policy)
+	if !claimed {
+		if sb, err = e.coldCreate(ctx, t, r.Tenant, limits, r.Env, false, r.Policy); err != nil {
+			return sb, err
+		}
+	}
+	if r.Egress != nil {
+		// Before the caller gets the sandbox, so nothing it runs sees the
+		// default policy.
+		if err := e.meta.SetSandboxEgress(ctx, sb.ID, r.Egress); err != nil {
+			return sb, err
+		}
+		if err := e.startRun(ctx, sb, startRunID(sb.ID), false); err != nil {
+			return sb, err
+		}
+	}
+	return sb, nil
 }
 
 // coldCreate makes a new sandbox; pooled ones have no tenant and no events.

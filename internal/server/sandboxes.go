@@ -74,6 +74,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) 
 	}
 	sb, err := s.eng.Create(r.Context(), engine.CreateRequest{
 		Tenant: c.tenant, Template: req.Template, Limits: fromAPILimits(req.Limits), Env: req.Env, Cold: req.Cold, Policy: req.Recovery,
+		Egress: fromAPIEgress(req.Egress),
 	})
 	if err != nil {
 		return err

@@ -159,7 +159,7 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, c *call) erro
 
 func toAPITenantPolicy(p meta.TenantPolicy) api.TenantPolicy {
 	return api.TenantPolicy{Recovery: p.Recovery, FastEvery: p.FastEvery, FastIntervalMS: p.FastInterval.Milliseconds(),
-		KeepCheckpoints: p.KeepCheckpoints, IdleTimeoutMS: p.IdleTimeout.Milliseconds()}
+		KeepCheckpoints: p.KeepCheckpoints, IdleTimeoutMS: p.IdleTimeout.Milliseconds(), Egress: toAPIEgress(p.Egress)}
 }
 
 func (s *Server) getTenantPolicy(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -188,7 +188,7 @@ func (s *Server) putTenantPolicy(w http.ResponseWriter, r *http.Request, c *call
 	}
 	p := meta.TenantPolicy{Recovery: req.Recovery, FastEvery: req.FastEvery,
 		FastInterval: time.Duration(req.FastIntervalMS) * time.Millisecond, KeepCheckpoints: req.KeepCheckpoints,
-		IdleTimeout: time.Duration(req.IdleTimeoutMS) * time.Millisecond}
+		IdleTimeout: time.Duration(req.IdleTimeoutMS) * time.Millisecond, Egress: fromAPIEgress(req.Egress)}
 	if err := s.eng.SetTenantPolicy(r.Context(), tenant, p); err != nil {
 		return err
 	}
