@@ -14,17 +14,18 @@ import (
 
 func newSandboxCmd(g *globalFlags) *cobra.Command {
 	c := &cobra.Command{Use: "sandbox", Aliases: []string{"sandboxes", "sbx"}, Short: "Create, list, inspect and remove sandboxes"}
-	c.AddCommand(newCreateCmd(g), newLsCmd(g), newInspectCmd(g), newRmCmd(g), newKillCmd(g), newEventsCmd(g), newRecoverCmd(g))
+	c.AddCommand(newCreateCmd(g), newLsCmd(g), newInspectCmd(g), newRmCmd(g), newKillCmd(g), newEventsCmd(g), newRecoverCmd(g),
+		newEffectsCmd(g), newEgressCmd(g))
 	return c
 }
 
 func newCreateCmd(g *globalFlags) *cobra.Command {
 	var template, memory, cpus, disk, recovery string
 	var pids int64
-	var env []string
+	var env, egressAllow []string
 	var cold bool
 	c := &cobra.Command{
-		Use:   "create --template T [--memory 256Mi] [--cpus 1] [--disk 1Gi]",
+		Use:   "create --template T [--memory 256Mi] [--cpus 1] [--disk 1Gi] [--egress-allow HOST:PORT]",
 		Short: "Create a sandbox and print its id",
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -32,6 +33,9 @@ func newCreateCmd(g *globalFlags) *cobra.Command {
 				return usageError{fmt.Errorf("--template is required (e.g. --template python; `amber sandbox create --help`)")}
 			}
 			req := api.CreateSandboxRequest{Template: template, Env: env, Cold: cold, Limits: api.Limits{Pids: pids}, Recovery: recovery}
+			if len(egressAllow) > 0 {
+				req.Egress = &api.EgressPolicy{Allow: egressAllow}
+			}
 			var err error
 			if memory != "" {
 				if req.Limits.MemoryBytes, err = parseSize(memory); err != nil {
@@ -77,6 +81,7 @@ func newCreateCmd(g *globalFlags) *cobra.Command {
 	f.StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE added to every process (repeatable)")
 	f.BoolVar(&cold, "cold", false, "do not claim from the warm pool")
 	f.StringVar(&recovery, "recovery", "", "recovery policy: none (checkpoint on request), fast (in the background) or strict (after every exec)")
+	f.StringSliceVar(&egressAllow, "egress-allow", nil, "destinations the sandbox may reach through the gateway, HOST:PORT patterns (*.suffix and * allowed); default: its tenant's policy")
 	return c
 }
 

@@ -67,6 +67,8 @@ reused.`,
 	f.DurationVar(&o.watch, "watch-interval", 5*time.Second, "how often running sandboxes are checked for a dead init")
 	f.BoolVar(&o.egress.enabled, "egress", true, "give sandboxes a way out through the egress gateway (gvisor driver); off: loopback only")
 	f.StringSliceVar(&o.egress.allow, "egress-allow", nil, "destinations (HOST:PORT patterns, *.suffix and * allowed) sandboxes may reach when their tenant set no egress policy (default: none)")
+	f.BoolVar(&o.egress.journal, "egress-journal", true, "journal every outbound request (off only as a test's negative control)")
+	_ = f.MarkHidden("egress-journal")
 	f.StringSliceVar(&o.egress.hosts, "egress-host", nil, "NAME=IP names the gateway resolves itself (local services, tests); reachable by that name even on a private address")
 	return c
 }
@@ -188,7 +190,11 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	trail := audit.New(tlog, nil)
 	var gw *gateway.Gateway
 	if enet != nil {
-		gw = newGateway(ctx, tlog, reg, trail, hosts, lg)
+		fps, err := testFailpoints(drv, lg)
+		if err != nil {
+			return usageError{err}
+		}
+		gw = newGateway(ctx, tlog, reg, trail, hosts, o.egress.journal, fps, lg)
 		defer gw.Close()
 		enet.SetServer(gw)
 	}

@@ -16,6 +16,10 @@ package failpoint
 
 import (
 	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -34,6 +38,8 @@ type Set struct {
 type arm struct {
 	at  int // fire from this hit on (1-based)
 	err error
+	// fn, when set, is called at the at-th hit only (ArmFunc).
+	fn func(subject string) error
 }
 
 // New returns an empty Set.
@@ -58,17 +64,72 @@ func (s *Set) Disarm(name string) {
 }
 
 // Eval counts a hit of point name and returns the armed error when it fires.
-func (s *Set) Eval(name string) error {
+func (s *Set) Eval(name string) error { return s.EvalFor(name, "") }
+
+// EvalFor is Eval naming what the point is evaluated for (a sandbox id),
+// which an ArmFunc hook receives.
+func (s *Set) EvalFor(name, subject string) error {
 	if s == nil {
 		return nil
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.hits[name]++
-	if a, ok := s.armed[name]; ok && s.hits[name] >= a.at {
-		return a.err
+	a, ok := s.armed[name]
+	n := s.hits[name]
+	s.mu.Unlock()
+	switch {
+	case !ok || n < a.at:
+		return nil
+	case a.fn != nil:
+		if n != a.at {
+			return nil
+		}
+		return a.fn(subject)
 	}
-	return nil
+	return a.err
+}
+
+// ArmFunc makes point name call fn at its at-th evaluation, once; what fn
+// returns is what that evaluation returns (nil: the code goes on, e.g.
+// after fn killed something else).
+func (s *Set) ArmFunc(name string, at int, fn func(subject string) error) {
+	if at < 1 {
+		at = 1
+	}
+	s.mu.Lock()
+	s.armed[name] = arm{at: at, fn: fn}
+	s.mu.Unlock()
+}
+
+// Parse arms a new Set from spec, "point=N:action[,point=N:action…]": point
+// calls actions[action] at its N-th evaluation. It is how a test arms the
+// points of a daemon it runs as a separate process.
+func Parse(spec string, actions map[string]func(point, subject string) error) (*Set, error) {
+	s := New()
+	for _, part := range strings.Split(spec, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		name, rest, ok1 := strings.Cut(part, "=")
+		at, action, ok2 := strings.Cut(rest, ":")
+		n, err := strconv.Atoi(at)
+		fn := actions[action]
+		if !ok1 || !ok2 || err != nil || n < 1 || fn == nil || name == "" {
+			return nil, fmt.Errorf("failpoint spec %q: want point=N:action with N ≥ 1 and action one of %s", part, strings.Join(sortedKeys(actions), ", "))
+		}
+		s.ArmFunc(name, n, func(subject string) error { return fn(name, subject) })
+	}
+	return s, nil
+}
+
+func sortedKeys(m map[string]func(point, subject string) error) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // Hits returns how many times point name was evaluated.

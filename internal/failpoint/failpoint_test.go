@@ -23,3 +23,43 @@ func TestArmCountDisarm(t *testing.T) {
 		t.Fatalf("after disarm: %v, hits %d", err, s.Hits("p"))
 	}
 }
+
+func TestArmFuncFiresOnceWithSubject(t *testing.T) {
+	s := New()
+	var got []string
+	s.ArmFunc("p", 2, func(subject string) error { got = append(got, subject); return nil })
+	for _, sub := range []string{"a", "b", "c"} {
+		if err := s.EvalFor("p", sub); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(got) != 1 || got[0] != "b" || s.Hits("p") != 3 {
+		t.Fatalf("fired for %v after %d hits; want once, for b", got, s.Hits("p"))
+	}
+}
+
+func TestParse(t *testing.T) {
+	var fired []string
+	acts := map[string]func(point, subject string) error{
+		"note": func(p, sub string) error { fired = append(fired, p+"/"+sub); return ErrCrash },
+	}
+	s, err := Parse("x=1:note, y=2:note", acts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.EvalFor("x", "s1"); err != ErrCrash {
+		t.Fatalf("x: %v", err)
+	}
+	s.EvalFor("y", "s1")
+	if err := s.EvalFor("y", "s2"); err != ErrCrash {
+		t.Fatalf("y: %v", err)
+	}
+	if len(fired) != 2 || fired[0] != "x/s1" || fired[1] != "y/s2" {
+		t.Fatalf("fired %v", fired)
+	}
+	for _, bad := range []string{"x", "x=0:note", "x=1:nosuch", "=1:note", "x=a:note"} {
+		if _, err := Parse(bad, acts); err == nil {
+			t.Errorf("Parse(%q) accepted", bad)
+		}
+	}
+}

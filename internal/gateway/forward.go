@@ -402,7 +402,7 @@ func (h *handler) upgrade(w http.ResponseWriter, q *request) {
 // crashpoint evaluates a failpoint; when it fires the gateway behaves as a
 // crashed process from then on.
 func (h *handler) crashpoint(name string) {
-	if err := h.g.opts.Failpoints.Eval(name); err != nil {
+	if err := h.g.opts.Failpoints.EvalFor(name, h.sandbox); err != nil {
 		h.g.crashed.Store(true)
 		h.g.log.Warn("failpoint fired", "point", name, "err", err)
 		panic(http.ErrAbortHandler)
