@@ -80,6 +80,12 @@ func freeAddr(t *testing.T) string {
 // startDaemon runs `amber up` and waits until it answers.
 func startDaemon(t *testing.T, bin, dataDir, addr string, extra ...string) *daemon {
 	t.Helper()
+	return startDaemonEnv(t, bin, dataDir, addr, nil, extra...)
+}
+
+// startDaemonEnv is startDaemon with env added to the daemon's environment.
+func startDaemonEnv(t *testing.T, bin, dataDir, addr string, env []string, extra ...string) *daemon {
+	t.Helper()
 	d := &daemon{t: t, bin: bin, dataDir: dataDir, addr: addr, logPath: filepath.Join(dataDir, fmt.Sprintf("up-%d.log", time.Now().UnixNano()))}
 	if err := os.MkdirAll(dataDir, 0o711); err != nil {
 		t.Fatal(err)
@@ -91,6 +97,9 @@ func startDaemon(t *testing.T, bin, dataDir, addr string, extra ...string) *daem
 	defer logf.Close()
 	args := append([]string{"up", "--data-dir", dataDir, "--addr", addr, "--driver", enginetest.DriverName()}, extra...)
 	d.cmd = exec.Command(bin, args...)
+	if env != nil {
+		d.cmd.Env = append(os.Environ(), env...)
+	}
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -43,10 +44,10 @@ func newEffectsCmd(g *globalFlags) *cobra.Command {
 }
 
 func newEgressCmd(g *globalFlags) *cobra.Command {
-	var allow []string
+	var allow, modes []string
 	var inherit bool
 	c := &cobra.Command{
-		Use:   "egress SBX [--allow HOST:PORT …] [--inherit]",
+		Use:   "egress SBX [--allow HOST:PORT …] [--mode HOST:PORT=MODE …] [--inherit]",
 		Short: "Show the sandbox's egress policy, or set it (--allow) or return it to its tenant's (--inherit)",
 		Args:  exactArgs(1, "a sandbox id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -60,8 +61,16 @@ func newEgressCmd(g *globalFlags) *cobra.Command {
 				return usageError{fmt.Errorf("--allow and --inherit exclude each other")}
 			case inherit:
 				eg, err = cl.SetEgress(cmd.Context(), args[0], nil)
-			case cmd.Flags().Changed("allow"):
-				eg, err = cl.SetEgress(cmd.Context(), args[0], &api.EgressPolicy{Allow: allow})
+			case cmd.Flags().Changed("allow") || len(modes) > 0:
+				p := &api.EgressPolicy{Allow: allow}
+				for _, m := range modes {
+					dest, mode, ok := strings.Cut(m, "=")
+					if !ok || dest == "" || mode == "" {
+						return usageError{fmt.Errorf("--mode %q: want HOST:PORT=MODE (idempotent-key, at-most-once or replay-safe)", m)}
+					}
+					p.Modes = append(p.Modes, api.EgressMode{Dest: dest, Mode: mode})
+				}
+				eg, err = cl.SetEgress(cmd.Context(), args[0], p)
 			default:
 				eg, err = cl.Egress(cmd.Context(), args[0])
 			}
@@ -80,6 +89,7 @@ func newEgressCmd(g *globalFlags) *cobra.Command {
 		},
 	}
 	c.Flags().StringSliceVar(&allow, "allow", nil, "set the sandbox's allowlist (HOST:PORT patterns); an empty value allows nothing")
+	c.Flags().StringSliceVar(&modes, "mode", nil, "what a crash-interrupted request to HOST:PORT becomes: idempotent-key, at-most-once or replay-safe (with --allow)")
 	c.Flags().BoolVar(&inherit, "inherit", false, "drop the sandbox's own policy: follow its tenant's")
 	return c
 }

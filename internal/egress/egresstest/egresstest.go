@@ -33,12 +33,13 @@ type Ledger struct {
 	mu       sync.Mutex
 	charges  map[int]int
 	requests int
+	perStep  map[int]int
 	seen     map[string][]byte
 }
 
 // NewLedger starts a ledger, closed when the test ends.
 func NewLedger(t testing.TB, idempotent bool) *Ledger {
-	l := &Ledger{Idempotent: idempotent, charges: map[int]int{}, seen: map[string][]byte{}}
+	l := &Ledger{Idempotent: idempotent, charges: map[int]int{}, perStep: map[int]int{}, seen: map[string][]byte{}}
 	l.Server = httptest.NewServer(http.HandlerFunc(l.serve))
 	t.Cleanup(l.Server.Close)
 	return l
@@ -63,6 +64,7 @@ func (l *Ledger) serve(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "bad charge", http.StatusBadRequest)
 			return
 		}
+		l.perStep[c.Step]++
 		key := r.Header.Get("Idempotency-Key")
 		if l.Idempotent && key != "" {
 			if prev, ok := l.seen[key]; ok {
@@ -91,6 +93,14 @@ func (l *Ledger) Charges() map[int]int {
 		out[k] = v
 	}
 	return out
+}
+
+// StepRequests counts the charge requests received for step (booked or
+// deduplicated).
+func (l *Ledger) StepRequests(step int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.perStep[step]
 }
 
 // Requests counts every request the ledger received.
