@@ -121,6 +121,29 @@ type EffectList struct {
 	NeedsReconciliation int `json:"needs_reconciliation"`
 }
 
+// PutSecretRequest is the body of PUT /v1/secrets/{name}. The value is
+// never returned by the API, put in a sandbox, journaled or logged: a
+// sandbox holds the placeholder amber-secret://NAME, which the gateway
+// replaces in request headers bound for Hosts only.
+type PutSecretRequest struct {
+	Value string `json:"value"`
+	// Hosts are the "host:port" patterns the secret may be sent to.
+	Hosts []string `json:"hosts"`
+}
+
+// Secret describes a secret (never its value).
+type Secret struct {
+	Name        string    `json:"name"`
+	Placeholder string    `json:"placeholder"`
+	Hosts       []string  `json:"hosts"`
+	Updated     time.Time `json:"updated"`
+}
+
+// SecretList is the body of GET /v1/secrets.
+type SecretList struct {
+	Secrets []Secret `json:"secrets"`
+}
+
 // Sandbox describes one sandbox.
 type Sandbox struct {
 	ID              string   `json:"id"`

@@ -92,3 +92,22 @@ func (c *Client) SetTenantQuota(ctx context.Context, tenant string, q api.Tenant
 	var out api.TenantQuota
 	return out, c.do(ctx, "PUT", "/v1/tenants/"+url.PathEscape(tenant)+"/quota", nil, q, &out)
 }
+
+// PutSecret sets tenant's secret name, bound to hosts. The value is sent
+// once and never returned.
+func (c *Client) PutSecret(ctx context.Context, tenant, name string, value []byte, hosts []string) (api.Secret, error) {
+	var out api.Secret
+	return out, c.do(ctx, "PUT", "/v1/tenants/"+url.PathEscape(tenant)+"/secrets/"+url.PathEscape(name), nil,
+		api.PutSecretRequest{Value: string(value), Hosts: hosts}, &out)
+}
+
+// Secrets lists tenant's secrets (names and hosts, never values).
+func (c *Client) Secrets(ctx context.Context, tenant string) ([]api.Secret, error) {
+	var out api.SecretList
+	return out.Secrets, c.do(ctx, "GET", "/v1/tenants/"+url.PathEscape(tenant)+"/secrets", nil, nil, &out)
+}
+
+// DeleteSecret deletes tenant's secret name.
+func (c *Client) DeleteSecret(ctx context.Context, tenant, name string) error {
+	return c.do(ctx, "DELETE", "/v1/tenants/"+url.PathEscape(tenant)+"/secrets/"+url.PathEscape(name), nil, nil, nil)
+}

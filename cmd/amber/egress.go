@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -19,6 +20,7 @@ import (
 	"github.com/amber-run/amber/internal/failpoint"
 	"github.com/amber-run/amber/internal/gateway"
 	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/secretstore"
 )
 
 // egressOptions are `amber up`'s egress flags.
@@ -28,6 +30,31 @@ type egressOptions struct {
 	hosts   []string // NAME=IP, the operator's names
 	// journal off is the tests' negative control (hidden flag).
 	journal bool
+	// caFiles are PEM bundles the gateway trusts upstream besides the
+	// system's (a corporate CA; a test's server).
+	caFiles []string
+}
+
+// upstreamRoots is the system pool plus the --egress-ca-file bundles; nil
+// (the system's) without any.
+func upstreamRoots(files []string) (*x509.CertPool, error) {
+	if len(files) == 0 {
+		return nil, nil
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("--egress-ca-file: %w", err)}
+		}
+		if !pool.AppendCertsFromPEM(b) {
+			return nil, usageError{fmt.Errorf("--egress-ca-file %s: no PEM certificate in it", f)}
+		}
+	}
+	return pool, nil
 }
 
 // parseHosts reads NAME=IP pairs.
@@ -58,7 +85,7 @@ func defaultEgress(allow []string) (meta.EgressPolicy, error) {
 // operator's names, every decision audited (asynchronously: OnDecision
 // must not block a request; a full queue drops records and counts them).
 func newGateway(ctx context.Context, log eventlog.Store, reg *eventlog.Registry, trail *audit.Trail, hosts map[string]netip.Addr,
-	journal bool, fps *failpoint.Set, lg *slog.Logger) *gateway.Gateway {
+	journal bool, fps *failpoint.Set, secrets *secretstore.Store, upstreamRoots *x509.CertPool, lg *slog.Logger) *gateway.Gateway {
 	gateway.RegisterEvents(reg)
 	decisions := make(chan gateway.Decision, 4096)
 	var dropped atomic.Int64
@@ -72,6 +99,10 @@ func newGateway(ctx context.Context, log eventlog.Store, reg *eventlog.Registry,
 			detail := d.Reason
 			if d.Key != "" {
 				detail = strings.TrimSpace(detail + " key=" + d.Key)
+			}
+			if len(d.Secrets) > 0 {
+				// Secret use is audited by name, never by value.
+				detail = strings.TrimSpace(detail + " secrets=" + strings.Join(d.Secrets, ","))
 			}
 			_, err := trail.Append(context.WithoutCancel(ctx), d.Tenant, audit.Record{
 				Time: d.Time, Actor: "sandbox:" + d.Sandbox, Action: "egress." + d.Kind,
@@ -90,10 +121,13 @@ func newGateway(ctx context.Context, log eventlog.Store, reg *eventlog.Registry,
 		lg.Warn("egress journal OFF: requests are forwarded unjournaled and effects may happen twice after a restore (--egress-journal=false is for tests)")
 	}
 	return gateway.New(gateway.Options{
-		Journal:    j,
-		Failpoints: fps,
-		Hosts:      hosts,
-		Logger:     lg.With("component", "gateway"),
+		Journal:       j,
+		Failpoints:    fps,
+		Secrets:       secrets,
+		TLS:           secrets,
+		UpstreamRoots: upstreamRoots,
+		Hosts:         hosts,
+		Logger:        lg.With("component", "gateway"),
 		OnDecision: func(d gateway.Decision) {
 			if d.Tenant == "" {
 				return

@@ -83,6 +83,7 @@ func newRoot() *cobra.Command {
 		newCheckpointCmd(g),
 		newRestoreCmd(g),
 		newTenantCmd(g),
+		newSecretCmd(g),
 		newKeyCmd(g),
 		newAuditCmd(g),
 	)

@@ -25,6 +25,7 @@ import (
 	"github.com/amber-run/amber/internal/gateway"
 	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/metrics"
+	"github.com/amber-run/amber/internal/secretstore"
 	"github.com/amber-run/amber/internal/server"
 	"github.com/amber-run/amber/stores/sqlite"
 )
@@ -67,6 +68,7 @@ reused.`,
 	f.DurationVar(&o.watch, "watch-interval", 5*time.Second, "how often running sandboxes are checked for a dead init")
 	f.BoolVar(&o.egress.enabled, "egress", true, "give sandboxes a way out through the egress gateway (gvisor driver); off: loopback only")
 	f.StringSliceVar(&o.egress.allow, "egress-allow", nil, "destinations (HOST:PORT patterns, *.suffix and * allowed) sandboxes may reach when their tenant set no egress policy (default: none)")
+	f.StringSliceVar(&o.egress.caFiles, "egress-ca-file", nil, "PEM bundle of CAs the gateway trusts upstream besides the system's (repeatable)")
 	f.BoolVar(&o.egress.journal, "egress-journal", true, "journal every outbound request (off only as a test's negative control)")
 	_ = f.MarkHidden("egress-journal")
 	f.StringSliceVar(&o.egress.hosts, "egress-host", nil, "NAME=IP names the gateway resolves itself (local services, tests); reachable by that name even on a private address")
@@ -189,17 +191,31 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	audit.RegisterEvents(reg)
 	trail := audit.New(tlog, nil)
 	var gw *gateway.Gateway
+	var secrets *secretstore.Store
+	var tenantCA func(context.Context, string) ([]byte, error)
 	if enet != nil {
 		fps, err := testFailpoints(drv, lg)
 		if err != nil {
 			return usageError{err}
 		}
-		gw = newGateway(ctx, tlog, reg, trail, hosts, o.egress.journal, fps, lg)
+		roots, err := upstreamRoots(o.egress.caFiles)
+		if err != nil {
+			return err
+		}
+		key, err := ensureMasterKey(dataDir, chunkstore.MasterKeySize)
+		if err != nil {
+			return err
+		}
+		if secrets, err = secretstore.New(m, key); err != nil {
+			return err
+		}
+		gw = newGateway(ctx, tlog, reg, trail, hosts, o.egress.journal, fps, secrets, roots, lg)
+		tenantCA = secrets.CACert
 		defer gw.Close()
 		enet.SetServer(gw)
 	}
 	eng, err := engine.New(engine.Options{
-		Gateway: gw, Network: enet, Egress: defEgress,
+		Gateway: gw, Network: enet, Egress: defEgress, TenantCA: tenantCA,
 		Driver: drv, Meta: m, Log: tlog, Registry: reg, Templates: cat, Observer: mx,
 		Pool: pool, WatchInterval: o.watch, Logger: lg.With("component", "engine"),
 		Checkpoints: ckpts, WorkDir: workDir, KeepCheckpoints: o.keep, IdleTimeout: o.idle, Audit: trail,
@@ -228,7 +244,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	}
 	defer os.Remove(addrFile)
 	srv := &http.Server{
-		Handler:           server.New(server.Options{Engine: eng, Meta: m, Audit: trail, Metrics: mx, Logger: lg.With("component", "api"), Version: version}),
+		Handler:           server.New(server.Options{Engine: eng, Meta: m, Audit: trail, Secrets: secrets, Metrics: mx, Logger: lg.With("component", "api"), Version: version}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	lg.Info("amber is up", "addr", "http://"+ln.Addr().String(), "driver", drv.Name(), "data_dir", dataDir,

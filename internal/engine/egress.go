@@ -246,3 +246,51 @@ func (e *Engine) Effects(ctx context.Context, tenant, id string) ([]Effect, erro
 	}
 	return out, nil
 }
+
+// Where a sandbox's trust store gets its tenant's egress CA: Debian's
+// bundle (OpenSSL, curl, Python, Go read it) and the directory
+// update-ca-certificates rebuilds the bundle from, so a rebuild keeps it.
+const (
+	caBundle = "/etc/ssl/certs/ca-certificates.crt"
+	caFile   = "/usr/local/share/ca-certificates/amber-egress.crt"
+)
+
+// installCA adds sb's tenant's egress CA to its trust store, so TLS to
+// the gateway verifies (the gateway terminates it with leaves this CA
+// signs). A template without a bundle gets one holding just this CA.
+func (e *Engine) installCA(ctx context.Context, sb meta.Sandbox) error {
+	if e.gw == nil || e.tenantCA == nil || sb.Tenant == "" {
+		return nil
+	}
+	cert, err := e.tenantCA(ctx, sb.Tenant)
+	if err != nil {
+		return fmt.Errorf("egress CA of tenant %s: %w", sb.Tenant, err)
+	}
+	fs, err := e.drv.Files(ctx, sb.ID)
+	if err != nil {
+		return err
+	}
+	var bundle bytes.Buffer
+	if err := fs.ReadFile(ctx, caBundle, &bundle); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("sandbox %s: read %s: %w", sb.ID, caBundle, err)
+	}
+	if bytes.Contains(bundle.Bytes(), cert) {
+		return nil
+	}
+	if n := bundle.Len(); n > 0 && bundle.Bytes()[n-1] != '\n' {
+		bundle.WriteByte('\n')
+	}
+	bundle.Write(cert)
+	for _, d := range []string{"/etc/ssl/certs", "/usr/local/share/ca-certificates"} {
+		if err := fs.Mkdir(ctx, d, 0o755); err != nil { // like mkdir -p
+			return fmt.Errorf("sandbox %s: mkdir %s: %w", sb.ID, d, err)
+		}
+	}
+	if err := fs.WriteFile(ctx, caFile, bytes.NewReader(cert), 0o644); err != nil {
+		return fmt.Errorf("sandbox %s: %s: %w", sb.ID, caFile, err)
+	}
+	if err := fs.WriteFile(ctx, caBundle, &bundle, 0o644); err != nil {
+		return fmt.Errorf("sandbox %s: %s: %w", sb.ID, caBundle, err)
+	}
+	return nil
+}

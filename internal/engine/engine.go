@@ -93,6 +93,10 @@ type Options struct {
 	Gateway *gateway.Gateway
 	Network *egress.Network
 	Egress  meta.EgressPolicy
+	// TenantCA returns the certificate (PEM) of the CA the gateway signs a
+	// tenant's TLS with; it is added to the trust store of the tenant's
+	// sandboxes when they are created. Nil: no TLS termination.
+	TenantCA func(ctx context.Context, tenant string) ([]byte, error)
 }
 
 // Engine is the sandbox manager. It is safe for concurrent use.
@@ -126,6 +130,7 @@ type Engine struct {
 	gw           *gateway.Gateway
 	net          *egress.Network
 	defEgress    meta.EgressPolicy
+	tenantCA     func(ctx context.Context, tenant string) ([]byte, error)
 	idle         time.Duration
 	activity     sync.Map        // sandbox id → time.Time of the last call into it
 	quotaLocks   sync.Map        // tenant → *sync.Mutex (quota.go)
@@ -176,7 +181,7 @@ func New(o Options) (*Engine, error) {
 		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval,
 		ckpts: o.Checkpoints, workDir: o.WorkDir, node: "node/" + o.Node, leaseTTL: o.LeaseTTL,
 		leases: map[string]eventlog.Lease{}, fastEvery: o.FastEvery, fastInterval: o.FastInterval, keep: o.KeepCheckpoints, idle: o.IdleTimeout, audit: o.Audit, obs: o.Observer,
-		gw: o.Gateway, net: o.Network, defEgress: o.Egress}
+		gw: o.Gateway, net: o.Network, defEgress: o.Egress, tenantCA: o.TenantCA}
 	for name := range o.Pool {
 		if _, err := o.Templates.Get(name); err != nil {
 			return nil, fmt.Errorf("warm pool: %w", err)
@@ -348,6 +353,9 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (meta.Sandbox, err
 		if sb, err = e.coldCreate(ctx, t, r.Tenant, limits, r.Env, false, r.Policy); err != nil {
 			return sb, err
 		}
+	}
+	if err := e.installCA(ctx, sb); err != nil {
+		return sb, err
 	}
 	if r.Egress != nil {
 		// Before the caller gets the sandbox, so nothing it runs sees the

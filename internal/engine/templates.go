@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
@@ -70,6 +71,9 @@ func LoadCatalog(dir string) (*Catalog, error) {
 		return nil, fmt.Errorf("read templates in %s: %w", dir, err)
 	}
 	sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
+	// Two builds of one template (its inputs changed, e.g. a package was
+	// added): the one published last wins.
+	published := map[string]time.Time{}
 	for _, e := range ents {
 		name, _, ok := strings.Cut(e.Name(), "-")
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") || !ok || name == "" {
@@ -79,11 +83,19 @@ func LoadCatalog(dir string) (*Catalog, error) {
 		if st, err := os.Stat(filepath.Join(tdir, "rootfs")); err != nil || !st.IsDir() {
 			continue
 		}
+		st, err := os.Stat(tdir)
+		if err != nil {
+			continue
+		}
+		if prev, ok := published[name]; ok && st.ModTime().Before(prev) {
+			continue
+		}
 		t, err := loadTemplate(name, tdir)
 		if err != nil {
 			return nil, err
 		}
 		c.templates[name] = t
+		published[name] = st.ModTime()
 	}
 	return c, nil
 }

@@ -116,6 +116,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, q, http.StatusForbidden, "denied", "deny", err.Error())
 		return
 	}
+	q.d.Secrets = q.sub.names
 	removeHopByHop(q.out)
 
 	if r.Header.Get("Upgrade") != "" {

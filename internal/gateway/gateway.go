@@ -124,6 +124,8 @@ type Decision struct {
 	Key    string // journal key id, when journaled
 	// BytesIn (upstream → sandbox) and BytesOut, for streams.
 	BytesIn, BytesOut int64
+	// Secrets names the secrets substituted into the request (names only).
+	Secrets []string
 }
 
 // Gateway is the egress gateway of one node. Safe for concurrent use.

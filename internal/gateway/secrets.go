@@ -69,10 +69,19 @@ func NewMemorySecrets(key []byte) (*MemorySecrets, error) {
 
 func secretID(tenant, name string) string { return tenant + "\x00" + name }
 
+// CheckSecretName says whether name can be a secret's name (what a
+// placeholder can carry: letters, digits, '_', '.', '-').
+func CheckSecretName(name string) error {
+	if len(name) > 128 || !placeholderRE.MatchString(Placeholder(name)) || placeholderRE.FindStringSubmatch(Placeholder(name))[1] != name {
+		return errdefs.InvalidArgumentf("secret name %q: use up to 128 letters, digits, '_', '.', '-'", name)
+	}
+	return nil
+}
+
 // Put stores tenant's secret name, bound to hosts.
 func (s *MemorySecrets) Put(tenant, name string, value []byte, hosts ...string) error {
-	if !placeholderRE.MatchString(Placeholder(name)) || placeholderRE.FindStringSubmatch(Placeholder(name))[1] != name {
-		return errdefs.InvalidArgumentf("secret name %q: use letters, digits, '_', '.', '-'", name)
+	if err := CheckSecretName(name); err != nil {
+		return err
 	}
 	nonce := make([]byte, s.aead.NonceSize())
 	if _, err := rand.Read(nonce); err != nil {

@@ -124,7 +124,7 @@ CREATE TABLE IF NOT EXISTS exposures (
 	created_ns INTEGER NOT NULL,
 	PRIMARY KEY (sandbox_id, port)
 ) STRICT;
-` + checkpointSchema + tenantsSchema + tenantPolicySchema + idempotencySchema + quotaSchema + sandboxEgressSchema
+` + checkpointSchema + tenantsSchema + tenantPolicySchema + idempotencySchema + quotaSchema + sandboxEgressSchema + secretsSchema
 
 // apiKeysSchema is the api_keys table since schema version 3. Times are
 // Unix nanoseconds; 0 in expires_ns or revoked_ns means never. scopes is

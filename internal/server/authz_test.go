@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/amber-run/amber/internal/secretstore"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -119,7 +120,11 @@ func TestAuthorizationTable(t *testing.T) {
 	if err := env.Meta.PutKey(ctx, meta.APIKey{Tenant: meta.DefaultTenant, Name: meta.OperatorKeyName, Hash: meta.HashKey(opKey), Scopes: meta.AllScopes}); err != nil {
 		t.Fatal(err)
 	}
-	srv := server.New(server.Options{Engine: env.Engine, Meta: env.Meta, Clock: fc, Logger: enginetest.Logger(t), Version: "test"})
+	secrets, err := secretstore.New(env.Meta, bytes.Repeat([]byte{1}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := server.New(server.Options{Engine: env.Engine, Meta: env.Meta, Clock: fc, Logger: enginetest.Logger(t), Version: "test", Secrets: secrets})
 	ts := httptest.NewServer(srv)
 	t.Cleanup(ts.Close)
 	op, _ := client.New(ts.URL, opKey)
@@ -161,6 +166,9 @@ func TestAuthorizationTable(t *testing.T) {
 	if _, err := a.ExposePort(ctx, sb.ID, 8080); err != nil && !errors.Is(err, errdefs.ErrNotImplemented) {
 		t.Fatal(err)
 	}
+	if err := secrets.Put(ctx, "acme", "reader", []byte("acme-secret-value-1"), []string{"api.example.com:443"}); err != nil {
+		t.Fatal(err)
+	}
 	ck, err := a.Checkpoint(ctx, sb.ID, api.CreateCheckpointRequest{Tag: "authz"}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +182,7 @@ func TestAuthorizationTable(t *testing.T) {
 			"{tenant}", "acme", "{name}", "reader").Replace(rt.Path)
 	}
 	// What tenant globex must never see in an answer.
-	secrets := []string{sb.ID, ck.ID, `"acme"`}
+	unseen := []string{sb.ID, ck.ID, `"acme"`, "acme-secret-value-1"}
 
 	routes := srv.Routes()
 	if len(routes) < 30 {
@@ -233,7 +241,7 @@ func TestAuthorizationTable(t *testing.T) {
 			}
 		case rt.Method == "GET":
 			got := send(t, ts.URL, keyB, rt, path, 10*time.Second)
-			for _, s := range secrets {
+			for _, s := range unseen {
 				if strings.Contains(got.body, s) {
 					t.Errorf("%s with tenant globex's key shows acme's %s: %s", name, s, got.body)
 				}

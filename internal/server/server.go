@@ -9,6 +9,7 @@
 package server
 
 import (
+	"github.com/amber-run/amber/internal/secretstore"
 	"log/slog"
 	"net/http"
 
@@ -36,10 +37,14 @@ type Options struct {
 	// Metrics, when set, counts and times requests and is served at
 	// /metrics (the operator's key).
 	Metrics *metrics.Metrics
+	// Secrets, when set, stores tenants' secrets (the /v1/secrets routes
+	// answer 412 without one).
+	Secrets *secretstore.Store
 }
 
 // Server serves the API. It is an http.Handler.
 type Server struct {
+	secrets *secretstore.Store
 	rates   rateLimits
 	audit   *audit.Trail
 	metrics *metrics.Metrics
@@ -120,6 +125,9 @@ func (s *Server) routes() []Route {
 		{Method: "GET", Path: "/v1/sandboxes/{id}/egress", Scope: read, h: s.getEgress},
 		{Method: "PUT", Path: "/v1/sandboxes/{id}/egress", Scope: write, h: s.putEgress},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/effects", Scope: read, h: s.listEffects},
+		{Method: "PUT", Path: "/v1/tenants/{tenant}/secrets/{name}", Scope: write, h: s.putSecret},
+		{Method: "GET", Path: "/v1/tenants/{tenant}/secrets", Scope: read, h: s.listSecrets},
+		{Method: "DELETE", Path: "/v1/tenants/{tenant}/secrets/{name}", Scope: write, h: s.deleteSecret},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/checkpoints", Scope: write, Idempotent: true, h: s.createCheckpoint},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/checkpoints", Scope: read, h: s.listCheckpoints},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/recover", Scope: write, Idempotent: true, h: s.recoverSandbox},
@@ -148,7 +156,7 @@ func New(o Options) *Server {
 	if o.Clock == nil {
 		o.Clock = clock.Real{}
 	}
-	s := &Server{eng: o.Engine, meta: o.Meta, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL, audit: o.Audit, metrics: o.Metrics}
+	s := &Server{eng: o.Engine, meta: o.Meta, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL, audit: o.Audit, metrics: o.Metrics, secrets: o.Secrets}
 	for _, rt := range s.routes() {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the "python" sandbox template: a Debian 12 (bookworm) minbase root
-# filesystem with python3, sqlite3 and CA certificates, made by debootstrap.
+# filesystem with python3, sqlite3, curl and CA certificates, made by debootstrap.
 #
 # Output: $AMBER_CACHE/templates/python-bookworm-<key>/rootfs
 #         $AMBER_CACHE/templates/python-bookworm-<key>/packages.txt
@@ -14,7 +14,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 SUITE=bookworm
 VARIANT=minbase
-INCLUDE=python3,python3-minimal,ca-certificates,sqlite3
+INCLUDE=python3,python3-minimal,ca-certificates,sqlite3,curl
 TEMPLATE_REV=1 # bump when the post-processing below changes
 
 KEY=$(printf 'suite=%s\nvariant=%s\ninclude=%s\nrev=%s\n' "$SUITE" "$VARIANT" "$INCLUDE" "$TEMPLATE_REV" \

@@ -46,7 +46,9 @@ func NewLedger(t testing.TB, idempotent bool) *Ledger {
 }
 
 // Addr is the ledger's address.
-func (l *Ledger) Addr() netip.AddrPort { return netip.MustParseAddrPort(l.Server.Listener.Addr().String()) }
+func (l *Ledger) Addr() netip.AddrPort {
+	return netip.MustParseAddrPort(l.Server.Listener.Addr().String())
+}
 
 func (l *Ledger) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
