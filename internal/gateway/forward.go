@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
@@ -322,10 +323,18 @@ func (h *handler) forward(w http.ResponseWriter, q *request, wr *Writer, attempt
 		case int64(len(buf)) > limit:
 			// Recorded as its announced size (-1 when chunked) only.
 			out.BodyTruncated, out.BodySize = true, resp.ContentLength
-			rest = io.MultiReader(bytes.NewReader(q.sub.redact(buf)), resp.Body)
+			red := q.sub.redact(buf)
+			if len(red) != len(buf) && out.Headers != nil {
+				out.Headers.Del("Content-Length") // no longer true
+			}
+			rest = io.MultiReader(bytes.NewReader(red), resp.Body)
 		default:
 			out.Body = q.sub.redact(buf)
 			out.BodySize = int64(len(out.Body))
+			if len(out.Body) != len(buf) && out.Headers != nil {
+				// Redaction changed the length the upstream announced.
+				out.Headers.Set("Content-Length", strconv.Itoa(len(out.Body)))
+			}
 			s := sha256.Sum256(out.Body)
 			out.BodySHA256 = hex.EncodeToString(s[:])
 		}
