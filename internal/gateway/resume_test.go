@@ -2,6 +2,9 @@ package gateway_test
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -102,5 +105,40 @@ func TestHoldAtCut(t *testing.T) {
 	}
 	if len(intents) != 1 || intents[0].Run != "ck-2" {
 		t.Fatalf("intents %+v, want one in run ck-2", intents)
+	}
+}
+
+// TestOperatorHostsTrustedByNameOnly: a name the operator mapped to a
+// loopback service is reachable by that name; the same address dialled by
+// a sandbox directly is refused even when the sandbox's allowlist names it.
+func TestOperatorHostsTrustedByNameOnly(t *testing.T) {
+	ctx := context.Background()
+	l := newLedger(t, false)
+	st := openStore(t, storePath(t))
+	const sb = "sbx-hosts"
+	pol := gateway.Policy{Allow: []string{"shop.test:*", l.addr().String()}} // no AllowNets
+	gw := gateway.New(gateway.Options{Journal: gateway.NewJournal(st), Hosts: map[string]netip.Addr{"shop.test": l.addr().Addr()}})
+	if err := gw.StartRun(ctx, gateway.Run{Tenant: "t1", Sandbox: sb, ID: "r", Epoch: acquire(t, st, sb, "n"), Policy: pol}); err != nil {
+		t.Fatal(err)
+	}
+	f := newFront(t, gw, l.addr(), sb)
+	get := func(host string) int {
+		req, _ := http.NewRequest("GET", "http://"+l.addr().String()+"/ping", nil)
+		req.Host = host
+		resp, err := f.client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := get(fmt.Sprintf("shop.test:%d", l.addr().Port())); code != 200 {
+		t.Fatalf("by the operator's name: %d, want 200", code)
+	}
+	if code := get(l.addr().String()); code != http.StatusForbidden {
+		t.Fatalf("the loopback address itself: %d, want 403", code)
+	}
+	if _, _, total := l.snapshot(); total != 1 {
+		t.Fatalf("the service received %d requests, want 1", total)
 	}
 }
