@@ -42,6 +42,9 @@ type attachment struct {
 	uc     *net.UDPConn
 	names  *names
 	wg     sync.WaitGroup
+
+	connsMu sync.Mutex
+	conns   map[*net.TCPConn]struct{} // accepted, being served
 }
 
 // New returns a Network pinning gateway namespaces under dir and serving
@@ -98,7 +101,7 @@ func (n *Network) Listen(id string) error {
 	if err != nil {
 		return err
 	}
-	a := &attachment{server: n.server, tl: tl, uc: uc, names: newNames(id, n.server)}
+	a := &attachment{server: n.server, tl: tl, uc: uc, names: newNames(id, n.server), conns: map[*net.TCPConn]struct{}{}}
 	n.sbs[id] = a
 	a.wg.Add(2)
 	go func() { defer a.wg.Done(); serveDNS(n.ctx, uc, a.names, n.log) }()
@@ -116,7 +119,15 @@ func (n *Network) accept(id string, a *attachment) {
 			}
 			return
 		}
+		a.connsMu.Lock()
+		a.conns[c] = struct{}{}
+		a.connsMu.Unlock()
 		go func() {
+			defer func() {
+				a.connsMu.Lock()
+				delete(a.conns, c)
+				a.connsMu.Unlock()
+			}()
 			dst, err := OriginalDst(c)
 			if err != nil {
 				n.log.Warn("egress: connection without an original destination; closed", "sandbox", id, "err", err)
@@ -147,6 +158,30 @@ func (n *Network) stop(id string) {
 	a.tl.Close()
 	a.uc.Close()
 	a.wg.Wait()
+}
+
+// ResetConnections resets every connection of sandbox id: the sandbox's end
+// gets a reset (if it is there to get one) and the gateway closes the
+// upstream end, so the outside sees the connection close. The engine calls
+// it when the sandbox's side of its connections is gone for good (killed,
+// crashed, or about to be restored from a cut other than the one it was
+// stopped at); a restored TCP endpoint that talks to a reset connection
+// gets a reset from the kernel, never a hang. A planned
+// checkpoint-and-stop and restore of that same cut keeps them.
+func (n *Network) ResetConnections(id string) int {
+	n.mu.Lock()
+	a := n.sbs[id]
+	n.mu.Unlock()
+	if a == nil {
+		return 0
+	}
+	a.connsMu.Lock()
+	defer a.connsMu.Unlock()
+	for c := range a.conns {
+		c.SetLinger(0) // RST, not FIN: the sandbox's state is gone
+		c.Close()
+	}
+	return len(a.conns)
 }
 
 // Unplumb stops serving sandbox id and removes its gateway namespace (and

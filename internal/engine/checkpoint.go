@@ -276,7 +276,7 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 		return ck, err // committed in storage and log; the next start settles the row
 	}
 	if r.Stop {
-		reason := "checkpointed and stopped"
+		reason := stoppedAtCutReason
 		if r.stopReason != "" {
 			reason = r.stopReason
 		}
@@ -294,6 +294,10 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 		"image_bytes", res.Size, "stored_bytes", res.StoredBytes, "new_chunks", res.NewChunks, "chunks", res.Chunks)
 	return ck, nil
 }
+
+// stoppedAtCutReason is the reason of a sandbox stopped by its own
+// checkpoint (checkpoint --stop).
+const stoppedAtCutReason = "checkpointed and stopped"
 
 // holdLease renews this engine's lease on sandbox id's stream, or takes one
 // if it holds none. It fails with errdefs.ErrFenced when another holder
@@ -509,6 +513,7 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 
 	var sb meta.Sandbox
 	replaced := false
+	keepConns := false // see restoreKeepsConnections
 	if target == "" {
 		release, err := e.reserveSandbox(ctx, ck.Tenant, src.Limits)
 		if err != nil {
@@ -543,6 +548,7 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 		if _, err := e.holdLease(ctx, sb.ID); err != nil {
 			return sb, err
 		}
+		keepConns = e.restoreKeepsConnections(ctx, sb, ck)
 		if sb.State == meta.StateRunning {
 			replaced = true
 			if err := e.killAndWait(ctx, sb.ID); err != nil {
@@ -555,6 +561,11 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 	}
 	lg := e.lg.With("sandbox", sb.ID, "checkpoint", ck.ID)
 	report(progress, Progress{Phase: "restore"})
+	// Connections through the gateway whose sandbox end will not come
+	// back as it was are reset first (see restoreKeepsConnections).
+	if !keepConns {
+		e.resetEgress(sb.ID, "restore from "+ck.ID)
+	}
 	// The re-run's requests are numbered from the cut restored from; the
 	// run starts before the sandbox does.
 	if err := e.startRun(ctx, sb, ck.ID, false); err != nil {

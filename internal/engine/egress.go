@@ -294,3 +294,26 @@ func (e *Engine) installCA(ctx context.Context, sb meta.Sandbox) error {
 	}
 	return nil
 }
+
+// resetEgress resets sandbox id's connections through the gateway: its side
+// of them is gone for good (see egress.Network.ResetConnections).
+func (e *Engine) resetEgress(id, why string) {
+	if e.net == nil {
+		return
+	}
+	if n := e.net.ResetConnections(id); n > 0 {
+		e.lg.Info("egress connections reset", "sandbox", id, "connections", n, "why", why)
+	}
+}
+
+// restoreKeepsConnections says whether restoring sb from ck continues
+// exactly where sb stopped — it was stopped by taking ck (checkpoint
+// --stop, or idle) and ck is its newest cut — so that its connections
+// through the gateway, whose other ends never moved, carry on.
+func (e *Engine) restoreKeepsConnections(ctx context.Context, sb meta.Sandbox, ck meta.Checkpoint) bool {
+	if sb.State != meta.StateStopped || ck.SandboxID != sb.ID || (sb.Reason != stoppedAtCutReason && sb.Reason != idleReason) {
+		return false
+	}
+	latest, err := e.latestCheckpoint(ctx, sb.ID)
+	return err == nil && latest.ID == ck.ID
+}

@@ -471,6 +471,7 @@ func (e *Engine) Kill(ctx context.Context, tenant, id string) (meta.Sandbox, err
 		return sb, fmt.Errorf("kill %s: %w", id, err)
 	}
 	const reason = "killed on request"
+	e.resetEgress(id, reason)
 	if sb, err = e.meta.SetState(ctx, id, meta.StateStopped, reason, meta.StateRunning); err != nil {
 		return sb, err
 	}
