@@ -92,7 +92,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, c *call) error {
 	if streamed {
 		// Read stdin while writing output (HTTP/1.1 full duplex).
 		if err := rc.EnableFullDuplex(); err != nil {
-			c.lg.Debug("full duplex unavailable", "err", err)
+			c.lg.DebugContext(r.Context(), "full duplex unavailable", "err", err)
 		}
 	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
@@ -108,9 +108,9 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, c *call) error {
 	})
 	if err != nil {
 		eb := errBody(err)
-		c.lg.Warn("exec failed", "err", err)
+		c.lg.WarnContext(r.Context(), "exec failed", "err", err)
 		return fw.write(api.ExecFrame{Error: &eb})
 	}
-	c.lg.Info("exec done", "args0", req.Args[0], "code", st.Code, "took", time.Since(start).Round(time.Millisecond))
+	c.lg.InfoContext(r.Context(), "exec done", "args0", req.Args[0], "code", st.Code, "took", time.Since(start).Round(time.Millisecond))
 	return fw.write(api.ExecFrame{Exit: &api.ExitStatus{Code: st.Code, Signal: st.Signal, TimedOut: st.TimedOut}})
 }

@@ -118,7 +118,7 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, c *call, h h
 		w.Header().Set("Content-Length", strconv.Itoa(len(prev.Body)))
 		w.WriteHeader(prev.Status)
 		_, err := w.Write(prev.Body)
-		c.lg.Info("idempotent replay", "key", key, "status", prev.Status)
+		c.lg.InfoContext(r.Context(), "idempotent replay", "idempotency_key", key, "status", prev.Status)
 		return err
 	}
 	rec := &recorder{ResponseWriter: w}
@@ -129,7 +129,7 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, c *call, h h
 		err = s.meta.AbandonIdempotent(r.Context(), c.tenant, key)
 	}
 	if err != nil {
-		c.lg.Error("record idempotency key", "key", key, "err", err)
+		c.lg.ErrorContext(r.Context(), "record idempotency key", "idempotency_key", key, "err", err)
 	}
 	return herr
 }

@@ -12,11 +12,14 @@ import (
 	"log/slog"
 	"net/http"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/metrics"
+	"github.com/amber-run/amber/internal/tracing"
 )
 
 // Options configure New.
@@ -36,6 +39,9 @@ type Options struct {
 	// Metrics, when set, counts and times requests and is served at
 	// /metrics (the operator's key).
 	Metrics *metrics.Metrics
+	// Tracer makes a span per request (middleware.go) that the engine's
+	// spans are children of; nil: no spans.
+	Tracer trace.TracerProvider
 }
 
 // Server serves the API. It is an http.Handler.
@@ -43,6 +49,7 @@ type Server struct {
 	rates   rateLimits
 	audit   *audit.Trail
 	metrics *metrics.Metrics
+	tracer  trace.Tracer
 	eng     *engine.Engine
 	meta    *meta.Store
 	clock   clock.Clock
@@ -145,7 +152,8 @@ func New(o Options) *Server {
 	if o.Clock == nil {
 		o.Clock = clock.Real{}
 	}
-	s := &Server{eng: o.Engine, meta: o.Meta, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL, audit: o.Audit, metrics: o.Metrics}
+	s := &Server{eng: o.Engine, meta: o.Meta, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL, audit: o.Audit, metrics: o.Metrics,
+		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeServer)}
 	for _, rt := range s.routes() {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}

@@ -61,7 +61,7 @@ func (s *Server) createTenant(w http.ResponseWriter, r *http.Request, c *call) e
 	if err != nil {
 		return err
 	}
-	c.lg.Info("tenant created", "new_tenant", t.ID)
+	c.lg.InfoContext(r.Context(), "tenant created", "new_tenant", t.ID)
 	return writeJSON(w, http.StatusCreated, toAPITenant(t))
 }
 
@@ -116,7 +116,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, c *call) erro
 	if err != nil {
 		return err
 	}
-	c.lg.Info("api key created", "for_tenant", tenant, "name", k.Name, "scopes", scopeList(k.Scopes))
+	c.lg.InfoContext(r.Context(), "api key created", "for_tenant", tenant, "name", k.Name, "scopes", scopeList(k.Scopes))
 	out := toAPIKey(k)
 	out.Key = secret
 	return writeJSON(w, http.StatusCreated, out)
@@ -152,7 +152,7 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, c *call) erro
 	if err != nil {
 		return err
 	}
-	c.lg.Info("api key revoked", "for_tenant", tenant, "name", k.Name)
+	c.lg.InfoContext(r.Context(), "api key revoked", "for_tenant", tenant, "name", k.Name)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
@@ -192,7 +192,7 @@ func (s *Server) putTenantPolicy(w http.ResponseWriter, r *http.Request, c *call
 	if err := s.eng.SetTenantPolicy(r.Context(), tenant, p); err != nil {
 		return err
 	}
-	c.lg.Info("tenant policy set", "for_tenant", tenant, "policy", p)
+	c.lg.InfoContext(r.Context(), "tenant policy set", "for_tenant", tenant, "policy", p)
 	cur, err := s.eng.TenantPolicy(r.Context(), tenant)
 	if err != nil {
 		return err
