@@ -5,7 +5,8 @@
 // requests into engine calls, maps error kinds to
 // HTTP status codes (errdefs.HTTPStatus) and writes every error as
 // {"error":{"kind":…,"message":…}}. The routes are listed once, in routes(),
-// and the OpenAPI document in api/openapi.json is tested to describe each.
+// and the OpenAPI document in api/openapi.json is checked against them and
+// against real responses with kin-openapi (openapi_test.go).
 package server
 
 import (
