@@ -120,6 +120,15 @@ func TestE2ETracesAndJSONLogs(t *testing.T) {
 		t.Fatalf("checkpoint --json: %q %v", out, err)
 	}
 	d.must("sandbox", "rm", id)
+
+	// The daemon bounds request headers (server.MaxHeaderBytes): 431.
+	req, _ := http.NewRequest("GET", "http://"+d.addr+"/healthz", nil)
+	req.Header.Set("X-Big", strings.Repeat("h", 100<<10))
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("100 KiB header: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
 	// A clean stop flushes the batched spans.
 	d.stop(syscall.SIGTERM)
 

@@ -231,6 +231,8 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	srv := &http.Server{
 		Handler:           server.New(server.Options{Engine: eng, Meta: m, Audit: trail, Metrics: mx, Tracer: tp, Logger: lg.With("component", "api"), Version: version}),
 		ReadHeaderTimeout: 10 * time.Second,
+		// Larger headers get net/http's 431 before any handler runs.
+		MaxHeaderBytes: server.MaxHeaderBytes,
 	}
 	lg.Info("amber is up", "addr", "http://"+ln.Addr().String(), "driver", drv.Name(), "data_dir", dataDir,
 		"templates", strings.Join(cat.Names(), ","), "admin_key", keyPath)

@@ -77,8 +77,8 @@ func operation(w http.ResponseWriter, r *http.Request, ok int, run func(progress
 }
 
 func (s *Server) createCheckpoint(w http.ResponseWriter, r *http.Request, c *call) error {
-	var req api.CreateCheckpointRequest
-	if err := readOptionalJSON(r, &req); err != nil {
+	req, err := s.decodeCheckpoint(r)
+	if err != nil {
 		return err
 	}
 	id := r.PathValue("id")

@@ -87,12 +87,10 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, c *call, h h
 	if err := meta.ValidIdempotencyKey(key); err != nil {
 		return err
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxJSONBody+1))
+	// The body is bounded by the middleware (Limits.MaxBodyBytes).
+	body, err := io.ReadAll(r.Body)
 	if err != nil {
-		return errdefs.InvalidArgumentf("request body: %v", err)
-	}
-	if len(body) > maxJSONBody {
-		return errdefs.InvalidArgumentf("request body is larger than %d bytes", maxJSONBody)
+		return bodyError(err)
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	sum := sha256.New()

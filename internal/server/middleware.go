@@ -136,6 +136,9 @@ func (s *Server) wrap(rt Route) http.Handler {
 				return
 			}
 		}
+		if !rt.Upload {
+			s.limitBody(sw, r)
+		}
 		h := rt.h
 		if rt.Idempotent {
 			h = func(w http.ResponseWriter, r *http.Request, c *call) error { return s.idempotent(w, r, c, rt.h) }

@@ -24,8 +24,8 @@ func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request, c *call) 
 }
 
 func (s *Server) startProcess(w http.ResponseWriter, r *http.Request, c *call) error {
-	var req api.StartProcessRequest
-	if err := readJSON(r, &req); err != nil {
+	req, err := s.decodeStartProcess(r)
+	if err != nil {
 		return err
 	}
 	pid, err := s.eng.StartProcess(r.Context(), c.tenant, r.PathValue("id"), sandbox.ExecSpec{Args: req.Args, Env: req.Env, Cwd: req.Cwd})

@@ -69,8 +69,8 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, c *call) 
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
-	var req api.CreateSandboxRequest
-	if err := readJSON(r, &req); err != nil {
+	req, err := s.decodeCreateSandbox(r)
+	if err != nil {
 		return err
 	}
 	sb, err := s.eng.Create(r.Context(), engine.CreateRequest{

@@ -40,6 +40,8 @@ type Options struct {
 	// Metrics, when set, counts and times requests and is served at
 	// /metrics (the operator's key).
 	Metrics *metrics.Metrics
+	// Limits bound requests (limits.go); zero fields take DefaultLimits.
+	Limits Limits
 	// Tracer makes a span per request (middleware.go) that the engine's
 	// spans are children of; nil: no spans.
 	Tracer trace.TracerProvider
@@ -51,6 +53,8 @@ type Server struct {
 	audit   *audit.Trail
 	metrics *metrics.Metrics
 	tracer  trace.Tracer
+	limits  Limits
+	execs   execSlots
 	eng     *engine.Engine
 	meta    *meta.Store
 	clock   clock.Clock
@@ -82,7 +86,11 @@ type Route struct {
 	// Idempotent routes (creating calls) honour an Idempotency-Key header
 	// (idempotency.go).
 	Idempotent bool
-	h          handler
+	// Upload routes stream their body (file contents, a tar, exec stdin)
+	// and bound it themselves; on the others the middleware bounds it to
+	// Limits.MaxBodyBytes.
+	Upload bool
+	h      handler
 }
 
 // Public is the Scope of the routes that need no API key.
@@ -110,17 +118,17 @@ func (s *Server) routes() []Route {
 		{Method: "GET", Path: "/v1/sandboxes/{id}", Scope: read, h: s.getSandbox},
 		{Method: "DELETE", Path: "/v1/sandboxes/{id}", Scope: write, h: s.deleteSandbox},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/kill", Scope: write, h: s.killSandbox},
-		{Method: "POST", Path: "/v1/sandboxes/{id}/exec", Scope: write, h: s.exec},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/exec", Scope: write, Upload: true, h: s.exec},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/processes", Scope: read, h: s.listProcesses},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/processes", Scope: write, Idempotent: true, h: s.startProcess},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}/signal", Scope: write, h: s.signalProcess},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}/wait", Scope: read, h: s.waitProcess},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/files", Scope: read, h: s.getFile},
-		{Method: "PUT", Path: "/v1/sandboxes/{id}/files", Scope: write, h: s.putFile},
+		{Method: "PUT", Path: "/v1/sandboxes/{id}/files", Scope: write, Upload: true, h: s.putFile},
 		{Method: "DELETE", Path: "/v1/sandboxes/{id}/files", Scope: write, h: s.deleteFile},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/files/mkdir", Scope: write, h: s.mkdir},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/files/tar", Scope: read, h: s.getTar},
-		{Method: "PUT", Path: "/v1/sandboxes/{id}/files/tar", Scope: write, h: s.putTar},
+		{Method: "PUT", Path: "/v1/sandboxes/{id}/files/tar", Scope: write, Upload: true, h: s.putTar},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/events", Scope: read, h: s.events},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/ports", Scope: write, h: s.exposePort},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/ports", Scope: read, h: s.listPorts},
@@ -154,7 +162,7 @@ func New(o Options) *Server {
 		o.Clock = clock.Real{}
 	}
 	s := &Server{eng: o.Engine, meta: o.Meta, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL, audit: o.Audit, metrics: o.Metrics,
-		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeServer)}
+		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeServer), limits: o.Limits.withDefaults()}
 	for _, rt := range s.routes() {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}

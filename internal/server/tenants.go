@@ -53,8 +53,8 @@ func (s *Server) createTenant(w http.ResponseWriter, r *http.Request, c *call) e
 	if !c.operator() {
 		return errdefs.PermissionDeniedf("creating tenants needs the operator's key (an admin-scoped key of tenant %s, e.g. DATA_DIR/admin.key)", meta.DefaultTenant)
 	}
-	var req api.CreateTenantRequest
-	if err := readJSON(r, &req); err != nil {
+	req, err := s.decodeCreateTenant(r)
+	if err != nil {
 		return err
 	}
 	t, err := s.meta.CreateTenant(r.Context(), meta.Tenant{ID: req.ID, Name: req.Name})
@@ -91,11 +91,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, c *call) erro
 	if err := s.manages(r, c, tenant); err != nil {
 		return err
 	}
-	var req api.CreateKeyRequest
-	if err := readJSON(r, &req); err != nil {
-		return err
-	}
-	scopes, err := meta.ParseScopes(req.Scopes)
+	req, scopes, err := s.decodeCreateKey(r)
 	if err != nil {
 		return err
 	}
