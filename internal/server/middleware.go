@@ -131,6 +131,9 @@ func (s *Server) wrap(rt Route) http.Handler {
 			span.SetAttributes(tracing.TenantID.String(key.Tenant))
 			r = r.WithContext(logging.With(r.Context(), logging.TenantID, key.Tenant))
 			if ok, rate := s.allow(r, key.Tenant); !ok {
+				if s.metrics != nil {
+					s.metrics.QuotaRejected(key.Tenant, "requests_per_second")
+				}
 				sw.Header().Set("Retry-After", "1")
 				writeError(sw, errdefs.ResourceExhaustedf("quota requests_per_second of tenant %s: more than %g requests per second", key.Tenant, rate))
 				return
