@@ -6,6 +6,11 @@ import (
 	"strings"
 	"testing"
 
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/amber-run/amber/core/errdefs"
 )
 
@@ -69,4 +74,44 @@ func TestNoopSpansDoNotAllocate(t *testing.T) {
 	if allocs > 1 {
 		t.Fatalf("a no-op span allocates %v times", allocs)
 	}
+}
+
+// The gateway's hook: a client span under the span in ctx (the request
+// or engine operation that caused the outbound call), carrying the tenant,
+// sandbox, method and host, and the error status End gives it.
+func TestGatewayRequestSpan(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	ctx, parent := tp.Tracer("test").Start(context.Background(), "engine.exec")
+	_, span := StartGatewayRequest(ctx, tp, "acme", "sbx-1", "POST", "api.example.com")
+	span.SetAttributes(GatewayReplayed.Bool(true))
+	End(span, errdefs.Unavailablef("upstream down"))
+	parent.End()
+	spans := rec.Ended()
+	if len(spans) != 2 || spans[0].Name() != "gateway POST" {
+		t.Fatalf("spans %v", spans)
+	}
+	g := spans[0]
+	if g.Parent().SpanID() != parent.SpanContext().SpanID() || g.SpanKind() != trace.SpanKindClient {
+		t.Errorf("gateway span parent %s kind %v", g.Parent().SpanID(), g.SpanKind())
+	}
+	want := map[string]string{"amber.tenant_id": "acme", "amber.sandbox_id": "sbx-1", "http.request.method": "POST",
+		"server.address": "api.example.com", "amber.gateway.replayed": "true", "amber.error_kind": "unavailable"}
+	for _, a := range g.Attributes() {
+		if w, ok := want[string(a.Key)]; ok {
+			if a.Value.Emit() != w {
+				t.Errorf("%s = %s, want %s", a.Key, a.Value.Emit(), w)
+			}
+			delete(want, string(a.Key))
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("gateway span lacks %v", want)
+	}
+	if g.Status().Code != codes.Error {
+		t.Errorf("status %v", g.Status())
+	}
+	// Without a provider it is a no-op, not a panic.
+	_, s := StartGatewayRequest(context.Background(), nil, "acme", "sbx-1", "GET", "x")
+	End(s, nil)
 }
