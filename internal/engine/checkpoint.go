@@ -124,7 +124,9 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	start := time.Now()
 	ctx, span := e.span(ctx, "engine.checkpoint", r.Tenant, r.Sandbox)
 	ck, err := e.checkpoint(ctx, r)
-	span.SetAttributes(tracing.CheckpointID.String(ck.ID), tracing.StoredBytes.Int64(ck.Stats.StoredBytes))
+	if ck.ID != "" {
+		span.SetAttributes(tracing.CheckpointID.String(ck.ID), tracing.StoredBytes.Int64(ck.Stats.StoredBytes))
+	}
 	tracing.End(span, err)
 	if e.obs != nil && (err == nil || ck.ID != "") {
 		kind := ""
@@ -454,7 +456,9 @@ func (e *Engine) restoreWith(ctx context.Context, ck meta.Checkpoint, target str
 	start := time.Now()
 	ctx, span := e.span(ctx, "engine.restore", ck.Tenant, target, tracing.CheckpointID.String(ck.ID))
 	sb, err := e.restoreOnce(ctx, ck, target, progress, resumeIdle)
-	span.SetAttributes(tracing.SandboxID.String(sb.ID))
+	if sb.ID != "" {
+		span.SetAttributes(tracing.SandboxID.String(sb.ID))
+	}
 	tracing.End(span, err)
 	if e.obs != nil {
 		kind := ""

@@ -288,7 +288,9 @@ type CreateRequest struct {
 func (e *Engine) Create(ctx context.Context, r CreateRequest) (sb meta.Sandbox, err error) {
 	ctx, span := e.span(ctx, "engine.create", r.Tenant, "", tracing.Template.String(r.Template))
 	defer func() {
-		span.SetAttributes(tracing.SandboxID.String(sb.ID))
+		if sb.ID != "" {
+			span.SetAttributes(tracing.SandboxID.String(sb.ID))
+		}
 		tracing.End(span, err)
 	}()
 	if r.Tenant == "" {
