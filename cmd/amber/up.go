@@ -114,6 +114,23 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if err != nil {
 		return usageError{fmt.Errorf("--log-format: %v", err)}
 	}
+	tp, err := tracing.Setup(cmd.Context(), tracing.Config{Endpoint: o.otlpEndpoint, Version: version})
+	if err != nil {
+		return usageError{err}
+	}
+	// Flushed last, after the engine stopped: its final spans go too.
+	defer func() {
+		// Send the buffered spans; a collector that is gone may not hold
+		// up the exit for long.
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(sctx); err != nil {
+			lg.Warn("flush traces", "endpoint", tp.Endpoint, "err", err)
+		}
+	}()
+	if tp.Enabled() {
+		lg.Info("sending traces over OTLP/HTTP", "endpoint", tp.Endpoint)
+	}
 	dataDir, err := filepath.Abs(g.resolvedDataDir())
 	if err != nil {
 		return err
@@ -177,22 +194,6 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	ckpts, workDir, err := openCheckpointStore(ctx, dataDir, o.blobs, lg)
 	if err != nil {
 		return err
-	}
-	tp, err := tracing.Setup(ctx, tracing.Config{Endpoint: o.otlpEndpoint, Version: version})
-	if err != nil {
-		return usageError{err}
-	}
-	defer func() {
-		// Send the buffered spans; a collector that is gone may not hold
-		// up the exit for long.
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := tp.Shutdown(sctx); err != nil {
-			lg.Warn("flush traces", "endpoint", tp.Endpoint, "err", err)
-		}
-	}()
-	if tp.Enabled() {
-		lg.Info("sending traces over OTLP/HTTP", "endpoint", tp.Endpoint)
 	}
 	mx := metrics.New(m)
 	tlog := mx.Log(log) // appends timed for amber_log_append_seconds
