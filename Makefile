@@ -39,6 +39,7 @@ fuzz:
 	$(FUZZ) -fuzz '^FuzzDecodeEnvelope$$' ./core/eventlog
 	$(FUZZ) -fuzz '^FuzzResolvePath$$' ./internal/confinedfs
 	$(FUZZ) -fuzz '^FuzzTarIn$$' ./internal/confinedfs
+	$(FUZZ) -fuzz '^FuzzDecodeRequests$$' ./internal/server
 
 # The extended fidelity tests (browser sessions, live PostgreSQL sessions,
 # core/sandbox/fidelitytest) against both drivers. They need templates built

@@ -59,7 +59,7 @@ var kinds = []error{
 	errdefs.ErrNotFound, errdefs.ErrAlreadyExists, errdefs.ErrInvalidArgument, errdefs.ErrConflict,
 	errdefs.ErrFenced, errdefs.ErrCompacted, errdefs.ErrUnavailable, errdefs.ErrDataLoss,
 	errdefs.ErrPermissionDenied, errdefs.ErrUnauthenticated, errdefs.ErrResourceExhausted,
-	errdefs.ErrFailedPrecondition, errdefs.ErrNotImplemented,
+	errdefs.ErrFailedPrecondition, errdefs.ErrNotImplemented, errdefs.ErrTooLarge,
 }
 
 // Unwrap returns the errdefs kind the server named, so errors.Is works.

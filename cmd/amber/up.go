@@ -23,15 +23,18 @@ import (
 	"github.com/amber-run/amber/internal/egress"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/gateway"
+	"github.com/amber-run/amber/internal/logging"
 	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/metrics"
 	"github.com/amber-run/amber/internal/secretstore"
 	"github.com/amber-run/amber/internal/server"
+	"github.com/amber-run/amber/internal/tracing"
 	"github.com/amber-run/amber/stores/sqlite"
 )
 
 type upOptions struct {
 	addr, driver, pool, logLevel, blobs string
+	logFormat, otlpEndpoint             string
 	watch                               time.Duration
 	keep                                int
 	idle                                time.Duration
@@ -53,7 +56,17 @@ DATA_DIR/admin.key (mode 0600); clients on this machine read it from there.
 --pool sets the warm pool: N sandboxes per template ("--pool 2"), or per
 template ("--pool python=2,minimal=1"); 0 disables it. Pooled sandboxes are
 destroyed when the daemon stops; after a crash, the ones still running are
-reused.`,
+reused.
+
+--log-format json writes one JSON object per line; lines about an API
+request carry request_id, tenant_id, sandbox_id (or checkpoint_id) and,
+when traces are on, trace_id.
+
+Traces (OpenTelemetry) of API requests and of create, exec, checkpoint and
+restore are sent over OTLP/HTTP to --otlp-endpoint (a collector's base URL:
+spans go to its /v1/traces), or where the standard OTEL_EXPORTER_OTLP_ENDPOINT
+or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT variables say; with neither, no spans
+are recorded.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error { return runUp(cmd, g, o) },
 	}
@@ -62,6 +75,8 @@ reused.`,
 	f.StringVar(&o.driver, "driver", "gvisor", "sandbox driver: gvisor or criu")
 	f.StringVar(&o.pool, "pool", "1", "warm sandboxes per template: N, or NAME=N,NAME=N")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&o.logFormat, "log-format", "text", "log lines as text (key=value) or json (one object per line)")
+	f.StringVar(&o.otlpEndpoint, "otlp-endpoint", "", "send traces over OTLP/HTTP to this collector base URL, e.g. http://127.0.0.1:4318 (default: OTEL_EXPORTER_OTLP_ENDPOINT; none: no traces)")
 	f.StringVar(&o.blobs, "blobs", "", "checkpoint blob store: a directory (default DATA_DIR/blobs) or s3://HOST:PORT/BUCKET[/PREFIX][?secure=false] with keys in AMBER_S3_ACCESS_KEY/AMBER_S3_SECRET_KEY")
 	f.DurationVar(&o.idle, "idle-timeout", 0, "checkpoint and stop a sandbox after this long without calls; the next call resumes it (0: never)")
 	f.IntVar(&o.keep, "keep-checkpoints", 0, "keep each sandbox's newest N checkpoints plus tagged ones, delete the rest and truncate its log below them (0: keep all)")
@@ -105,7 +120,27 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return usageError{fmt.Errorf("--log-level %q: %v", o.logLevel, err)}
 	}
-	lg := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+	lg, err := logging.New(cmd.ErrOrStderr(), o.logFormat, level)
+	if err != nil {
+		return usageError{fmt.Errorf("--log-format: %v", err)}
+	}
+	tp, err := tracing.Setup(cmd.Context(), tracing.Config{Endpoint: o.otlpEndpoint, Version: version})
+	if err != nil {
+		return usageError{err}
+	}
+	// Flushed last, after the engine stopped: its final spans go too.
+	defer func() {
+		// Send the buffered spans; a collector that is gone may not hold
+		// up the exit for long.
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(sctx); err != nil {
+			lg.Warn("flush traces", "endpoint", tp.Endpoint, "err", err)
+		}
+	}()
+	if tp.Enabled() {
+		lg.Info("sending traces over OTLP/HTTP", "endpoint", tp.Endpoint)
+	}
 	dataDir, err := filepath.Abs(g.resolvedDataDir())
 	if err != nil {
 		return err
@@ -219,6 +254,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		Driver: drv, Meta: m, Log: tlog, Registry: reg, Templates: cat, Observer: mx,
 		Pool: pool, WatchInterval: o.watch, Logger: lg.With("component", "engine"),
 		Checkpoints: ckpts, WorkDir: workDir, KeepCheckpoints: o.keep, IdleTimeout: o.idle, Audit: trail,
+		Tracer: tp,
 	})
 	if err != nil {
 		return err
@@ -244,8 +280,10 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	}
 	defer os.Remove(addrFile)
 	srv := &http.Server{
-		Handler:           server.New(server.Options{Engine: eng, Meta: m, Audit: trail, Secrets: secrets, Metrics: mx, Logger: lg.With("component", "api"), Version: version}),
+		Handler:           server.New(server.Options{Engine: eng, Meta: m, Audit: trail, Secrets: secrets, Metrics: mx, Tracer: tp, Logger: lg.With("component", "api"), Version: version}),
 		ReadHeaderTimeout: 10 * time.Second,
+		// Larger headers get net/http's 431 before any handler runs.
+		MaxHeaderBytes: server.MaxHeaderBytes,
 	}
 	lg.Info("amber is up", "addr", "http://"+ln.Addr().String(), "driver", drv.Name(), "data_dir", dataDir,
 		"templates", strings.Join(cat.Names(), ","), "admin_key", keyPath)

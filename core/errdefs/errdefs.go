@@ -45,6 +45,10 @@ var (
 	ErrFailedPrecondition = errors.New("failed precondition")
 	// ErrNotImplemented: the driver or backend lacks the capability.
 	ErrNotImplemented = errors.New("not implemented")
+	// ErrTooLarge: a request (body, upload, header) is over a size limit;
+	// the message names the limit. Retrying the same request cannot work,
+	// unlike ErrResourceExhausted.
+	ErrTooLarge = errors.New("too large")
 )
 
 func wrapf(kind error, format string, args ...any) error {
@@ -100,6 +104,9 @@ func NotImplementedf(format string, args ...any) error {
 	return wrapf(ErrNotImplemented, format, args...)
 }
 
+// TooLargef returns an ErrTooLarge with a message.
+func TooLargef(format string, args ...any) error { return wrapf(ErrTooLarge, format, args...) }
+
 // IsNotFound reports whether err is of kind ErrNotFound.
 func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
 
@@ -138,6 +145,7 @@ var statusByKind = []struct {
 	{ErrResourceExhausted, http.StatusTooManyRequests},
 	{ErrFailedPrecondition, http.StatusPreconditionFailed},
 	{ErrNotImplemented, http.StatusNotImplemented},
+	{ErrTooLarge, http.StatusRequestEntityTooLarge},
 }
 
 // HTTPStatus maps an error's kind to an HTTP status code (500 when it has none).

@@ -22,6 +22,7 @@ func TestKindsSurviveWrapping(t *testing.T) {
 		{InvalidArgumentf("bad"), ErrInvalidArgument, http.StatusBadRequest, "invalid argument"},
 		{ResourceExhaustedf("quota"), ErrResourceExhausted, http.StatusTooManyRequests, "resource exhausted"},
 		{Unavailablef("down"), ErrUnavailable, http.StatusServiceUnavailable, "unavailable"},
+		{TooLargef("body over 8 MiB"), ErrTooLarge, http.StatusRequestEntityTooLarge, "too large"},
 	}
 	for _, c := range cases {
 		wrapped := fmt.Errorf("outer: %w", c.err)

@@ -52,6 +52,7 @@ import (
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/chunkstore"
 	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/tracing"
 )
 
 // Progress reports a long checkpoint or restore: the phase ("cut",
@@ -121,7 +122,12 @@ type Observer interface {
 // above). Never two at once for one sandbox: it holds the sandbox's lock.
 func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (meta.Checkpoint, error) {
 	start := time.Now()
+	ctx, span := e.span(ctx, "engine.checkpoint", r.Tenant, r.Sandbox)
 	ck, err := e.checkpoint(ctx, r)
+	if ck.ID != "" {
+		span.SetAttributes(tracing.CheckpointID.String(ck.ID), tracing.StoredBytes.Int64(ck.Stats.StoredBytes))
+	}
+	tracing.End(span, err)
 	if e.obs != nil && (err == nil || ck.ID != "") {
 		kind := ""
 		if err != nil {
@@ -168,12 +174,12 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	if err != nil {
 		return ck, err
 	}
-	lg := e.lg.With("sandbox", id, "checkpoint", ck.ID)
+	lg := e.lg.With("sandbox_id", id, "checkpoint_id", ck.ID)
 	fail := func(err error) (meta.Checkpoint, error) {
 		if _, merr := e.meta.SetCheckpointState(context.WithoutCancel(ctx), ck.ID, meta.CheckpointFailed, err.Error(), meta.CheckpointPending); merr != nil {
 			lg.Error("record failed checkpoint", "err", merr)
 		}
-		lg.Warn("checkpoint failed", "err", err)
+		lg.WarnContext(ctx, "checkpoint failed", "err", err)
 		e.collect(ck.Tenant) // what it stored is garbage now
 		return ck, err
 	}
@@ -263,7 +269,7 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	case err != nil:
 		// The pointer and the log event are written: the checkpoint
 		// exists, whatever failed after them.
-		lg.Warn("checkpoint committed; a later step failed", "err", err)
+		lg.WarnContext(ctx, "checkpoint committed; a later step failed", "err", err)
 	}
 	committed = true
 	ck.ManifestDigest, ck.ImageDigest, ck.EventSeq = res.ManifestDigest, res.ImageDigest, eventSeq
@@ -290,7 +296,7 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	if err := e.retain(ctx, sb); err != nil {
 		lg.Warn("retention", "err", err)
 	}
-	lg.Info("checkpoint committed", "frozen", cs.Frozen.Round(time.Millisecond), "total", time.Since(start).Round(time.Millisecond),
+	lg.InfoContext(ctx, "checkpoint committed", "frozen", cs.Frozen.Round(time.Millisecond), "total", time.Since(start).Round(time.Millisecond),
 		"image_bytes", res.Size, "stored_bytes", res.StoredBytes, "new_chunks", res.NewChunks, "chunks", res.Chunks)
 	return ck, nil
 }
@@ -463,7 +469,12 @@ func (e *Engine) restore(ctx context.Context, ck meta.Checkpoint, target string,
 // still stopped for being idle and returns it as it is when it runs again.
 func (e *Engine) restoreWith(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress), resumeIdle bool) (meta.Sandbox, error) {
 	start := time.Now()
+	ctx, span := e.span(ctx, "engine.restore", ck.Tenant, target, tracing.CheckpointID.String(ck.ID))
 	sb, err := e.restoreOnce(ctx, ck, target, progress, resumeIdle)
+	if sb.ID != "" {
+		span.SetAttributes(tracing.SandboxID.String(sb.ID))
+	}
+	tracing.End(span, err)
 	if e.obs != nil {
 		kind := ""
 		if err != nil {
@@ -559,7 +570,7 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 			return sb, err
 		}
 	}
-	lg := e.lg.With("sandbox", sb.ID, "checkpoint", ck.ID)
+	lg := e.lg.With("sandbox_id", sb.ID, "checkpoint_id", ck.ID)
 	report(progress, Progress{Phase: "restore"})
 	// Connections through the gateway whose sandbox end will not come
 	// back as it was are reset first (see restoreKeepsConnections).
@@ -602,7 +613,7 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 	if err := e.appendEvents(ctx, sb, evs...); err != nil {
 		return sb, err
 	}
-	lg.Info("sandbox restored", "fork", target == "", "fetch", fetched.Round(time.Millisecond),
+	lg.InfoContext(ctx, "sandbox restored", "fork", target == "", "fetch", fetched.Round(time.Millisecond),
 		"running", rs.Running.Round(time.Millisecond), "processes", rs.Processes)
 	return sb, nil
 }
@@ -648,7 +659,7 @@ func (e *Engine) reconcileCheckpoints(ctx context.Context) error {
 		return fmt.Errorf("reconcile checkpoints: %w", err)
 	}
 	for _, ck := range pend {
-		lg := e.lg.With("checkpoint", ck.ID, "sandbox", ck.SandboxID)
+		lg := e.lg.With("checkpoint_id", ck.ID, "sandbox_id", ck.SandboxID)
 		if e.ckpts == nil {
 			lg.Warn("pending checkpoint left alone: this daemon has no checkpoint store")
 			continue

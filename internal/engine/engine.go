@@ -32,6 +32,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
@@ -39,6 +41,7 @@ import (
 	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/chunkstore"
 	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/tracing"
 )
 
 // Options configure New.
@@ -97,6 +100,9 @@ type Options struct {
 	// tenant's TLS with; it is added to the trust store of the tenant's
 	// sandboxes when they are created. Nil: no TLS termination.
 	TenantCA func(ctx context.Context, tenant string) ([]byte, error)
+	// Tracer makes the spans of create, exec, checkpoint and restore
+	// (trace.go); nil: no spans.
+	Tracer trace.TracerProvider
 }
 
 // Engine is the sandbox manager. It is safe for concurrent use.
@@ -131,6 +137,7 @@ type Engine struct {
 	net          *egress.Network
 	defEgress    meta.EgressPolicy
 	tenantCA     func(ctx context.Context, tenant string) ([]byte, error)
+	tracer       trace.Tracer
 	idle         time.Duration
 	activity     sync.Map        // sandbox id → time.Time of the last call into it
 	quotaLocks   sync.Map        // tenant → *sync.Mutex (quota.go)
@@ -181,7 +188,8 @@ func New(o Options) (*Engine, error) {
 		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval,
 		ckpts: o.Checkpoints, workDir: o.WorkDir, node: "node/" + o.Node, leaseTTL: o.LeaseTTL,
 		leases: map[string]eventlog.Lease{}, fastEvery: o.FastEvery, fastInterval: o.FastInterval, keep: o.KeepCheckpoints, idle: o.IdleTimeout, audit: o.Audit, obs: o.Observer,
-		gw: o.Gateway, net: o.Network, defEgress: o.Egress, tenantCA: o.TenantCA}
+		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeEngine),
+		gw:     o.Gateway, net: o.Network, defEgress: o.Egress, tenantCA: o.TenantCA}
 	for name := range o.Pool {
 		if _, err := o.Templates.Get(name); err != nil {
 			return nil, fmt.Errorf("warm pool: %w", err)
@@ -298,7 +306,14 @@ type CreateRequest struct {
 
 // Create returns a running sandbox for r: one claimed from the warm pool
 // when a compatible one is ready (see pool.go), else a new one.
-func (e *Engine) Create(ctx context.Context, r CreateRequest) (meta.Sandbox, error) {
+func (e *Engine) Create(ctx context.Context, r CreateRequest) (sb meta.Sandbox, err error) {
+	ctx, span := e.span(ctx, "engine.create", r.Tenant, "", tracing.Template.String(r.Template))
+	defer func() {
+		if sb.ID != "" {
+			span.SetAttributes(tracing.SandboxID.String(sb.ID))
+		}
+		tracing.End(span, err)
+	}()
 	if r.Tenant == "" {
 		return meta.Sandbox{}, errdefs.InvalidArgumentf("create: tenant is empty")
 	}
@@ -337,10 +352,8 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (meta.Sandbox, err
 		return meta.Sandbox{}, err
 	}
 	defer release()
-	var sb meta.Sandbox
 	claimed := false
 	if !r.Cold {
-		var err error
 		sb, claimed, err = e.pool.claim(ctx, t, r.Tenant, limits, r.Env)
 		if err == nil && claimed && r.Policy != PolicyNone {
 			sb, err = e.meta.SetPolicy(ctx, sb.ID, r.Policy)
@@ -381,11 +394,11 @@ func (e *Engine) coldCreate(ctx context.Context, t sandbox.Template, tenant stri
 	if err != nil {
 		return sb, err
 	}
-	lg := e.lg.With("sandbox", id, "template", t.Name, "pooled", pooled)
+	lg := e.lg.With("sandbox_id", id, "template", t.Name, "pooled", pooled)
 	start := time.Now()
 	_, err = e.drv.Create(ctx, sandbox.Spec{ID: id, Tenant: tenant, Template: t, Limits: limits, Env: env})
 	if err != nil {
-		lg.Warn("create failed", "err", err)
+		lg.WarnContext(ctx, "create failed", "err", err)
 		cleanup := context.WithoutCancel(ctx)
 		if derr := e.drv.Destroy(cleanup, id); derr != nil {
 			lg.Error("destroy after failed create", "err", derr)
@@ -415,7 +428,7 @@ func (e *Engine) coldCreate(ctx context.Context, t sandbox.Template, tenant stri
 		// when the call is retried through reconcile. Tell the caller.
 		return sb, err
 	}
-	lg.Info("sandbox created", "tenant", tenant, "took", time.Since(start).Round(time.Millisecond))
+	lg.InfoContext(ctx, "sandbox created", "tenant_id", tenant, "took", time.Since(start).Round(time.Millisecond))
 	return sb, nil
 }
 
@@ -445,7 +458,7 @@ func (e *Engine) destroy(ctx context.Context, sb meta.Sandbox, reason string) er
 		if e.gw != nil {
 			e.gw.EndSandbox(sb.ID)
 		}
-		e.lg.Info("sandbox destroyed", "sandbox", sb.ID, "reason", reason)
+		e.lg.Info("sandbox destroyed", "sandbox_id", sb.ID, "reason", reason)
 	}
 	if err := e.meta.DeleteExposures(ctx, sb.ID); err != nil {
 		return err

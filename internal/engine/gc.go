@@ -65,12 +65,12 @@ func (e *Engine) collectOnce(tenant string) {
 		switch {
 		case err == nil && !res.Deferred:
 			if res.DeletedChunks > 0 || res.DeletedManifests > 0 {
-				e.lg.Info("checkpoint garbage collected", "tenant", tenant, "chunks", res.DeletedChunks,
+				e.lg.Info("checkpoint garbage collected", "tenant_id", tenant, "chunks", res.DeletedChunks,
 					"bytes", res.DeletedBytes, "manifests", res.DeletedManifests, "kept_checkpoints", res.Checkpoints)
 			}
 			return
 		case err != nil && !errdefs.IsConflict(err):
-			e.lg.Warn("checkpoint garbage collection", "tenant", tenant, "err", err)
+			e.lg.Warn("checkpoint garbage collection", "tenant_id", tenant, "err", err)
 			return
 		}
 		select { // deferred by a live writer, or another collector: later

@@ -84,9 +84,9 @@ func (e *Engine) idleLoop(ctx context.Context) {
 			}
 			switch {
 			case err == nil:
-				e.lg.Info("idle sandbox checkpointed and stopped", "sandbox", sb.ID, "idle_for", idle)
+				e.lg.Info("idle sandbox checkpointed and stopped", "sandbox_id", sb.ID, "idle_for", idle)
 			case ctx.Err() == nil && !errors.Is(err, errdefs.ErrFailedPrecondition):
-				e.lg.Warn("stop idle sandbox", "sandbox", sb.ID, "err", err)
+				e.lg.Warn("stop idle sandbox", "sandbox_id", sb.ID, "err", err)
 				e.touch(sb.ID) // try again after another idle period
 			}
 		}
@@ -100,7 +100,7 @@ func (e *Engine) resume(ctx context.Context, sb meta.Sandbox) (meta.Sandbox, err
 	if err != nil {
 		return sb, err
 	}
-	e.lg.Info("resuming idle sandbox", "sandbox", sb.ID, "checkpoint", ck.ID)
+	e.lg.Info("resuming idle sandbox", "sandbox_id", sb.ID, "checkpoint_id", ck.ID)
 	e.touch(sb.ID)
 	return e.restoreWith(ctx, ck, sb.ID, nil, true)
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/tracing"
 )
 
 // inSandbox marks a call that runs something in sandbox id (exec, start,
@@ -97,7 +98,12 @@ func validateExec(spec sandbox.ExecSpec) error {
 }
 
 // Exec runs a command in sandbox id to completion, streaming its output.
-func (e *Engine) Exec(ctx context.Context, tenant, id string, spec sandbox.ExecSpec) (sandbox.ExitStatus, error) {
+func (e *Engine) Exec(ctx context.Context, tenant, id string, spec sandbox.ExecSpec) (st sandbox.ExitStatus, err error) {
+	ctx, span := e.span(ctx, "engine.exec", tenant, id)
+	defer func() {
+		span.SetAttributes(tracing.ExitCode.Int(st.Code))
+		tracing.End(span, err)
+	}()
 	if err := validateExec(spec); err != nil {
 		return sandbox.ExitStatus{}, err
 	}
@@ -106,7 +112,7 @@ func (e *Engine) Exec(ctx context.Context, tenant, id string, spec sandbox.ExecS
 		return sandbox.ExitStatus{}, err
 	}
 	// Driver errors name the sandbox already.
-	st, err := e.drv.Exec(ctx, id, withEnv(sb, spec))
+	st, err = e.drv.Exec(ctx, id, withEnv(sb, spec))
 	unlock()
 	if err != nil {
 		return st, err

@@ -54,7 +54,7 @@ func normPolicy(p string) string {
 func (e *Engine) tenantPolicy(ctx context.Context, tenant string) meta.TenantPolicy {
 	p, err := e.meta.TenantPolicy(ctx, tenant)
 	if err != nil {
-		e.lg.Warn("tenant policy unreadable; using the defaults", "tenant", tenant, "err", err)
+		e.lg.Warn("tenant policy unreadable; using the defaults", "tenant_id", tenant, "err", err)
 	}
 	return p
 }
@@ -126,7 +126,7 @@ func (e *Engine) fastCheckpoint(sb meta.Sandbox) {
 		st.running, st.last = false, time.Now()
 		st.mu.Unlock()
 		if err != nil && e.bg.Err() == nil {
-			e.lg.Warn("fast-policy checkpoint failed", "sandbox", sb.ID, "err", err)
+			e.lg.Warn("fast-policy checkpoint failed", "sandbox_id", sb.ID, "err", err)
 		}
 	}()
 }

@@ -216,9 +216,9 @@ func (p *pool) claimOne(ctx context.Context, id string, t sandbox.Template, tena
 	}
 	if limits != sb.Limits {
 		if err := upd.UpdateLimits(ctx, id, limits); err != nil {
-			e.lg.Warn("warm pool: cannot apply limits; discarding", "sandbox", id, "err", err)
+			e.lg.Warn("warm pool: cannot apply limits; discarding", "sandbox_id", id, "err", err)
 			if err := e.destroy(context.WithoutCancel(ctx), sb, "pooled sandbox refused new limits"); err != nil {
-				e.lg.Error("destroy pooled sandbox", "sandbox", id, "err", err)
+				e.lg.Error("destroy pooled sandbox", "sandbox_id", id, "err", err)
 			}
 			return sb, false, nil
 		}
@@ -236,7 +236,7 @@ func (p *pool) claimOne(ctx context.Context, id string, t sandbox.Template, tena
 	if err := e.appendEvents(ctx, sb, createdEvents(sb)...); err != nil {
 		return sb, true, err
 	}
-	e.lg.Info("sandbox claimed from warm pool", "sandbox", id, "template", t.Name, "tenant", tenant)
+	e.lg.InfoContext(ctx, "sandbox claimed from warm pool", "sandbox_id", id, "template", t.Name, "tenant_id", tenant)
 	return sb, true, nil
 }
 
@@ -265,11 +265,11 @@ func (p *pool) adopt(ctx context.Context, sb meta.Sandbox) {
 	}
 	p.mu.Unlock()
 	if fits {
-		p.e.lg.Info("pooled sandbox rejoined the warm pool", "sandbox", sb.ID, "template", sb.Template)
+		p.e.lg.Info("pooled sandbox rejoined the warm pool", "sandbox_id", sb.ID, "template", sb.Template)
 		return
 	}
 	if err := p.e.destroy(ctx, sb, "pooled sandbox not reusable after restart"); err != nil {
-		p.e.lg.Error("destroy stale pooled sandbox", "sandbox", sb.ID, "err", err)
+		p.e.lg.Error("destroy stale pooled sandbox", "sandbox_id", sb.ID, "err", err)
 	}
 }
 

@@ -97,7 +97,7 @@ func (e *Engine) Expose(ctx context.Context, tenant, id string, port int) (Expos
 	if err != nil {
 		return Exposure{}, err
 	}
-	e.lg.Info("port exposed", "sandbox", id, "port", port, "tenant", tenant)
+	e.lg.Info("port exposed", "sandbox_id", id, "port", port, "tenant_id", tenant)
 	return Exposure{SandboxID: id, Port: port, Token: token, Path: ExposurePath(id, port, token), Created: me.Created}, nil
 }
 

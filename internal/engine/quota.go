@@ -17,6 +17,21 @@ import (
 // the new sandbox's row are made under the tenant's quota lock, so
 // concurrent creates cannot both pass the last free slot.
 
+// QuotaObserver is an Observer that also counts quota refusals (found by
+// type assertion; internal/metrics is one).
+type QuotaObserver interface {
+	QuotaRejected(tenant, quota string)
+}
+
+// refuse is the refusal of tenant's quota (its meta.TenantQuota field
+// name, e.g. "max_sandboxes"): it tells the observer and returns the error.
+func (e *Engine) refuse(tenant, quota, format string, args ...any) error {
+	if qo, ok := e.obs.(QuotaObserver); ok {
+		qo.QuotaRejected(tenant, quota)
+	}
+	return errdefs.ResourceExhaustedf(format, args...)
+}
+
 func (e *Engine) quotaLock(tenant string) func() {
 	m, _ := e.quotaLocks.LoadOrStore(tenant, &sync.Mutex{})
 	mu := m.(*sync.Mutex)
@@ -67,11 +82,11 @@ func (e *Engine) checkSandboxQuota(ctx context.Context, tenant string, q meta.Te
 	}
 	switch {
 	case q.MaxSandboxes > 0 && len(rows)+1 > q.MaxSandboxes:
-		return errdefs.ResourceExhaustedf("quota max_sandboxes of tenant %s reached: it has %d of %d (destroy one first)", tenant, len(rows), q.MaxSandboxes)
+		return e.refuse(tenant, "max_sandboxes", "quota max_sandboxes of tenant %s reached: it has %d of %d (destroy one first)", tenant, len(rows), q.MaxSandboxes)
 	case q.MaxMemoryBytes > 0 && mem+l.MemoryBytes > q.MaxMemoryBytes:
-		return errdefs.ResourceExhaustedf("quota max_memory_bytes of tenant %s: its sandboxes hold %d bytes, %d more would pass %d", tenant, mem, l.MemoryBytes, q.MaxMemoryBytes)
+		return e.refuse(tenant, "max_memory_bytes", "quota max_memory_bytes of tenant %s: its sandboxes hold %d bytes, %d more would pass %d", tenant, mem, l.MemoryBytes, q.MaxMemoryBytes)
 	case q.MaxMilliCPUs > 0 && cpu+l.MilliCPUs > q.MaxMilliCPUs:
-		return errdefs.ResourceExhaustedf("quota max_millicpus of tenant %s: its sandboxes hold %d millicpus, %d more would pass %d", tenant, cpu, l.MilliCPUs, q.MaxMilliCPUs)
+		return e.refuse(tenant, "max_millicpus", "quota max_millicpus of tenant %s: its sandboxes hold %d millicpus, %d more would pass %d", tenant, cpu, l.MilliCPUs, q.MaxMilliCPUs)
 	}
 	return nil
 }
@@ -88,7 +103,7 @@ func (e *Engine) checkCheckpointQuota(ctx context.Context, tenant string) error 
 		return err
 	}
 	if used >= q.MaxCheckpointBytes {
-		return errdefs.ResourceExhaustedf("quota max_checkpoint_bytes of tenant %s reached: its checkpoints store %d of %d bytes (delete some, or keep fewer)", tenant, used, q.MaxCheckpointBytes)
+		return e.refuse(tenant, "max_checkpoint_bytes", "quota max_checkpoint_bytes of tenant %s reached: its checkpoints store %d of %d bytes (delete some, or keep fewer)", tenant, used, q.MaxCheckpointBytes)
 	}
 	return nil
 }

@@ -43,7 +43,7 @@ func (e *Engine) reconcile(ctx context.Context) error {
 	for _, sb := range rows {
 		known[sb.ID] = true
 		in, exists := live[sb.ID]
-		lg := e.lg.With("sandbox", sb.ID, "pooled", sb.Pooled)
+		lg := e.lg.With("sandbox_id", sb.ID, "pooled", sb.Pooled)
 		switch {
 		case sb.Driver != e.drv.Name():
 			if sb.State == meta.StateRunning || sb.State == meta.StateCreating {
@@ -84,7 +84,7 @@ func (e *Engine) reconcile(ctx context.Context) error {
 				if err := e.reattachEgress(ctx, sb); err != nil {
 					lg.Error("egress not reattached: the sandbox's connections out fail until it is restored", "err", err)
 				}
-				lg.Info("sandbox reattached", "tenant", sb.Tenant, "init_pid", in.InitPID)
+				lg.Info("sandbox reattached", "tenant_id", sb.Tenant, "init_pid", in.InitPID)
 			}
 		case sb.State == meta.StateRunning:
 			reason := "lost while the daemon was down: the driver has no state for it"
@@ -105,7 +105,7 @@ func (e *Engine) reconcile(ctx context.Context) error {
 	}
 	for id := range live {
 		if !known[id] {
-			e.lg.Warn("driver has a sandbox the metadata store does not know; left alone", "sandbox", id)
+			e.lg.Warn("driver has a sandbox the metadata store does not know; left alone", "sandbox_id", id)
 		}
 	}
 	e.lg.Info("reconciled", "driver", e.drv.Name(), "reattached", reattached, "crashed", crashed)
@@ -120,7 +120,7 @@ func (e *Engine) markCrashed(ctx context.Context, sb meta.Sandbox, typ, reason s
 	if err != nil {
 		return err
 	}
-	e.lg.Warn("sandbox crashed", "sandbox", sb.ID, "tenant", sb.Tenant, "reason", reason)
+	e.lg.Warn("sandbox crashed", "sandbox_id", sb.ID, "tenant_id", sb.Tenant, "reason", reason)
 	return e.appendEvents(ctx, sb, lifecycleEvent(sb, typ, StatePayload{State: string(meta.StateCrashed), Reason: reason}))
 }
 
@@ -183,11 +183,11 @@ func (e *Engine) checkOne(ctx context.Context, id string) {
 	if sb.Pooled {
 		e.pool.forget(sb.Template, id)
 		if err := e.destroy(ctx, sb, "pooled sandbox died: "+reason); err != nil {
-			e.lg.Error("destroy dead pooled sandbox", "sandbox", id, "err", err)
+			e.lg.Error("destroy dead pooled sandbox", "sandbox_id", id, "err", err)
 		}
 		return
 	}
 	if err := e.markCrashed(ctx, sb, EventExited, reason); err != nil {
-		e.lg.Error("record crashed sandbox", "sandbox", id, "err", err)
+		e.lg.Error("record crashed sandbox", "sandbox_id", id, "err", err)
 	}
 }

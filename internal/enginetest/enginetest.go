@@ -184,7 +184,10 @@ func (env *Env) open(t testing.TB) {
 		t.Fatal(err)
 	}
 	o := env.opts
-	o.Driver, o.Meta, o.Log, o.Templates, o.Logger = env.Driver, env.Meta, env.Log, env.Catalog, Logger(t)
+	o.Driver, o.Meta, o.Log, o.Templates = env.Driver, env.Meta, env.Log, env.Catalog
+	if o.Logger == nil {
+		o.Logger = Logger(t)
+	}
 	env.Audit = audit.New(env.Log, nil)
 	o.Audit = env.Audit
 	if o.Checkpoints == nil {

@@ -12,6 +12,7 @@
 //	amber_log_append_seconds                    histogram: durable appends to the event log
 //	amber_http_requests_total{route,code}       counter
 //	amber_http_request_seconds{route}           histogram
+//	amber_quota_rejections_total{tenant,quota}  counter: calls refused by a tenant quota (429)
 package metrics
 
 import (
@@ -40,6 +41,7 @@ type Metrics struct {
 	appendSeconds prometheus.Histogram
 	httpRequests  *prometheus.CounterVec
 	httpSeconds   *prometheus.HistogramVec
+	quotaRejected *prometheus.CounterVec
 }
 
 // durations from 1 ms to ~1 min.
@@ -58,7 +60,8 @@ func New(m *meta.Store) *Metrics {
 	x.appendSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "amber_log_append_seconds", Help: "Durable appends to the event log.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)})
 	x.httpRequests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "amber_http_requests_total", Help: "API requests by route and status code."}, []string{"route", "code"})
 	x.httpSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "amber_http_request_seconds", Help: "API request duration by route.", Buckets: secondsBuckets}, []string{"route"})
-	x.reg.MustRegister(x.checkpoints, x.frozen, x.ckptSeconds, x.storedBytes, x.restores, x.restoreSecs, x.appendSeconds,
+	x.quotaRejected = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "amber_quota_rejections_total", Help: "Calls refused by a tenant quota, by tenant and quota (max_sandboxes, max_memory_bytes, max_millicpus, max_checkpoint_bytes, requests_per_second)."}, []string{"tenant", "quota"})
+	x.reg.MustRegister(x.quotaRejected, x.checkpoints, x.frozen, x.ckptSeconds, x.storedBytes, x.restores, x.restoreSecs, x.appendSeconds,
 		x.httpRequests, x.httpSeconds, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if m != nil {
 		x.Sandboxes(m)
@@ -104,6 +107,12 @@ func (x *Metrics) Restore(driver, kind string, d time.Duration) {
 func (x *Metrics) Request(route string, code int, d time.Duration) {
 	x.httpRequests.WithLabelValues(route, http.StatusText(code)).Inc()
 	x.httpSeconds.WithLabelValues(route).Observe(d.Seconds())
+}
+
+// QuotaRejected counts one call refused by tenant's quota (the
+// meta.TenantQuota field name); it makes Metrics an engine.QuotaObserver.
+func (x *Metrics) QuotaRejected(tenant, quota string) {
+	x.quotaRejected.WithLabelValues(tenant, quota).Inc()
 }
 
 // sandboxCollector counts sandboxes by state from the metadata store.

@@ -35,7 +35,7 @@ func (s *Server) record(r *http.Request, rt Route, c *call, rid string, sw *stat
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
 	defer cancel()
 	if _, aerr := s.audit.Append(ctx, c.tenant, rec); aerr != nil {
-		c.lg.Error("audit record not written", "action", rec.Action, "err", aerr)
+		c.lg.ErrorContext(r.Context(), "audit record not written", "action", rec.Action, "err", aerr)
 	}
 }
 

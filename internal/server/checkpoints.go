@@ -9,6 +9,7 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/logging"
 	"github.com/amber-run/amber/internal/meta"
 )
 
@@ -76,8 +77,8 @@ func operation(w http.ResponseWriter, r *http.Request, ok int, run func(progress
 }
 
 func (s *Server) createCheckpoint(w http.ResponseWriter, r *http.Request, c *call) error {
-	var req api.CreateCheckpointRequest
-	if err := readOptionalJSON(r, &req); err != nil {
+	req, err := s.decodeCheckpoint(r)
+	if err != nil {
 		return err
 	}
 	id := r.PathValue("id")
@@ -88,7 +89,7 @@ func (s *Server) createCheckpoint(w http.ResponseWriter, r *http.Request, c *cal
 		if err != nil {
 			return api.OperationFrame{}, err
 		}
-		c.lg.Info("checkpoint committed", "sandbox", id, "checkpoint", ck.ID)
+		c.lg.InfoContext(r.Context(), "checkpoint committed", logging.CheckpointID, ck.ID)
 		out := toAPICheckpoint(ck)
 		return api.OperationFrame{Checkpoint: &out}, nil
 	})
@@ -141,7 +142,7 @@ func (s *Server) restoreCheckpoint(w http.ResponseWriter, r *http.Request, c *ca
 		if err != nil {
 			return api.OperationFrame{}, err
 		}
-		c.lg.Info("sandbox restored", "checkpoint", id, "sandbox", sb.ID, "as_new", req.AsNew)
+		c.lg.InfoContext(r.Context(), "sandbox restored", "restored_into", sb.ID, "as_new", req.AsNew)
 		out := toAPISandbox(sb)
 		return api.OperationFrame{Sandbox: &out}, nil
 	})
@@ -158,7 +159,7 @@ func (s *Server) recoverSandbox(w http.ResponseWriter, r *http.Request, c *call)
 		if err != nil {
 			return api.OperationFrame{}, err
 		}
-		c.lg.Info("sandbox recovered", "sandbox", id, "origin", sb.Origin)
+		c.lg.InfoContext(r.Context(), "sandbox recovered", "origin", sb.Origin)
 		out := toAPISandbox(sb)
 		return api.OperationFrame{Sandbox: &out}, nil
 	})

@@ -11,9 +11,6 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 )
 
-// maxJSONBody bounds JSON request bodies (file contents and tars stream).
-const maxJSONBody = 8 << 20
-
 func writeJSON(w http.ResponseWriter, status int, v any) error {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -35,15 +32,23 @@ func errNotFoundRoute(r *http.Request) error {
 	return errdefs.NotFoundf("no route %s %s (see GET /v1/openapi.json)", r.Method, r.URL.Path)
 }
 
-// readJSON decodes the request body into v, refusing unknown fields.
+// readJSON decodes the request body into v, refusing unknown fields and
+// anything after the one JSON value. The body is bounded by the
+// middleware (Limits.MaxBodyBytes); a larger one is a 413 naming the limit.
 func readJSON(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxJSONBody))
+	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		if errors.Is(err, io.EOF) {
 			return errdefs.InvalidArgumentf("request body is empty; expected JSON")
 		}
-		return errdefs.InvalidArgumentf("request body: %v", err)
+		return bodyError(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		if err != nil {
+			return bodyError(err)
+		}
+		return errdefs.InvalidArgumentf("request body: more than one JSON value")
 	}
 	return nil
 }

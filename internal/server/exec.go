@@ -73,12 +73,9 @@ func parseExec(r *http.Request) (req api.ExecRequest, stdin io.Reader, streamed 
 // exit (or error) frame. Once the 200 is out, failures travel in that last
 // frame.
 func (s *Server) exec(w http.ResponseWriter, r *http.Request, c *call) error {
-	req, stdin, streamed, err := parseExec(r)
+	req, stdin, streamed, err := s.decodeExec(w, r)
 	if err != nil {
 		return err
-	}
-	if len(req.Args) == 0 {
-		return errdefs.InvalidArgumentf("exec: no command (args is empty)")
 	}
 	id := r.PathValue("id")
 	sb, err := s.eng.Get(r.Context(), c.tenant, id)
@@ -88,11 +85,16 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, c *call) error {
 	if sb.State != meta.StateRunning {
 		return errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
 	}
+	release, err := s.execs.take(id, s.limits.MaxExecsPerSandbox)
+	if err != nil {
+		return err
+	}
+	defer release()
 	rc := http.NewResponseController(w)
 	if streamed {
 		// Read stdin while writing output (HTTP/1.1 full duplex).
 		if err := rc.EnableFullDuplex(); err != nil {
-			c.lg.Debug("full duplex unavailable", "err", err)
+			c.lg.DebugContext(r.Context(), "full duplex unavailable", "err", err)
 		}
 	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
@@ -108,9 +110,9 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, c *call) error {
 	})
 	if err != nil {
 		eb := errBody(err)
-		c.lg.Warn("exec failed", "err", err)
+		c.lg.WarnContext(r.Context(), "exec failed", "err", err)
 		return fw.write(api.ExecFrame{Error: &eb})
 	}
-	c.lg.Info("exec done", "args0", req.Args[0], "code", st.Code, "took", time.Since(start).Round(time.Millisecond))
+	c.lg.InfoContext(r.Context(), "exec done", "args0", req.Args[0], "code", st.Code, "took", time.Since(start).Round(time.Millisecond))
 	return fw.write(api.ExecFrame{Exit: &api.ExitStatus{Code: st.Code, Signal: st.Signal, TimedOut: st.TimedOut}})
 }

@@ -6,6 +6,7 @@ import (
 	"path"
 
 	"github.com/amber-run/amber/api"
+	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 )
 
@@ -88,7 +89,11 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request, c *call) error 
 	if err != nil {
 		return err
 	}
-	if err := fsys.WriteFile(r.Context(), p, r.Body, os.FileMode(mode)); err != nil {
+	body, err := s.upload(r, "file "+p)
+	if err != nil {
+		return err
+	}
+	if err := body.check(fsys.WriteFile(r.Context(), p, body, os.FileMode(mode))); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -144,9 +149,23 @@ func (s *Server) putTar(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err != nil {
 		return err
 	}
-	if err := fsys.TarIn(r.Context(), p, r.Body); err != nil {
+	body, err := s.upload(r, "tar for "+p)
+	if err != nil {
+		return err
+	}
+	if err := body.check(fsys.TarIn(r.Context(), p, body)); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+// upload bounds r's body to Limits.MaxUploadBytes; a declared length over
+// it is refused before anything is written.
+func (s *Server) upload(r *http.Request, what string) (*limitedBody, error) {
+	b := newLimitedBody(r.Body, s.limits.MaxUploadBytes, what)
+	if r.ContentLength > s.limits.MaxUploadBytes {
+		return nil, errdefs.TooLargef("%s of %s is larger than the daemon's limit of %s (max_upload_bytes)", what, size(r.ContentLength), size(s.limits.MaxUploadBytes))
+	}
+	return b, nil
 }

@@ -87,12 +87,10 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, c *call, h h
 	if err := meta.ValidIdempotencyKey(key); err != nil {
 		return err
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxJSONBody+1))
+	// The body is bounded by the middleware (Limits.MaxBodyBytes).
+	body, err := io.ReadAll(r.Body)
 	if err != nil {
-		return errdefs.InvalidArgumentf("request body: %v", err)
-	}
-	if len(body) > maxJSONBody {
-		return errdefs.InvalidArgumentf("request body is larger than %d bytes", maxJSONBody)
+		return bodyError(err)
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	sum := sha256.New()
@@ -118,7 +116,7 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, c *call, h h
 		w.Header().Set("Content-Length", strconv.Itoa(len(prev.Body)))
 		w.WriteHeader(prev.Status)
 		_, err := w.Write(prev.Body)
-		c.lg.Info("idempotent replay", "key", key, "status", prev.Status)
+		c.lg.InfoContext(r.Context(), "idempotent replay", "idempotency_key", key, "status", prev.Status)
 		return err
 	}
 	rec := &recorder{ResponseWriter: w}
@@ -129,7 +127,7 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, c *call, h h
 		err = s.meta.AbandonIdempotent(r.Context(), c.tenant, key)
 	}
 	if err != nil {
-		c.lg.Error("record idempotency key", "key", key, "err", err)
+		c.lg.ErrorContext(r.Context(), "record idempotency key", "idempotency_key", key, "err", err)
 	}
 	return herr
 }

@@ -9,8 +9,16 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/logging"
 	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/tracing"
 )
 
 // statusWriter remembers the status a handler wrote, for the access log.
@@ -46,25 +54,48 @@ func requestID(r *http.Request) string {
 	return "req-" + hex.EncodeToString(b)
 }
 
-// wrap adds request ids, access logging, panic recovery and authentication
-// around a route's handler.
+// pathIDs returns the log fields and span attributes of the ids in r's
+// path: {id} is a sandbox under /v1/sandboxes and a checkpoint under
+// /v1/checkpoints.
+func pathIDs(r *http.Request) ([]any, []attribute.KeyValue) {
+	id := r.PathValue("id")
+	switch {
+	case id == "":
+		return nil, nil
+	case strings.HasPrefix(r.URL.Path, "/v1/checkpoints/"):
+		return []any{logging.CheckpointID, id}, []attribute.KeyValue{tracing.CheckpointID.String(id)}
+	default:
+		return []any{logging.SandboxID, id}, []attribute.KeyValue{tracing.SandboxID.String(id)}
+	}
+}
+
+// wrap adds request ids, a trace span, access logging, panic recovery and
+// authentication around a route's handler. The request's context carries
+// the span and the ids (logging.With), so the engine's spans are children
+// of the request's and its log lines name the request.
 func (s *Server) wrap(rt Route) http.Handler {
+	name := rt.Method + " " + rt.Path
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rid := requestID(r)
 		w.Header().Set("X-Request-Id", rid)
 		sw := &statusWriter{ResponseWriter: w}
-		lg := s.lg.With("request_id", rid)
-		if id := r.PathValue("id"); id != "" {
-			lg = lg.With("sandbox", id)
-		}
+		fields, attrs := pathIDs(r)
+		ctx := tracing.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+		ctx, span := s.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(append(attrs, semconv.HTTPRequestMethodKey.String(r.Method), semconv.HTTPRoute(rt.Path), tracing.RequestID.String(rid))...))
+		fields = append([]any{logging.RequestID, rid}, fields...)
+		ctx = logging.With(ctx, fields...)
+		r = r.WithContext(ctx)
+		lg := s.lg.With(fields...)
 		c := &call{lg: lg}
 		defer func() {
 			if p := recover(); p != nil {
 				if p == http.ErrAbortHandler {
+					span.End()
 					panic(p)
 				}
-				lg.Error("handler panicked", "panic", p)
+				lg.ErrorContext(r.Context(), "handler panicked", "panic", p)
 				if sw.status == 0 {
 					writeError(sw, fmt.Errorf("internal error (request %s)", rid))
 				}
@@ -73,8 +104,13 @@ func (s *Server) wrap(rt Route) http.Handler {
 			if sw.status >= 500 {
 				lvl = slog.LevelError
 			}
-			lg.Log(r.Context(), lvl, "request", "method", r.Method, "path", r.URL.Path, "status", sw.status,
-				"took", time.Since(start).Round(time.Microsecond), "tenant", c.tenant)
+			c.lg.Log(r.Context(), lvl, "request", "method", r.Method, "path", r.URL.Path, "status", sw.status,
+				"took", time.Since(start).Round(time.Microsecond))
+			span.SetAttributes(semconv.HTTPResponseStatusCode(sw.status))
+			if sw.status >= 500 {
+				span.SetStatus(codes.Error, http.StatusText(sw.status))
+			}
+			span.End()
 		}()
 		if rt.Scope != Public {
 			key, err := s.authorize(r, rt)
@@ -83,19 +119,28 @@ func (s *Server) wrap(rt Route) http.Handler {
 					sw.Header().Set("WWW-Authenticate", `Bearer realm="amber"`)
 				}
 				if key.Tenant != "" {
-					lg = lg.With("tenant", key.Tenant, "key", key.Name)
+					c.lg = lg.With(logging.TenantID, key.Tenant, "key", key.Name)
+					span.SetAttributes(tracing.TenantID.String(key.Tenant))
 				}
-				lg.Info("request refused", "method", r.Method, "path", r.URL.Path, "err", err)
+				c.lg.InfoContext(r.Context(), "request refused", "method", r.Method, "path", r.URL.Path, "err", err)
 				writeError(sw, err)
 				return
 			}
 			c.tenant, c.key = key.Tenant, key
-			c.lg = lg.With("tenant", key.Tenant, "key", key.Name)
+			c.lg = lg.With(logging.TenantID, key.Tenant, "key", key.Name)
+			span.SetAttributes(tracing.TenantID.String(key.Tenant))
+			r = r.WithContext(logging.With(r.Context(), logging.TenantID, key.Tenant))
 			if ok, rate := s.allow(r, key.Tenant); !ok {
+				if s.metrics != nil {
+					s.metrics.QuotaRejected(key.Tenant, "requests_per_second")
+				}
 				sw.Header().Set("Retry-After", "1")
 				writeError(sw, errdefs.ResourceExhaustedf("quota requests_per_second of tenant %s: more than %g requests per second", key.Tenant, rate))
 				return
 			}
+		}
+		if !rt.Upload {
+			s.limitBody(sw, r)
 		}
 		h := rt.h
 		if rt.Idempotent {
@@ -115,13 +160,17 @@ func (s *Server) wrap(rt Route) http.Handler {
 			defer s.record(r, rt, c, rid, sw, err)
 		}
 		if err != nil {
+			span.SetAttributes(tracing.ErrorKind.String(errdefs.Kind(err)))
+			if errdefs.HTTPStatus(err) >= 500 {
+				span.SetStatus(codes.Error, err.Error())
+			}
 			if sw.status != 0 {
 				// Headers are out (a stream broke): the client sees a cut stream.
-				c.lg.Warn("error after response started", "err", err)
+				c.lg.WarnContext(r.Context(), "error after response started", "err", err)
 				return
 			}
 			if errdefs.HTTPStatus(err) >= 500 {
-				c.lg.Error("request failed", "err", err)
+				c.lg.ErrorContext(r.Context(), "request failed", "err", err)
 			}
 			writeError(sw, err)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/logging"
 )
 
 func pathPort(r *http.Request) (int, error) {
@@ -146,7 +147,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 	rid := requestID(r)
 	id := r.PathValue("id")
 	sw := &statusWriter{ResponseWriter: w}
-	lg := s.lg.With("request_id", rid, "sandbox", id)
+	lg := s.lg.With(logging.RequestID, rid, logging.SandboxID, id)
 	defer func() {
 		if sw.status == 0 && r.Header.Get("Upgrade") != "" {
 			// ReverseProxy writes a 101 on the hijacked connection.

@@ -24,8 +24,8 @@ func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request, c *call) 
 }
 
 func (s *Server) startProcess(w http.ResponseWriter, r *http.Request, c *call) error {
-	var req api.StartProcessRequest
-	if err := readJSON(r, &req); err != nil {
+	req, err := s.decodeStartProcess(r)
+	if err != nil {
 		return err
 	}
 	pid, err := s.eng.StartProcess(r.Context(), c.tenant, r.PathValue("id"), sandbox.ExecSpec{Args: req.Args, Env: req.Env, Cwd: req.Cwd})
@@ -67,7 +67,7 @@ func (s *Server) waitProcess(w http.ResponseWriter, r *http.Request, c *call) er
 	st, err := s.eng.Wait(r.Context(), c.tenant, r.PathValue("id"), pid)
 	if err != nil && r.Context().Err() != nil {
 		// The client hung up: nobody to answer, and not a failure.
-		c.lg.Info("wait ended by the client", "pid", pid)
+		c.lg.InfoContext(r.Context(), "wait ended by the client", "pid", pid)
 		return nil
 	}
 	if err != nil {

@@ -38,7 +38,7 @@ func (s *Server) putTenantQuota(w http.ResponseWriter, r *http.Request, c *call)
 		return err
 	}
 	s.rates.forget(tenant)
-	c.lg.Info("tenant quota set", "for_tenant", tenant, "quota", req)
+	c.lg.InfoContext(r.Context(), "tenant quota set", "for_tenant", tenant, "quota", req)
 	return writeJSON(w, http.StatusOK, req)
 }
 

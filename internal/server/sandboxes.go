@@ -10,6 +10,7 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/logging"
 	"github.com/amber-run/amber/internal/meta"
 )
 
@@ -68,8 +69,8 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, c *call) 
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
-	var req api.CreateSandboxRequest
-	if err := readJSON(r, &req); err != nil {
+	req, err := s.decodeCreateSandbox(r)
+	if err != nil {
 		return err
 	}
 	sb, err := s.eng.Create(r.Context(), engine.CreateRequest{
@@ -79,7 +80,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) 
 	if err != nil {
 		return err
 	}
-	c.lg.Info("sandbox created", "sandbox", sb.ID, "from_pool", sb.FromPool)
+	c.lg.InfoContext(r.Context(), "sandbox created", logging.SandboxID, sb.ID, "from_pool", sb.FromPool)
 	return writeJSON(w, http.StatusCreated, toAPISandbox(sb))
 }
 

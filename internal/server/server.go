@@ -5,7 +5,8 @@
 // requests into engine calls, maps error kinds to
 // HTTP status codes (errdefs.HTTPStatus) and writes every error as
 // {"error":{"kind":…,"message":…}}. The routes are listed once, in routes(),
-// and the OpenAPI document in api/openapi.json is tested to describe each.
+// and the OpenAPI document in api/openapi.json is checked against them and
+// against real responses with kin-openapi (openapi_test.go).
 package server
 
 import (
@@ -13,11 +14,14 @@ import (
 	"log/slog"
 	"net/http"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/metrics"
+	"github.com/amber-run/amber/internal/tracing"
 )
 
 // Options configure New.
@@ -40,6 +44,11 @@ type Options struct {
 	// Secrets, when set, stores tenants' secrets (the /v1/secrets routes
 	// answer 412 without one).
 	Secrets *secretstore.Store
+	// Limits bound requests (limits.go); zero fields take DefaultLimits.
+	Limits Limits
+	// Tracer makes a span per request (middleware.go) that the engine's
+	// spans are children of; nil: no spans.
+	Tracer trace.TracerProvider
 }
 
 // Server serves the API. It is an http.Handler.
@@ -48,6 +57,9 @@ type Server struct {
 	rates   rateLimits
 	audit   *audit.Trail
 	metrics *metrics.Metrics
+	tracer  trace.Tracer
+	limits  Limits
+	execs   execSlots
 	eng     *engine.Engine
 	meta    *meta.Store
 	clock   clock.Clock
@@ -79,7 +91,11 @@ type Route struct {
 	// Idempotent routes (creating calls) honour an Idempotency-Key header
 	// (idempotency.go).
 	Idempotent bool
-	h          handler
+	// Upload routes stream their body (file contents, a tar, exec stdin)
+	// and bound it themselves; on the others the middleware bounds it to
+	// Limits.MaxBodyBytes.
+	Upload bool
+	h      handler
 }
 
 // Public is the Scope of the routes that need no API key.
@@ -107,17 +123,17 @@ func (s *Server) routes() []Route {
 		{Method: "GET", Path: "/v1/sandboxes/{id}", Scope: read, h: s.getSandbox},
 		{Method: "DELETE", Path: "/v1/sandboxes/{id}", Scope: write, h: s.deleteSandbox},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/kill", Scope: write, h: s.killSandbox},
-		{Method: "POST", Path: "/v1/sandboxes/{id}/exec", Scope: write, h: s.exec},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/exec", Scope: write, Upload: true, h: s.exec},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/processes", Scope: read, h: s.listProcesses},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/processes", Scope: write, Idempotent: true, h: s.startProcess},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}/signal", Scope: write, h: s.signalProcess},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}/wait", Scope: read, h: s.waitProcess},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/files", Scope: read, h: s.getFile},
-		{Method: "PUT", Path: "/v1/sandboxes/{id}/files", Scope: write, h: s.putFile},
+		{Method: "PUT", Path: "/v1/sandboxes/{id}/files", Scope: write, Upload: true, h: s.putFile},
 		{Method: "DELETE", Path: "/v1/sandboxes/{id}/files", Scope: write, h: s.deleteFile},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/files/mkdir", Scope: write, h: s.mkdir},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/files/tar", Scope: read, h: s.getTar},
-		{Method: "PUT", Path: "/v1/sandboxes/{id}/files/tar", Scope: write, h: s.putTar},
+		{Method: "PUT", Path: "/v1/sandboxes/{id}/files/tar", Scope: write, Upload: true, h: s.putTar},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/events", Scope: read, h: s.events},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/ports", Scope: write, h: s.exposePort},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/ports", Scope: read, h: s.listPorts},
@@ -156,7 +172,8 @@ func New(o Options) *Server {
 	if o.Clock == nil {
 		o.Clock = clock.Real{}
 	}
-	s := &Server{eng: o.Engine, meta: o.Meta, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL, audit: o.Audit, metrics: o.Metrics, secrets: o.Secrets}
+	s := &Server{eng: o.Engine, meta: o.Meta, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL, audit: o.Audit, metrics: o.Metrics,
+		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeServer), limits: o.Limits.withDefaults(), secrets: o.Secrets}
 	for _, rt := range s.routes() {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}

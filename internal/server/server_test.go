@@ -17,46 +17,6 @@ import (
 	"github.com/amber-run/amber/internal/meta"
 )
 
-func TestOpenAPIDescribesEveryRoute(t *testing.T) {
-	var doc struct {
-		OpenAPI string                                `json:"openapi"`
-		Paths   map[string]map[string]json.RawMessage `json:"paths"`
-	}
-	if err := json.Unmarshal(api.OpenAPI, &doc); err != nil {
-		t.Fatalf("api/openapi.json does not parse: %v", err)
-	}
-	if !strings.HasPrefix(doc.OpenAPI, "3.") {
-		t.Fatalf("openapi version %q", doc.OpenAPI)
-	}
-	routed := map[string]bool{}
-	for _, rt := range (&Server{}).routes() {
-		key := strings.ToLower(rt.Method) + " " + rt.Path
-		routed[key] = true
-		op, ok := doc.Paths[rt.Path][strings.ToLower(rt.Method)]
-		if !ok {
-			t.Errorf("route %s %s is not in api/openapi.json", rt.Method, rt.Path)
-			continue
-		}
-		var ext struct {
-			Scope string `json:"x-amber-scope"`
-		}
-		json.Unmarshal(op, &ext)
-		if ext.Scope != string(rt.Scope) {
-			t.Errorf("api/openapi.json says %s %s needs scope %q; routes() says %q", rt.Method, rt.Path, ext.Scope, rt.Scope)
-		}
-	}
-	for p, ops := range doc.Paths {
-		for m := range ops {
-			if m == "parameters" {
-				continue
-			}
-			if !routed[m+" "+p] {
-				t.Errorf("api/openapi.json describes %s %s, which is not routed", strings.ToUpper(m), p)
-			}
-		}
-	}
-}
-
 func newAuthServer(t *testing.T) (*httptest.Server, string) {
 	t.Helper()
 	m, err := meta.Open(filepath.Join(t.TempDir(), "meta.db"), meta.Options{})

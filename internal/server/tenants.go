@@ -53,15 +53,15 @@ func (s *Server) createTenant(w http.ResponseWriter, r *http.Request, c *call) e
 	if !c.operator() {
 		return errdefs.PermissionDeniedf("creating tenants needs the operator's key (an admin-scoped key of tenant %s, e.g. DATA_DIR/admin.key)", meta.DefaultTenant)
 	}
-	var req api.CreateTenantRequest
-	if err := readJSON(r, &req); err != nil {
+	req, err := s.decodeCreateTenant(r)
+	if err != nil {
 		return err
 	}
 	t, err := s.meta.CreateTenant(r.Context(), meta.Tenant{ID: req.ID, Name: req.Name})
 	if err != nil {
 		return err
 	}
-	c.lg.Info("tenant created", "new_tenant", t.ID)
+	c.lg.InfoContext(r.Context(), "tenant created", "new_tenant", t.ID)
 	return writeJSON(w, http.StatusCreated, toAPITenant(t))
 }
 
@@ -91,11 +91,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, c *call) erro
 	if err := s.manages(r, c, tenant); err != nil {
 		return err
 	}
-	var req api.CreateKeyRequest
-	if err := readJSON(r, &req); err != nil {
-		return err
-	}
-	scopes, err := meta.ParseScopes(req.Scopes)
+	req, scopes, err := s.decodeCreateKey(r)
 	if err != nil {
 		return err
 	}
@@ -116,7 +112,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, c *call) erro
 	if err != nil {
 		return err
 	}
-	c.lg.Info("api key created", "for_tenant", tenant, "name", k.Name, "scopes", scopeList(k.Scopes))
+	c.lg.InfoContext(r.Context(), "api key created", "for_tenant", tenant, "name", k.Name, "scopes", scopeList(k.Scopes))
 	out := toAPIKey(k)
 	out.Key = secret
 	return writeJSON(w, http.StatusCreated, out)
@@ -152,7 +148,7 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, c *call) erro
 	if err != nil {
 		return err
 	}
-	c.lg.Info("api key revoked", "for_tenant", tenant, "name", k.Name)
+	c.lg.InfoContext(r.Context(), "api key revoked", "for_tenant", tenant, "name", k.Name)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
@@ -192,7 +188,7 @@ func (s *Server) putTenantPolicy(w http.ResponseWriter, r *http.Request, c *call
 	if err := s.eng.SetTenantPolicy(r.Context(), tenant, p); err != nil {
 		return err
 	}
-	c.lg.Info("tenant policy set", "for_tenant", tenant, "policy", p)
+	c.lg.InfoContext(r.Context(), "tenant policy set", "for_tenant", tenant, "policy", p)
 	cur, err := s.eng.TenantPolicy(r.Context(), tenant)
 	if err != nil {
 		return err
