@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
+	"go.opentelemetry.io/otel/trace"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -85,7 +86,7 @@ func defaultEgress(allow []string) (meta.EgressPolicy, error) {
 // operator's names, every decision audited (asynchronously: OnDecision
 // must not block a request; a full queue drops records and counts them).
 func newGateway(ctx context.Context, log eventlog.Store, reg *eventlog.Registry, trail *audit.Trail, hosts map[string]netip.Addr,
-	journal bool, fps *failpoint.Set, secrets *secretstore.Store, upstreamRoots *x509.CertPool, lg *slog.Logger) *gateway.Gateway {
+	journal bool, fps *failpoint.Set, secrets *secretstore.Store, upstreamRoots *x509.CertPool, tp trace.TracerProvider, lg *slog.Logger) *gateway.Gateway {
 	gateway.RegisterEvents(reg)
 	decisions := make(chan gateway.Decision, 4096)
 	var dropped atomic.Int64
@@ -126,6 +127,7 @@ func newGateway(ctx context.Context, log eventlog.Store, reg *eventlog.Registry,
 		Secrets:       secrets,
 		TLS:           secrets,
 		UpstreamRoots: upstreamRoots,
+		Tracer:        tp,
 		Hosts:         hosts,
 		Logger:        lg.With("component", "gateway"),
 		OnDecision: func(d gateway.Decision) {

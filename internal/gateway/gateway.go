@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"go.opentelemetry.io/otel/trace"
 	"io"
 	"log/slog"
 	"net"
@@ -77,6 +78,9 @@ type Options struct {
 	TLS TLSTerminator
 	// UpstreamRoots verifies upstream TLS servers; nil means the system's.
 	UpstreamRoots *x509.CertPool
+	// Tracer, when set, makes a span per HTTP request (tracing.
+	// StartGatewayRequest) with its status and whether it was replayed.
+	Tracer trace.TracerProvider
 }
 
 // TLSTerminator gives the server side of TLS connections from a tenant's
