@@ -66,6 +66,8 @@ type EgressPolicy struct {
 	// RequestsPerSecond and Burst bound HTTP requests and new streams.
 	RequestsPerSecond float64 `json:"requests_per_second,omitempty"`
 	Burst             int     `json:"burst,omitempty"`
+	// BytesPerSecond bounds the egress bandwidth, both directions; 0: none.
+	BytesPerSecond int64 `json:"bytes_per_second,omitempty"`
 	// Modes say what happens to a request whose outcome a crash lost:
 	// "idempotent-key" (re-sent with the same Idempotency-Key; default for
 	// POST, PUT, PATCH, DELETE), "at-most-once" (never re-sent; marked for

@@ -57,7 +57,7 @@ func (e *Engine) egressPolicy(ctx context.Context, sb meta.Sandbox) (meta.Egress
 // gatewayPolicy converts an API policy into the gateway's.
 func gatewayPolicy(p meta.EgressPolicy) gateway.Policy {
 	g := gateway.Policy{Allow: append([]string(nil), p.Allow...), RequestsPerSecond: p.RequestsPerSecond, Burst: p.Burst,
-		OnDivergence: gateway.DivergencePolicy(p.OnDivergence)}
+		BytesPerSecond: p.BytesPerSecond, OnDivergence: gateway.DivergencePolicy(p.OnDivergence)}
 	for _, m := range p.Modes {
 		g.Modes = append(g.Modes, gateway.ModeRule{Dest: m.Dest, Method: m.Method, Mode: gateway.Mode(m.Mode)})
 	}

@@ -299,6 +299,12 @@ func (h *handler) journaled(w http.ResponseWriter, q *request) {
 // crashes.
 func (h *handler) forward(w http.ResponseWriter, q *request, wr *Writer, attempt int) {
 	g := h.g
+	h.st.mu.Lock()
+	upBW := h.st.bw
+	h.st.mu.Unlock()
+	if err := upBW.wait(q.r.Context(), len(q.body)); err != nil {
+		return // the client went away while its upload waited for bandwidth
+	}
 	h.crashpoint(FPBeforeSend)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(q.r.Context()), upstreamTimeout)
 	defer cancel()
@@ -377,13 +383,17 @@ func (h *handler) forward(w http.ResponseWriter, q *request, wr *Writer, attempt
 		return
 	}
 	copyHeader(w.Header(), out.Headers)
+	h.st.mu.Lock()
+	bw := h.st.bw
+	h.st.mu.Unlock()
+	sw := shapedWriter{q.r.Context(), w, bw}
 	if rest != nil {
 		w.WriteHeader(out.Status)
-		io.Copy(w, rest)
+		io.Copy(sw, rest)
 		return
 	}
 	w.WriteHeader(out.Status)
-	w.Write(out.Body)
+	sw.Write(out.Body)
 }
 
 // replay answers from a recorded outcome; the upstream is not contacted.

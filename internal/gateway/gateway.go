@@ -153,6 +153,7 @@ type sandboxState struct {
 	counts  map[string]int // contentID → identical requests since the cut
 	slots   map[string]int // method+URL → requests since the cut
 	limiter *limiter
+	bw      *bandwidth // nil: unlimited
 	// held is closed when a cut in progress ends (Hold); active counts the
 	// journaled requests numbered and not yet answered.
 	held   chan struct{}
@@ -232,6 +233,9 @@ func (g *Gateway) StartRun(ctx context.Context, r Run) error {
 	defer st.mu.Unlock()
 	if st.limiter == nil || st.run.Policy.RequestsPerSecond != r.Policy.RequestsPerSecond || st.run.Policy.Burst != r.Policy.Burst {
 		st.limiter = newLimiter(r.Policy.RequestsPerSecond, r.Policy.Burst, g.opts.Clock.Now())
+	}
+	if st.bw == nil && r.Policy.BytesPerSecond > 0 || st.bw != nil && int64(st.bw.rate) != r.Policy.BytesPerSecond {
+		st.bw = newBandwidth(r.Policy.BytesPerSecond)
 	}
 	st.run = r
 	if st.held != nil {
@@ -502,15 +506,18 @@ func (g *Gateway) serveStream(ctx context.Context, c net.Conn, origDst netip.Add
 	var in, out atomic.Int64
 	var wg sync.WaitGroup
 	wg.Add(1)
+	st.mu.Lock()
+	bw := st.bw
+	st.mu.Unlock()
 	go func() {
 		defer wg.Done()
-		n, _ := io.Copy(up, c)
+		n, _ := io.Copy(shapedWriter{ctx, up, bw}, c)
 		out.Add(n)
 		if tc, ok := up.(*net.TCPConn); ok {
 			tc.CloseWrite()
 		}
 	}()
-	n, _ := io.Copy(c, up)
+	n, _ := io.Copy(shapedWriter{ctx, c, bw}, up)
 	in.Add(n)
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite()

@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"context"
+	"io"
 	"net"
 	"net/netip"
 	"strconv"
@@ -65,6 +67,10 @@ type Policy struct {
 	// (HTTP requests and new TCP streams). 0 means unlimited.
 	RequestsPerSecond float64
 	Burst             int
+	// BytesPerSecond bounds the sandbox's egress bandwidth, both directions
+	// together, over streams and HTTP bodies (bursts up to one second's
+	// worth); 0 means unlimited.
+	BytesPerSecond int64
 	// Modes are tried in order; the first match wins, then the method's
 	// default.
 	Modes []ModeRule
@@ -202,4 +208,72 @@ func (l *limiter) allow(now time.Time) bool {
 	}
 	l.tokens--
 	return true
+}
+
+// bandwidth is a byte token bucket on the wall clock, shared by all of a
+// sandbox's connections. A nil bandwidth never waits.
+type bandwidth struct {
+	mu     sync.Mutex
+	rate   float64 // bytes per second
+	tokens float64
+	last   time.Time
+}
+
+func newBandwidth(bytesPerSecond int64) *bandwidth {
+	if bytesPerSecond <= 0 {
+		return nil
+	}
+	r := float64(bytesPerSecond)
+	return &bandwidth{rate: r, tokens: r, last: time.Now()}
+}
+
+// wait takes n bytes from the bucket, sleeping until they are there (or
+// ctx ends). Debt is allowed so a large write waits in proportion.
+func (b *bandwidth) wait(ctx context.Context, n int) error {
+	if b == nil || n <= 0 {
+		return nil
+	}
+	b.mu.Lock()
+	now := time.Now()
+	b.tokens = min(b.rate, b.tokens+now.Sub(b.last).Seconds()*b.rate)
+	b.last = now
+	b.tokens -= float64(n)
+	debt := -b.tokens
+	b.mu.Unlock()
+	if debt <= 0 {
+		return nil
+	}
+	t := time.NewTimer(time.Duration(debt / b.rate * float64(time.Second)))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// shapedWriter charges every write to a bandwidth bucket first.
+type shapedWriter struct {
+	ctx context.Context
+	w   io.Writer
+	bw  *bandwidth
+}
+
+func (s shapedWriter) Write(p []byte) (int, error) {
+	const chunk = 16 << 10 // smooth: never one long sleep for a big write
+	n := 0
+	for len(p) > 0 {
+		c := min(len(p), chunk)
+		if err := s.bw.wait(s.ctx, c); err != nil {
+			return n, err
+		}
+		m, err := s.w.Write(p[:c])
+		n += m
+		if err != nil {
+			return n, err
+		}
+		p = p[c:]
+	}
+	return n, nil
 }

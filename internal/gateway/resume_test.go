@@ -1,7 +1,10 @@
 package gateway_test
 
 import (
+	"bytes"
 	"context"
+	"io"
+	"net/http/httptest"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -140,5 +143,45 @@ func TestOperatorHostsTrustedByNameOnly(t *testing.T) {
 	}
 	if _, _, total := l.snapshot(); total != 1 {
 		t.Fatalf("the service received %d requests, want 1", total)
+	}
+}
+
+// TestBandwidthLimit: a sandbox's egress bandwidth bounds how fast a large
+// answer reaches it; without a limit the same answer is fast (the control).
+func TestBandwidthLimit(t *testing.T) {
+	const size = 3 << 20
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write(bytes.Repeat([]byte("x"), size))
+	}))
+	defer up.Close()
+	addr := netip.MustParseAddrPort(up.Listener.Addr().String())
+	for _, limit := range []int64{0, 1 << 20} {
+		st := openStore(t, storePath(t))
+		sb := fmt.Sprintf("sbx-bw-%d", limit)
+		pol := allowLoopback(addr)
+		pol.BytesPerSecond = limit
+		gw := gateway.New(gateway.Options{Journal: gateway.NewJournal(st), MaxJournaledBody: 1 << 10})
+		if err := gw.StartRun(context.Background(), gateway.Run{Tenant: "t1", Sandbox: sb, ID: "r", Epoch: acquire(t, st, sb, "n"), Policy: pol}); err != nil {
+			t.Fatal(err)
+		}
+		f := newFront(t, gw, addr, sb)
+		t0 := time.Now()
+		resp, err := f.client().Get("http://" + addr.String() + "/big")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		took := time.Since(t0)
+		if err != nil || n != size {
+			t.Fatalf("limit %d: read %d bytes, %v", limit, n, err)
+		}
+		switch {
+		case limit == 0 && took > 1500*time.Millisecond:
+			t.Fatalf("unlimited: %v for 3 MiB; the control is too slow to show anything", took)
+		case limit > 0 && took < 1800*time.Millisecond:
+			t.Fatalf("1 MiB/s: 3 MiB in %v; want at least ~2 s (one second's burst, then the rate)", took)
+		}
+		t.Logf("limit %d B/s: 3 MiB in %v", limit, took.Round(time.Millisecond))
 	}
 }

@@ -24,6 +24,8 @@ type EgressPolicy struct {
 	// means unlimited.
 	RequestsPerSecond float64 `json:"requests_per_second,omitempty"`
 	Burst             int     `json:"burst,omitempty"`
+	// BytesPerSecond bounds egress bandwidth (both directions); 0: none.
+	BytesPerSecond int64 `json:"bytes_per_second,omitempty"`
 	// Modes assign a crash mode to destinations: "idempotent-key",
 	// "at-most-once" or "replay-safe" (gateway.Mode).
 	Modes []EgressMode `json:"modes,omitempty"`
@@ -63,6 +65,9 @@ func (p EgressPolicy) Check() error {
 	case "", "fail", "forward":
 	default:
 		return errdefs.InvalidArgumentf("egress on_divergence %q: want fail or forward", p.OnDivergence)
+	}
+	if p.BytesPerSecond < 0 {
+		return errdefs.InvalidArgumentf("egress bytes_per_second %d: must not be negative", p.BytesPerSecond)
 	}
 	if p.RequestsPerSecond < 0 || p.RequestsPerSecond > 1e6 || p.Burst < 0 || p.Burst > 1e6 {
 		return errdefs.InvalidArgumentf("egress rate %v/s burst %d: want 0 to 1000000", p.RequestsPerSecond, p.Burst)

@@ -12,7 +12,7 @@ func fromAPIEgress(p *api.EgressPolicy) *meta.EgressPolicy {
 	if p == nil {
 		return nil
 	}
-	m := &meta.EgressPolicy{Allow: p.Allow, RequestsPerSecond: p.RequestsPerSecond, Burst: p.Burst, OnDivergence: p.OnDivergence}
+	m := &meta.EgressPolicy{Allow: p.Allow, RequestsPerSecond: p.RequestsPerSecond, Burst: p.Burst, BytesPerSecond: p.BytesPerSecond, OnDivergence: p.OnDivergence}
 	for _, x := range p.Modes {
 		m.Modes = append(m.Modes, meta.EgressMode{Dest: x.Dest, Method: x.Method, Mode: x.Mode})
 	}
@@ -23,7 +23,7 @@ func toAPIEgress(p *meta.EgressPolicy) *api.EgressPolicy {
 	if p == nil {
 		return nil
 	}
-	a := &api.EgressPolicy{Allow: p.Allow, RequestsPerSecond: p.RequestsPerSecond, Burst: p.Burst, OnDivergence: p.OnDivergence}
+	a := &api.EgressPolicy{Allow: p.Allow, RequestsPerSecond: p.RequestsPerSecond, Burst: p.Burst, BytesPerSecond: p.BytesPerSecond, OnDivergence: p.OnDivergence}
 	for _, x := range p.Modes {
 		a.Modes = append(a.Modes, api.EgressMode{Dest: x.Dest, Method: x.Method, Mode: x.Mode})
 	}
