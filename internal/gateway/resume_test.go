@@ -3,10 +3,10 @@ package gateway_test
 import (
 	"bytes"
 	"context"
-	"io"
-	"net/http/httptest"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"testing"
 	"time"
