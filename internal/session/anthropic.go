@@ -63,7 +63,7 @@ func (a *Anthropic) Complete(ctx context.Context, req Request, onDelta func(stri
 			return resp, nil
 		}
 		var apiErr *anthropic.Error
-		if ctx.Err() != nil || (errors.As(err, &apiErr) && apiErr.StatusCode != 0 && apiErr.StatusCode < 500 && apiErr.StatusCode != 429) {
+		if ctx.Err() != nil || (errors.As(err, &apiErr) && !retryable(apiErr.StatusCode)) {
 			break
 		}
 		select {

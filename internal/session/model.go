@@ -132,3 +132,11 @@ func (m *Scripted) Complete(ctx context.Context, req Request, onDelta func(strin
 	r.Usage = Usage{InputTokens: in/4 + 1, OutputTokens: out/4 + 1}
 	return r, nil
 }
+
+// retryable says whether a provider's answer with this status is worth
+// another attempt: a stream cut by an error event (it began with 200), a
+// timeout, a conflict, a rate limit, an overload (529) or a server error.
+// Other 4xx answers will not change.
+func retryable(status int) bool {
+	return status < 400 || status == 408 || status == 409 || status == 429 || status >= 500
+}

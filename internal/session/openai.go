@@ -60,7 +60,7 @@ func (o *OpenAI) Complete(ctx context.Context, req Request, onDelta func(string)
 			return resp, nil
 		}
 		var apiErr *openai.Error
-		if ctx.Err() != nil || (errors.As(err, &apiErr) && apiErr.StatusCode != 0 && apiErr.StatusCode < 500 && apiErr.StatusCode != 429) {
+		if ctx.Err() != nil || (errors.As(err, &apiErr) && !retryable(apiErr.StatusCode)) {
 			break
 		}
 		select {
