@@ -9,6 +9,7 @@
 package server
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/metrics"
+	"github.com/amber-run/amber/internal/session"
 )
 
 // Options configure New.
@@ -36,19 +38,27 @@ type Options struct {
 	// Metrics, when set, counts and times requests and is served at
 	// /metrics (the operator's key).
 	Metrics *metrics.Metrics
+	// Sessions, when set, serves agent sessions (/v1/sessions); without it
+	// those routes answer 412.
+	Sessions *session.Manager
 }
 
 // Server serves the API. It is an http.Handler.
 type Server struct {
-	rates   rateLimits
-	audit   *audit.Trail
-	metrics *metrics.Metrics
-	eng     *engine.Engine
-	meta    *meta.Store
-	clock   clock.Clock
-	lg      *slog.Logger
-	version string
-	mux     *http.ServeMux
+	rates    rateLimits
+	audit    *audit.Trail
+	metrics  *metrics.Metrics
+	sessions *session.Manager
+	// streams ends with CloseStreams: long-lived streams (session SSE)
+	// return so that a graceful shutdown does not wait for them.
+	streams     context.Context
+	stopStreams context.CancelFunc
+	eng         *engine.Engine
+	meta        *meta.Store
+	clock       clock.Clock
+	lg          *slog.Logger
+	version     string
+	mux         *http.ServeMux
 
 	publicURL string
 	proxies   proxies
@@ -134,6 +144,12 @@ func (s *Server) routes() []Route {
 		{Method: "GET", Path: "/v1/audit", Scope: read, h: s.listAudit},
 		{Method: "GET", Path: "/v1/audit/verify", Scope: read, h: s.verifyAudit},
 		{Method: "PUT", Path: "/v1/tenants/{tenant}/policy", Scope: admin, h: s.putTenantPolicy},
+		{Method: "POST", Path: "/v1/sessions", Scope: write, h: s.createSession},
+		{Method: "GET", Path: "/v1/sessions", Scope: read, h: s.listSessions},
+		{Method: "GET", Path: "/v1/sessions/{id}", Scope: read, h: s.getSession},
+		{Method: "POST", Path: "/v1/sessions/{id}/events", Scope: write, h: s.postSessionEvent},
+		{Method: "GET", Path: "/v1/sessions/{id}/events", Scope: read, h: s.sessionEvents},
+		{Method: "GET", Path: "/v1/sessions/{id}/events/stream", Scope: read, h: s.sessionStream},
 	}
 }
 
@@ -145,7 +161,8 @@ func New(o Options) *Server {
 	if o.Clock == nil {
 		o.Clock = clock.Real{}
 	}
-	s := &Server{eng: o.Engine, meta: o.Meta, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL, audit: o.Audit, metrics: o.Metrics}
+	s := &Server{eng: o.Engine, meta: o.Meta, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL, audit: o.Audit, metrics: o.Metrics, sessions: o.Sessions}
+	s.streams, s.stopStreams = context.WithCancel(context.Background())
 	for _, rt := range s.routes() {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}
@@ -156,6 +173,10 @@ func New(o Options) *Server {
 	})
 	return s
 }
+
+// CloseStreams ends the long-lived event streams (for http.Server's
+// RegisterOnShutdown): clients reconnect to the next daemon and resume.
+func (s *Server) CloseStreams() { s.stopStreams() }
 
 // Routes returns the API's endpoints (for tests and documentation).
 func (s *Server) Routes() []Route { return s.routes() }

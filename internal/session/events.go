@@ -23,19 +23,19 @@ const (
 	EventResume           = "session.resume"
 	EventTerminate        = "session.terminate"
 
-	EventStatus               = "session.status"
-	EventModelRequestStarted  = "session.model_request_started"
-	EventModelRequestEnded    = "session.model_request_ended"
-	EventAssistantMessage     = "session.assistant_message"
-	EventToolCall             = "session.tool_call"
-	EventToolStarted          = "session.tool_started"
-	EventToolResult           = "session.tool_result"
-	EventSandboxCreated       = "session.sandbox_created"
-	EventCheckpointed         = "session.checkpointed"
-	EventSandboxRestored      = "session.sandbox_restored"
-	EventDivergence           = "session.divergence"
-	EventError                = "session.error"
-	EventAssistantDelta       = "session.assistant_delta" // live only, never stored
+	EventStatus              = "session.status"
+	EventModelRequestStarted = "session.model_request_started"
+	EventModelRequestEnded   = "session.model_request_ended"
+	EventAssistantMessage    = "session.assistant_message"
+	EventToolCall            = "session.tool_call"
+	EventToolStarted         = "session.tool_started"
+	EventToolResult          = "session.tool_result"
+	EventSandboxCreated      = "session.sandbox_created"
+	EventCheckpointed        = "session.checkpointed"
+	EventSandboxRestored     = "session.sandbox_restored"
+	EventDivergence          = "session.divergence"
+	EventError               = "session.error"
+	EventAssistantDelta      = "session.assistant_delta" // live only, never stored
 )
 
 // InputTypes are the event types a client may append.

@@ -24,6 +24,7 @@ type Manager struct {
 
 	mu      sync.Mutex
 	runners map[string]*runner
+	deltas  map[string]map[chan string]struct{} // session → live listeners
 	bg      context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -36,7 +37,43 @@ func NewManager(h *Harness) *Manager {
 	h.defaults()
 	RegisterEvents(h.Registry)
 	bg, cancel := context.WithCancel(context.Background())
-	return &Manager{h: h, runners: map[string]*runner{}, bg: bg, cancel: cancel}
+	m := &Manager{h: h, runners: map[string]*runner{}, deltas: map[string]map[chan string]struct{}{}, bg: bg, cancel: cancel}
+	if h.OnDelta == nil {
+		h.OnDelta = m.publish
+	}
+	return m
+}
+
+// Deltas returns a channel of the live text deltas of session id's model
+// answers (not durable: a listener that is slow or absent misses them; the
+// complete message is in the log) and a function to stop listening.
+func (m *Manager) Deltas(id string) (<-chan string, func()) {
+	ch := make(chan string, 256)
+	m.mu.Lock()
+	if m.deltas[id] == nil {
+		m.deltas[id] = map[chan string]struct{}{}
+	}
+	m.deltas[id][ch] = struct{}{}
+	m.mu.Unlock()
+	return ch, func() {
+		m.mu.Lock()
+		delete(m.deltas[id], ch)
+		if len(m.deltas[id]) == 0 {
+			delete(m.deltas, id)
+		}
+		m.mu.Unlock()
+	}
+}
+
+func (m *Manager) publish(id, text string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for ch := range m.deltas[id] {
+		select {
+		case ch <- text:
+		default:
+		}
+	}
 }
 
 // Start wakes every session that is not terminated: those that were

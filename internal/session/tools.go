@@ -54,7 +54,9 @@ func changes(tool string) bool {
 }
 
 // needsSandbox says whether a tool runs in the sandbox.
-func needsSandbox(tool string) bool { return tool != "" && strings.Contains(" bash read_file write_file edit_file http ", " "+tool+" ") }
+func needsSandbox(tool string) bool {
+	return tool != "" && strings.Contains(" bash read_file write_file edit_file http ", " "+tool+" ")
+}
 
 // maxOutput bounds what a tool result carries.
 const maxOutput = 64 << 10
