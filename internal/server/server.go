@@ -45,23 +45,24 @@ type Options struct {
 
 // Server serves the API. It is an http.Handler.
 type Server struct {
-	rates    rateLimits
-	audit    *audit.Trail
-	metrics  *metrics.Metrics
+	rates   rateLimits
+	audit   *audit.Trail
+	metrics *metrics.Metrics
+	eng     *engine.Engine
+	meta    *meta.Store
+	clock   clock.Clock
+	lg      *slog.Logger
+	version string
+	mux     *http.ServeMux
+
+	publicURL string
+	proxies   proxies
+
 	sessions *session.Manager
 	// streams ends with CloseStreams: long-lived streams (session SSE)
 	// return so that a graceful shutdown does not wait for them.
 	streams     context.Context
 	stopStreams context.CancelFunc
-	eng         *engine.Engine
-	meta        *meta.Store
-	clock       clock.Clock
-	lg          *slog.Logger
-	version     string
-	mux         *http.ServeMux
-
-	publicURL string
-	proxies   proxies
 }
 
 // call is what a handler knows about its request beyond the request itself.
