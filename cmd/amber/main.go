@@ -85,6 +85,7 @@ func newRoot() *cobra.Command {
 		newTenantCmd(g),
 		newKeyCmd(g),
 		newAuditCmd(g),
+		newSessionCmd(g),
 	)
 	return root
 }
