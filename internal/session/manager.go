@@ -5,10 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/base32"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
@@ -25,6 +25,7 @@ type Manager struct {
 	mu      sync.Mutex
 	runners map[string]*runner
 	deltas  map[string]map[chan string]struct{} // session → live listeners
+	retries int                                 // Wake attempts after an error (3)
 	bg      context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -37,7 +38,7 @@ func NewManager(h *Harness) *Manager {
 	h.defaults()
 	RegisterEvents(h.Registry)
 	bg, cancel := context.WithCancel(context.Background())
-	m := &Manager{h: h, runners: map[string]*runner{}, deltas: map[string]map[chan string]struct{}{}, bg: bg, cancel: cancel}
+	m := &Manager{h: h, retries: 3, runners: map[string]*runner{}, deltas: map[string]map[chan string]struct{}{}, bg: bg, cancel: cancel}
 	if h.OnDelta == nil {
 		h.OnDelta = m.publish
 	}
@@ -282,9 +283,24 @@ func (m *Manager) run(id string, r *runner) {
 			m.mu.Unlock()
 			return
 		}
-		st, err := m.h.Wake(m.bg, id)
-		if err != nil && !errors.Is(err, context.Canceled) {
-			m.h.Logger.Warn("session harness stopped", "session", id, "status", st, "err", err)
+		// A failed Wake (a model or sandbox error; it is in the log) is
+		// tried again a few times with backoff: the next Wake recovers what
+		// the failure cut off. Then the session waits for a client event
+		// or the next start.
+		for attempt := 0; ; attempt++ {
+			st, err := m.h.Wake(m.bg, id)
+			if err == nil || m.bg.Err() != nil || errdefs.IsNotFound(err) {
+				break
+			}
+			m.h.Logger.Warn("session harness stopped", "session", id, "status", st, "attempt", attempt+1, "err", err)
+			if attempt+1 >= m.retries {
+				break
+			}
+			select {
+			case <-m.bg.Done():
+				return
+			case <-time.After(time.Duration(1<<attempt) * time.Second):
+			}
 		}
 		if m.bg.Err() != nil {
 			return
