@@ -532,3 +532,34 @@ type TenantQuota struct {
 	MaxCheckpointBytes int64   `json:"max_checkpoint_bytes,omitempty"`
 	RequestsPerSecond  float64 `json:"requests_per_second,omitempty"`
 }
+
+// Session is an agent session (GET /v1/sessions/{id}). Its log is served
+// by GET /v1/sessions/{id}/events and …/events/stream.
+type Session struct {
+	ID      string `json:"id"`
+	Tenant  string `json:"tenant"`
+	Status  string `json:"status"`
+	Reason  string `json:"reason,omitempty"`
+	Sandbox string `json:"sandbox,omitempty"`
+	// Definition is the agent definition the session was created with
+	// (the body of POST /v1/sessions, with defaults filled in).
+	Definition json.RawMessage `json:"definition"`
+	Created    time.Time       `json:"created"`
+	Updated    time.Time       `json:"updated"`
+}
+
+// SessionList is the body of GET /v1/sessions.
+type SessionList struct {
+	Sessions []Session `json:"sessions"`
+}
+
+// PostSessionEventRequest is a client event for a session (POST
+// /v1/sessions/{id}/events). Type is user_message, interrupt,
+// tool_confirmation, custom_tool_result, resume or terminate (with or
+// without the "session." prefix). ID, when set, makes the post idempotent:
+// the same id and content are appended once.
+type PostSessionEventRequest struct {
+	Type    string          `json:"type"`
+	ID      string          `json:"id,omitempty"`
+	Payload json.RawMessage `json:"payload,omitempty"`
+}

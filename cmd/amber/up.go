@@ -29,6 +29,7 @@ import (
 	"github.com/amber-run/amber/internal/secretstore"
 	"github.com/amber-run/amber/internal/server"
 	"github.com/amber-run/amber/internal/tracing"
+	"github.com/amber-run/amber/internal/session"
 	"github.com/amber-run/amber/stores/sqlite"
 )
 
@@ -270,6 +271,16 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		}
 	}()
 
+	host, _ := os.Hostname()
+	sessions := session.NewManager(&session.Harness{Log: tlog, Registry: reg, Meta: m, Boxes: session.EngineSandboxes{E: eng},
+		Logger: lg.With("component", "sessions"), Holder: "node/" + host})
+	// Closed before the engine (defers run last first).
+	defer sessions.Close()
+	// Sessions that were working when the last daemon stopped go on.
+	if err := sessions.Start(ctx); err != nil {
+		return fmt.Errorf("wake sessions: %w", err)
+	}
+
 	ln, err := net.Listen("tcp", o.addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w (is another amber up running? pick another --addr)", o.addr, err)
@@ -279,12 +290,14 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		return err
 	}
 	defer os.Remove(addrFile)
+	api := server.New(server.Options{Engine: eng, Meta: m, Audit: trail, Secrets: secrets, Metrics: mx, Tracer: tp, Logger: lg.With("component", "api"), Version: version, Sessions: sessions})
 	srv := &http.Server{
-		Handler:           server.New(server.Options{Engine: eng, Meta: m, Audit: trail, Secrets: secrets, Metrics: mx, Tracer: tp, Logger: lg.With("component", "api"), Version: version}),
+		Handler:           api,
 		ReadHeaderTimeout: 10 * time.Second,
 		// Larger headers get net/http's 431 before any handler runs.
 		MaxHeaderBytes: server.MaxHeaderBytes,
 	}
+	srv.RegisterOnShutdown(api.CloseStreams)
 	lg.Info("amber is up", "addr", "http://"+ln.Addr().String(), "driver", drv.Name(), "data_dir", dataDir,
 		"templates", strings.Join(cat.Names(), ","), "admin_key", keyPath)
 	errc := make(chan error, 1)

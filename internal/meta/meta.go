@@ -93,7 +93,7 @@ type Store struct {
 }
 
 // schemaVersion is stored in PRAGMA user_version.
-const schemaVersion = 3
+const schemaVersion = 4
 
 const schema = `
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -124,7 +124,7 @@ CREATE TABLE IF NOT EXISTS exposures (
 	created_ns INTEGER NOT NULL,
 	PRIMARY KEY (sandbox_id, port)
 ) STRICT;
-` + checkpointSchema + tenantsSchema + tenantPolicySchema + idempotencySchema + quotaSchema + sandboxEgressSchema + secretsSchema
+` + checkpointSchema + tenantsSchema + tenantPolicySchema + idempotencySchema + quotaSchema + sandboxEgressSchema + secretsSchema + sessionsSchema
 
 // apiKeysSchema is the api_keys table since schema version 3. Times are
 // Unix nanoseconds; 0 in expires_ns or revoked_ns means never. scopes is
@@ -161,6 +161,8 @@ var migrations = map[int]string{
 	      SELECT tenant, tenant, 'active', MIN(created_ns) FROM
 	        (SELECT tenant, created_ns FROM api_keys UNION ALL SELECT tenant, created_ns FROM sandboxes WHERE tenant != '')
 	      GROUP BY tenant;`,
+	// 3 → 4: agent sessions (sessions.go).
+	3: sessionsSchema,
 }
 
 // Open opens (creating if needed) the store at path.

@@ -19,10 +19,12 @@ import (
 	"github.com/amber-run/amber/client"
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/enginetest"
 	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/server"
+	"github.com/amber-run/amber/internal/session"
 )
 
 // routeRequest is what a call to one route sends besides its path: the
@@ -62,6 +64,9 @@ var requests = map[string]routeRequest{
 	"GET /v1/sandboxes/{id}/ports":                   {},
 	"GET /v1/checkpoints/{id}":                       {},
 	"DELETE /v1/checkpoints/{id}":                    {},
+	"POST /v1/sessions":                              {ctype: "application/json", body: `{"model":{"adapter":"scripted"},"template":"minimal"}`},
+	"POST /v1/sessions/{id}/events":                  {ctype: "application/json", body: `{"type":"user_message","payload":{"text":"hi"}}`},
+	"GET /v1/sessions/{id}/events":                   {query: "after=0"},
 }
 
 // answer is one HTTP exchange of the table.
@@ -124,7 +129,12 @@ func TestAuthorizationTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := server.New(server.Options{Engine: env.Engine, Meta: env.Meta, Clock: fc, Logger: enginetest.Logger(t), Version: "test", Secrets: secrets})
+
+	reg := eventlog.NewRegistry()
+	sessions := session.NewManager(&session.Harness{Log: env.Log, Registry: reg, Meta: env.Meta,
+		Boxes: session.EngineSandboxes{E: env.Engine}, Logger: enginetest.Logger(t)})
+	t.Cleanup(sessions.Close)
+	srv := server.New(server.Options{Engine: env.Engine, Meta: env.Meta, Clock: fc, Logger: enginetest.Logger(t), Version: "test", Sessions: sessions, Secrets: secrets})
 	ts := httptest.NewServer(srv)
 	t.Cleanup(ts.Close)
 	op, _ := client.New(ts.URL, opKey)
@@ -173,16 +183,23 @@ func TestAuthorizationTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	se, err := a.CreateSession(ctx, map[string]any{"model": map[string]any{"adapter": "scripted"}, "template": "minimal"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	fill := func(rt server.Route) string {
 		id := sb.ID
 		if strings.HasPrefix(rt.Path, "/v1/checkpoints/") {
 			id = ck.ID
 		}
+		if strings.HasPrefix(rt.Path, "/v1/sessions/") {
+			id = se.ID
+		}
 		return strings.NewReplacer("{id}", url.PathEscape(id), "{pid}", fmt.Sprint(pid), "{port}", "8080",
 			"{tenant}", "acme", "{name}", "reader").Replace(rt.Path)
 	}
 	// What tenant globex must never see in an answer.
-	unseen := []string{sb.ID, ck.ID, `"acme"`, "acme-secret-value-1"}
+	unseen := []string{sb.ID, ck.ID, se.ID, `"acme"`, "acme-secret-value-1"}
 
 	routes := srv.Routes()
 	if len(routes) < 30 {

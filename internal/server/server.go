@@ -11,6 +11,7 @@ package server
 
 import (
 	"github.com/amber-run/amber/internal/secretstore"
+	"context"
 	"log/slog"
 	"net/http"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/metrics"
 	"github.com/amber-run/amber/internal/tracing"
+	"github.com/amber-run/amber/internal/session"
 )
 
 // Options configure New.
@@ -49,6 +51,9 @@ type Options struct {
 	// Tracer makes a span per request (middleware.go) that the engine's
 	// spans are children of; nil: no spans.
 	Tracer trace.TracerProvider
+	// Sessions, when set, serves agent sessions (/v1/sessions); without it
+	// those routes answer 412.
+	Sessions *session.Manager
 }
 
 // Server serves the API. It is an http.Handler.
@@ -69,6 +74,12 @@ type Server struct {
 
 	publicURL string
 	proxies   proxies
+
+	sessions *session.Manager
+	// streams ends with CloseStreams: long-lived streams (session SSE)
+	// return so that a graceful shutdown does not wait for them.
+	streams     context.Context
+	stopStreams context.CancelFunc
 }
 
 // call is what a handler knows about its request beyond the request itself.
@@ -161,6 +172,12 @@ func (s *Server) routes() []Route {
 		{Method: "GET", Path: "/v1/audit", Scope: read, h: s.listAudit},
 		{Method: "GET", Path: "/v1/audit/verify", Scope: read, h: s.verifyAudit},
 		{Method: "PUT", Path: "/v1/tenants/{tenant}/policy", Scope: admin, h: s.putTenantPolicy},
+		{Method: "POST", Path: "/v1/sessions", Scope: write, h: s.createSession},
+		{Method: "GET", Path: "/v1/sessions", Scope: read, h: s.listSessions},
+		{Method: "GET", Path: "/v1/sessions/{id}", Scope: read, h: s.getSession},
+		{Method: "POST", Path: "/v1/sessions/{id}/events", Scope: write, h: s.postSessionEvent},
+		{Method: "GET", Path: "/v1/sessions/{id}/events", Scope: read, h: s.sessionEvents},
+		{Method: "GET", Path: "/v1/sessions/{id}/events/stream", Scope: read, h: s.sessionStream},
 	}
 }
 
@@ -173,7 +190,9 @@ func New(o Options) *Server {
 		o.Clock = clock.Real{}
 	}
 	s := &Server{eng: o.Engine, meta: o.Meta, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL, audit: o.Audit, metrics: o.Metrics,
-		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeServer), limits: o.Limits.withDefaults(), secrets: o.Secrets}
+		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeServer), limits: o.Limits.withDefaults(), secrets: o.Secrets,
+		sessions: o.Sessions}
+	s.streams, s.stopStreams = context.WithCancel(context.Background())
 	for _, rt := range s.routes() {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}
@@ -184,6 +203,10 @@ func New(o Options) *Server {
 	})
 	return s
 }
+
+// CloseStreams ends the long-lived event streams (for http.Server's
+// RegisterOnShutdown): clients reconnect to the next daemon and resume.
+func (s *Server) CloseStreams() { s.stopStreams() }
 
 // Routes returns the API's endpoints (for tests and documentation).
 func (s *Server) Routes() []Route { return s.routes() }

@@ -1,0 +1,123 @@
+package session
+
+import (
+	"encoding/json"
+	"slices"
+	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
+)
+
+// Definition is what a session is: the agent (model, system prompt, tools,
+// limits), the sandbox it works in and the recovery policy. It is the
+// payload of the session's first event, so a harness rebuilds it from the
+// log alone.
+type Definition struct {
+	Model  ModelConfig `json:"model"`
+	System string      `json:"system,omitempty"`
+	// Tools are the built-in tools the agent may use (BuiltinTools when
+	// empty); CustomTools are answered by the client.
+	Tools       []string   `json:"tools,omitempty"`
+	CustomTools []ToolSpec `json:"custom_tools,omitempty"`
+	// Confirm names tools whose calls wait for a tool confirmation event.
+	Confirm []string `json:"confirm,omitempty"`
+	Limits  Limits   `json:"limits,omitempty"`
+	// ContextBudget is the size (characters of message text) past which
+	// the oldest turns are compacted out of the context sent to the model
+	// (default 200000). The log keeps everything.
+	ContextBudget int `json:"context_budget,omitempty"`
+	// Template is the sandbox template (default "python"); the sandbox is
+	// created at the first tool call that needs one.
+	Template string `json:"template,omitempty"`
+	// Policy is the recovery policy: "strict" (default) or "fast"
+	// (BRIEF.md, "The recovery contract").
+	Policy string `json:"policy,omitempty"`
+	// FastEvery is the fast policy's checkpoint interval in sandbox-changing
+	// tool calls (default 5).
+	FastEvery int `json:"fast_every,omitempty"`
+}
+
+// ModelConfig chooses a model adapter and configures it.
+type ModelConfig struct {
+	// Adapter: "scripted", "anthropic" or "openai".
+	Adapter string `json:"adapter"`
+	// Name is the model's name at the provider.
+	Name string `json:"name,omitempty"`
+	// BaseURL is the provider's API (the adapter's default when empty).
+	BaseURL string `json:"base_url,omitempty"`
+	// APIKeyEnv names the daemon's environment variable holding the API key
+	// (default ANTHROPIC_API_KEY / OPENAI_API_KEY). The key itself is never
+	// in the log.
+	APIKeyEnv string `json:"api_key_env,omitempty"`
+	MaxTokens int    `json:"max_tokens,omitempty"`
+	// Script is the scripted model's turns.
+	Script []ScriptTurn `json:"script,omitempty"`
+}
+
+// ToolSpec describes a tool to the model.
+type ToolSpec struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description"`
+	InputSchema json.RawMessage `json:"input_schema"`
+}
+
+// Limits are a session's budgets; reaching one pauses the session
+// (StatusPausedBudget). Zero means no limit.
+type Limits struct {
+	MaxTurns  int           `json:"max_turns,omitempty"`  // model calls
+	MaxTokens int           `json:"max_tokens,omitempty"` // input + output tokens
+	MaxWall   time.Duration `json:"max_wall_ns,omitempty"`
+}
+
+// Policies.
+const (
+	PolicyStrict = "strict"
+	PolicyFast   = "fast"
+)
+
+// Normalize fills defaults and checks d.
+func (d Definition) Normalize() (Definition, error) {
+	switch d.Model.Adapter {
+	case "scripted", "anthropic", "openai":
+	case "":
+		return d, errdefs.InvalidArgumentf("session: model.adapter is required (scripted, anthropic or openai)")
+	default:
+		return d, errdefs.InvalidArgumentf("session: unknown model adapter %q (scripted, anthropic or openai)", d.Model.Adapter)
+	}
+	if d.Policy == "" {
+		d.Policy = PolicyStrict
+	}
+	if d.Policy != PolicyStrict && d.Policy != PolicyFast {
+		return d, errdefs.InvalidArgumentf("session: policy %q: want strict or fast", d.Policy)
+	}
+	if d.Template == "" {
+		d.Template = "python"
+	}
+	if len(d.Tools) == 0 {
+		d.Tools = slices.Clone(BuiltinTools)
+	}
+	for _, t := range d.Tools {
+		if !slices.Contains(BuiltinTools, t) {
+			return d, errdefs.InvalidArgumentf("session: unknown built-in tool %q (have %v)", t, BuiltinTools)
+		}
+	}
+	for _, c := range d.CustomTools {
+		if c.Name == "" || slices.Contains(BuiltinTools, c.Name) {
+			return d, errdefs.InvalidArgumentf("session: custom tool name %q is empty or a built-in's", c.Name)
+		}
+	}
+	if d.Limits.MaxTurns < 0 || d.Limits.MaxTokens < 0 || d.Limits.MaxWall < 0 {
+		return d, errdefs.InvalidArgumentf("session: limits must not be negative")
+	}
+	if d.ContextBudget <= 0 {
+		d.ContextBudget = 200_000
+	}
+	if d.FastEvery <= 0 {
+		d.FastEvery = 5
+	}
+	return d, nil
+}
+
+func (d Definition) isCustom(name string) bool {
+	return slices.ContainsFunc(d.CustomTools, func(t ToolSpec) bool { return t.Name == name })
+}

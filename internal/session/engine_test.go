@@ -1,0 +1,89 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/failpoint"
+)
+
+func TestMain(m *testing.M) { enginetest.Main(m) }
+
+// TestEngineStrictCutOffToolRestoresSandbox runs a strict session in a real
+// sandbox. A bash call appends a line to a file in the sandbox; the harness
+// is killed after the tool ran and its checkpoint was cut, before its result
+// was recorded. The next harness restores the sandbox to the checkpoint of
+// the last acknowledged step and runs the call again: the file has the line
+// once, as after an uninterrupted run, and the acknowledged call before it
+// did not run again.
+func TestEngineStrictCutOffToolRestoresSandbox(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real sandboxes")
+	}
+	env := enginetest.New(t, engine.Options{})
+	ctx := context.Background()
+	reg := eventlog.NewRegistry()
+	RegisterEvents(reg)
+	script := []ScriptTurn{
+		{ToolCalls: []ScriptToolCall{{Name: "bash", Input: in(`{"command":"echo first >> /tmp/log.txt; wc -l < /tmp/log.txt"}`)}}},
+		{ToolCalls: []ScriptToolCall{{Name: "bash", Input: in(`{"command":"echo second >> /tmp/log.txt; cat /tmp/log.txt"}`)}}},
+		{ToolCalls: []ScriptToolCall{{Name: "read_file", Input: in(`{"path":"/tmp/log.txt"}`)}}},
+		{Text: "done"},
+	}
+	model := NewScripted(script)
+	h := func(fp *failpoint.Set) *Harness {
+		return &Harness{Log: env.Log, Registry: reg, Meta: env.Meta, Boxes: EngineSandboxes{E: env.Engine}, Logger: quiet(),
+			Models: func(ModelConfig) (Model, error) { return model, nil }, Holder: "node/test", Failpoints: fp}
+	}
+	s, err := NewManager(h(nil)).Create(ctx, "acme", Definition{Model: ModelConfig{Adapter: "scripted"}, Template: "minimal", Policy: PolicyStrict})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := s.ID
+	if _, err := env.Log.Append(ctx, Stream(id), 0, eventlog.Any, eventlog.Event{Tenant: "acme", ID: id + ".in.1", Type: EventUserMessage, Version: 1, Payload: mustJSON(UserMessage{Text: "go"})}); err != nil {
+		t.Fatal(err)
+	}
+	fp := failpoint.New()
+	fp.Arm(FPToolBeforeRecord, 2, failpoint.ErrCrash)
+	if _, err := h(fp).Wake(ctx, id); !errors.Is(err, failpoint.ErrCrash) {
+		t.Fatalf("first harness: %v", err)
+	}
+	st, err := h(nil).Wake(ctx, id)
+	if err != nil || st != StatusIdle {
+		t.Fatalf("woken: %v %v", st, err)
+	}
+	evs, err := env.Log.Read(ctx, Stream(id), 1, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fold := NewState(id)
+	restores := 0
+	for _, ev := range evs {
+		if err := fold.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev.Type == EventSandboxRestored {
+			restores++
+		}
+	}
+	var results []ToolResult
+	for _, c := range []string{"call_1_1", "call_2_1", "call_3_1"} {
+		results = append(results, fold.Results[c])
+	}
+	if results[0].Output != "exit 0\n1\n" || results[1].Output != "exit 0\nfirst\nsecond\n" || results[2].Output != "first\nsecond\n" {
+		t.Fatalf("results %+v", results)
+	}
+	if results[0].Checkpoint == "" || results[1].Checkpoint == "" || results[0].Checkpoint == results[1].Checkpoint {
+		t.Fatalf("strict results without their own checkpoints: %+v", results)
+	}
+	if restores != 1 {
+		t.Fatalf("%d restores, want 1", restores)
+	}
+	if fold.ToolAttempts["call_1_1"] != 1 || fold.ToolAttempts["call_2_1"] != 2 {
+		t.Fatalf("attempts %v: the acknowledged call must run once, the cut-off one twice", fold.ToolAttempts)
+	}
+}

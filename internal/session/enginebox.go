@@ -1,0 +1,111 @@
+package session
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"strings"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/meta"
+)
+
+// EngineSandboxes runs a session's tools in the engine's sandboxes.
+//
+// The sandbox is created with recovery policy "none": the harness cuts the
+// session's checkpoints itself, at step boundaries it records in the
+// session's log (strict: after every changing step, before its result;
+// fast: every FastEvery changing steps), so the engine's own exec-driven
+// checkpoints would only duplicate them.
+type EngineSandboxes struct{ E *engine.Engine }
+
+// Create implements Sandboxes.
+func (b EngineSandboxes) Create(ctx context.Context, tenant, template string) (string, error) {
+	sb, err := b.E.Create(ctx, engine.CreateRequest{Tenant: tenant, Template: template, Policy: "none"})
+	return sb.ID, err
+}
+
+// Running implements Sandboxes: a sandbox stopped for idleness counts as
+// running (the engine resumes it at the next call).
+func (b EngineSandboxes) Running(ctx context.Context, tenant, id string) (bool, error) {
+	sb, err := b.E.Get(ctx, tenant, id)
+	if err != nil {
+		return false, err
+	}
+	return sb.State == meta.StateRunning || (sb.State == meta.StateStopped && strings.HasPrefix(sb.Reason, "idle:")), nil
+}
+
+// Exec implements Sandboxes.
+func (b EngineSandboxes) Exec(ctx context.Context, tenant, id string, r ExecRequest) (ExecResult, error) {
+	var out, errb limitedBuffer
+	spec := sandbox.ExecSpec{Args: r.Args, Stdout: &out, Stderr: &errb, Timeout: r.Timeout}
+	if r.Stdin != nil {
+		spec.Stdin = bytes.NewReader(r.Stdin)
+	}
+	st, err := b.E.Exec(ctx, tenant, id, spec)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	return ExecResult{Stdout: out.Bytes(), Stderr: errb.Bytes(), Code: st.Code, TimedOut: st.TimedOut}, nil
+}
+
+// ReadFile implements Sandboxes.
+func (b EngineSandboxes) ReadFile(ctx context.Context, tenant, id, path string) ([]byte, error) {
+	fs, err := b.E.Files(ctx, tenant, id)
+	if err != nil {
+		return nil, err
+	}
+	var buf limitedBuffer
+	if err := fs.ReadFile(ctx, path, &buf); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// WriteFile implements Sandboxes.
+func (b EngineSandboxes) WriteFile(ctx context.Context, tenant, id, path string, data []byte) error {
+	fs, err := b.E.Files(ctx, tenant, id)
+	if err != nil {
+		return err
+	}
+	return fs.WriteFile(ctx, path, bytes.NewReader(data), 0o644)
+}
+
+// Checkpoint implements Sandboxes.
+func (b EngineSandboxes) Checkpoint(ctx context.Context, tenant, id string) (string, error) {
+	ck, err := b.E.Checkpoint(ctx, engine.CheckpointRequest{Tenant: tenant, Sandbox: id})
+	return ck.ID, err
+}
+
+// Restore implements Sandboxes.
+func (b EngineSandboxes) Restore(ctx context.Context, tenant, id, ckpt string) error {
+	ck, err := b.E.GetCheckpoint(ctx, tenant, ckpt)
+	if err != nil {
+		return err
+	}
+	if ck.SandboxID != id {
+		return errdefs.FailedPreconditionf("checkpoint %s is of sandbox %s, not %s", ckpt, ck.SandboxID, id)
+	}
+	_, err = b.E.Restore(ctx, engine.RestoreRequest{Tenant: tenant, Checkpoint: ckpt})
+	return err
+}
+
+// Destroy implements Sandboxes.
+func (b EngineSandboxes) Destroy(ctx context.Context, tenant, id string) error {
+	return b.E.Destroy(ctx, tenant, id)
+}
+
+// limitedBuffer keeps the first 4*maxOutput bytes written to it and
+// discards the rest (a tool's output is clipped anyway).
+type limitedBuffer struct{ bytes.Buffer }
+
+func (l *limitedBuffer) Write(p []byte) (int, error) {
+	if room := 4*maxOutput - l.Len(); room > 0 {
+		l.Buffer.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+var _ io.Writer = (*limitedBuffer)(nil)

@@ -1,0 +1,554 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/amber-run/amber/core/clock"
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/internal/failpoint"
+	"github.com/amber-run/amber/internal/meta"
+)
+
+// Crash points of the harness (internal/failpoint), one at each side of
+// each step's record.
+const (
+	FPModelBeforeRecord = "session.model.before-record" // the model answered; nothing recorded
+	FPModelAfterRecord  = "session.model.after-record"  // the answer is durable; nothing acted on
+	FPToolBeforeRecord  = "session.tool.before-record"  // the tool ran (strict: checkpoint committed); result not recorded
+	FPToolAfterRecord   = "session.tool.after-record"   // the result is durable
+)
+
+// Harness drives sessions. It holds no state of a session: Wake rebuilds it
+// from the log, and every decision is taken on what the log says.
+//
+// # Durability order of a step
+//
+// Model call: session.model_request_started (intent) is appended before the
+// request is sent; the answer is appended as one batch (model_request_ended
+// with usage, assistant_message, one tool_call per call) before anything is
+// done with it. A crash before the batch leaves an open call: the next Wake
+// re-issues it (next attempt). After the batch, the answer is never
+// requested again.
+//
+// Tool call: the call is in the log (the model's batch) and
+// session.tool_started (intent, with the attempt) is appended before the
+// tool runs. Under strict policy a tool that may change the sandbox is
+// followed by a committed checkpoint, and only then is session.tool_result
+// (naming that checkpoint) appended: an acknowledged step is always covered
+// by a durable checkpoint. A crash before the result leaves a started call
+// without result: the next Wake restores the sandbox to the checkpoint of
+// the last acknowledged step (strict) and runs the call again; a call whose
+// result is recorded is never run again. Under fast policy the sandbox is
+// checkpointed at a step boundary every FastEvery changing steps, after the
+// result is appended (session.checkpointed names the last result it
+// covers); if the sandbox is lost, Wake restores the newest one and re-runs
+// the recorded changing steps after it in order, reporting any whose output
+// differs (session.divergence).
+//
+// Status: every change of status is an event; the metadata row copies it
+// after the append.
+type Harness struct {
+	Log      eventlog.Store
+	Registry *eventlog.Registry
+	Meta     *meta.Store // optional: status and sandbox copies
+	Boxes    Sandboxes
+	Models   ModelFactory
+	Clock    clock.Clock
+	Logger   *slog.Logger
+	// Holder names this harness as the holder of session stream leases.
+	Holder   string
+	LeaseTTL time.Duration
+	// Failpoints, when set, are evaluated at the FP* points.
+	Failpoints *failpoint.Set
+	// OnDelta, when set, gets the live text deltas of model answers.
+	OnDelta func(session, text string)
+}
+
+// ErrWaiting is not an error: Wake returns nil when the session waits.
+
+// Wake rebuilds session id from its log and continues it until it waits
+// for input (idle, a custom tool result or a confirmation), is paused by a
+// budget, is terminated, or ctx ends. It returns the status it left the
+// session in.
+func (h *Harness) Wake(ctx context.Context, id string) (Status, error) {
+	h.defaults()
+	r := &run{h: h, id: id, stream: Stream(id), st: NewState(id)}
+	if err := r.refresh(ctx); err != nil {
+		return "", err
+	}
+	if r.st.Def.Model.Adapter == "" {
+		return "", errdefs.NotFoundf("session %s has no created event", id)
+	}
+	l, err := h.Log.Acquire(ctx, r.stream, h.Holder, h.LeaseTTL)
+	if err != nil {
+		return "", fmt.Errorf("session %s: lease: %w", id, err)
+	}
+	r.lease = l
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		r.mu.Lock()
+		_ = h.Log.Release(rctx, r.lease)
+		r.mu.Unlock()
+	}()
+	if r.model, err = h.Models(r.st.Def.Model); err != nil {
+		return "", err
+	}
+	return r.loop(ctx)
+}
+
+func (h *Harness) defaults() {
+	if h.Clock == nil {
+		h.Clock = clock.Real{}
+	}
+	if h.Logger == nil {
+		h.Logger = slog.Default()
+	}
+	if h.Models == nil {
+		h.Models = NewModel
+	}
+	if h.Holder == "" {
+		h.Holder = "harness"
+	}
+	if h.LeaseTTL <= 0 {
+		h.LeaseTTL = 30 * time.Second
+	}
+}
+
+// run is one Wake: a cache of the log's fold, refreshed before every
+// decision, and the lease it writes under.
+type run struct {
+	h      *Harness
+	id     string
+	stream string
+	st     *State
+	model  Model
+
+	mu        sync.Mutex
+	lease     eventlog.Lease
+	renewed   time.Time
+	recovered bool
+}
+
+// refresh folds the events appended since the last read.
+func (r *run) refresh(ctx context.Context) error {
+	for {
+		evs, err := r.h.Log.Read(ctx, r.stream, r.st.Head+1, 512)
+		if err != nil {
+			return fmt.Errorf("session %s: read: %w", r.id, err)
+		}
+		for _, ev := range evs {
+			if ev, err = r.h.Registry.Upcast(ev); err != nil {
+				return err
+			}
+			if err := r.st.Apply(ev); err != nil {
+				return err
+			}
+		}
+		if len(evs) < 512 {
+			return nil
+		}
+	}
+}
+
+// appendEvents appends under the harness's lease (renewing it when a third
+// of its time has passed) and folds the result back in.
+func (r *run) appendEvents(ctx context.Context, evs ...eventlog.Event) (eventlog.AppendResult, error) {
+	r.mu.Lock()
+	if r.h.Clock.Now().Sub(r.renewed) > r.h.LeaseTTL/3 {
+		l, err := r.h.Log.Renew(ctx, r.lease, r.h.LeaseTTL)
+		if err != nil {
+			r.mu.Unlock()
+			return eventlog.AppendResult{}, fmt.Errorf("session %s: renew lease: %w", r.id, err)
+		}
+		r.lease, r.renewed = l, r.h.Clock.Now()
+	}
+	epoch := r.lease.Epoch
+	r.mu.Unlock()
+	for i := range evs {
+		evs[i].Tenant, evs[i].Stream = r.st.Tenant, r.stream
+		if v, ok := r.h.Registry.Current(evs[i].Type); ok {
+			evs[i].Version = v
+		}
+	}
+	res, err := r.h.Log.Append(ctx, r.stream, epoch, eventlog.Any, evs...)
+	if err != nil {
+		return res, fmt.Errorf("session %s: append %s: %w", r.id, evs[0].Type, err)
+	}
+	return res, r.refresh(ctx)
+}
+
+func (r *run) event(id, typ string, payload any) eventlog.Event {
+	return eventlog.Event{ID: r.id + "." + id, Type: typ, Payload: mustJSON(payload)}
+}
+
+// setStatus appends a status event when the status changes (id: the log
+// position it was decided at, so a retry is a no-op).
+func (r *run) setStatus(ctx context.Context, s Status, reason string) error {
+	if r.st.Status == s && r.st.StatusReason == reason {
+		return nil
+	}
+	if _, err := r.appendEvents(ctx, r.event(fmt.Sprintf("status.%d", r.st.Head), EventStatus, StatusChange{Status: s, Reason: reason})); err != nil {
+		return err
+	}
+	if r.h.Meta != nil {
+		if err := r.h.Meta.SetSessionStatus(ctx, r.id, string(s), reason); err != nil {
+			r.h.Logger.Warn("session status row", "session", r.id, "err", err)
+		}
+	}
+	return nil
+}
+
+func (r *run) recordError(ctx context.Context, during string, err error) {
+	if ctx.Err() != nil || errors.Is(err, failpoint.ErrCrash) {
+		return
+	}
+	_, _ = r.appendEvents(ctx, r.event(fmt.Sprintf("error.%d", r.st.Head), EventError, ErrorInfo{During: during, Kind: errdefs.Kind(err), Message: err.Error()}))
+}
+
+// loop decides and performs one step at a time until the session waits.
+func (r *run) loop(ctx context.Context) (Status, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return r.st.Status, err
+		}
+		if err := r.refresh(ctx); err != nil {
+			return r.st.Status, err
+		}
+		st := r.st
+		switch {
+		case st.Terminated:
+			if err := r.setStatus(ctx, StatusTerminated, "terminated on request"); err != nil {
+				return st.Status, err
+			}
+			if st.Sandbox != "" {
+				if err := r.h.Boxes.Destroy(ctx, st.Tenant, st.Sandbox); err != nil && !errdefs.IsNotFound(err) {
+					r.h.Logger.Warn("destroy session sandbox", "session", r.id, "sandbox", st.Sandbox, "err", err)
+				}
+			}
+			return StatusTerminated, nil
+		case st.Status == StatusTerminated:
+			return StatusTerminated, nil
+		case st.Interrupted:
+			// Jumps the queue: pending calls are answered as interrupted.
+			for _, c := range slices.Clone(st.Pending) {
+				if _, err := r.appendEvents(ctx, r.event("t."+c.ID+".result", EventToolResult,
+					ToolResult{ToolCallID: c.ID, Name: c.Name, Output: "interrupted by the user before it ran", IsError: true})); err != nil {
+					return st.Status, err
+				}
+			}
+			if err := r.setStatus(ctx, StatusIdle, "interrupted"); err != nil {
+				return st.Status, err
+			}
+			return StatusIdle, nil
+		case st.Status == StatusNeedsReconciliation && st.LastInput < st.StatusSeq:
+			// Stays so until a client event (e.g. resume) asks to try again.
+			return st.Status, nil
+		case len(st.Pending) > 0:
+			c := st.Pending[0]
+			wait, err := r.tool(ctx, c)
+			if err != nil {
+				r.recordError(ctx, "tool "+c.Name, err)
+				return r.st.Status, err
+			}
+			if wait != "" {
+				if err := r.setStatus(ctx, StatusWaiting, wait); err != nil {
+					return st.Status, err
+				}
+				return StatusWaiting, nil
+			}
+		case st.NeedsModel():
+			if why := st.OverBudget(r.h.Clock.Now()); why != "" {
+				if err := r.setStatus(ctx, StatusPausedBudget, why); err != nil {
+					return st.Status, err
+				}
+				return StatusPausedBudget, nil
+			}
+			if err := r.setStatus(ctx, StatusRunning, ""); err != nil {
+				return st.Status, err
+			}
+			if err := r.callModel(ctx); err != nil {
+				r.recordError(ctx, "model call", err)
+				return r.st.Status, err
+			}
+		default:
+			if err := r.setStatus(ctx, StatusIdle, ""); err != nil {
+				return st.Status, err
+			}
+			return StatusIdle, nil
+		}
+	}
+}
+
+// callModel makes the next model call (re-issuing one cut off).
+func (r *run) callModel(ctx context.Context) error {
+	st := r.st
+	call, attempt := st.Calls+1, 1
+	if st.Open != nil && st.Open.Call == call {
+		attempt = st.Open.Attempt + 1
+	}
+	msgs, compacted := buildContext(st.Messages, st.Def.ContextBudget)
+	name := st.Def.Model.Name
+	if _, err := r.appendEvents(ctx, r.event(fmt.Sprintf("m%d.a%d.start", call, attempt), EventModelRequestStarted,
+		ModelRequestStarted{Call: call, Attempt: attempt, Model: name, ContextMessages: len(msgs), Compacted: compacted})); err != nil {
+		return err
+	}
+	maxTok := st.Def.Model.MaxTokens
+	if maxTok <= 0 {
+		maxTok = 4096
+	}
+	var onDelta func(string)
+	if r.h.OnDelta != nil {
+		onDelta = func(s string) { r.h.OnDelta(r.id, s) }
+	}
+	resp, err := r.model.Complete(ctx, Request{Model: name, System: st.Def.System, Messages: msgs,
+		Tools: toolSpecs(st.Def), MaxTokens: maxTok, Turn: st.Calls}, onDelta)
+	if err != nil {
+		return fmt.Errorf("model call %d: %w", call, err)
+	}
+	if err := r.h.Failpoints.Eval(FPModelBeforeRecord); err != nil {
+		return err
+	}
+	for i := range resp.ToolCalls {
+		if resp.ToolCalls[i].ID == "" {
+			resp.ToolCalls[i].ID = fmt.Sprintf("call_%d_%d", call, i+1)
+		}
+		if len(resp.ToolCalls[i].Input) == 0 {
+			resp.ToolCalls[i].Input = []byte(`{}`)
+		}
+	}
+	evs := []eventlog.Event{
+		r.event(fmt.Sprintf("m%d.end", call), EventModelRequestEnded, ModelRequestEnded{Call: call, Attempt: attempt, Usage: resp.Usage, StopReason: resp.StopReason}),
+		r.event(fmt.Sprintf("m%d.msg", call), EventAssistantMessage, AssistantMessage{Call: call, Text: resp.Text, ToolCalls: resp.ToolCalls}),
+	}
+	for i, c := range resp.ToolCalls {
+		evs = append(evs, r.event(fmt.Sprintf("m%d.tc%d", call, i+1), EventToolCall, c))
+	}
+	if _, err := r.appendEvents(ctx, evs...); err != nil {
+		return err
+	}
+	return r.h.Failpoints.Eval(FPModelAfterRecord)
+}
+
+// tool handles the first pending tool call. It returns a reason to wait
+// (for a confirmation or a custom tool's result) or runs it and records
+// its result.
+func (r *run) tool(ctx context.Context, c ToolCall) (wait string, err error) {
+	st := r.st
+	result := func(out string, isErr bool) error {
+		_, err := r.appendEvents(ctx, r.event("t."+c.ID+".result", EventToolResult, ToolResult{ToolCallID: c.ID, Name: c.Name, Output: out, IsError: isErr}))
+		return err
+	}
+	if slices.Contains(st.Def.Confirm, c.Name) {
+		conf, ok := st.Confirmed[c.ID]
+		if !ok {
+			return "confirmation of tool call " + c.ID + " (" + c.Name + ")", nil
+		}
+		if !conf.Allow {
+			return "", result("the user denied this tool call: "+conf.Reason, true)
+		}
+	}
+	if st.Def.isCustom(c.Name) {
+		cr, ok := st.Custom[c.ID]
+		if !ok {
+			return "result of custom tool call " + c.ID + " (" + c.Name + ")", nil
+		}
+		return "", result(cr.Output, cr.IsError)
+	}
+	if !slices.Contains(st.Def.Tools, c.Name) {
+		return "", result(fmt.Sprintf("unknown tool %q", c.Name), true)
+	}
+	if err := r.setStatus(ctx, StatusRunning, ""); err != nil {
+		return "", err
+	}
+	sbx, err := r.sandbox(ctx)
+	if err != nil {
+		return "", err
+	}
+	if sbx == "" { // needs reconciliation
+		return "", nil
+	}
+	attempt := st.ToolAttempts[c.ID] + 1
+	if _, err := r.appendEvents(ctx, r.event(fmt.Sprintf("t.%s.a%d.start", c.ID, attempt), EventToolStarted, ToolStarted{ToolCallID: c.ID, Attempt: attempt})); err != nil {
+		return "", err
+	}
+	out, isErr, err := runTool(ctx, r.h.Boxes, st.Tenant, sbx, c)
+	if err != nil {
+		return "", fmt.Errorf("tool call %s (%s): %w", c.ID, c.Name, err)
+	}
+	res := ToolResult{ToolCallID: c.ID, Name: c.Name, Output: out, IsError: isErr, Changed: changes(c.Name)}
+	if res.Changed && st.Def.Policy == PolicyStrict {
+		// Strict: the step is acknowledged only once a checkpoint covering
+		// it is durable.
+		ck, err := r.h.Boxes.Checkpoint(ctx, st.Tenant, sbx)
+		if err != nil {
+			return "", fmt.Errorf("checkpoint after tool call %s: %w", c.ID, err)
+		}
+		res.Checkpoint = ck
+	}
+	if err := r.h.Failpoints.Eval(FPToolBeforeRecord); err != nil {
+		return "", err
+	}
+	if _, err := r.appendEvents(ctx, r.event("t."+c.ID+".result", EventToolResult, res)); err != nil {
+		return "", err
+	}
+	if err := r.h.Failpoints.Eval(FPToolAfterRecord); err != nil {
+		return "", err
+	}
+	if st.Def.Policy == PolicyFast && r.st.ChangedSinceCut >= st.Def.FastEvery && len(r.st.Pending) == 0 {
+		r.fastCheckpoint(ctx, sbx)
+	}
+	return "", nil
+}
+
+// fastCheckpoint cuts a checkpoint at this step boundary (fast policy). A
+// failure is recorded and the session goes on: the next one covers more.
+func (r *run) fastCheckpoint(ctx context.Context, sbx string) {
+	after := r.st.Head
+	ck, err := r.h.Boxes.Checkpoint(ctx, r.st.Tenant, sbx)
+	if err != nil {
+		r.recordError(ctx, "fast checkpoint", err)
+		return
+	}
+	if _, err := r.appendEvents(ctx, r.event(fmt.Sprintf("ckpt.%d", after), EventCheckpointed, Checkpointed{Checkpoint: ck, Sandbox: sbx, AfterSeq: after})); err != nil {
+		r.h.Logger.Warn("record fast checkpoint", "session", r.id, "err", err)
+	}
+}
+
+// sandbox returns the session's sandbox, ready for the next tool call:
+// made at the first call that needs one; at the first call of a Wake,
+// brought back to the log's position if it was lost or a call was cut off
+// (recover). "" means the session now needs reconciliation.
+func (r *run) sandbox(ctx context.Context) (string, error) {
+	st := r.st
+	if st.Sandbox == "" {
+		id, err := r.h.Boxes.Create(ctx, st.Tenant, st.Def.Template)
+		if err != nil {
+			return "", fmt.Errorf("create sandbox: %w", err)
+		}
+		if _, err := r.appendEvents(ctx, r.event("sandbox."+id, EventSandboxCreated, SandboxCreated{Sandbox: id, Template: st.Def.Template})); err != nil {
+			return "", err
+		}
+		r.recovered = true
+		if r.h.Meta != nil {
+			_ = r.h.Meta.SetSessionSandbox(ctx, r.id, id)
+		}
+		return id, nil
+	}
+	if r.recovered {
+		return st.Sandbox, nil
+	}
+	if err := r.recover(ctx); err != nil {
+		if errors.Is(err, failpoint.ErrCrash) || ctx.Err() != nil {
+			return "", err
+		}
+		r.recordError(ctx, "recover sandbox", err)
+		if err := r.setStatus(ctx, StatusNeedsReconciliation, "the sandbox could not be brought back to the log's position: "+err.Error()); err != nil {
+			return "", err
+		}
+		return "", nil
+	}
+	r.recovered = true
+	return r.st.Sandbox, nil
+}
+
+// cutOff lists the sandbox tool calls started and not recorded.
+func (st *State) cutOff() []string {
+	var out []string
+	for _, c := range st.Pending {
+		if st.ToolAttempts[c.ID] > 0 && changes(c.Name) {
+			out = append(out, c.ID)
+		}
+	}
+	return out
+}
+
+// recover brings the sandbox to the state the log acknowledges, once per
+// Wake, before the first tool runs. Nothing is done when the sandbox runs
+// and no sandbox-changing call was cut off (it may have half-changed the
+// sandbox). Otherwise the sandbox is restored to the newest step-boundary
+// checkpoint (strict: the one the last acknowledged changing step named;
+// fast: the newest session.checkpointed) or made anew from the template
+// when there is none, and (fast) the recorded changing calls after it are
+// re-run in order; a re-run whose output differs from the recorded one is
+// a session.divergence event. Then the cut-off call runs again.
+func (r *run) recover(ctx context.Context) error {
+	st := r.st
+	running, err := r.h.Boxes.Running(ctx, st.Tenant, st.Sandbox)
+	if err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	cut := st.cutOff()
+	if running && len(cut) == 0 {
+		return nil
+	}
+	reason := "the sandbox was lost"
+	if running {
+		reason = "tool call " + strings.Join(cut, ",") + " was cut off"
+	}
+	if err := r.setStatus(ctx, StatusRecovering, reason); err != nil {
+		return err
+	}
+	sbx := st.Sandbox
+	ev := SandboxRestored{Reason: reason}
+	if st.Cut.Checkpoint != "" {
+		if err := r.h.Boxes.Restore(ctx, st.Tenant, sbx, st.Cut.Checkpoint); err != nil {
+			return fmt.Errorf("restore %s: %w", st.Cut.Checkpoint, err)
+		}
+		ev.Checkpoint = st.Cut.Checkpoint
+	} else {
+		if running {
+			if err := r.h.Boxes.Destroy(ctx, st.Tenant, sbx); err != nil && !errdefs.IsNotFound(err) {
+				return err
+			}
+		}
+		if sbx, err = r.h.Boxes.Create(ctx, st.Tenant, st.Def.Template); err != nil {
+			return fmt.Errorf("create sandbox: %w", err)
+		}
+	}
+	ev.Sandbox = sbx
+	var rerun []ToolCall
+	if st.Def.Policy == PolicyFast {
+		for _, id := range st.ChangedAfterCut {
+			ev.Rerun = append(ev.Rerun, id)
+			rerun = append(rerun, r.findCall(id))
+		}
+	}
+	if _, err := r.appendEvents(ctx, r.event(fmt.Sprintf("restored.%d", st.Head), EventSandboxRestored, ev)); err != nil {
+		return err
+	}
+	if r.h.Meta != nil && sbx != st.Sandbox {
+		_ = r.h.Meta.SetSessionSandbox(ctx, r.id, sbx)
+	}
+	for _, c := range rerun {
+		out, isErr, err := runTool(ctx, r.h.Boxes, r.st.Tenant, sbx, c)
+		if err != nil {
+			return fmt.Errorf("re-run tool call %s: %w", c.ID, err)
+		}
+		if rec := r.st.Results[c.ID]; rec.Output != out || rec.IsError != isErr {
+			if _, err := r.appendEvents(ctx, r.event("divergence."+c.ID+fmt.Sprint(".", r.st.Head), EventDivergence, Divergence{ToolCallID: c.ID, Recorded: rec.Output, Rerun: out})); err != nil {
+				return err
+			}
+		}
+	}
+	return r.setStatus(ctx, StatusRunning, "")
+}
+
+func (r *run) findCall(id string) ToolCall {
+	for _, m := range r.st.Messages {
+		for _, c := range m.ToolCalls {
+			if c.ID == id {
+				return c
+			}
+		}
+	}
+	return ToolCall{ID: id}
+}
