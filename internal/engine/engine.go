@@ -83,6 +83,10 @@ type Options struct {
 	Audit *audit.Trail
 	// Observer, when set, is told about checkpoints and restores.
 	Observer Observer
+	// CPUFeatures reports this host's user-visible CPU features, recorded
+	// in every checkpoint and required at restore (default
+	// HostCPUFeatures; see hostcompat.go).
+	CPUFeatures func() ([]string, error)
 }
 
 // Engine is the sandbox manager. It is safe for concurrent use.
@@ -114,9 +118,10 @@ type Engine struct {
 	audit        *audit.Trail
 	obs          Observer
 	idle         time.Duration
-	activity     sync.Map        // sandbox id → time.Time of the last call into it
-	quotaLocks   sync.Map        // tenant → *sync.Mutex (quota.go)
-	gcs          sync.Map        // tenant → *gcState (gc.go)
+	activity     sync.Map // sandbox id → time.Time of the last call into it
+	quotaLocks   sync.Map // tenant → *sync.Mutex (quota.go)
+	gcs          sync.Map // tenant → *gcState (gc.go)
+	cpuFeatures  func() ([]string, error)
 	bg           context.Context // background work; set by Start
 
 	cancel context.CancelFunc
@@ -163,6 +168,10 @@ func New(o Options) (*Engine, error) {
 		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval,
 		ckpts: o.Checkpoints, workDir: o.WorkDir, node: "node/" + o.Node, leaseTTL: o.LeaseTTL,
 		leases: map[string]eventlog.Lease{}, fastEvery: o.FastEvery, fastInterval: o.FastInterval, keep: o.KeepCheckpoints, idle: o.IdleTimeout, audit: o.Audit, obs: o.Observer}
+	e.cpuFeatures = o.CPUFeatures
+	if e.cpuFeatures == nil {
+		e.cpuFeatures = HostCPUFeatures
+	}
 	for name := range o.Pool {
 		if _, err := o.Templates.Get(name); err != nil {
 			return nil, fmt.Errorf("warm pool: %w", err)
