@@ -122,6 +122,7 @@ type Engine struct {
 	quotaLocks   sync.Map // tenant → *sync.Mutex (quota.go)
 	gcs          sync.Map // tenant → *gcState (gc.go)
 	cpuFeatures  func() ([]string, error)
+	tmplMu       sync.RWMutex // template_ops.go: a version's removal excludes new sandbox rows
 	bg           context.Context // background work; set by Start
 
 	cancel context.CancelFunc
@@ -336,10 +337,12 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (meta.Sandbox, err
 func (e *Engine) coldCreate(ctx context.Context, t sandbox.Template, tenant string, limits sandbox.Limits, env []string, pooled bool, policy string) (meta.Sandbox, error) {
 	id := newID()
 	defer e.lock(id)()
+	e.tmplMu.RLock()
 	sb, err := e.meta.Insert(ctx, meta.Sandbox{
 		ID: id, Tenant: tenant, Template: t.Name, TemplateVersion: t.Version, Driver: e.drv.Name(),
 		Limits: limits, Env: env, State: meta.StateCreating, Pooled: pooled, Policy: policy,
 	})
+	e.tmplMu.RUnlock()
 	if err != nil {
 		return sb, err
 	}

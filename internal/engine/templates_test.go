@@ -119,21 +119,25 @@ func TestTemplateVersionPinnedRestore(t *testing.T) {
 		t.Fatalf("create pinned to version 1: %v", err)
 	}
 
-	// The old checkpoint restores on the old version.
-	fork, err := e.Restore(ctx, engine.RestoreRequest{Tenant: "default", Checkpoint: ck.ID, AsNew: true})
+	// The old checkpoint restores on the old version (in place: the criu
+	// driver restores into the image's uid range, which sb holds).
+	if _, code := execOut(t, e, "default", sb.ID, "sh", "-c", "echo lost > /root/state"); code != 0 {
+		t.Fatal("overwrite state")
+	}
+	back, err := e.Restore(ctx, engine.RestoreRequest{Tenant: "default", Checkpoint: ck.ID})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fork.TemplateVersion != v1.Digest || release(t, e, fork.ID) != "v1" {
-		t.Fatalf("restored on %s reading %q, want version 1", fork.TemplateVersion, release(t, e, fork.ID))
+	if back.TemplateVersion != v1.Digest || release(t, e, sb.ID) != "v1" {
+		t.Fatalf("restored on %s reading %q, want version 1", back.TemplateVersion, release(t, e, sb.ID))
 	}
-	if out, _ := execOut(t, e, "default", fork.ID, "cat", "/root/state"); strings.TrimSpace(out) != "kept" {
+	if out, _ := execOut(t, e, "default", sb.ID, "cat", "/root/state"); strings.TrimSpace(out) != "kept" {
 		t.Fatalf("restored state %q", out)
 	}
 
 	// Nothing on this node uses version 1 any more: drop its local copy;
 	// the next restore fetches it from the blob store.
-	for _, id := range []string{sb.ID, fork.ID, pinned.ID} {
+	for _, id := range []string{sb.ID, pinned.ID} {
 		if err := e.Destroy(ctx, "default", id); err != nil {
 			t.Fatal(err)
 		}
@@ -144,7 +148,7 @@ func TestTemplateVersionPinnedRestore(t *testing.T) {
 	if _, err := os.Stat(v1.Path); !os.IsNotExist(err) {
 		t.Fatalf("version 1's rootfs still at %s: %v", v1.Path, err)
 	}
-	back, err := e.Restore(ctx, engine.RestoreRequest{Tenant: "default", Checkpoint: ck.ID, AsNew: true})
+	back, err = e.Restore(ctx, engine.RestoreRequest{Tenant: "default", Checkpoint: ck.ID, AsNew: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,5 +194,110 @@ func TestTemplateVersionPinnedRestore(t *testing.T) {
 	}
 	if sbs, _ := env.Engine.List(ctx, "default"); len(sbs) != 1 {
 		t.Fatalf("refused restores left sandboxes: %+v", sbs)
+	}
+}
+
+// TestTemplateUpgradeRemoveGC: a sandbox upgraded to a new version keeps
+// its files (new, changed, deleted) on the new version's files, boots
+// fresh, and both streams record it; a referenced version cannot be
+// removed (the error says by what); collection removes only versions
+// nothing references.
+func TestTemplateUpgradeRemoveGC(t *testing.T) {
+	env := enginetest.New(t, engine.Options{})
+	ctx := ctxT(t)
+	e := env.Engine
+	v1 := importRelease(t, env.Catalog, "tpl", "v1").Version
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "tpl", Cold: true, Env: []string{"MINE=1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, code := execOut(t, e, "default", sb.ID, "sh", "-c",
+		"mkdir -p /root/work && echo data > /root/work/data && chmod 600 /root/work/data && ln -s data /root/work/link && rm /etc/group && echo changed > /etc/hosts"); code != 0 {
+		t.Fatal("prepare files")
+	}
+	v2 := importRelease(t, env.Catalog, "tpl", "v2").Version
+
+	// v1 is referenced by the sandbox: not removable.
+	err = e.RemoveTemplate(ctx, "tpl@"+v1.Digest)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), sb.ID) {
+		t.Fatalf("rm of a version a sandbox uses: %v", err)
+	}
+	err = e.RemoveTemplate(ctx, v2.Digest)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "tag tpl") {
+		t.Fatalf("rm of a tagged version: %v", err)
+	}
+
+	up, err := e.Upgrade(ctx, engine.UpgradeRequest{Tenant: "default", Sandbox: sb.ID, Template: "tpl@" + v2.Digest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if up.TemplateVersion != v2.Digest || release(t, e, up.ID) != "v2" {
+		t.Fatalf("upgraded sandbox on %s", up.TemplateVersion)
+	}
+	out, _ := execOut(t, e, "default", up.ID, "sh", "-c",
+		"cat /root/work/data; readlink /root/work/link; stat -c %a /root/work/data; cat /etc/hosts; test -e /etc/group && echo group-back; echo MINE=$MINE")
+	if want := "data\ndata\n600\nchanged\nMINE=1\n"; out != want {
+		t.Fatalf("upgraded sandbox's files:\n%q\nwant\n%q", out, want)
+	}
+	old, err := e.Get(ctx, "default", sb.ID)
+	if err != nil || old.State != "stopped" {
+		t.Fatalf("the old sandbox after the upgrade: %+v %v", old, err)
+	}
+	for _, id := range []string{sb.ID, up.ID} {
+		evs, err := env.Log.Read(ctx, engine.Stream(id), 1, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, ev := range evs {
+			found = found || (ev.Type == engine.EventUpgraded && strings.Contains(string(ev.Payload), v2.Digest))
+		}
+		if !found {
+			t.Errorf("stream of %s has no sandbox.upgraded", id)
+		}
+	}
+
+	// v1 is still referenced by the stopped sandbox and its pre-upgrade
+	// checkpoint; an unreferenced third version is collected, v1 and v2
+	// are not.
+	v3 := importRelease(t, env.Catalog, "tmp", "v3").Version
+	if _, err := e.TagTemplate(ctx, "tpl", v2.Digest); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.RemoveTemplate(ctx, "tmp"); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := e.GCTemplates(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, d := range removed {
+		if d == v1.Digest || d == v2.Digest {
+			t.Errorf("gc removed referenced version %s", d)
+		}
+		got = append(got, d)
+	}
+	if !strings.Contains(strings.Join(got, " "), v3.Digest) {
+		t.Fatalf("gc removed %v, not the unreferenced %s", got, v3.Digest)
+	}
+	if ok, _ := env.Catalog.Store().Stored(ctx, v3.Digest); ok {
+		t.Fatal("collected version still in the blob store")
+	}
+	if _, err := e.InspectTemplate(ctx, v3.Digest); !errdefs.IsNotFound(err) {
+		t.Fatalf("collected version inspects: %v", err)
+	}
+	// Once the old sandbox and its checkpoints are gone, v1 goes too.
+	if err := e.Destroy(ctx, "default", sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	cks, _ := e.ListCheckpoints(ctx, "default", sb.ID, false)
+	for _, ck := range cks {
+		if err := e.DeleteCheckpoint(ctx, "default", ck.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.RemoveTemplate(ctx, "tpl@"+v1.Digest); err != nil {
+		t.Fatalf("rm of an unreferenced version: %v", err)
 	}
 }
