@@ -34,6 +34,27 @@ type TemplateRefs struct {
 	Tags        []string `json:"tags,omitempty"`
 	Sandboxes   []string `json:"sandboxes,omitempty"`
 	Checkpoints []string `json:"checkpoints,omitempty"`
+	owners      map[string]string // sandbox or checkpoint id → tenant
+}
+
+// For returns the references tenant may see: the tags, and its own
+// sandboxes and checkpoints ("" sees all).
+func (r TemplateRefs) For(tenant string) TemplateRefs {
+	if tenant == "" {
+		return r
+	}
+	out := TemplateRefs{Tags: r.Tags}
+	for _, id := range r.Sandboxes {
+		if r.owners[id] == tenant {
+			out.Sandboxes = append(out.Sandboxes, id)
+		}
+	}
+	for _, id := range r.Checkpoints {
+		if r.owners[id] == tenant {
+			out.Checkpoints = append(out.Checkpoints, id)
+		}
+	}
+	return out
 }
 
 // Empty is true when nothing references the version.
@@ -78,7 +99,7 @@ func (e *Engine) templateRefs(ctx context.Context) (map[string]*TemplateRefs, er
 			}
 		}
 		if out[v] == nil {
-			out[v] = &TemplateRefs{}
+			out[v] = &TemplateRefs{owners: map[string]string{}}
 		}
 		return out[v]
 	}
@@ -97,6 +118,7 @@ func (e *Engine) templateRefs(ctx context.Context) (map[string]*TemplateRefs, er
 	for _, sb := range sbs {
 		r := get(sb.TemplateVersion)
 		r.Sandboxes = append(r.Sandboxes, sb.ID)
+		r.owners[sb.ID] = sb.Tenant
 	}
 	cks, err := e.meta.Checkpoints(ctx, meta.CheckpointFilter{States: []meta.CheckpointState{meta.CheckpointCommitted, meta.CheckpointPending}})
 	if err != nil {
@@ -105,6 +127,7 @@ func (e *Engine) templateRefs(ctx context.Context) (map[string]*TemplateRefs, er
 	for _, ck := range cks {
 		r := get(ck.TemplateVersion)
 		r.Checkpoints = append(r.Checkpoints, ck.ID)
+		r.owners[ck.ID] = ck.Tenant
 	}
 	for _, r := range out {
 		sort.Strings(r.Tags)
@@ -113,11 +136,9 @@ func (e *Engine) templateRefs(ctx context.Context) (map[string]*TemplateRefs, er
 }
 
 // ListTemplates returns every version known here or in the blob store,
-// with its references.
+// with its references. A setup-script template not used yet is not a
+// version yet (it is digested at its first use: see Catalog).
 func (e *Engine) ListTemplates(ctx context.Context) ([]TemplateInfo, error) {
-	for _, n := range e.tmpl.Names() {
-		_, _ = e.tmpl.GetContext(ctx, n) // adopt setup-script templates
-	}
 	st := e.tmpl.Store()
 	local, err := st.Local()
 	if err != nil {
