@@ -28,7 +28,6 @@ func newTemplateCmd(g *globalFlags) *cobra.Command {
 	return c
 }
 
-
 // readDefaults reads a template.json (env, cwd, user, limits).
 func readDefaults(path string) (*api.Template, error) {
 	b, err := os.ReadFile(path)

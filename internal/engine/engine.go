@@ -118,12 +118,13 @@ type Engine struct {
 	audit        *audit.Trail
 	obs          Observer
 	idle         time.Duration
-	activity     sync.Map // sandbox id → time.Time of the last call into it
-	quotaLocks   sync.Map // tenant → *sync.Mutex (quota.go)
-	gcs          sync.Map // tenant → *gcState (gc.go)
-	cpuFeatures  func() ([]string, error)
-	tmplMu       sync.RWMutex // template_ops.go: a version's removal excludes new sandbox rows
+	activity     sync.Map        // sandbox id → time.Time of the last call into it
+	quotaLocks   sync.Map        // tenant → *sync.Mutex (quota.go)
+	gcs          sync.Map        // tenant → *gcState (gc.go)
 	bg           context.Context // background work; set by Start
+
+	cpuFeatures func() ([]string, error)
+	tmplMu      sync.RWMutex // template_ops.go: a version's removal excludes new sandbox rows
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup

@@ -31,9 +31,9 @@ import (
 
 // TemplateRefs says what references a version.
 type TemplateRefs struct {
-	Tags        []string `json:"tags,omitempty"`
-	Sandboxes   []string `json:"sandboxes,omitempty"`
-	Checkpoints []string `json:"checkpoints,omitempty"`
+	Tags        []string          `json:"tags,omitempty"`
+	Sandboxes   []string          `json:"sandboxes,omitempty"`
+	Checkpoints []string          `json:"checkpoints,omitempty"`
 	owners      map[string]string // sandbox or checkpoint id → tenant
 }
 

@@ -67,7 +67,9 @@ type otherBuild struct {
 	sandbox.Checkpointer
 }
 
-func (otherBuild) RuntimeBuild(context.Context) (string, error) { return "runsc v0-other sha256:0000", nil }
+func (otherBuild) RuntimeBuild(context.Context) (string, error) {
+	return "runsc v0-other sha256:0000", nil
+}
 
 // TestTemplateVersionPinnedRestore is the acceptance test: a
 // checkpoint cut on version 1 of a template restores on version 1 after
