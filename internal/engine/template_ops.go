@@ -293,6 +293,9 @@ func (e *Engine) GCTemplates(ctx context.Context) ([]string, error) {
 	if len(removed) > 0 {
 		e.lg.Info("template versions collected", "count", len(removed))
 	}
+	if err := e.tmpl.Store().CollectChunks(ctx); err != nil {
+		return removed, fmt.Errorf("gc template chunks: %w", err)
+	}
 	return removed, nil
 }
 

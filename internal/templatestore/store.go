@@ -619,6 +619,16 @@ func (s *Store) Remove(ctx context.Context, digest string) error {
 	return nil
 }
 
+// CollectChunks removes template chunks no stored version references
+// (left by a push that failed before its pointer); see chunkstore.GC.
+func (s *Store) CollectChunks(ctx context.Context) error {
+	if !s.HasBlobs() {
+		return nil
+	}
+	_, err := s.cfg.Chunks.GC(ctx, SystemTenant)
+	return err
+}
+
 // ---- tags ----
 
 type tagFile struct {

@@ -342,3 +342,58 @@ func TestAdoptSetupScriptTemplate(t *testing.T) {
 }
 
 var _ = io.Discard
+
+// TestCollectChunksRemovesAFailedPushsChunks: chunks a push wrote before
+// failing are unreferenced; CollectChunks removes them and keeps the
+// stored versions whole.
+func TestCollectChunksRemovesAFailedPushsChunks(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	s := e.node(t)
+	src := filepath.Join(t.TempDir(), "rootfs")
+	tree(t, src)
+	r1, err := s.Import(ctx, "tpl", bytes.NewReader(tarOf(t, src)), Defaults{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks := func() int {
+		n := 0
+		filepath.WalkDir(filepath.Join(e.blobs, "objects", "tenants", SystemTenant, "chunks"), func(p string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				n++
+			}
+			return nil
+		})
+		return n
+	}
+	before := chunks()
+	big := make([]byte, 3<<20)
+	for i := range big {
+		big[i] = byte(i*7 + i/4096)
+	}
+	os.WriteFile(filepath.Join(src, "etc/big"), big, 0o644)
+	e.fail = func(step string) error {
+		if step == "manifest" {
+			return errors.New("injected crash before the manifest")
+		}
+		return nil
+	}
+	if _, err := s.Import(ctx, "tpl", bytes.NewReader(tarOf(t, src)), Defaults{}); err == nil {
+		t.Fatal("import with a failing push succeeded")
+	}
+	e.fail = nil
+	orphaned := chunks()
+	if orphaned <= before {
+		t.Fatalf("the failed push wrote no chunks (%d, before %d): the test proves nothing", orphaned, before)
+	}
+	if err := s.CollectChunks(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := chunks(); got != before {
+		t.Fatalf("%d chunks after collection, want %d (the stored version's)", got, before)
+	}
+	s.Evict(r1.Version.Digest)
+	if _, err := s.Version(ctx, r1.Version.Digest); err != nil {
+		t.Fatalf("stored version after collection: %v", err)
+	}
+}
