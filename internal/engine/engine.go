@@ -322,7 +322,7 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (meta.Sandbox, err
 		return meta.Sandbox{}, err
 	}
 	defer release()
-	if !r.Cold {
+	if !r.Cold && !strings.ContainsAny(r.Template, "@:") { // the pool holds the tags' versions
 		sb, ok, err := e.pool.claim(ctx, t, r.Tenant, limits, r.Env)
 		if err == nil && ok && r.Policy != PolicyNone {
 			sb, err = e.meta.SetPolicy(ctx, sb.ID, r.Policy)

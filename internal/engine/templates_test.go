@@ -14,6 +14,7 @@ import (
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/templatestore"
 )
 
@@ -301,5 +302,47 @@ func TestTemplateUpgradeRemoveGC(t *testing.T) {
 	}
 	if err := e.RemoveTemplate(ctx, "tpl@"+v1.Digest); err != nil {
 		t.Fatalf("rm of an unreferenced version: %v", err)
+	}
+}
+
+// TestTemplateTagMoveAndWarmPool: after a template's tag moves, a create
+// gets the new version even though the warm pool held a sandbox of the old
+// one (which is destroyed, not handed out), and a create pinned to the old
+// version bypasses the pool.
+func TestTemplateTagMoveAndWarmPool(t *testing.T) {
+	env := enginetest.New(t, engine.Options{})
+	ctx := ctxT(t)
+	v1 := importRelease(t, env.Catalog, "tpl", "v1").Version
+	env.SetOptions(func(o *engine.Options) { o.Pool = map[string]int{"tpl": 1} })
+	env.Restart(t)
+	e := env.Engine
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, ready := e.PoolSize("tpl"); ready == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the warm pool did not fill")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	pooled, _ := env.Meta.List(ctx, meta.Filter{})
+	if len(pooled) != 1 || pooled[0].TemplateVersion != v1.Digest {
+		t.Fatalf("pool: %+v", pooled)
+	}
+	v2 := importRelease(t, env.Catalog, "tpl", "v2").Version
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "tpl"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.TemplateVersion != v2.Digest || sb.ID == pooled[0].ID || release(t, e, sb.ID) != "v2" {
+		t.Fatalf("create after the tag moved: %s on %s", sb.ID, sb.TemplateVersion)
+	}
+	if old, _ := env.Meta.Get(ctx, pooled[0].ID); old.State != meta.StateDestroyed {
+		t.Fatalf("the stale pooled sandbox is %s", old.State)
+	}
+	pin, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "tpl@" + v1.Digest})
+	if err != nil || pin.FromPool || release(t, e, pin.ID) != "v1" {
+		t.Fatalf("pinned create: %+v %v", pin, err)
 	}
 }

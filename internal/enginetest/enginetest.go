@@ -213,12 +213,19 @@ func (env *Env) open(t testing.TB) {
 	}
 	// Templates: this env's own cache of versions (Dir/templates) over
 	// its blob store, so versions are pushed and fetched as on a node.
+	// Its own chunk store over the same blobs, without FailAt: the
+	// failpoint is the checkpoints' (a checkpoint pushes its template
+	// version first, which must not be what fails).
 	if o.Templates == nil {
 		bs, err := localfs.Open(env.Blobs)
 		if err != nil {
 			t.Fatal(err)
 		}
-		o.Templates = catalog(t, engine.CatalogOptions{Root: filepath.Join(env.Dir, "templates"), Blobs: bs, Chunks: o.Checkpoints})
+		cs, err := chunkstore.New(chunkstore.Config{Blobs: bs, MasterKey: TestMasterKey, Logger: Logger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Templates = catalog(t, engine.CatalogOptions{Root: filepath.Join(env.Dir, "templates"), Blobs: bs, Chunks: cs})
 	}
 	env.Catalog = o.Templates
 	if o.WorkDir == "" {

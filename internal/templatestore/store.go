@@ -565,8 +565,11 @@ func (s *Store) push(ctx context.Context, hexd string) error {
 	if errors.Is(err, errdefs.ErrAlreadyExists) {
 		return nil
 	}
-	if err != nil {
+	if err != nil && !res.Published {
 		return fmt.Errorf("push template version %s: %w", v.Short(), err)
+	}
+	if err != nil {
+		s.lg.Warn("template version stored; a step after its pointer failed", "version", v.Short(), "err", err)
 	}
 	s.lg.Info("template version stored in the blob store", "version", v.Short(), "name", v.Name, "chunks", res.Chunks, "new_chunks", res.NewChunks, "took", time.Since(start).Round(time.Millisecond))
 	return nil
