@@ -5,9 +5,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -341,7 +341,6 @@ func TestAdoptSetupScriptTemplate(t *testing.T) {
 	}
 }
 
-var _ = io.Discard
 
 // TestCollectChunksRemovesAFailedPushsChunks: chunks a push wrote before
 // failing are unreferenced; CollectChunks removes them and keeps the
@@ -395,5 +394,40 @@ func TestCollectChunksRemovesAFailedPushsChunks(t *testing.T) {
 	s.Evict(r1.Version.Digest)
 	if _, err := s.Version(ctx, r1.Version.Digest); err != nil {
 		t.Fatalf("stored version after collection: %v", err)
+	}
+}
+
+// TestPackagesMatchDpkgQuery: the package versions read from a rootfs's
+// dpkg database are what `dpkg-query -W` printed for it when the setup
+// script built it (packages.txt).
+func TestPackagesMatchDpkgQuery(t *testing.T) {
+	cache := os.Getenv("AMBER_CACHE")
+	if cache == "" {
+		cache = "/var/cache/amber"
+	}
+	dirs, _ := filepath.Glob(filepath.Join(cache, "templates", "python-*"))
+	if len(dirs) == 0 {
+		t.Skip("no python template (make setup)")
+	}
+	b, err := os.ReadFile(filepath.Join(dirs[0], "packages.txt"))
+	if err != nil {
+		t.Skip("no packages.txt")
+	}
+	want := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		k, v, _ := strings.Cut(line, "\t")
+		want[k] = v
+	}
+	got, err := dpkgPackages(filepath.Join(dirs[0], "rootfs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) || len(got) < 10 {
+		t.Fatalf("%d packages read, packages.txt has %d", len(got), len(want))
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("package %s: read %q, dpkg-query said %q", k, got[k], v)
+		}
 	}
 }
