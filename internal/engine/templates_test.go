@@ -12,10 +12,12 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/chunkstore"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/enginetest"
 	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/templatestore"
+	"github.com/amber-run/amber/stores/localfs"
 )
 
 // importRelease imports the minimal template's rootfs with
@@ -344,5 +346,67 @@ func TestTemplateTagMoveAndWarmPool(t *testing.T) {
 	pin, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "tpl@" + v1.Digest})
 	if err != nil || pin.FromPool || release(t, e, pin.ID) != "v1" {
 		t.Fatalf("pinned create: %+v %v", pin, err)
+	}
+}
+
+// TestTemplateRestoreOnAFreshNode: a node with only the log, the metadata
+// and the blob store — a driver state directory that never saw the
+// sandbox, an empty template cache and no setup-script templates at all —
+// recovers a sandbox: its template version comes from the blob store.
+func TestTemplateRestoreOnAFreshNode(t *testing.T) {
+	env := enginetest.New(t, engine.Options{})
+	ctx := ctxT(t)
+	v1 := importRelease(t, env.Catalog, "tpl", "v1").Version
+	sb, err := env.Engine.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "tpl", Cold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, code := execOut(t, env.Engine, "default", sb.ID, "sh", "-c", "echo kept > /root/state"); code != 0 {
+		t.Fatal("write state")
+	}
+	if _, err := env.Engine.Checkpoint(ctx, engine.CheckpointRequest{Tenant: "default", Sandbox: sb.ID}); err != nil {
+		t.Fatal(err)
+	}
+	// The node dies: its sandbox and its local state are gone.
+	if _, err := env.Engine.Kill(ctx, "default", sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Driver.Destroy(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	env.Close(t)
+
+	node2 := filepath.Join(env.Dir, "node2")
+	os.MkdirAll(node2, 0o711)
+	env.Driver = enginetest.NewDriver(t, filepath.Join(node2, "driver"))
+	bs, err := localfs.Open(env.Blobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := chunkstore.New(chunkstore.Config{Blobs: bs, MasterKey: enginetest.TestMasterKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cat, err := engine.NewCatalog(engine.CatalogOptions{Root: filepath.Join(node2, "templates"), Blobs: bs, Chunks: cs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cat.Get("minimal"); !errdefs.IsNotFound(err) {
+		t.Fatalf("node 2 has setup-script templates (%v): the test would prove nothing", err)
+	}
+	env.SetOptions(func(o *engine.Options) { o.Templates = cat })
+	env.Restart(t)
+	got, err := env.Engine.Recover(ctx, "default", sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != meta.StateRunning || release(t, env.Engine, sb.ID) != "v1" {
+		t.Fatalf("recovered on node 2: %s, release %q", got.State, release(t, env.Engine, sb.ID))
+	}
+	if out, _ := execOut(t, env.Engine, "default", sb.ID, "cat", "/root/state"); strings.TrimSpace(out) != "kept" {
+		t.Fatalf("state on node 2: %q", out)
+	}
+	if _, err := os.Stat(filepath.Join(node2, "templates", "versions", strings.TrimPrefix(v1.Digest, "sha256:"), "rootfs", "etc", "amber-release")); err != nil {
+		t.Fatalf("node 2 did not cache the fetched version: %v", err)
 	}
 }
