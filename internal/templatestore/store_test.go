@@ -341,7 +341,6 @@ func TestAdoptSetupScriptTemplate(t *testing.T) {
 	}
 }
 
-
 // TestCollectChunksRemovesAFailedPushsChunks: chunks a push wrote before
 // failing are unreferenced; CollectChunks removes them and keeps the
 // stored versions whole.
