@@ -336,8 +336,13 @@ func TestAdoptSetupScriptTemplate(t *testing.T) {
 	if err != nil || v2.Digest != v.Digest {
 		t.Fatalf("second adoption: %v %v", v2.Digest, err)
 	}
-	if _, err := s.Resolve(ctx, "nope"); !errdefs.IsNotFound(err) {
-		t.Fatalf("unknown name: %v", err)
+	for _, ref := range []string{"nope", "no-such-template", "Bad"} {
+		if _, err := s.Resolve(ctx, ref); !errdefs.IsNotFound(err) {
+			t.Fatalf("unknown name %q: %v", ref, err)
+		}
+	}
+	if _, err := s.Resolve(ctx, "py@sha256:zz"); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("malformed digest: %v", err)
 	}
 }
 

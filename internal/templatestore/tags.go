@@ -103,7 +103,9 @@ func (s *Store) Resolve(ctx context.Context, ref string) (Version, error) {
 		return s.Version(ctx, digest)
 	}
 	if !ValidName.MatchString(name) {
-		return Version{}, errdefs.InvalidArgumentf("template %q: want NAME, NAME@sha256:<hex> or sha256:<hex>", ref)
+		// No template can have this name: it is not found (names are
+		// 1-32 of [a-z0-9_], starting with a letter).
+		return Version{}, errdefs.NotFoundf("template %.60q (a template reference is NAME, NAME@sha256:<hex> or sha256:<hex>; names are 1-32 of [a-z0-9_])", ref)
 	}
 	var t tagFile
 	b, err := os.ReadFile(s.tagPath(name))
