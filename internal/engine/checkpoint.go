@@ -164,11 +164,11 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	// The template version is in the blob store before any checkpoint
 	// that needs it (its chunks, then its record; then this checkpoint's
 	// chunks, manifest and pointer), so any node can restore it.
-	tv, err := e.tmpl.Version(ctx, sb.Template, sb.TemplateVersion)
+	digest, err := e.tmpl.Digest(ctx, sb.Template, sb.TemplateVersion)
 	if err != nil {
 		return meta.Checkpoint{}, fmt.Errorf("checkpoint %s: %w", id, err)
 	}
-	if err := e.tmpl.Store().Push(ctx, tv.Version); err != nil {
+	if err := e.tmpl.Store().Push(ctx, digest); err != nil {
 		return meta.Checkpoint{}, fmt.Errorf("checkpoint %s: store template %s version %s: %w", id, sb.Template, sb.TemplateVersion, err)
 	}
 	hostMeta := map[string]string{}

@@ -124,7 +124,19 @@ func (c *Catalog) Version(ctx context.Context, name, version string) (sandbox.Te
 	if err != nil {
 		return sandbox.Template{}, fmt.Errorf("template %s version %s: %w", name, templatestore.Short(version), err)
 	}
-	return Template(name, v), nil
+	t := Template(name, v)
+	t.Version = version // an alias stays what the sandbox and its images recorded
+	return t, nil
+}
+
+// Digest returns the content digest of version of template name (the
+// same unless version is an alias).
+func (c *Catalog) Digest(ctx context.Context, name, version string) (string, error) {
+	if _, err := c.Version(ctx, name, version); err != nil {
+		return "", err
+	}
+	v, err := c.store.Version(ctx, version)
+	return v.Digest, err
 }
 
 // Names returns the template names (tags, and setup-script templates not

@@ -410,3 +410,32 @@ func TestTemplateRestoreOnAFreshNode(t *testing.T) {
 		t.Fatalf("node 2 did not cache the fetched version: %v", err)
 	}
 }
+
+// TestCatalogOldVersionStrings: a setup-script template's version string
+// from before content addressing (what old sandboxes and checkpoints
+// recorded) still names its files, and stays what the images know.
+func TestCatalogOldVersionStrings(t *testing.T) {
+	cat := enginetest.Catalog(t)
+	ctx := context.Background()
+	cur, err := cat.Get("minimal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := cat.Store().Version(ctx, cur.Version)
+	if err != nil || len(v.Aliases) != 1 {
+		t.Fatalf("adopted minimal: %+v %v", v, err)
+	}
+	old, err := cat.Version(ctx, "minimal", v.Aliases[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if old.Version != v.Aliases[0] || old.RootFS != cur.RootFS {
+		t.Fatalf("by its old version string: %+v, want version %s on %s", old, v.Aliases[0], cur.RootFS)
+	}
+	if d, err := cat.Digest(ctx, "minimal", v.Aliases[0]); err != nil || d != cur.Version {
+		t.Fatalf("digest of the old version string: %s %v, want %s", d, err, cur.Version)
+	}
+	if _, err := cat.Version(ctx, "minimal", "sha256:0123456789abcdef01234567"); err == nil {
+		t.Fatal("an unknown old version string resolved")
+	}
+}
