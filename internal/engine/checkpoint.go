@@ -506,6 +506,10 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 	// template's tag says now (fetched from the blob store if this node
 	// has no copy).
 	tmpl, err := e.tmpl.Version(ctx, ck.Template, ck.TemplateVersion)
+	if errdefs.IsNotFound(err) {
+		return meta.Sandbox{}, errdefs.FailedPreconditionf("checkpoint %s was cut on template %s version %s, which neither this node nor the blob store has (a memory image runs only on the files it was cut on): %v",
+			ck.ID, ck.Template, ck.TemplateVersion, err)
+	}
 	if err != nil {
 		return meta.Sandbox{}, fmt.Errorf("checkpoint %s was cut on template %s version %s, which this node cannot provide (a memory image runs only on the files it was cut on): %w",
 			ck.ID, ck.Template, ck.TemplateVersion, err)

@@ -409,6 +409,23 @@ func TestTemplateRestoreOnAFreshNode(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(node2, "templates", "versions", strings.TrimPrefix(v1.Digest, "sha256:"), "rootfs", "etc", "amber-release")); err != nil {
 		t.Fatalf("node 2 did not cache the fetched version: %v", err)
 	}
+
+	// A version gone from everywhere (removed behind the engine's back):
+	// the restore is refused, saying so, and nothing runs.
+	if err := env.Engine.Destroy(ctx, "default", sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := cat.Store().Remove(ctx, v1.Digest); err != nil {
+		t.Fatal(err)
+	}
+	cks, _ := env.Engine.ListCheckpoints(ctx, "default", sb.ID, false)
+	_, err = env.Engine.Restore(ctx, engine.RestoreRequest{Tenant: "default", Checkpoint: cks[0].ID, AsNew: true})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "neither this node nor the blob store") {
+		t.Fatalf("restore on a version nobody has: %v", err)
+	}
+	if sbs, _ := env.Engine.List(ctx, "default"); len(sbs) != 0 {
+		t.Fatalf("a refused restore left sandboxes: %+v", sbs)
+	}
 }
 
 // TestCatalogOldVersionStrings: a setup-script template's version string
