@@ -63,6 +63,31 @@ func TestE2ETemplateImport(t *testing.T) {
 	}
 	d.must("sandbox", "rm", id)
 
+	// build: a build's output directory (rootfs + template.json defaults).
+	bdir := t.TempDir()
+	if out, err := exec.Command("tar", "-C", bdir, "--one-top-level=rootfs", "-xf", tarPath).CombinedOutput(); err != nil {
+		t.Fatalf("unpack: %v %s", err, out)
+	}
+	os.WriteFile(filepath.Join(bdir, "template.json"), []byte(`{"cwd":"/tmp","env":["PATH=/bin:/usr/bin","BUILT=yes"]}`), 0o644)
+	if out := d.must("template", "build", name+"_b", bdir); !strings.Contains(out, "imported: sha256:") {
+		t.Fatalf("build said %q", out)
+	}
+	if out := d.must("template", "build", name+"_b", bdir); !strings.Contains(out, "already there") {
+		t.Fatalf("rebuild of the same directory said %q", out)
+	}
+	var bv struct {
+		Cwd string   `json:"cwd"`
+		Env []string `json:"env"`
+	}
+	if err := json.Unmarshal([]byte(d.must("template", "inspect", name+"_b")), &bv); err != nil || bv.Cwd != "/tmp" {
+		t.Fatalf("inspect of the built version: %+v %v", bv, err)
+	}
+	bid := strings.TrimSpace(d.must("sandbox", "create", "--template", name+"_b"))
+	if got := d.must("exec", bid, "--", "sh", "-c", "pwd; echo $BUILT; cat /etc/amber-marker"); got != "/tmp\nyes\n"+marker+"\n" {
+		t.Fatalf("a sandbox of the built template: %q", got)
+	}
+	d.must("sandbox", "rm", bid)
+
 	if _, errs, code := d.amber("template", "import", "Bad-Name", tarPath); code == 0 || !strings.Contains(errs, "template name") {
 		t.Errorf("a bad name: exit %d, %q", code, errs)
 	}
