@@ -15,6 +15,8 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/internal/chunkstore"
 	"github.com/amber-run/amber/stores/localfs"
+	"github.com/amber-run/amber/stores/s3"
+	"github.com/amber-run/amber/stores/s3/miniotest"
 )
 
 var testKey = []byte("amber-templatestore-test-key-32b")
@@ -433,5 +435,46 @@ func TestPackagesMatchDpkgQuery(t *testing.T) {
 		if got[k] != v {
 			t.Errorf("package %s: read %q, dpkg-query said %q", k, got[k], v)
 		}
+	}
+}
+
+// TestVersionsOnMinIO: two nodes share only a MinIO bucket; a version
+// imported on one is fetched, verified and usable on the other, by digest
+// and by its tag.
+func TestVersionsOnMinIO(t *testing.T) {
+	ctx := context.Background()
+	srv := miniotest.Start(t)
+	cfg := srv.Config() // one bucket, both nodes
+	node := func() *Store {
+		bs, err := s3.Open(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs, err := chunkstore.New(chunkstore.Config{Blobs: bs, MasterKey: testKey})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := Open(Config{Root: t.TempDir(), Blobs: bs, Chunks: cs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	src := filepath.Join(t.TempDir(), "rootfs")
+	tree(t, src)
+	r, err := node().Import(ctx, "tpl", bytes.NewReader(tarOf(t, src)), Defaults{Cwd: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := node()
+	v, err := other.Resolve(ctx, "tpl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Digest != r.Version.Digest || digest(t, v.Path) != r.Version.RootFS.Digest {
+		t.Fatalf("node 2 got %+v", v)
+	}
+	if b, _ := os.ReadFile(filepath.Join(v.Path, "etc/release")); string(b) != "v1\n" {
+		t.Fatalf("node 2 reads %q", b)
 	}
 }
