@@ -187,9 +187,64 @@ type Template struct {
 	PoolReady int `json:"pool_ready"`
 }
 
-// TemplateList is the body of GET /v1/templates.
+// TemplateList is the body of GET /v1/templates: the tags (Templates,
+// each with the version it names now) and every version on this node or in
+// the blob store.
 type TemplateList struct {
-	Templates []Template `json:"templates"`
+	Templates []Template        `json:"templates"`
+	Versions  []TemplateVersion `json:"versions"`
+}
+
+// TemplateVersion is one immutable template version.
+type TemplateVersion struct {
+	// Digest identifies the content: files, defaults, packages.
+	Digest string `json:"digest"`
+	// Name is the name it was first added under.
+	Name     string            `json:"name"`
+	Env      []string          `json:"env,omitempty"`
+	Cwd      string            `json:"cwd,omitempty"`
+	User     string            `json:"user,omitempty"`
+	Limits   Limits            `json:"limits"`
+	Packages map[string]string `json:"packages,omitempty"`
+	// RootFSDigest is the digest of the canonical tar of the files.
+	RootFSDigest string    `json:"rootfs_digest,omitempty"`
+	Files        int64     `json:"files"`
+	Bytes        int64     `json:"bytes"`
+	Source       string    `json:"source,omitempty"`
+	Created      time.Time `json:"created"`
+	// Local: cached on this node; Stored: in the blob store.
+	Local  bool `json:"local"`
+	Stored bool `json:"stored"`
+	// What references it (a referenced version cannot be removed).
+	Tags        []string `json:"tags,omitempty"`
+	Sandboxes   []string `json:"sandboxes,omitempty"`
+	Checkpoints []string `json:"checkpoints,omitempty"`
+}
+
+// ImportTemplateResult is the answer of POST /v1/templates/{name}/import.
+type ImportTemplateResult struct {
+	Version TemplateVersion `json:"version"`
+	// Existed: identical content was already a version.
+	Existed bool `json:"existed"`
+	// Previous is the version the tag named before, if another.
+	Previous string `json:"previous,omitempty"`
+}
+
+// TagTemplateRequest is the body of PUT /v1/templates/{name}/tag.
+type TagTemplateRequest struct {
+	// Version: "sha256:<hex>", or another reference ("name@sha256:…").
+	Version string `json:"version"`
+}
+
+// GCTemplatesResult is the answer of POST /v1/templates/gc.
+type GCTemplatesResult struct {
+	Removed []string `json:"removed"`
+}
+
+// UpgradeSandboxRequest is the body of POST /v1/sandboxes/{id}/upgrade.
+type UpgradeSandboxRequest struct {
+	// Template: "name", "name@sha256:<hex>" or "sha256:<hex>".
+	Template string `json:"template"`
 }
 
 // Info is the body of GET /v1/info.

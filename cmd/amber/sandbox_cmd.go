@@ -15,7 +15,7 @@ import (
 func newSandboxCmd(g *globalFlags) *cobra.Command {
 	c := &cobra.Command{Use: "sandbox", Aliases: []string{"sandboxes", "sbx"}, Short: "Create, list, inspect and remove sandboxes"}
 	c.AddCommand(newCreateCmd(g), newLsCmd(g), newInspectCmd(g), newRmCmd(g), newKillCmd(g), newEventsCmd(g), newRecoverCmd(g),
-		newEffectsCmd(g), newEgressCmd(g))
+		newEffectsCmd(g), newEgressCmd(g), newUpgradeCmd(g))
 	return c
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/amber-run/amber/core/blob"
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/chunkstore"
@@ -28,8 +29,8 @@ import (
 	"github.com/amber-run/amber/internal/metrics"
 	"github.com/amber-run/amber/internal/secretstore"
 	"github.com/amber-run/amber/internal/server"
-	"github.com/amber-run/amber/internal/tracing"
 	"github.com/amber-run/amber/internal/session"
+	"github.com/amber-run/amber/internal/tracing"
 	"github.com/amber-run/amber/stores/sqlite"
 )
 
@@ -183,19 +184,6 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		// The driver's message names the command that fixes it.
 		return fmt.Errorf("driver %s is not ready: %w", o.driver, err)
 	}
-	tdir := filepath.Join(cacheDir(), "templates")
-	cat, err := engine.LoadCatalog(tdir)
-	if err != nil {
-		return err
-	}
-	if len(cat.Names()) == 0 {
-		return fmt.Errorf("no templates under %s\nfix: run `make setup` (as root) in the amber source tree; it builds the minimal and python templates", tdir)
-	}
-	pool, err := parsePool(o.pool, cat.Names())
-	if err != nil {
-		return err
-	}
-
 	m, err := meta.Open(filepath.Join(dataDir, "meta.db"), meta.Options{})
 	if err != nil {
 		return err
@@ -217,7 +205,22 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if o.keep < 0 {
 		return usageError{fmt.Errorf("--keep-checkpoints %d: must be 0 (keep all) or more", o.keep)}
 	}
-	ckpts, workDir, err := openCheckpointStore(ctx, dataDir, o.blobs, lg)
+	ckpts, bs, workDir, err := openCheckpointStore(ctx, dataDir, o.blobs, lg)
+	if err != nil {
+		return err
+	}
+	// Template versions: cached under DATA_DIR/templates, stored in the
+	// blob store; the setup scripts' templates are adopted at first use.
+	tdir := filepath.Join(cacheDir(), "templates")
+	cat, err := engine.NewCatalog(engine.CatalogOptions{Dir: tdir, Root: filepath.Join(dataDir, "templates"),
+		Blobs: bs, Chunks: ckpts, Logger: lg.With("component", "templates")})
+	if err != nil {
+		return err
+	}
+	if len(cat.Names()) == 0 {
+		return fmt.Errorf("no templates under %s\nfix: run `make setup` (as root) in the amber source tree; it builds the minimal and python templates", tdir)
+	}
+	pool, err := parsePool(o.pool, cat.Names())
 	if err != nil {
 		return err
 	}
@@ -321,27 +324,27 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 // empties the work directory where images are cut and fetched (what a
 // crashed daemon left there is garbage: committed images live in the blob
 // store).
-func openCheckpointStore(ctx context.Context, dataDir, blobs string, lg *slog.Logger) (*chunkstore.Store, string, error) {
+func openCheckpointStore(ctx context.Context, dataDir, blobs string, lg *slog.Logger) (*chunkstore.Store, blob.Store, string, error) {
 	bs, where, err := openBlobs(ctx, dataDir, blobs, lg)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
 	key, err := ensureMasterKey(dataDir, chunkstore.MasterKeySize)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
 	cs, err := chunkstore.New(chunkstore.Config{Blobs: bs, MasterKey: key, Logger: lg.With("component", "chunkstore", "blobs", where)})
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
 	work := filepath.Join(dataDir, "work")
 	if err := os.RemoveAll(work); err != nil {
-		return nil, "", fmt.Errorf("clean work dir: %w", err)
+		return nil, nil, "", fmt.Errorf("clean work dir: %w", err)
 	}
 	if err := os.MkdirAll(work, 0o700); err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
-	return cs, work, nil
+	return cs, bs, work, nil
 }
 
 // lockDataDir makes sure one daemon at a time uses dataDir.

@@ -76,3 +76,13 @@ type RestoreStats struct {
 	ConnectionsReset    int  `json:"connections_reset"`
 	Lazy                bool `json:"lazy"`
 }
+
+// RuntimeReporter is implemented by a driver that can name the exact build
+// of the runtime its images come from (for gvisor the runsc module version
+// and the binary's digest; for criu CRIU's version and the binary's
+// digest). The engine records it in every checkpoint manifest and refuses
+// to restore an image on a node whose runtime build differs: a memory image
+// is only known to load into the runtime that wrote it.
+type RuntimeReporter interface {
+	RuntimeBuild(ctx context.Context) (string, error)
+}

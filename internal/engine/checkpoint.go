@@ -4,6 +4,9 @@ package engine
 //
 // # Checkpoint: durability order
 //
+//  0. the sandbox's template version is in the blob store (its chunks, then
+//     its record: internal/templatestore), so the checkpoint never refers
+//     to files another node could not fetch;
 //  1. intent: a pending row in the metadata store (meta.Checkpoint) names the
 //     checkpoint, its sandbox and the log position of the cut (the head of
 //     the sandbox's stream, read under the sandbox's lock, so no lifecycle
@@ -30,9 +33,12 @@ package engine
 //
 // The image is fetched into a work directory and verified chunk by chunk
 // (a damaged or missing object is errdefs.ErrDataLoss naming it; nothing
-// runs), the sandbox's template must be the exact version the image was cut
-// on, and then the driver restores it: in place (the same sandbox id, its
-// running incarnation killed first; the row goes restoring → running, one
+// runs), the manifest's driver, runtime build and CPU features must be this
+// node's (hostcompat.go), the sandbox's template is the exact version the
+// image was cut on (fetched from the blob store when this node has no
+// copy, whatever the template's tag names now), and then the driver
+// restores it: in place (the same sandbox id, its running incarnation
+// killed first; the row goes restoring → running, one
 // generation on) or as a new sandbox (a fork; the original keeps running).
 // The sandbox.restored event is the fidelity report: processes, memory,
 // files and connections the driver brought back.
@@ -161,6 +167,20 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	if sb.State != meta.StateRunning {
 		return meta.Checkpoint{}, errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
 	}
+	// The template version is in the blob store before any checkpoint
+	// that needs it (its chunks, then its record; then this checkpoint's
+	// chunks, manifest and pointer), so any node can restore it.
+	digest, err := e.tmpl.Digest(ctx, sb.Template, sb.TemplateVersion)
+	if err != nil {
+		return meta.Checkpoint{}, fmt.Errorf("checkpoint %s: %w", id, err)
+	}
+	if err := e.tmpl.Store().Push(ctx, digest); err != nil {
+		return meta.Checkpoint{}, fmt.Errorf("checkpoint %s: store template %s version %s: %w", id, sb.Template, sb.TemplateVersion, err)
+	}
+	hostMeta := map[string]string{}
+	if err := e.hostMeta(ctx, hostMeta); err != nil {
+		return meta.Checkpoint{}, fmt.Errorf("checkpoint %s: %w", id, err)
+	}
 	bounds, err := e.log.Bounds(ctx, Stream(id))
 	if err != nil {
 		return meta.Checkpoint{}, fmt.Errorf("checkpoint %s: log position: %w", id, err)
@@ -229,12 +249,16 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 		MemoryBytes: cs.MemoryBytes, LayerBytes: cs.LayerBytes, Stopped: r.Stop}
 	var eventSeq uint64
 	upStart := time.Now()
+	pm := map[string]string{
+		"sandbox": id, "stream": ck.Stream, "seq": strconv.FormatUint(ck.Seq, 10), metaDriver: sb.Driver,
+		metaTemplate: sb.Template, metaTemplateVersion: sb.TemplateVersion,
+	}
+	for k, v := range hostMeta {
+		pm[k] = v
+	}
 	res, err := e.ckpts.Put(ctx, sb.Tenant, ck.ID, dir, chunkstore.PutOptions{
 		Parent: parent.ID,
-		Meta: map[string]string{
-			"sandbox": id, "stream": ck.Stream, "seq": strconv.FormatUint(ck.Seq, 10), "driver": sb.Driver,
-			"template": sb.Template, "template_version": sb.TemplateVersion,
-		},
+		Meta:   pm,
 		Progress: func(p chunkstore.Progress) {
 			report(r.Progress, Progress{Phase: "upload", Done: p.Done, Total: p.Total})
 		},
@@ -496,13 +520,25 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 	if ck.Driver != e.drv.Name() {
 		return meta.Sandbox{}, errdefs.FailedPreconditionf("checkpoint %s was cut by driver %s; this daemon runs %s", ck.ID, ck.Driver, e.drv.Name())
 	}
-	t, err := e.tmpl.Get(ck.Template)
+	// What the image depends on: refused before anything is fetched.
+	m, err := e.ckpts.Manifest(ctx, ck.Tenant, ck.ID)
 	if err != nil {
 		return meta.Sandbox{}, fmt.Errorf("checkpoint %s: %w", ck.ID, err)
 	}
-	if t.Version != ck.TemplateVersion {
-		return meta.Sandbox{}, errdefs.FailedPreconditionf("checkpoint %s was cut on template %s version %s; this node has version %s, and a memory image runs only on the files it was cut on",
-			ck.ID, ck.Template, ck.TemplateVersion, t.Version)
+	if err := e.checkImageCompat(ctx, ck, m); err != nil {
+		return meta.Sandbox{}, err
+	}
+	// Exactly the template version the image was cut on, whatever the
+	// template's tag says now (fetched from the blob store if this node
+	// has no copy).
+	tmpl, err := e.tmpl.Version(ctx, ck.Template, ck.TemplateVersion)
+	if errdefs.IsNotFound(err) {
+		return meta.Sandbox{}, errdefs.FailedPreconditionf("checkpoint %s was cut on template %s version %s, which neither this node nor the blob store has (a memory image runs only on the files it was cut on): %v",
+			ck.ID, ck.Template, ck.TemplateVersion, err)
+	}
+	if err != nil {
+		return meta.Sandbox{}, fmt.Errorf("checkpoint %s was cut on template %s version %s, which this node cannot provide (a memory image runs only on the files it was cut on): %w",
+			ck.ID, ck.Template, ck.TemplateVersion, err)
 	}
 	src, err := e.meta.Get(ctx, ck.SandboxID)
 	if err != nil {
@@ -582,7 +618,7 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 	if err := e.startRun(ctx, sb, ck.ID, false); err != nil {
 		return sb, err
 	}
-	rs, err := cp.Restore(ctx, e.specFor(sb, sb.ID), dir, sandbox.RestoreOptions{})
+	rs, err := cp.Restore(ctx, sandbox.Spec{ID: sb.ID, Tenant: sb.Tenant, Template: tmpl, Limits: sb.Limits, Env: sb.Env}, dir, sandbox.RestoreOptions{})
 	if err != nil {
 		cleanup := context.WithoutCancel(ctx)
 		reason := fmt.Sprintf("restore from %s failed: %v", ck.ID, err)
@@ -620,7 +656,7 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 
 // specFor is the driver spec that runs sb under id.
 func (e *Engine) specFor(sb meta.Sandbox, id string) sandbox.Spec {
-	t, _ := e.tmpl.Get(sb.Template)
+	t, _ := e.tmpl.Version(context.Background(), sb.Template, sb.TemplateVersion)
 	return sandbox.Spec{ID: id, Tenant: sb.Tenant, Template: t, Limits: sb.Limits, Env: sb.Env}
 }
 

@@ -103,6 +103,10 @@ type Options struct {
 	// Tracer makes the spans of create, exec, checkpoint and restore
 	// (trace.go); nil: no spans.
 	Tracer trace.TracerProvider
+	// CPUFeatures reports this host's user-visible CPU features, recorded
+	// in every checkpoint and required at restore (default
+	// HostCPUFeatures; see hostcompat.go).
+	CPUFeatures func() ([]string, error)
 }
 
 // Engine is the sandbox manager. It is safe for concurrent use.
@@ -143,6 +147,9 @@ type Engine struct {
 	quotaLocks   sync.Map        // tenant → *sync.Mutex (quota.go)
 	gcs          sync.Map        // tenant → *gcState (gc.go)
 	bg           context.Context // background work; set by Start
+
+	cpuFeatures func() ([]string, error)
+	tmplMu      sync.RWMutex // template_ops.go: a version's removal excludes new sandbox rows
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -190,6 +197,10 @@ func New(o Options) (*Engine, error) {
 		leases: map[string]eventlog.Lease{}, fastEvery: o.FastEvery, fastInterval: o.FastInterval, keep: o.KeepCheckpoints, idle: o.IdleTimeout, audit: o.Audit, obs: o.Observer,
 		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeEngine),
 		gw:     o.Gateway, net: o.Network, defEgress: o.Egress, tenantCA: o.TenantCA}
+	e.cpuFeatures = o.CPUFeatures
+	if e.cpuFeatures == nil {
+		e.cpuFeatures = HostCPUFeatures
+	}
 	for name := range o.Pool {
 		if _, err := o.Templates.Get(name); err != nil {
 			return nil, fmt.Errorf("warm pool: %w", err)
@@ -353,7 +364,7 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (sb meta.Sandbox, 
 	}
 	defer release()
 	claimed := false
-	if !r.Cold {
+	if !r.Cold && !strings.ContainsAny(r.Template, "@:") { // the pool holds the tags' versions
 		sb, claimed, err = e.pool.claim(ctx, t, r.Tenant, limits, r.Env)
 		if err == nil && claimed && r.Policy != PolicyNone {
 			sb, err = e.meta.SetPolicy(ctx, sb.ID, r.Policy)
@@ -387,10 +398,12 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (sb meta.Sandbox, 
 func (e *Engine) coldCreate(ctx context.Context, t sandbox.Template, tenant string, limits sandbox.Limits, env []string, pooled bool, policy string) (meta.Sandbox, error) {
 	id := newID()
 	defer e.lock(id)()
+	e.tmplMu.RLock()
 	sb, err := e.meta.Insert(ctx, meta.Sandbox{
 		ID: id, Tenant: tenant, Template: t.Name, TemplateVersion: t.Version, Driver: e.drv.Name(),
 		Limits: limits, Env: env, State: meta.StateCreating, Pooled: pooled, Policy: policy,
 	})
+	e.tmplMu.RUnlock()
 	if err != nil {
 		return sb, err
 	}

@@ -211,7 +211,14 @@ func (p *pool) claimOne(ctx context.Context, id string, t sandbox.Template, tena
 	e := p.e
 	defer e.lock(id)()
 	sb, err := e.meta.Get(ctx, id)
-	if err != nil || !sb.Pooled || sb.State != meta.StateRunning || sb.TemplateVersion != t.Version {
+	if err == nil && sb.Pooled && sb.State == meta.StateRunning && sb.TemplateVersion != t.Version {
+		// The template's tag moved since it was made: not reusable.
+		if err := e.destroy(context.WithoutCancel(ctx), sb, "pooled sandbox on an older template version"); err != nil {
+			e.lg.Error("destroy pooled sandbox", "sandbox", id, "err", err)
+		}
+		return sb, false, nil
+	}
+	if err != nil || !sb.Pooled || sb.State != meta.StateRunning {
 		return sb, false, nil
 	}
 	if limits != sb.Limits {

@@ -1,41 +1,48 @@
 package engine
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
+	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
-	"time"
 
+	"github.com/amber-run/amber/core/blob"
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/chunkstore"
+	"github.com/amber-run/amber/internal/templatestore"
 )
 
-// Catalog is the set of templates sandboxes can be born from. It is read once
-// from a directory laid out by the setup scripts:
+// Catalog is the set of templates sandboxes can be born from: a view of
+// internal/templatestore (immutable versions named by content digest, tags
+// naming them, the blob store keeping every version) that turns versions
+// into the driver's sandbox.Template.
 //
-//	<dir>/<name>-<version>/rootfs/          the root filesystem (read-only)
-//	<dir>/<name>-<version>/packages.txt     optional: what the rootfs holds
-//	<dir>/<name>-<version>/template.json    optional: defaults (env, cwd, user, limits)
-//
-// Directories starting with "." are builds in progress and are ignored. When
-// a name has several versions, the lexically last directory wins. A
-// template's Version is a digest of its directory name and packages.txt, so
-// a rebuilt template with other contents gets another version.
-//
-// A name the catalog does not know makes Get read the directory again, so a
-// template imported while the daemon runs (`amber template import`) is found
-// at its first use.
+// Get resolves a reference at create time: "python" (the tag's current
+// version; a template built by the setup scripts under Dir is adopted as a
+// version at its first use), "python@sha256:<hex>" or "sha256:<hex>" (that
+// exact version). Version returns the exact version a sandbox or checkpoint
+// recorded, fetching it from the blob store when this node has no copy:
+// a restore never runs on other files than the ones it was cut on.
 type Catalog struct {
-	Dir string
+	// Dir is where the setup scripts build templates.
+	Dir   string
+	store *templatestore.Store
+}
 
-	mu        sync.RWMutex
-	templates map[string]sandbox.Template
+// CatalogOptions configure NewCatalog.
+type CatalogOptions struct {
+	// Dir holds the setup scripts' templates ($AMBER_CACHE/templates).
+	Dir string
+	// Root is this node's cache of versions and tags (DATA_DIR/templates).
+	Root string
+	// Blobs and Chunks keep versions in the blob store (nil: node-local).
+	Blobs  blob.Store
+	Chunks *chunkstore.Store
+	Logger *slog.Logger
 }
 
 // DefaultLimits apply to a template that states none.
@@ -46,8 +53,9 @@ var DefaultLimits = sandbox.Limits{
 	DiskBytes:   1 << 30,
 }
 
-// builtinDefaults are the defaults of the templates Amber ships.
-var builtinDefaults = map[string]sandbox.Template{
+// builtinDefaults are the defaults of the setup scripts' templates that
+// have no template.json.
+var builtinDefaults = map[string]templatestore.Defaults{
 	"minimal": {
 		Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=xterm"},
 		Cwd: "/root", User: "0:0",
@@ -59,116 +67,100 @@ var builtinDefaults = map[string]sandbox.Template{
 	},
 }
 
-// LoadCatalog reads the templates under dir. A missing dir is an empty
-// catalog, not an error (`amber up` then says which command builds them).
-func LoadCatalog(dir string) (*Catalog, error) {
-	c := &Catalog{Dir: dir, templates: map[string]sandbox.Template{}}
-	ents, err := os.ReadDir(dir)
-	if os.IsNotExist(err) {
-		return c, nil
-	}
+// NewCatalog opens the catalog.
+func NewCatalog(o CatalogOptions) (*Catalog, error) {
+	st, err := templatestore.Open(templatestore.Config{Root: o.Root, LegacyDir: o.Dir, LegacyDefaults: builtinDefaults,
+		Blobs: o.Blobs, Chunks: o.Chunks, Logger: o.Logger})
 	if err != nil {
-		return nil, fmt.Errorf("read templates in %s: %w", dir, err)
+		return nil, err
 	}
-	sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
-	// Two builds of one template (its inputs changed, e.g. a package was
-	// added): the one published last wins.
-	published := map[string]time.Time{}
-	for _, e := range ents {
-		name, _, ok := strings.Cut(e.Name(), "-")
-		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") || !ok || name == "" {
-			continue
-		}
-		tdir := filepath.Join(dir, e.Name())
-		if st, err := os.Stat(filepath.Join(tdir, "rootfs")); err != nil || !st.IsDir() {
-			continue
-		}
-		st, err := os.Stat(tdir)
-		if err != nil {
-			continue
-		}
-		if prev, ok := published[name]; ok && st.ModTime().Before(prev) {
-			continue
-		}
-		t, err := loadTemplate(name, tdir)
-		if err != nil {
-			return nil, err
-		}
-		c.templates[name] = t
-		published[name] = st.ModTime()
-	}
-	return c, nil
+	return &Catalog{Dir: o.Dir, store: st}, nil
 }
 
-func loadTemplate(name, dir string) (sandbox.Template, error) {
-	t := builtinDefaults[name]
-	t.Name = name
-	t.RootFS = filepath.Join(dir, "rootfs")
-	h := sha256.New()
-	h.Write([]byte(filepath.Base(dir)))
-	h.Write([]byte{0})
-	if pk, err := os.ReadFile(filepath.Join(dir, "packages.txt")); err == nil {
-		h.Write(pk)
-	}
-	if b, err := os.ReadFile(filepath.Join(dir, "template.json")); err == nil {
-		var over struct {
-			Env    []string       `json:"env"`
-			Cwd    string         `json:"cwd"`
-			User   string         `json:"user"`
-			Limits sandbox.Limits `json:"limits"`
-		}
-		if err := json.Unmarshal(b, &over); err != nil {
-			return t, errdefs.InvalidArgumentf("template %s: %s/template.json: %v", name, dir, err)
-		}
-		h.Write(b)
-		if over.Env != nil {
-			t.Env = over.Env
-		}
-		if over.Cwd != "" {
-			t.Cwd = over.Cwd
-		}
-		if over.User != "" {
-			t.User = over.User
-		}
-		t.Limits = over.Limits
-	}
+// Store is the catalog's version store.
+func (c *Catalog) Store() *templatestore.Store { return c.store }
+
+// Template turns version v, under name, into what a driver needs.
+func Template(name string, v templatestore.Version) sandbox.Template {
+	t := sandbox.Template{Name: name, Version: v.Digest, RootFS: v.Path,
+		Env: v.Defaults.Env, Cwd: v.Defaults.Cwd, User: v.Defaults.User}
 	if len(t.Env) == 0 {
 		t.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/root"}
 	}
-	t.Limits = MergeLimits(DefaultLimits, t.Limits)
-	t.Version = "sha256:" + hex.EncodeToString(h.Sum(nil))[:24]
+	t.Limits = MergeLimits(DefaultLimits, v.Defaults.Limits)
+	return t
+}
+
+// Get resolves ref ("name", "name@sha256:<hex>", "sha256:<hex>").
+func (c *Catalog) Get(ref string) (sandbox.Template, error) {
+	return c.GetContext(context.Background(), ref)
+}
+
+// GetContext is Get with a context (a version may be fetched).
+func (c *Catalog) GetContext(ctx context.Context, ref string) (sandbox.Template, error) {
+	v, err := c.store.Resolve(ctx, ref)
+	if errdefs.IsNotFound(err) {
+		return sandbox.Template{}, fmt.Errorf("%w (have: %s; build templates with `make setup` or `amber template import`)", err, strings.Join(c.Names(), ", "))
+	}
+	if err != nil {
+		return sandbox.Template{}, err
+	}
+	name, _, _ := strings.Cut(ref, "@")
+	if strings.HasPrefix(ref, "sha256:") {
+		name = v.Name
+	}
+	return Template(name, v), nil
+}
+
+// Version returns exactly version of template name (fetched from the
+// blob store when this node has no copy).
+func (c *Catalog) Version(ctx context.Context, name, version string) (sandbox.Template, error) {
+	if _, err := templatestore.ParseDigest(version); err != nil && name != "" {
+		// A version string from before content addressing: adopting the
+		// setup-script template records it as an alias.
+		_, _ = c.store.Resolve(ctx, name)
+	}
+	v, err := c.store.Version(ctx, version)
+	if err != nil {
+		return sandbox.Template{}, fmt.Errorf("template %s version %s: %w", name, templatestore.Short(version), err)
+	}
+	t := Template(name, v)
+	t.Version = version // an alias stays what the sandbox and its images recorded
 	return t, nil
 }
 
-// Get returns the template called name.
-func (c *Catalog) Get(name string) (sandbox.Template, error) {
-	c.mu.RLock()
-	t, ok := c.templates[name]
-	c.mu.RUnlock()
-	if !ok && c.Dir != "" {
-		if fresh, err := LoadCatalog(c.Dir); err == nil {
-			c.mu.Lock()
-			for n, ft := range fresh.templates {
-				if _, known := c.templates[n]; !known {
-					c.templates[n] = ft // known names keep their version until restart
-				}
-			}
-			t, ok = c.templates[name]
-			c.mu.Unlock()
+// Digest returns the content digest of version of template name (the
+// same unless version is an alias).
+func (c *Catalog) Digest(ctx context.Context, name, version string) (string, error) {
+	if _, err := c.Version(ctx, name, version); err != nil {
+		return "", err
+	}
+	v, err := c.store.Version(ctx, version)
+	return v.Digest, err
+}
+
+// Names returns the template names (tags, and setup-script templates not
+// adopted yet), sorted.
+func (c *Catalog) Names() []string {
+	set := map[string]bool{}
+	if tags, err := c.store.Tags(); err == nil {
+		for n := range tags {
+			set[n] = true
 		}
 	}
-	if !ok {
-		return t, errdefs.NotFoundf("template %q (have: %s; build templates with `make setup`)", name, strings.Join(c.Names(), ", "))
+	if c.Dir != "" {
+		ents, _ := os.ReadDir(c.Dir)
+		for _, e := range ents {
+			name, _, ok := strings.Cut(e.Name(), "-")
+			if e.IsDir() && ok && name != "" && !strings.HasPrefix(e.Name(), ".") && templatestore.ValidName.MatchString(name) {
+				if st, err := os.Stat(filepath.Join(c.Dir, e.Name(), "rootfs")); err == nil && st.IsDir() {
+					set[name] = true
+				}
+			}
+		}
 	}
-	return t, nil
-}
-
-// Names returns the template names, sorted.
-func (c *Catalog) Names() []string {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
 	var out []string
-	for n := range c.templates {
+	for n := range set {
 		out = append(out, n)
 	}
 	sort.Strings(out)

@@ -102,15 +102,23 @@ func newDriver(t testing.TB, name, stateDir string) sandbox.Driver {
 	return d
 }
 
-// Catalog returns the installed templates; it needs at least "minimal".
+// Catalog returns the installed templates (a catalog with its own local
+// cache in a temporary directory, no blob store); it needs at least
+// "minimal".
 func Catalog(t testing.TB) *engine.Catalog {
 	t.Helper()
-	c, err := engine.LoadCatalog(filepath.Join(Cache(), "templates"))
+	return catalog(t, engine.CatalogOptions{Root: t.TempDir()})
+}
+
+func catalog(t testing.TB, o engine.CatalogOptions) *engine.Catalog {
+	t.Helper()
+	o.Dir, o.Logger = filepath.Join(Cache(), "templates"), Logger(t)
+	c, err := engine.NewCatalog(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Get("minimal"); err != nil {
-		missing(t, "template minimal is not installed")
+		missing(t, "template minimal is not installed: "+err.Error())
 	}
 	return c
 }
@@ -161,7 +169,7 @@ func NewFor(t testing.TB, driver string, opts engine.Options) *Env {
 	}
 	// Sandboxes (criu's user namespaces) must be able to reach their state.
 	os.Chmod(dir, 0o711)
-	env := &Env{Dir: dir, Catalog: Catalog(t), opts: opts, driver: driver, Blobs: filepath.Join(dir, "blobs")}
+	env := &Env{Dir: dir, opts: opts, driver: driver, Blobs: filepath.Join(dir, "blobs")}
 	env.Driver = newDriver(t, driver, filepath.Join(dir, "driver"))
 	env.open(t)
 	t.Cleanup(func() {
@@ -184,7 +192,7 @@ func (env *Env) open(t testing.TB) {
 		t.Fatal(err)
 	}
 	o := env.opts
-	o.Driver, o.Meta, o.Log, o.Templates = env.Driver, env.Meta, env.Log, env.Catalog
+	o.Driver, o.Meta, o.Log = env.Driver, env.Meta, env.Log
 	if o.Logger == nil {
 		o.Logger = Logger(t)
 	}
@@ -206,6 +214,23 @@ func (env *Env) open(t testing.TB) {
 			t.Fatal(err)
 		}
 	}
+	// Templates: this env's own cache of versions (Dir/templates) over
+	// its blob store, so versions are pushed and fetched as on a node.
+	// Its own chunk store over the same blobs, without FailAt: the
+	// failpoint is the checkpoints' (a checkpoint pushes its template
+	// version first, which must not be what fails).
+	if o.Templates == nil {
+		bs, err := localfs.Open(env.Blobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs, err := chunkstore.New(chunkstore.Config{Blobs: bs, MasterKey: TestMasterKey, Logger: Logger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Templates = catalog(t, engine.CatalogOptions{Root: filepath.Join(env.Dir, "templates"), Blobs: bs, Chunks: cs})
+	}
+	env.Catalog = o.Templates
 	if o.WorkDir == "" {
 		o.WorkDir = filepath.Join(env.Dir, "work")
 		if err := os.MkdirAll(o.WorkDir, 0o700); err != nil {
@@ -240,6 +265,9 @@ func (env *Env) Close(t testing.TB) {
 	env.Meta.Close()
 	env.Engine = nil
 }
+
+// SetOptions changes the engine options the next Restart uses.
+func (env *Env) SetOptions(f func(*engine.Options)) { f(&env.opts) }
 
 // Restart closes the engine and opens a new one over the same directory,
 // driver state and stores: what a daemon restart does.

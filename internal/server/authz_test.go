@@ -67,6 +67,9 @@ var requests = map[string]routeRequest{
 	"POST /v1/sessions":                              {ctype: "application/json", body: `{"model":{"adapter":"scripted"},"template":"minimal"}`},
 	"POST /v1/sessions/{id}/events":                  {ctype: "application/json", body: `{"type":"user_message","payload":{"text":"hi"}}`},
 	"GET /v1/sessions/{id}/events":                   {query: "after=0"},
+	"POST /v1/sandboxes/{id}/upgrade":                {ctype: "application/json", body: `{"template":"minimal"}`},
+	"POST /v1/templates/{name}/import":               {ctype: "application/x-tar", body: string(make([]byte, 1024))},
+	"PUT /v1/templates/{name}/tag":                   {ctype: "application/json", body: `{"version":"minimal"}`},
 }
 
 // answer is one HTTP exchange of the table.
@@ -196,7 +199,7 @@ func TestAuthorizationTable(t *testing.T) {
 			id = se.ID
 		}
 		return strings.NewReplacer("{id}", url.PathEscape(id), "{pid}", fmt.Sprint(pid), "{port}", "8080",
-			"{tenant}", "acme", "{name}", "reader").Replace(rt.Path)
+			"{tenant}", "acme", "{name}", "reader", "{ref}", "minimal").Replace(rt.Path)
 	}
 	// What tenant globex must never see in an answer.
 	unseen := []string{sb.ID, ck.ID, se.ID, `"acme"`, "acme-secret-value-1"}
@@ -249,8 +252,17 @@ func TestAuthorizationTable(t *testing.T) {
 		}
 
 		// Tenant globex's key (every scope): acme's resources do not exist.
-		resource := strings.Contains(rt.Path, "{")
+		// Templates are shared: any tenant reads them (without seeing
+		// acme's sandboxes among a version's references); changing them
+		// is the operator's alone.
+		shared := strings.HasPrefix(rt.Path, "/v1/templates")
+		resource := strings.Contains(rt.Path, "{") && !shared
 		switch {
+		case shared && rt.Scope == meta.ScopeAdmin:
+			got := send(t, ts.URL, keyB, rt, path, 10*time.Second)
+			if got.status != 403 || got.kind != "permission denied" || !strings.Contains(got.body, "operator") {
+				t.Errorf("%s with tenant globex's admin key = %d %s, want 403 naming the operator", name, got.status, got.body)
+			}
 		case resource:
 			got := send(t, ts.URL, keyB, rt, path, 10*time.Second)
 			if got.status != 404 || got.kind != "not found" {

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"net/http"
-	"sort"
 	"time"
 
 	"github.com/amber-run/amber/api"
@@ -51,21 +50,6 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request, c *call) error {
 			"live_outside_tcp": caps.LiveOutsideTCP, "pty": caps.PTY, "port_forward": caps.PortForward,
 		},
 	})
-}
-
-func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, c *call) error {
-	cat := s.eng.Templates()
-	out := api.TemplateList{Templates: []api.Template{}}
-	for _, name := range cat.Names() {
-		t, _ := cat.Get(name)
-		want, ready := s.eng.PoolSize(name)
-		out.Templates = append(out.Templates, api.Template{
-			Name: t.Name, Version: t.Version, Env: t.Env, Cwd: t.Cwd, User: t.User,
-			Limits: toAPILimits(t.Limits), PoolSize: want, PoolReady: ready,
-		})
-	}
-	sort.Slice(out.Templates, func(i, j int) bool { return out.Templates[i].Name < out.Templates[j].Name })
-	return writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) error {

@@ -10,8 +10,8 @@
 package server
 
 import (
-	"github.com/amber-run/amber/internal/secretstore"
 	"context"
+	"github.com/amber-run/amber/internal/secretstore"
 	"log/slog"
 	"net/http"
 
@@ -22,8 +22,8 @@ import (
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/metrics"
-	"github.com/amber-run/amber/internal/tracing"
 	"github.com/amber-run/amber/internal/session"
+	"github.com/amber-run/amber/internal/tracing"
 )
 
 // Options configure New.
@@ -129,6 +129,11 @@ func (s *Server) routes() []Route {
 		{Method: "GET", Path: "/v1/openapi.json", Scope: Public, h: s.openapi},
 		{Method: "GET", Path: "/v1/info", Scope: read, h: s.info},
 		{Method: "GET", Path: "/v1/templates", Scope: read, h: s.listTemplates},
+		{Method: "GET", Path: "/v1/templates/{ref}", Scope: read, h: s.inspectTemplate},
+		{Method: "POST", Path: "/v1/templates/{name}/import", Scope: admin, h: s.importTemplate},
+		{Method: "PUT", Path: "/v1/templates/{name}/tag", Scope: admin, h: s.tagTemplate},
+		{Method: "DELETE", Path: "/v1/templates/{ref}", Scope: admin, h: s.removeTemplate},
+		{Method: "POST", Path: "/v1/templates/gc", Scope: admin, h: s.gcTemplates},
 		{Method: "POST", Path: "/v1/sandboxes", Scope: write, Idempotent: true, h: s.createSandbox},
 		{Method: "GET", Path: "/v1/sandboxes", Scope: read, h: s.listSandboxes},
 		{Method: "GET", Path: "/v1/sandboxes/{id}", Scope: read, h: s.getSandbox},
@@ -158,6 +163,7 @@ func (s *Server) routes() []Route {
 		{Method: "POST", Path: "/v1/sandboxes/{id}/checkpoints", Scope: write, Idempotent: true, h: s.createCheckpoint},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/checkpoints", Scope: read, h: s.listCheckpoints},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/recover", Scope: write, Idempotent: true, h: s.recoverSandbox},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/upgrade", Scope: write, Idempotent: true, h: s.upgradeSandbox},
 		{Method: "GET", Path: "/v1/checkpoints/{id}", Scope: read, h: s.getCheckpoint},
 		{Method: "DELETE", Path: "/v1/checkpoints/{id}", Scope: write, h: s.deleteCheckpoint},
 		{Method: "POST", Path: "/v1/checkpoints/{id}/restore", Scope: write, Idempotent: true, h: s.restoreCheckpoint},

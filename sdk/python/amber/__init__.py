@@ -156,6 +156,45 @@ class Client:
     def templates(self):
         return self._json("GET", "/v1/templates")["templates"]
 
+    # Template versions: immutable, named by the digest of their content;
+    # names are tags. Listing and inspecting need any key, the rest the
+    # operator's.
+
+    def template_versions(self):
+        """Every template version here or in the blob store, with what
+        references it."""
+        return self._json("GET", "/v1/templates")["versions"]
+
+    def inspect_template(self, ref):
+        """The version ref names: "name", "name@sha256:..." or "sha256:..."."""
+        return self._json("GET", "/v1/templates/" + urllib.parse.quote(ref, safe=""))
+
+    def import_template(self, name, tarball, defaults=None):
+        """Imports a root filesystem tarball (bytes) as a version of name and
+        moves tag name to it; returns {"version", "existed", "previous"}."""
+        query = {"defaults": json.dumps(defaults)} if defaults else None
+        conn, resp = self._request("POST", "/v1/templates/%s/import" % urllib.parse.quote(name, safe=""),
+                                   query, tarball, "application/x-tar")
+        try:
+            return json.loads(resp.read())
+        finally:
+            conn.close()
+
+    def tag_template(self, name, version):
+        return self._json("PUT", "/v1/templates/%s/tag" % urllib.parse.quote(name, safe=""), body={"version": version})
+
+    def remove_template(self, ref):
+        """Removes a tag ("name") or an unreferenced version."""
+        self._json("DELETE", "/v1/templates/" + urllib.parse.quote(ref, safe=""))
+
+    def gc_templates(self):
+        return self._json("POST", "/v1/templates/gc")["removed"]
+
+    def upgrade_sandbox(self, sid, template):
+        """Moves sandbox sid onto template (a reference): returns the new
+        sandbox; the old one is checkpointed and stopped."""
+        return self._json("POST", self._sb(sid, "/upgrade"), body={"template": template})
+
     def create_sandbox(self, template, memory_bytes=0, millicpus=0, env=None, recovery=None, cold=False,
                        idempotency_key=None):
         """Creates a sandbox. With idempotency_key, a retry of the same call

@@ -132,6 +132,38 @@ class SDKTest(unittest.TestCase):
             dev.sandboxes()
         self.assertEqual(cm.exception.status, 401)
 
+    def test_7_templates(self):
+        import io
+        import tarfile
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for name, data in (("bin/sh", b"#!not a shell\n"), ("etc/sdk-marker", b"sdk\n")):
+                ti = tarfile.TarInfo(name)
+                ti.size, ti.mode, ti.mtime = len(data), 0o755, 1700000000
+                tf.addfile(ti, io.BytesIO(data))
+        tarball = buf.getvalue()
+        r = self.c.import_template("sdktpl", tarball, defaults={"cwd": "/etc"})
+        self.assertFalse(r["existed"])
+        digest = r["version"]["digest"]
+        self.assertTrue(digest.startswith("sha256:"))
+        self.assertTrue(self.c.import_template("sdktpl", tarball, defaults={"cwd": "/etc"})["existed"])
+        v = self.c.inspect_template("sdktpl")
+        self.assertEqual((v["digest"], v["cwd"], v["tags"]), (digest, "/etc", ["sdktpl"]))
+        self.assertIn(digest, [x["digest"] for x in self.c.template_versions()])
+        # Tagged: not removable; untagged and unreferenced: removed.
+        with self.assertRaises(amber.Error) as cm:
+            self.c.remove_template(digest)
+        self.assertEqual(cm.exception.kind, "failed precondition")
+        self.c.remove_template("sdktpl")
+        self.assertIn(digest, self.c.gc_templates())
+        with self.assertRaises(amber.Error) as cm:
+            self.c.inspect_template(digest)
+        self.assertEqual(cm.exception.kind, "not found")
+        # The test sandbox is already on minimal's version.
+        with self.assertRaises(amber.Error) as cm:
+            self.c.upgrade_sandbox(self.sb["id"], "minimal")
+        self.assertEqual(cm.exception.kind, "failed precondition")
+
     def test_4_errors(self):
         with self.assertRaises(amber.Error) as cm:
             self.c.sandbox("sbx-doesnotexist")

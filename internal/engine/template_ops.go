@@ -1,0 +1,476 @@
+package engine
+
+// Template management (amber template …) and upgrades of sandboxes to
+// another template version (amber sandbox upgrade).
+//
+// A version is referenced by every tag naming it, every sandbox that is not
+// destroyed and was born on it (or restored onto it), and every checkpoint
+// that is committed or being written on it. A referenced version is never
+// removed (RemoveTemplate says by what); GCTemplates removes every version
+// nothing references, here and in the blob store. The check and the removal
+// hold tmplMu for writing, and a new sandbox's row is inserted holding it
+// for reading, so a create cannot slip in between.
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/chunkstore"
+	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/templatestore"
+)
+
+// TemplateRefs says what references a version.
+type TemplateRefs struct {
+	Tags        []string          `json:"tags,omitempty"`
+	Sandboxes   []string          `json:"sandboxes,omitempty"`
+	Checkpoints []string          `json:"checkpoints,omitempty"`
+	owners      map[string]string // sandbox or checkpoint id → tenant
+}
+
+// For returns the references tenant may see: the tags, and its own
+// sandboxes and checkpoints ("" sees all).
+func (r TemplateRefs) For(tenant string) TemplateRefs {
+	if tenant == "" {
+		return r
+	}
+	out := TemplateRefs{Tags: r.Tags}
+	for _, id := range r.Sandboxes {
+		if r.owners[id] == tenant {
+			out.Sandboxes = append(out.Sandboxes, id)
+		}
+	}
+	for _, id := range r.Checkpoints {
+		if r.owners[id] == tenant {
+			out.Checkpoints = append(out.Checkpoints, id)
+		}
+	}
+	return out
+}
+
+// Empty is true when nothing references the version.
+func (r TemplateRefs) Empty() bool {
+	return len(r.Tags) == 0 && len(r.Sandboxes) == 0 && len(r.Checkpoints) == 0
+}
+
+func (r TemplateRefs) String() string {
+	var parts []string
+	add := func(what string, ids []string) {
+		if len(ids) == 0 {
+			return
+		}
+		more := ""
+		if len(ids) > 5 {
+			ids, more = ids[:5], fmt.Sprintf(" and %d more", len(ids)-5)
+		}
+		parts = append(parts, what+" "+strings.Join(ids, ", ")+more)
+	}
+	add("tag", r.Tags)
+	add("sandbox", r.Sandboxes)
+	add("checkpoint", r.Checkpoints)
+	return strings.Join(parts, "; ")
+}
+
+// TemplateInfo is a version with what references it.
+type TemplateInfo struct {
+	templatestore.Version
+	Local  bool         `json:"local"`
+	Stored bool         `json:"stored"`
+	Refs   TemplateRefs `json:"refs"`
+}
+
+// templateRefs maps every referenced version (digest, or an old version
+// string) to its references.
+func (e *Engine) templateRefs(ctx context.Context) (map[string]*TemplateRefs, error) {
+	out := map[string]*TemplateRefs{}
+	get := func(v string) *TemplateRefs {
+		if _, err := templatestore.ParseDigest(v); err != nil {
+			if v2, err := e.tmpl.Store().Version(ctx, v); err == nil {
+				v = v2.Digest // an old version string: an alias
+			}
+		}
+		if out[v] == nil {
+			out[v] = &TemplateRefs{owners: map[string]string{}}
+		}
+		return out[v]
+	}
+	tags, err := e.tmpl.Store().Tags()
+	if err != nil {
+		return nil, err
+	}
+	for name, v := range tags {
+		r := get(v)
+		r.Tags = append(r.Tags, name)
+	}
+	sbs, err := e.meta.List(ctx, meta.Filter{})
+	if err != nil {
+		return nil, err
+	}
+	for _, sb := range sbs {
+		r := get(sb.TemplateVersion)
+		r.Sandboxes = append(r.Sandboxes, sb.ID)
+		r.owners[sb.ID] = sb.Tenant
+	}
+	cks, err := e.meta.Checkpoints(ctx, meta.CheckpointFilter{States: []meta.CheckpointState{meta.CheckpointCommitted, meta.CheckpointPending}})
+	if err != nil {
+		return nil, err
+	}
+	for _, ck := range cks {
+		r := get(ck.TemplateVersion)
+		r.Checkpoints = append(r.Checkpoints, ck.ID)
+		r.owners[ck.ID] = ck.Tenant
+	}
+	for _, r := range out {
+		sort.Strings(r.Tags)
+	}
+	return out, nil
+}
+
+// ListTemplates returns every version known here or in the blob store,
+// with its references. A setup-script template not used yet is not a
+// version yet (it is digested at its first use: see Catalog).
+func (e *Engine) ListTemplates(ctx context.Context) ([]TemplateInfo, error) {
+	st := e.tmpl.Store()
+	local, err := st.Local()
+	if err != nil {
+		return nil, err
+	}
+	remote, err := st.Remote(ctx)
+	if err != nil {
+		return nil, err
+	}
+	refs, err := e.templateRefs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	byDigest := map[string]*TemplateInfo{}
+	for _, v := range local {
+		byDigest[v.Digest] = &TemplateInfo{Version: v, Local: true}
+	}
+	for _, d := range remote {
+		if ti, ok := byDigest[d]; ok {
+			ti.Stored = true
+		} else {
+			byDigest[d] = &TemplateInfo{Version: templatestore.Version{Digest: d}, Stored: true}
+		}
+	}
+	var out []TemplateInfo
+	for d, ti := range byDigest {
+		if r := refs[d]; r != nil {
+			ti.Refs = *r
+		}
+		out = append(out, *ti)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Name != out[j].Name {
+			return out[i].Name < out[j].Name
+		}
+		return out[i].Created.After(out[j].Created)
+	})
+	return out, nil
+}
+
+// InspectTemplate returns the version ref names ("name", "name@digest",
+// "digest"), fetching it if needed, with its references.
+func (e *Engine) InspectTemplate(ctx context.Context, ref string) (TemplateInfo, error) {
+	v, err := e.tmpl.Store().Resolve(ctx, ref)
+	if err != nil {
+		return TemplateInfo{}, err
+	}
+	ti := TemplateInfo{Version: v, Local: true}
+	ti.Stored, _ = e.tmpl.Store().Stored(ctx, v.Digest)
+	refs, err := e.templateRefs(ctx)
+	if err != nil {
+		return ti, err
+	}
+	if r := refs[v.Digest]; r != nil {
+		ti.Refs = *r
+	}
+	return ti, nil
+}
+
+// ImportTemplate makes the tarball r a version of name and moves the tag.
+func (e *Engine) ImportTemplate(ctx context.Context, name string, r io.Reader, d templatestore.Defaults) (templatestore.ImportResult, error) {
+	if err := ValidateLimits(d.Limits); err != nil {
+		return templatestore.ImportResult{}, err
+	}
+	res, err := e.tmpl.Store().Import(ctx, name, r, d)
+	if err == nil {
+		e.lg.Info("template imported", "name", name, "version", res.Version.Short(), "existed", res.Existed, "previous", templatestore.Short(res.Previous))
+	}
+	return res, err
+}
+
+// TagTemplate points tag name at the version ref names.
+func (e *Engine) TagTemplate(ctx context.Context, name, ref string) (templatestore.Version, error) {
+	v, err := e.tmpl.Store().Resolve(ctx, ref)
+	if err != nil {
+		return v, err
+	}
+	return v, e.tmpl.Store().Tag(ctx, name, v.Digest)
+}
+
+// RemoveTemplate removes a tag ("name": the versions stay) or a version
+// ("name@sha256:…" or "sha256:…"), which must not be referenced.
+func (e *Engine) RemoveTemplate(ctx context.Context, ref string) error {
+	st := e.tmpl.Store()
+	if !strings.Contains(ref, "@") && !strings.HasPrefix(ref, "sha256:") {
+		tags, err := st.Tags()
+		if err != nil {
+			return err
+		}
+		if _, ok := tags[ref]; !ok {
+			return errdefs.NotFoundf("template tag %q", ref)
+		}
+		if want, _ := e.PoolSize(ref); want > 0 {
+			return errdefs.FailedPreconditionf("template %s has a warm pool; restart the daemon without it first", ref)
+		}
+		return st.Untag(ctx, ref)
+	}
+	_, digest, ok := strings.Cut(ref, "@")
+	if !ok {
+		digest = ref
+	}
+	if _, err := templatestore.ParseDigest(digest); err != nil {
+		return err
+	}
+	e.tmplMu.Lock()
+	defer e.tmplMu.Unlock()
+	refs, err := e.templateRefs(ctx)
+	if err != nil {
+		return err
+	}
+	if r := refs[digest]; r != nil && !r.Empty() {
+		return errdefs.FailedPreconditionf("template version %s is still referenced by %s: destroy those sandboxes, delete those checkpoints or move those tags first", templatestore.Short(digest), r)
+	}
+	local, _ := st.Local()
+	known := false
+	for _, v := range local {
+		known = known || v.Digest == digest
+	}
+	if stored, _ := st.Stored(ctx, digest); !known && !stored {
+		return errdefs.NotFoundf("template version %s", templatestore.Short(digest))
+	}
+	if err := st.Remove(ctx, digest); err != nil {
+		return err
+	}
+	e.lg.Info("template version removed", "version", templatestore.Short(digest))
+	return nil
+}
+
+// GCTemplates removes every version that nothing references (here and in
+// the blob store) and returns their digests.
+func (e *Engine) GCTemplates(ctx context.Context) ([]string, error) {
+	all, err := e.ListTemplates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e.tmplMu.Lock()
+	defer e.tmplMu.Unlock()
+	refs, err := e.templateRefs(ctx) // again, under the lock
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	for _, ti := range all {
+		if r := refs[ti.Digest]; r != nil && !r.Empty() {
+			continue
+		}
+		if err := e.tmpl.Store().Remove(ctx, ti.Digest); err != nil {
+			return removed, fmt.Errorf("gc template version %s: %w", ti.Short(), err)
+		}
+		removed = append(removed, ti.Digest)
+	}
+	if len(removed) > 0 {
+		e.lg.Info("template versions collected", "count", len(removed))
+	}
+	if err := e.tmpl.Store().CollectChunks(ctx); err != nil {
+		return removed, fmt.Errorf("gc template chunks: %w", err)
+	}
+	return removed, nil
+}
+
+// EventUpgraded is appended to both sandboxes' streams by Upgrade.
+const EventUpgraded = "sandbox.upgraded" // UpgradedPayload
+
+// UpgradedPayload is the payload of sandbox.upgraded, version 1.
+type UpgradedPayload struct {
+	// From is the upgraded sandbox (left stopped), To the new one.
+	From        string `json:"from"`
+	To          string `json:"to"`
+	Template    string `json:"template"`
+	FromVersion string `json:"from_version"`
+	ToVersion   string `json:"to_version"`
+	// Checkpoint is the cut the files were taken from (kept, tagged
+	// pre-upgrade-…: `amber sandbox recover FROM` rolls back).
+	Checkpoint string `json:"checkpoint"`
+	// Files copied and paths removed (files the sandbox had deleted from
+	// its template).
+	Files   int `json:"files"`
+	Removed int `json:"removed"`
+}
+
+// UpgradeRequest asks for sandbox Sandbox on template ref Template.
+type UpgradeRequest struct {
+	Tenant, Sandbox string
+	// Template: "name", "name@sha256:<hex>" or "sha256:<hex>".
+	Template string
+}
+
+// Upgrade moves sandbox r.Sandbox onto another template version: it is
+// checkpointed and stopped (the checkpoint is kept, tagged, as the way
+// back), a new sandbox is created from the new version with the same
+// tenant, limits, env and recovery policy, and the files the old sandbox
+// had changed on top of its template (its writable layer, taken from that
+// checkpoint: new and modified files with their modes and times; files it
+// had deleted are deleted) are copied into the new one. Processes do not
+// carry over: the new sandbox boots fresh. sandbox.upgraded is appended to
+// both streams.
+func (e *Engine) Upgrade(ctx context.Context, r UpgradeRequest) (meta.Sandbox, error) {
+	old, err := e.Get(ctx, r.Tenant, r.Sandbox)
+	if err != nil {
+		return old, err
+	}
+	t, err := e.tmpl.GetContext(ctx, r.Template)
+	if err != nil {
+		return old, err
+	}
+	if t.Version == old.TemplateVersion {
+		return old, errdefs.FailedPreconditionf("sandbox %s is already on template %s version %s", old.ID, t.Name, templatestore.Short(t.Version))
+	}
+	if old.State != meta.StateRunning {
+		return old, errdefs.FailedPreconditionf("sandbox %s is %s; recover it first (its files are taken from a checkpoint of it running)", old.ID, old.State)
+	}
+	ck, err := e.Checkpoint(ctx, CheckpointRequest{Tenant: r.Tenant, Sandbox: old.ID, Stop: true,
+		Tag: "pre-upgrade-" + templatestore.Short(t.Version), stopReason: "upgraded to template " + t.Name + "@" + templatestore.Short(t.Version)})
+	if err != nil {
+		return old, fmt.Errorf("upgrade %s: checkpoint: %w", old.ID, err)
+	}
+	dir := filepath.Join(e.workDir, "upgrade-"+strings.TrimPrefix(newID(), "sbx-"))
+	defer os.RemoveAll(dir)
+	if _, err := e.ckpts.Restore(ctx, ck.Tenant, ck.ID, dir, chunkstore.RestoreOptions{}); err != nil {
+		return old, fmt.Errorf("upgrade %s: fetch checkpoint %s: %w", old.ID, ck.ID, err)
+	}
+	release, err := e.reserveSandbox(ctx, r.Tenant, old.Limits)
+	if err != nil {
+		return old, err
+	}
+	defer release()
+	sb, err := e.coldCreate(ctx, t, r.Tenant, old.Limits, old.Env, false, old.Policy)
+	if err != nil {
+		return old, fmt.Errorf("upgrade %s: create: %w", old.ID, err)
+	}
+	files, removed, err := e.copyLayer(ctx, sb.ID, filepath.Join(dir, "layer.tar"))
+	if err != nil {
+		if derr := e.Destroy(context.WithoutCancel(ctx), r.Tenant, sb.ID); derr != nil {
+			e.lg.Error("destroy half-upgraded sandbox", "sandbox", sb.ID, "err", derr)
+		}
+		return old, fmt.Errorf("upgrade %s: copy its files: %w", old.ID, err)
+	}
+	p := UpgradedPayload{From: old.ID, To: sb.ID, Template: t.Name, FromVersion: old.TemplateVersion, ToVersion: t.Version,
+		Checkpoint: ck.ID, Files: files, Removed: removed}
+	if err := e.appendEvents(ctx, sb, lifecycleEvent(sb, EventUpgraded, p)); err != nil {
+		return sb, err
+	}
+	if old, err = e.meta.Get(ctx, old.ID); err == nil {
+		err = e.appendEvents(ctx, old, lifecycleEvent(old, EventUpgraded, p))
+	}
+	if err != nil {
+		return sb, err
+	}
+	e.lg.Info("sandbox upgraded", "from", old.ID, "to", sb.ID, "template", t.Name, "version", templatestore.Short(t.Version), "files", files, "removed", removed)
+	return sb, nil
+}
+
+// copyLayer applies a checkpoint's layer.tar (an overlay upper directory)
+// to sandbox id through its confined FS: whiteouts (0/0 character devices)
+// remove the path, an opaque directory is emptied first, other devices are
+// skipped, and regular files, directories, symlinks and hard links are
+// extracted (owners become the sandbox's root, set-ID bits are dropped:
+// confinedfs.TarIn).
+func (e *Engine) copyLayer(ctx context.Context, id, layerTar string) (files, removed int, err error) {
+	fsys, err := e.drv.Files(ctx, id)
+	if err != nil {
+		return 0, 0, err
+	}
+	f, err := os.Open(layerTar)
+	if err != nil {
+		return 0, 0, errdefs.DataLossf("checkpoint image has no layer.tar: %v", err)
+	}
+	defer f.Close()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- fsys.TarIn(ctx, "/", pr) }()
+	tw := tar.NewWriter(pw)
+	tr := tar.NewReader(f)
+	fail := func(err error) (int, int, error) {
+		pw.CloseWithError(err)
+		<-done
+		return files, removed, err
+	}
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fail(errdefs.DataLossf("layer.tar: %v", err))
+		}
+		name := path.Clean("/" + h.Name)
+		if name == "/" {
+			continue
+		}
+		switch h.Typeflag {
+		case tar.TypeChar:
+			if h.Devmajor == 0 && h.Devminor == 0 { // whiteout
+				if err := fsys.Remove(ctx, name, true); err != nil && !errdefs.IsNotFound(err) {
+					return fail(fmt.Errorf("remove %s: %w", name, err))
+				}
+				removed++
+			}
+			continue
+		case tar.TypeBlock, tar.TypeFifo:
+			continue
+		case tar.TypeDir:
+			if h.PAXRecords["SCHILY.xattr.trusted.overlay.opaque"] == "y" {
+				if err := fsys.Remove(ctx, name, true); err != nil && !errdefs.IsNotFound(err) {
+					return fail(fmt.Errorf("empty opaque %s: %w", name, err))
+				}
+			}
+		case tar.TypeReg, tar.TypeSymlink, tar.TypeLink:
+			files++
+		default:
+			continue
+		}
+		nh := &tar.Header{Typeflag: h.Typeflag, Name: strings.TrimPrefix(name, "/"), Linkname: h.Linkname, Mode: h.Mode,
+			Size: h.Size, ModTime: h.ModTime, Format: tar.FormatPAX}
+		if h.Typeflag == tar.TypeLink {
+			nh.Linkname = strings.TrimPrefix(path.Clean("/"+h.Linkname), "/")
+		}
+		if h.Typeflag != tar.TypeReg {
+			nh.Size = 0
+		}
+		if err := tw.WriteHeader(nh); err != nil {
+			return fail(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			if _, err := io.Copy(tw, tr); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return fail(err)
+	}
+	pw.Close()
+	return files, removed, <-done
+}
