@@ -84,6 +84,7 @@ func newRoot() *cobra.Command {
 		newRestoreCmd(g),
 		newTenantCmd(g),
 		newSecretCmd(g),
+		newDemoCmd(g),
 		newKeyCmd(g),
 		newAuditCmd(g),
 		newSessionCmd(g),

@@ -3,7 +3,9 @@ package session
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"syscall"
 	"strings"
 
 	"github.com/amber-run/amber/core/errdefs"
@@ -39,6 +41,9 @@ func (b EngineSandboxes) Running(ctx context.Context, tenant, id string) (bool, 
 
 // Exec implements Sandboxes.
 func (b EngineSandboxes) Exec(ctx context.Context, tenant, id string, r ExecRequest) (ExecResult, error) {
+	if r.Detached {
+		return b.execDetached(ctx, tenant, id, r)
+	}
 	var out, errb limitedBuffer
 	spec := sandbox.ExecSpec{Args: r.Args, Stdout: &out, Stderr: &errb, Timeout: r.Timeout}
 	if r.Stdin != nil {
@@ -49,6 +54,35 @@ func (b EngineSandboxes) Exec(ctx context.Context, tenant, id string, r ExecRequ
 		return ExecResult{}, err
 	}
 	return ExecResult{Stdout: out.Bytes(), Stderr: errb.Bytes(), Code: st.Code, TimedOut: st.TimedOut}, nil
+}
+
+// execDetached starts r as a background process of the sandbox, waits for
+// it (killing it past r.Timeout) and reads its output from its log.
+func (b EngineSandboxes) execDetached(ctx context.Context, tenant, id string, r ExecRequest) (ExecResult, error) {
+	pid, err := b.E.StartProcess(ctx, tenant, id, sandbox.ExecSpec{Args: r.Args})
+	if err != nil {
+		return ExecResult{}, err
+	}
+	wctx, cancel := ctx, context.CancelFunc(func() {})
+	if r.Timeout > 0 {
+		wctx, cancel = context.WithTimeout(ctx, r.Timeout)
+	}
+	st, err := b.E.Wait(wctx, tenant, id, pid)
+	cancel()
+	timedOut := false
+	if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+		timedOut = true
+		_ = b.E.Signal(ctx, tenant, id, pid, syscall.SIGKILL)
+		st, err = b.E.Wait(ctx, tenant, id, pid)
+	}
+	if err != nil {
+		return ExecResult{}, err
+	}
+	out, err := b.ReadFile(ctx, tenant, id, fmt.Sprintf("/run/amber/proc/%d.log", pid))
+	if err != nil && !errdefs.IsNotFound(err) {
+		return ExecResult{}, err
+	}
+	return ExecResult{Stdout: out, Code: st.Code, TimedOut: timedOut}, nil
 }
 
 // ReadFile implements Sandboxes.

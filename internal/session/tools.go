@@ -35,6 +35,12 @@ type ExecRequest struct {
 	Args    []string
 	Stdin   []byte
 	Timeout time.Duration
+	// Detached runs the command as a background process of the sandbox
+	// (started by its init, like `amber exec -d`) and waits for it: what
+	// it leaves running (a server started with &) is part of the sandbox
+	// and of its checkpoints under every driver. Output is combined into
+	// Stdout; Stdin is not supported.
+	Detached bool
 }
 
 // ExecResult is a command's outcome.
@@ -47,10 +53,15 @@ type ExecResult struct {
 // BuiltinTools are the tools the harness runs itself.
 var BuiltinTools = []string{"bash", "read_file", "write_file", "edit_file", "http"}
 
-// changes says whether a built-in tool may change the sandbox (strict
-// policy checkpoints after those before acknowledging them).
+// changes says whether a built-in tool may change the sandbox or the world
+// (strict policy checkpoints after those before acknowledging them, and a
+// cut-off one re-runs in the sandbox restored from the cut before it).
+// http counts: its request leaves through the gateway, whose journal keys
+// requests relative to cuts, so a re-run from the cut before it meets the
+// recorded effect instead of placing it again; re-run in a sandbox that
+// was not restored, it would be a new request.
 func changes(tool string) bool {
-	return tool == "bash" || tool == "write_file" || tool == "edit_file"
+	return tool == "bash" || tool == "write_file" || tool == "edit_file" || tool == "http"
 }
 
 // needsSandbox says whether a tool runs in the sandbox.
@@ -118,7 +129,7 @@ func runTool(ctx context.Context, sb Sandboxes, tenant, sbx string, c ToolCall) 
 		if to <= 0 || to > 30*time.Minute {
 			to = 10 * time.Minute
 		}
-		r, err := sb.Exec(ctx, tenant, sbx, ExecRequest{Args: []string{"/bin/sh", "-c", in.Command}, Timeout: to})
+		r, err := sb.Exec(ctx, tenant, sbx, ExecRequest{Args: []string{"/bin/sh", "-c", in.Command}, Timeout: to, Detached: true})
 		if err != nil {
 			return "", false, err
 		}

@@ -1,0 +1,597 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/amber-run/amber/api"
+	"github.com/amber-run/amber/client"
+)
+
+// amber demo: an agent session that survives a sandbox crash and a daemon
+// crash without forgetting anything or ordering anything twice.
+//
+// It runs everything itself, on this machine only: a "shop" HTTP server on
+// 127.0.0.1 with a ledger that honours Idempotency-Key, a daemon (`amber
+// up`, a child process, on a temporary data dir) whose sandboxes reach the
+// shop by name through the egress gateway, and a session driven by the
+// scripted model. Midway it SIGKILLs the session's sandbox, and later the
+// daemon itself while an order is on its way to the shop; it restarts the
+// daemon and lets the session continue. It exits 0 only if every check of
+// its report holds.
+
+func newDemoCmd(g *globalFlags) *cobra.Command {
+	var keep bool
+	var driver string
+	c := &cobra.Command{
+		Use:   "demo",
+		Short: "Run an agent that survives a sandbox crash and a daemon crash (exact recovery, orders placed once)",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			d := &demo{out: cmd.OutOrStdout(), keep: keep, driver: driver}
+			return d.run(cmd.Context())
+		},
+	}
+	c.Flags().BoolVar(&keep, "keep", false, "keep the temporary data directory (its daemon log, event log) afterwards")
+	c.Flags().StringVar(&driver, "driver", "gvisor", "sandbox driver (egress through the gateway needs gvisor)")
+	return c
+}
+
+type demo struct {
+	out    io.Writer
+	keep   bool
+	driver string
+
+	dir    string
+	shop   *shop
+	daemon *demoDaemon
+	cl     *client.Client
+	start  time.Time
+	checks []demoCheck
+}
+
+type demoCheck struct {
+	ok   bool
+	what string
+}
+
+func (d *demo) say(format string, args ...any) {
+	fmt.Fprintf(d.out, "[%5.1fs] %s\n", time.Since(d.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func (d *demo) check(ok bool, format string, args ...any) {
+	d.checks = append(d.checks, demoCheck{ok, fmt.Sprintf(format, args...)})
+}
+
+// demoCounter keeps a random token and a counter in its memory only and
+// shows them in a file five times a second.
+const demoCounter = `import os, random, time
+token = "%08x" % random.getrandbits(32)
+n = 0
+while True:
+    n += 1
+    with open("/root/counter.tmp", "w") as f:
+        f.write("%s %d\n" % (token, n))
+    os.replace("/root/counter.tmp", "/root/counter.txt")
+    time.sleep(0.2)
+`
+
+const demoNotes = "# Shopping trip\n\nOrder a book and a lamp, then tea.\n"
+
+// demoScript is the agent: turn n answers the session's n-th model call.
+func demoScript(shopURL string) []map[string]any {
+	call := func(name string, input map[string]any) map[string]any {
+		return map[string]any{"name": name, "input": input}
+	}
+	order := func(item string) map[string]any {
+		body, _ := json.Marshal(map[string]any{"item": item, "qty": 1})
+		return call("http", map[string]any{"method": "POST", "url": shopURL + "/orders",
+			"headers": map[string]string{"Content-Type": "application/json"}, "body": string(body)})
+	}
+	return []map[string]any{
+		// Phase 1: set up the workspace.
+		{"tool_calls": []any{
+			call("write_file", map[string]any{"path": "/root/notes.md", "content": demoNotes}),
+			call("write_file", map[string]any{"path": "/root/counter.py", "content": demoCounter}),
+		}},
+		{"tool_calls": []any{call("bash", map[string]any{"command": "cd /root && (nohup python3 counter.py >/dev/null 2>&1 &) && " +
+			"(nohup python3 -m http.server 8000 --bind 127.0.0.1 --directory /root >/dev/null 2>&1 &) && sleep 1 && cat counter.txt"})}},
+		{"text": "The workspace is ready: notes, a web server on port 8000 and a counter."},
+		// Phase 2: two orders.
+		{"tool_calls": []any{order("book")}},
+		{"tool_calls": []any{order("lamp")}},
+		{"text": "Ordered the book and the lamp."},
+		// Phase 3 (after the sandbox was killed): look around, then tea.
+		{"tool_calls": []any{call("bash", map[string]any{"command": "cat /root/counter.txt; curl -s http://127.0.0.1:8000/notes.md | head -n 1"})}},
+		{"tool_calls": []any{order("tea")}},
+		{"tool_calls": []any{call("bash", map[string]any{"command": "cat /root/counter.txt"})}},
+		{"text": "Done: the book, the lamp and the tea are ordered, each once."},
+	}
+}
+
+func (d *demo) run(ctx context.Context) (err error) {
+	d.start = time.Now()
+	if os.Geteuid() != 0 {
+		return errors.New("amber demo runs sandboxes: run it as root (make demo)")
+	}
+	if d.dir, err = os.MkdirTemp("", "amber-demo-"); err != nil {
+		return err
+	}
+	os.Chmod(d.dir, 0o711)
+	d.shop, err = startShop("tea")
+	if err != nil {
+		return err
+	}
+	defer d.shop.close()
+	d.say("shop on %s (a ledger that honours Idempotency-Key); data dir %s", d.shop.addr, d.dir)
+
+	d.daemon = &demoDaemon{dir: d.dir, args: []string{"--driver", d.driver, "--pool", "0", "--log-level", "warn",
+		"--egress-host", "shop.test=127.0.0.1", "--egress-allow", fmt.Sprintf("shop.test:%d", d.shop.port)}}
+	if err := d.daemon.start(); err != nil {
+		return err
+	}
+	defer func() {
+		if derr := d.cleanup(); err == nil {
+			err = derr
+		}
+	}()
+	if d.cl, err = d.daemon.client(); err != nil {
+		return err
+	}
+	d.say("daemon up (pid %d) on %s", d.daemon.cmd.Process.Pid, d.daemon.addr)
+
+	shopURL := fmt.Sprintf("http://shop.test:%d", d.shop.port)
+	se, err := d.cl.CreateSession(ctx, map[string]any{
+		"model":    map[string]any{"adapter": "scripted", "script": demoScript(shopURL)},
+		"template": "python", "policy": "strict",
+		"system": "You run errands from a sandbox.",
+	})
+	if err != nil {
+		return fmt.Errorf("create session: %w", err)
+	}
+	d.say("session %s (strict: every changing step is checkpointed before it is acknowledged)", se.ID)
+
+	// Phase 1.
+	if err := d.send(ctx, se.ID, "Set up the workspace.", 3); err != nil {
+		return err
+	}
+	se, _ = d.cl.GetSession(ctx, se.ID)
+	sbx := se.Sandbox
+	token1, n1 := d.counter(ctx, sbx)
+	d.say("phase 1 done: sandbox %s; counter in memory: token %s at %d", sbx, token1, n1)
+
+	// Phase 2.
+	if err := d.send(ctx, se.ID, "Order a book and a lamp.", 6); err != nil {
+		return err
+	}
+	d.say("phase 2 done: orders so far %v", d.shop.items())
+
+	// Crash 1: the sandbox.
+	if _, err := d.cl.KillSandbox(ctx, sbx); err != nil {
+		return fmt.Errorf("kill sandbox: %w", err)
+	}
+	d.say("CRASH 1: sandbox %s SIGKILLed (every process in it)", sbx)
+
+	// Phase 3, and crash 2 while the tea order is on its way.
+	if _, err := d.cl.PostSessionEvent(ctx, se.ID, api.PostSessionEventRequest{Type: "user_message", ID: "demo-3",
+		Payload: json.RawMessage(`{"text":"Check the workspace, then order tea."}`)}); err != nil {
+		return err
+	}
+	select {
+	case <-d.shop.arrived:
+	case <-time.After(5 * time.Minute):
+		return errors.New("the tea order never reached the shop")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	d.say("the tea order reached the shop (booked); its answer is held back")
+	if err := d.daemon.kill(); err != nil {
+		return err
+	}
+	d.say("CRASH 2: daemon SIGKILLed before the answer came back (the effect happened, the agent did not see it)")
+	close(d.shop.release)
+	if err := d.daemon.start(); err != nil {
+		return err
+	}
+	if d.cl, err = d.daemon.client(); err != nil {
+		return err
+	}
+	d.say("daemon restarted (pid %d): it wakes the session from its log", d.daemon.cmd.Process.Pid)
+	if err := d.waitIdle(ctx, se.ID, 10); err != nil {
+		return err
+	}
+	d.say("phase 3 done")
+	return d.report(ctx, se.ID, sbx, token1, n1)
+}
+
+// send posts a user message and waits until the session is idle with
+// wantCalls assistant messages.
+func (d *demo) send(ctx context.Context, id, text string, wantCalls int) error {
+	payload, _ := json.Marshal(map[string]string{"text": text})
+	if _, err := d.cl.PostSessionEvent(ctx, id, api.PostSessionEventRequest{Type: "user_message", ID: fmt.Sprintf("demo-%d", wantCalls), Payload: payload}); err != nil {
+		return err
+	}
+	return d.waitIdle(ctx, id, wantCalls)
+}
+
+func (d *demo) waitIdle(ctx context.Context, id string, wantCalls int) error {
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		evs, err := d.events(ctx, id)
+		if err == nil {
+			n, last := 0, ""
+			for _, ev := range evs {
+				switch ev.Type {
+				case "session.assistant_message":
+					n++
+				case "session.status":
+					var st struct{ Status, Reason string }
+					json.Unmarshal(ev.Payload, &st)
+					last = st.Status
+					if st.Status == "needs-reconciliation" || st.Status == "terminated" {
+						return fmt.Errorf("session %s is %s: %s", id, st.Status, st.Reason)
+					}
+				}
+			}
+			if n >= wantCalls && last == "idle" {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("session %s did not finish its turn within 5 minutes (daemon log: %s)", id, filepath.Join(d.dir, "daemon.log"))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}
+
+func (d *demo) events(ctx context.Context, id string) ([]api.Event, error) {
+	var all []api.Event
+	after := uint64(0)
+	for {
+		l, err := d.cl.SessionEvents(ctx, id, after, 1000)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, l.Events...)
+		if len(l.Events) < 1000 {
+			return all, nil
+		}
+		after = l.Events[len(l.Events)-1].Seq
+	}
+}
+
+// counter reads the counter program's token and value.
+func (d *demo) counter(ctx context.Context, sbx string) (string, int) {
+	var b strings.Builder
+	if err := d.cl.ReadFile(ctx, sbx, "/root/counter.txt", &b); err != nil {
+		return "", -1
+	}
+	var token string
+	var n int
+	fmt.Sscanf(b.String(), "%s %d", &token, &n)
+	return token, n
+}
+
+func (d *demo) report(ctx context.Context, id, sbx, token1 string, n1 int) error {
+	evs, err := d.events(ctx, id)
+	if err != nil {
+		return err
+	}
+	calls := map[int]int{}
+	results := map[string]int{}
+	restores, checkpoints := 0, 0
+	var lastText string
+	for _, ev := range evs {
+		switch ev.Type {
+		case "session.assistant_message":
+			var m struct {
+				Call int
+				Text string
+			}
+			json.Unmarshal(ev.Payload, &m)
+			calls[m.Call]++
+			lastText = m.Text
+		case "session.tool_result":
+			var r struct {
+				ToolCallID string `json:"tool_call_id"`
+			}
+			json.Unmarshal(ev.Payload, &r)
+			results[r.ToolCallID]++
+		case "session.sandbox_restored":
+			restores++
+		case "session.checkpointed":
+			checkpoints++
+		}
+	}
+	once := true
+	for _, n := range calls {
+		once = once && n == 1
+	}
+	for _, n := range results {
+		once = once && n == 1
+	}
+	d.check(len(calls) == 10 && once, "conversation: %d model answers and %d tool results, each recorded once (no answer requested again, no finished tool re-run)", len(calls), len(results))
+	d.check(strings.HasPrefix(lastText, "Done:"), "the agent finished: %q", lastText)
+	d.check(restores >= 2, "the sandbox was restored after each crash (%d restores)", restores)
+
+	token2, n2 := d.counter(ctx, sbx)
+	d.check(token2 == token1 && n2 > n1, "counter: the process kept its memory (token %s → %s) and went on counting (%d → %d)", token1, token2, n1, n2)
+	var notes strings.Builder
+	d.cl.ReadFile(ctx, sbx, "/root/notes.md", &notes)
+	d.check(notes.String() == demoNotes, "files: /root/notes.md is as written")
+	procs, _ := d.cl.Processes(ctx, sbx)
+	var counterUp, serverUp bool
+	for _, p := range procs {
+		cmd := strings.Join(p.Args, " ")
+		counterUp = counterUp || strings.Contains(cmd, "counter.py")
+		serverUp = serverUp || strings.Contains(cmd, "http.server")
+	}
+	d.check(counterUp && serverUp, "processes: counter.py and the web server are running")
+	var page strings.Builder
+	st, err := d.cl.Exec(ctx, sbx, api.ExecRequest{Args: []string{"curl", "-s", "http://127.0.0.1:8000/notes.md"}}, nil, &page, io.Discard)
+	d.check(err == nil && st.Code == 0 && page.String() == demoNotes, "the web server started before the crashes still serves the notes")
+
+	items, retries := d.shop.items(), d.shop.deduplicated()
+	d.check(strings.Join(items, ",") == "book,lamp,tea", "shop ledger: %v — each order exactly once (%d retried request answered from the shop's Idempotency-Key record)", items, retries)
+	fx, err := d.cl.Effects(ctx, sbx)
+	if err == nil {
+		d.check(fx.NeedsReconciliation == 0, "effect journal: %d requests, none needing reconciliation", len(fx.Effects))
+	}
+
+	fmt.Fprintf(d.out, "\nReport (%d checkpoints, %d restores, %.0fs):\n", checkpoints, restores, time.Since(d.start).Seconds())
+	failed := 0
+	for _, c := range d.checks {
+		mark := "ok  "
+		if !c.ok {
+			mark, failed = "FAIL", failed+1
+		}
+		fmt.Fprintf(d.out, "  %s %s\n", mark, c.what)
+	}
+	if failed > 0 {
+		d.keep = true
+		return fmt.Errorf("%d of %d checks failed (data kept in %s)", failed, len(d.checks), d.dir)
+	}
+	fmt.Fprintf(d.out, "All %d checks hold.\n", len(d.checks))
+	return nil
+}
+
+// cleanup removes the session's sandboxes, stops the daemon and removes
+// the data dir (unless kept).
+func (d *demo) cleanup() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if d.daemon.running() && d.cl != nil {
+		if sbs, err := d.cl.ListSandboxes(ctx); err == nil {
+			for _, sb := range sbs {
+				if sb.State != "destroyed" {
+					d.cl.DeleteSandbox(ctx, sb.ID)
+				}
+			}
+		}
+	}
+	err := d.daemon.stop()
+	if d.keep {
+		fmt.Fprintf(d.out, "data dir kept: %s\n", d.dir)
+		return err
+	}
+	unmountUnder(d.dir)
+	os.RemoveAll(d.dir)
+	return err
+}
+
+// unmountUnder detaches whatever is still mounted below dir (pinned
+// namespaces of sandboxes that could not be destroyed).
+func unmountUnder(dir string) {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			syscall.Unmount(f[4], syscall.MNT_DETACH)
+		}
+	}
+}
+
+// demoDaemon is `amber up` as a child process of the demo.
+type demoDaemon struct {
+	dir, addr string
+	args      []string
+	cmd       *exec.Cmd
+	exited    chan struct{}
+}
+
+func (dd *demoDaemon) start() error {
+	if dd.addr == "" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		dd.addr = ln.Addr().String()
+		ln.Close()
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	logf, err := os.OpenFile(filepath.Join(dd.dir, "daemon.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	dd.cmd = exec.Command(self, append([]string{"up", "--data-dir", dd.dir, "--addr", dd.addr}, dd.args...)...)
+	dd.cmd.Stdout, dd.cmd.Stderr = logf, logf
+	dd.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a terminal's ^C reaches the demo only
+	if err := dd.cmd.Start(); err != nil {
+		return err
+	}
+	dd.exited = make(chan struct{})
+	go func() { dd.cmd.Wait(); close(dd.exited) }()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if resp, err := http.Get("http://" + dd.addr + "/healthz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+		}
+		select {
+		case <-dd.exited:
+			return fmt.Errorf("amber up exited: %v (log: %s)", dd.cmd.ProcessState, filepath.Join(dd.dir, "daemon.log"))
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("amber up did not answer within 2 minutes (log: %s)", filepath.Join(dd.dir, "daemon.log"))
+		}
+	}
+}
+
+func (dd *demoDaemon) client() (*client.Client, error) {
+	key, err := os.ReadFile(filepath.Join(dd.dir, "admin.key"))
+	if err != nil {
+		return nil, err
+	}
+	return client.New("http://"+dd.addr, strings.TrimSpace(string(key)))
+}
+
+func (dd *demoDaemon) running() bool {
+	if dd.cmd == nil {
+		return false
+	}
+	select {
+	case <-dd.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// kill SIGKILLs the daemon this demo started (by its PID) and waits.
+func (dd *demoDaemon) kill() error {
+	if !dd.running() {
+		return errors.New("the daemon is not running")
+	}
+	dd.cmd.Process.Signal(syscall.SIGKILL)
+	<-dd.exited
+	return nil
+}
+
+func (dd *demoDaemon) stop() error {
+	if !dd.running() {
+		return nil
+	}
+	dd.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-dd.exited:
+		return nil
+	case <-time.After(time.Minute):
+		dd.cmd.Process.Signal(syscall.SIGKILL)
+		<-dd.exited
+		return errors.New("the daemon did not stop within a minute of SIGTERM")
+	}
+}
+
+// shop is the outside world: POST /orders books an order; a repeated
+// Idempotency-Key books nothing and gets the first answer. The first order
+// of item hold is booked, then its answer waits for release.
+type shop struct {
+	srv     *http.Server
+	addr    string
+	port    int
+	hold    string
+	arrived chan struct{}
+	release chan struct{}
+
+	mu     sync.Mutex
+	orders []string
+	keys   map[string][]byte
+	dedup  int
+	held   bool
+}
+
+func startShop(hold string) (*shop, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &shop{addr: ln.Addr().String(), port: ln.Addr().(*net.TCPAddr).Port, hold: hold,
+		arrived: make(chan struct{}), release: make(chan struct{}), keys: map[string][]byte{}}
+	s.srv = &http.Server{Handler: http.HandlerFunc(s.serve), ReadHeaderTimeout: 10 * time.Second}
+	go s.srv.Serve(ln)
+	return s, nil
+}
+
+func (s *shop) serve(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/orders" || r.Method != "POST" {
+		http.NotFound(w, r)
+		return
+	}
+	var o struct {
+		Item string `json:"item"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&o); err != nil || o.Item == "" {
+		http.Error(w, "bad order", http.StatusBadRequest)
+		return
+	}
+	key := r.Header.Get("Idempotency-Key")
+	s.mu.Lock()
+	if prev, ok := s.keys[key]; ok && key != "" {
+		s.dedup++
+		s.mu.Unlock()
+		w.Write(prev)
+		return
+	}
+	s.orders = append(s.orders, o.Item)
+	resp := fmt.Appendf(nil, `{"order":%d,"item":%q}`, len(s.orders), o.Item)
+	if key != "" {
+		s.keys[key] = resp
+	}
+	holdIt := o.Item == s.hold && !s.held
+	if holdIt {
+		s.held = true
+	}
+	s.mu.Unlock()
+	if holdIt {
+		close(s.arrived)
+		<-s.release
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(resp)
+}
+
+func (s *shop) items() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.orders...)
+}
+
+func (s *shop) deduplicated() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.dedup
+}
+
+func (s *shop) close() {
+	select {
+	case <-s.release:
+	default:
+		close(s.release)
+	}
+	s.srv.Close()
+}
