@@ -187,7 +187,7 @@ func (d *demo) run(ctx context.Context) (err error) {
 	d.say("CRASH 1: sandbox %s SIGKILLed (every process in it)", sbx)
 
 	// Phase 3, and crash 2 while the tea order is on its way.
-	if _, err := d.cl.PostSessionEvent(ctx, se.ID, api.PostSessionEventRequest{Type: "user_message", ID: "demo-3",
+	if _, err := d.cl.PostSessionEvent(ctx, se.ID, api.PostSessionEventRequest{Type: "user_message", ID: "demo-phase-3",
 		Payload: json.RawMessage(`{"text":"Check the workspace, then order tea."}`)}); err != nil {
 		return err
 	}
@@ -222,7 +222,7 @@ func (d *demo) run(ctx context.Context) (err error) {
 // wantCalls assistant messages.
 func (d *demo) send(ctx context.Context, id, text string, wantCalls int) error {
 	payload, _ := json.Marshal(map[string]string{"text": text})
-	if _, err := d.cl.PostSessionEvent(ctx, id, api.PostSessionEventRequest{Type: "user_message", ID: fmt.Sprintf("demo-%d", wantCalls), Payload: payload}); err != nil {
+	if _, err := d.cl.PostSessionEvent(ctx, id, api.PostSessionEventRequest{Type: "user_message", ID: fmt.Sprintf("demo-until-call-%d", wantCalls), Payload: payload}); err != nil {
 		return err
 	}
 	return d.waitIdle(ctx, id, wantCalls)
