@@ -2,9 +2,12 @@ package session
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/amber-run/amber/internal/failpoint"
 )
 
 func wake(t *testing.T, e *testEnv, id string, want Status) {
@@ -175,5 +178,37 @@ func TestCompaction(t *testing.T) {
 	starts := e.events(id, EventModelRequestStarted)
 	if !strings.Contains(string(starts[len(starts)-1].Payload), `"compacted":`) {
 		t.Fatalf("compaction not recorded in the request event: %s", starts[len(starts)-1].Payload)
+	}
+}
+
+// TestInterruptAfterCutOffCall: a crash cut a changing call off, then the
+// user interrupted. The call is answered as interrupted before it
+// completed, and the sandbox is first brought back to before it (strict).
+func TestInterruptAfterCutOffCall(t *testing.T) {
+	e := newTestEnv(t, script)
+	id := e.create(Definition{Model: ModelConfig{Adapter: "scripted"}, Policy: PolicyStrict})
+	e.post(id, EventUserMessage, UserMessage{Text: "go"})
+	fp := failpoint.New()
+	fp.Arm(FPToolBeforeRecord, 3, failpoint.ErrCrash) // call_2_1 (bash) ran, not recorded
+	if _, err := e.harness(fp).Wake(context.Background(), id); !errors.Is(err, failpoint.ErrCrash) {
+		t.Fatal(err)
+	}
+	if got := e.sandboxState(id); !strings.Contains(got, "counter=2") {
+		t.Fatalf("before the interrupt the sandbox shows the cut-off call: %s", got)
+	}
+	e.post(id, EventInterrupt, Interrupt{})
+	wake(t, e, id, StatusIdle)
+	s := e.state(id)
+	if r := s.Results["call_2_1"]; r.Output != "interrupted by the user before it completed" || !r.IsError {
+		t.Fatalf("cut-off call answered %+v", r)
+	}
+	if r := s.Results["call_2_2"]; r.Output != "interrupted by the user before it ran" {
+		t.Fatalf("unstarted call answered %+v", r)
+	}
+	if got := e.sandboxState(id); !strings.Contains(got, "counter=1 ") {
+		t.Fatalf("the sandbox was not brought back to the last acknowledged step: %s", got)
+	}
+	if len(e.events(id, EventSandboxRestored)) != 1 {
+		t.Fatal("no restore recorded")
 	}
 }

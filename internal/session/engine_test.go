@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"testing"
 
@@ -85,5 +86,85 @@ func TestEngineStrictCutOffToolRestoresSandbox(t *testing.T) {
 	}
 	if fold.ToolAttempts["call_1_1"] != 1 || fold.ToolAttempts["call_2_1"] != 2 {
 		t.Fatalf("attempts %v: the acknowledged call must run once, the cut-off one twice", fold.ToolAttempts)
+	}
+}
+
+// TestEngineFastLostSandboxReruns: a fast session in a real sandbox,
+// checkpointed every two changing steps. The harness dies after the third
+// step was recorded (not covered by a checkpoint) and the sandbox is killed.
+// The next harness restores the checkpoint, re-runs the third step (same
+// output: no divergence) and goes on: the file has each line once.
+func TestEngineFastLostSandboxReruns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real sandboxes")
+	}
+	env := enginetest.New(t, engine.Options{})
+	ctx := context.Background()
+	reg := eventlog.NewRegistry()
+	RegisterEvents(reg)
+	step := ScriptTurn{ToolCalls: []ScriptToolCall{{Name: "bash", Input: in(`{"command":"echo a >> /tmp/f; wc -l < /tmp/f"}`)}}}
+	script := []ScriptTurn{step, step, step, {ToolCalls: []ScriptToolCall{{Name: "read_file", Input: in(`{"path":"/tmp/f"}`)}}}, {Text: "done"}}
+	model := NewScripted(script)
+	h := func(fp *failpoint.Set) *Harness {
+		return &Harness{Log: env.Log, Registry: reg, Meta: env.Meta, Boxes: EngineSandboxes{E: env.Engine}, Logger: quiet(),
+			Models: func(ModelConfig) (Model, error) { return model, nil }, Holder: "node/test", Failpoints: fp}
+	}
+	s, err := NewManager(h(nil)).Create(ctx, "acme", Definition{Model: ModelConfig{Adapter: "scripted"}, Template: "minimal", Policy: PolicyFast, FastEvery: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := s.ID
+	if _, err := env.Log.Append(ctx, Stream(id), 0, eventlog.Any, eventlog.Event{Tenant: "acme", ID: id + ".in.1", Type: EventUserMessage, Version: 1, Payload: mustJSON(UserMessage{Text: "go"})}); err != nil {
+		t.Fatal(err)
+	}
+	fp := failpoint.New()
+	fp.Arm(FPModelAfterRecord, 4, failpoint.ErrCrash)
+	if _, err := h(fp).Wake(ctx, id); !errors.Is(err, failpoint.ErrCrash) {
+		t.Fatalf("first harness: %v", err)
+	}
+	fold := func() *State {
+		evs, err := env.Log.Read(ctx, Stream(id), 1, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := NewState(id)
+		for _, ev := range evs {
+			if err := st.Apply(ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return st
+	}
+	st := fold()
+	if st.Cut.Checkpoint == "" || st.ChangedSinceCut != 1 {
+		t.Fatalf("before the loss: cut %+v, %d changing steps after it (want a checkpoint and 1)", st.Cut, st.ChangedSinceCut)
+	}
+	if _, err := env.Engine.Kill(ctx, "acme", st.Sandbox); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := h(nil).Wake(ctx, id); err != nil || got != StatusIdle {
+		t.Fatalf("woken: %v %v", got, err)
+	}
+	st = fold()
+	want := map[string]string{"call_1_1": "exit 0\n1\n", "call_2_1": "exit 0\n2\n", "call_3_1": "exit 0\n3\n", "call_4_1": "a\na\na\n"}
+	for c, w := range want {
+		if st.Results[c].Output != w {
+			t.Fatalf("%s: %q, want %q", c, st.Results[c].Output, w)
+		}
+	}
+	evs, _ := env.Log.Read(ctx, Stream(id), 1, 1000)
+	var restored []SandboxRestored
+	for _, ev := range evs {
+		switch ev.Type {
+		case EventDivergence:
+			t.Fatalf("divergence: %s", ev.Payload)
+		case EventSandboxRestored:
+			var r SandboxRestored
+			json.Unmarshal(ev.Payload, &r)
+			restored = append(restored, r)
+		}
+	}
+	if len(restored) != 1 || restored[0].Checkpoint == "" || len(restored[0].Rerun) != 1 || restored[0].Rerun[0] != "call_3_1" {
+		t.Fatalf("restores %+v", restored)
 	}
 }

@@ -238,11 +238,23 @@ func (r *run) loop(ctx context.Context) (Status, error) {
 		case st.Status == StatusTerminated:
 			return StatusTerminated, nil
 		case st.Interrupted:
-			// Jumps the queue: pending calls are answered as interrupted.
-			for _, c := range slices.Clone(st.Pending) {
+			// Jumps the queue: pending calls are answered as interrupted. A
+			// changing call that had started (a crash cut it off) may have
+			// half-changed the sandbox: it is first brought back to the last
+			// acknowledged step, as before a re-run.
+			if len(st.cutOff()) > 0 && st.Sandbox != "" {
+				if _, err := r.sandbox(ctx); err != nil {
+					return r.st.Status, err
+				}
+			}
+			for _, c := range slices.Clone(r.st.Pending) {
+				out := "interrupted by the user before it ran"
+				if r.st.ToolAttempts[c.ID] > 0 {
+					out = "interrupted by the user before it completed"
+				}
 				if _, err := r.appendEvents(ctx, r.event("t."+c.ID+".result", EventToolResult,
-					ToolResult{ToolCallID: c.ID, Name: c.Name, Output: "interrupted by the user before it ran", IsError: true})); err != nil {
-					return st.Status, err
+					ToolResult{ToolCallID: c.ID, Name: c.Name, Output: out, IsError: true})); err != nil {
+					return r.st.Status, err
 				}
 			}
 			if err := r.setStatus(ctx, StatusIdle, "interrupted"); err != nil {
@@ -505,10 +517,9 @@ func (r *run) recover(ctx context.Context) error {
 		}
 		ev.Checkpoint = st.Cut.Checkpoint
 	} else {
-		if running {
-			if err := r.h.Boxes.Destroy(ctx, st.Tenant, sbx); err != nil && !errdefs.IsNotFound(err) {
-				return err
-			}
+		// No checkpoint yet: a fresh sandbox replaces the old one.
+		if err := r.h.Boxes.Destroy(ctx, st.Tenant, sbx); err != nil && !errdefs.IsNotFound(err) {
+			return err
 		}
 		if sbx, err = r.h.Boxes.Create(ctx, st.Tenant, st.Def.Template); err != nil {
 			return fmt.Errorf("create sandbox: %w", err)
