@@ -312,9 +312,13 @@ func (d *demo) report(ctx context.Context, id, sbx, token1 string, n1 int) error
 		case "session.tool_result":
 			var r struct {
 				ToolCallID string `json:"tool_call_id"`
+				Checkpoint string `json:"checkpoint"`
 			}
 			json.Unmarshal(ev.Payload, &r)
 			results[r.ToolCallID]++
+			if r.Checkpoint != "" {
+				checkpoints++ // strict: the step's checkpoint, named by its result
+			}
 		case "session.sandbox_restored":
 			restores++
 		case "session.checkpointed":
