@@ -14,6 +14,7 @@ import (
 	"github.com/amber-run/amber/internal/secretstore"
 	"log/slog"
 	"net/http"
+	"sync"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -58,19 +59,22 @@ type Options struct {
 
 // Server serves the API. It is an http.Handler.
 type Server struct {
-	secrets *secretstore.Store
-	rates   rateLimits
-	audit   *audit.Trail
-	metrics *metrics.Metrics
-	tracer  trace.Tracer
-	limits  Limits
-	execs   execSlots
-	eng     *engine.Engine
-	meta    *meta.Store
-	clock   clock.Clock
-	lg      *slog.Logger
-	version string
-	mux     *http.ServeMux
+	secrets    *secretstore.Store
+	mcpOnce    sync.Once
+	mcpHandler http.Handler
+	mcpServers sync.Map // tenant → *mcp.Server
+	rates      rateLimits
+	audit      *audit.Trail
+	metrics    *metrics.Metrics
+	tracer     trace.Tracer
+	limits     Limits
+	execs      execSlots
+	eng        *engine.Engine
+	meta       *meta.Store
+	clock      clock.Clock
+	lg         *slog.Logger
+	version    string
+	mux        *http.ServeMux
 
 	publicURL string
 	proxies   proxies
@@ -157,6 +161,7 @@ func (s *Server) routes() []Route {
 		{Method: "GET", Path: "/v1/sandboxes/{id}/egress", Scope: read, h: s.getEgress},
 		{Method: "PUT", Path: "/v1/sandboxes/{id}/egress", Scope: write, h: s.putEgress},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/effects", Scope: read, h: s.listEffects},
+		{Method: "POST", Path: "/v1/mcp", Scope: write, h: s.mcp},
 		{Method: "PUT", Path: "/v1/tenants/{tenant}/secrets/{name}", Scope: write, h: s.putSecret},
 		{Method: "GET", Path: "/v1/tenants/{tenant}/secrets", Scope: read, h: s.listSecrets},
 		{Method: "DELETE", Path: "/v1/tenants/{tenant}/secrets/{name}", Scope: write, h: s.deleteSecret},
