@@ -1,0 +1,169 @@
+package engine_test
+
+import (
+	"context"
+	"math"
+	"sort"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/enginetest"
+)
+
+// TestMeteringKillRestoreRestart meters a sandbox that runs a CPU burner
+// through a restore in place (its running incarnation killed mid-interval,
+// a new cgroup counting from zero) and a daemon restart mid-interval, and
+// checks the usage records against the driver's own counters read by the
+// test: the CPU-seconds recorded are at least what the two incarnations'
+// counters said just before each was killed (nothing lost: not the old
+// incarnation's last partial interval, not the time the daemon was down)
+// and at most 5 % more (nothing counted twice: a restarted daemon that
+// lost its baseline would count the whole counter again), every
+// (meter, interval) is recorded once, and the checkpoint and the restore
+// are counted once each.
+func TestMeteringKillRestoreRestart(t *testing.T) {
+	const every = time.Second
+	env := enginetest.New(t, engine.Options{MeterInterval: every})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const tenant = "default"
+	ur, ok := env.Driver.(sandbox.UsageReporter)
+	if !ok {
+		t.Fatalf("driver %s has no UsageReporter", env.Driver.Name())
+	}
+	sb, err := env.Engine.Create(ctx, engine.CreateRequest{Tenant: tenant, Template: "minimal", Cold: true,
+		Limits: sandbox.Limits{MilliCPUs: 1000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.ID
+	// The cut has no burner: the restored incarnation starts one itself.
+	ck, err := env.Engine.Checkpoint(ctx, engine.CheckpointRequest{Tenant: tenant, Sandbox: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	burn := func() int {
+		pid, err := env.Engine.StartProcess(ctx, tenant, id, sandbox.ExecSpec{Args: []string{"sh", "-c", "while :; do :; done"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	// stopBurner kills the burner and returns the driver's counter once
+	// the sandbox is quiet.
+	stopBurner := func(pid int) uint64 {
+		if err := env.Engine.Signal(ctx, tenant, id, pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		u, err := ur.Usage(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u.CPUNanos
+	}
+	midInterval := func() { // sleep until 0.4 s into an interval
+		now := time.Now()
+		next := now.Truncate(every).Add(every + 400*time.Millisecond)
+		time.Sleep(next.Sub(now))
+	}
+
+	pid := burn()
+	time.Sleep(2 * every)
+	midInterval()
+	gen0 := stopBurner(pid)
+	if _, err := env.Engine.Restore(ctx, engine.RestoreRequest{Tenant: tenant, Checkpoint: ck.ID}); err != nil {
+		t.Fatal(err)
+	}
+	pid = burn()
+	time.Sleep(2 * every)
+	midInterval()
+	before := time.Now()
+	env.Restart(t)
+	t.Logf("daemon restarted in %v", time.Since(before).Round(time.Millisecond))
+	time.Sleep(2 * every)
+	midInterval()
+	gen1 := stopBurner(pid)
+	if _, err := env.Engine.Kill(ctx, tenant, id); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(every + 500*time.Millisecond) // the last record
+	env.Close(t)
+	env.Restart(t) // reopen the stores to read them
+	recs, err := env.Engine.UsageRecords(ctx, tenant, time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var cpu float64
+	counts := map[string]float64{}
+	seen := map[string]bool{}
+	var starts []time.Time
+	for _, r := range recs {
+		if r.Sandbox != id {
+			continue
+		}
+		k := r.Meter + "@" + r.Start.Format(time.RFC3339Nano)
+		if seen[k] {
+			t.Errorf("%s recorded twice", k)
+		}
+		seen[k] = true
+		counts[r.Meter] += r.Quantity
+		if r.Meter == engine.MeterCPUSeconds {
+			cpu += r.Quantity
+			starts = append(starts, r.Start)
+			if r.Quantity < 0 {
+				t.Errorf("negative cpu record %+v", r)
+			}
+		}
+	}
+	sort.Slice(starts, func(i, j int) bool { return starts[i].Before(starts[j]) })
+	want := float64(gen0+gen1) / 1e9
+	t.Logf("cpu: recorded %.3f s in %d records; the incarnations' counters before their kills: %.3f + %.3f = %.3f s; meters %v",
+		cpu, len(starts), float64(gen0)/1e9, float64(gen1)/1e9, want, counts)
+	if want < 2 {
+		t.Fatalf("the burners used only %.3f CPU-seconds: nothing to measure", want)
+	}
+	if cpu < want-0.001 {
+		t.Errorf("recorded %.3f CPU-seconds, less than the %.3f the counters showed: usage lost", cpu, want)
+	}
+	if cpu > want*1.05 {
+		t.Errorf("recorded %.3f CPU-seconds, more than 5 %% over the %.3f the counters showed: usage counted twice", cpu, want)
+	}
+	if counts[engine.MeterCheckpoints] != 1 || counts[engine.MeterRestores] != 1 {
+		t.Errorf("checkpoints %v, restores %v: want 1 each", counts[engine.MeterCheckpoints], counts[engine.MeterRestores])
+	}
+	if counts[engine.MeterMemoryGiBSeconds] <= 0 {
+		t.Errorf("no memory recorded")
+	}
+	// While the daemon ran, every interval has its cpu record; the gaps
+	// are the intervals the daemon was down for (it restarted once).
+	gaps := 0
+	for i := 1; i < len(starts); i++ {
+		if d := starts[i].Sub(starts[i-1]); d != every {
+			gaps++
+			if d > 10*every {
+				t.Errorf("no cpu record between %v and %v", starts[i-1], starts[i])
+			}
+		}
+	}
+	if gaps > 1 {
+		t.Errorf("%d gaps in the cpu records (starts %v); want at most the restart's", gaps, starts)
+	}
+	if s := storageRecorded(recs); s <= 0 || math.IsNaN(s) {
+		t.Errorf("checkpoint storage not recorded: %v", s)
+	}
+}
+
+func storageRecorded(recs []engine.UsageRecord) float64 {
+	var s float64
+	for _, r := range recs {
+		if r.Meter == engine.MeterStorageGiBHours {
+			s += r.Quantity
+		}
+	}
+	return s
+}
