@@ -12,6 +12,7 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/gateway"
 	"github.com/amber-run/amber/internal/meta"
 )
 
@@ -268,11 +269,16 @@ func (e *Engine) meterCount(tenant, id, meter string, n int64) {
 	}
 }
 
-// MeterEgress counts one request (or stream) of sandbox id through the
-// gateway and its bytes; cmd/amber calls it from the gateway's decisions.
-func (e *Engine) MeterEgress(tenant, id string, bytes int64) {
-	e.meterCount(tenant, id, MeterEgressRequests, 1)
-	e.meterCount(tenant, id, MeterEgressBytes, bytes)
+// MeterDecision meters one gateway decision (cmd/amber passes every one):
+// a request forwarded upstream or a proxied stream is one egress request
+// and its bytes both ways; replays (answered from the journal) and refusals
+// reached nobody and are not egress.
+func (e *Engine) MeterDecision(d gateway.Decision) {
+	if d.Kind != "forward" && d.Kind != "stream" {
+		return
+	}
+	e.meterCount(d.Tenant, d.Sandbox, MeterEgressRequests, 1)
+	e.meterCount(d.Tenant, d.Sandbox, MeterEgressBytes, d.BytesIn+d.BytesOut)
 }
 
 // meterLoop samples and records at every interval boundary until ctx ends.
