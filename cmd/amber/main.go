@@ -86,6 +86,7 @@ func newRoot() *cobra.Command {
 		newSecretCmd(g),
 		newKeyCmd(g),
 		newAuditCmd(g),
+		newUsageCmd(g),
 	)
 	return root
 }
