@@ -134,7 +134,9 @@ type metering struct {
 	mu     sync.Mutex
 	sbx    map[string]*sbxMeter
 	unsent map[string][]eventlog.Event // tenant → a built batch whose append failed
-	last   map[string]time.Time        // tenant → end of its last interval (storage)
+	// lastEnd is the end of the last interval built: an interval is never
+	// built twice by one engine (a tick late or repeated waits for the next).
+	lastEnd time.Time
 }
 
 // meterState returns sb's state, creating it from the log (the last
@@ -302,6 +304,10 @@ func (e *Engine) meterLoop(ctx context.Context) {
 // meterTick closes the interval ending at end: sample, build, append (see
 // the durability order above).
 func (e *Engine) meterTick(ctx context.Context, end time.Time) error {
+	if !end.After(e.meter.lastEnd) {
+		return nil
+	}
+	e.meter.lastEnd = end
 	start := end.Add(-e.meterEvery)
 	rows, err := e.meta.List(ctx, meta.Filter{States: []meta.State{meta.StateRunning}})
 	if err != nil {
@@ -425,9 +431,25 @@ func usageEvent(tenant string, r UsageRecord) eventlog.Event {
 }
 
 // appendUsage appends one tenant's batch and, once acknowledged (and not a
-// duplicate), tells the observer.
+// duplicate), tells the observer. A Conflict (some ids recorded with other
+// content: a clock that went back across a restart) falls back to one
+// append per event: the records already there stay as they are (that
+// interval was counted), the conflicting new ones are dropped and logged,
+// the others land.
 func (e *Engine) appendUsage(ctx context.Context, tenant string, evs []eventlog.Event) error {
 	res, err := e.log.Append(ctx, UsageStream(tenant), 0, eventlog.Any, evs...)
+	if errdefs.IsConflict(err) && len(evs) > 1 {
+		for _, ev := range evs {
+			if err := e.appendUsage(ctx, tenant, []eventlog.Event{ev}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if errdefs.IsConflict(err) {
+		e.lg.Error("metering: usage record already recorded with other content; dropped", "tenant_id", tenant, "event", evs[0].ID, "payload", string(evs[0].Payload))
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", UsageStream(tenant), err)
 	}

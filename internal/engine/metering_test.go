@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/enginetest"
@@ -166,4 +167,90 @@ func storageRecorded(recs []engine.UsageRecord) float64 {
 		}
 	}
 	return s
+}
+
+// TestMeteringRetryIsIdempotent drives the metering loop by hand: a batch
+// whose append committed but whose answer was lost is sent again at the
+// next interval and changes nothing; a repeated interval builds nothing; a
+// record whose id exists with other content is dropped while the rest of
+// its batch lands; and the CPU recorded equals the driver's counter.
+func TestMeteringRetryIsIdempotent(t *testing.T) {
+	env := enginetest.New(t, engine.Options{MeterInterval: 24 * time.Hour}) // the loop stays idle
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const tenant = "default"
+	e := env.Engine
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: tenant, Template: "minimal", Cold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := engine.UsageStream(tenant)
+	head := func() uint64 {
+		b, err := env.Log.Bounds(ctx, stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b.Head
+	}
+	end1 := time.Now()
+	if err := e.MeterTick(ctx, end1); err != nil {
+		t.Fatal(err)
+	}
+	first, err := env.Log.Read(ctx, stream, 1, 100)
+	if err != nil || len(first) < 2 {
+		t.Fatalf("first interval: %d events, %v", len(first), err)
+	}
+	// The answer was lost: the same batch goes again, first, at the next tick.
+	e.SetUnsentUsage(tenant, first)
+	if _, err := e.Exec(ctx, tenant, sb.ID, sandbox.ExecSpec{Args: []string{"sh", "-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"}}); err != nil {
+		t.Fatal(err)
+	}
+	h1 := head()
+	end2 := end1.Add(time.Second)
+	if err := e.MeterTick(ctx, end2); err != nil {
+		t.Fatal(err)
+	}
+	h2 := head()
+	if err := e.MeterTick(ctx, end2); err != nil { // repeated: nothing built
+		t.Fatal(err)
+	}
+	if head() != h2 {
+		t.Errorf("a repeated interval appended %d events", head()-h2)
+	}
+	// A conflicting record (same id, other content) is dropped; its
+	// batch's other records land.
+	evs, _ := env.Log.Read(ctx, stream, h1+1, 100)
+	bad := evs[0]
+	bad.Payload = []byte(`{"sandbox":"x","meter":"cpu_seconds","quantity":1000}`)
+	e.SetUnsentUsage(tenant, []eventlog.Event{bad})
+	end3 := end2.Add(time.Second)
+	if err := e.MeterTick(ctx, end3); err != nil {
+		t.Fatalf("a conflicting old record blocked the interval: %v", err)
+	}
+	u, err := env.Driver.(sandbox.UsageReporter).Usage(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := e.UsageRecords(ctx, tenant, time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cpu float64
+	var n int
+	for _, r := range recs {
+		if r.Sandbox == sb.ID && r.Meter == engine.MeterCPUSeconds {
+			cpu += r.Quantity
+			n++
+		}
+		if r.Quantity >= 1000 {
+			t.Errorf("the conflicting record landed: %+v", r)
+		}
+	}
+	t.Logf("%d cpu records, %.4f s; the driver's counter now %.4f s", n, cpu, float64(u.CPUNanos)/1e9)
+	if n != 3 {
+		t.Errorf("%d cpu records for 3 intervals (one resent), want 3", n)
+	}
+	if want := float64(u.CPUNanos) / 1e9; cpu > want || cpu < want*0.9 {
+		t.Errorf("recorded %.4f CPU-seconds; the counter says %.4f", cpu, want)
+	}
 }
