@@ -119,6 +119,7 @@ type sbxMeter struct {
 	gen        int
 	cpuRaw     uint64    // the last counter reading of incarnation gen
 	lastSample time.Time // the end of the memory time already counted
+	readAt     time.Time // when the reading in cpuRaw was taken
 	// pending amounts, not yet in a record
 	cpuNS                  uint64
 	memGiBs                float64
@@ -196,18 +197,27 @@ func (e *Engine) lastUsage(ctx context.Context, tenant, id string) (UsageRecord,
 	return UsageRecord{}, false, nil
 }
 
-// sampleLocked reads sb's counters and adds the deltas to its pending
-// amounts. Called with mu held.
-func (e *Engine) sampleLocked(ctx context.Context, sb meta.Sandbox, now time.Time) error {
+// readUsage reads sandbox id's counters from the driver (without the
+// metering lock: the gateway's decisions are counted meanwhile).
+func (e *Engine) readUsage(ctx context.Context, id string) (sandbox.Usage, error) {
 	ur, ok := e.drv.(sandbox.UsageReporter)
 	if !ok {
-		return nil
+		return sandbox.Usage{}, errdefs.FailedPreconditionf("driver %s reports no usage", e.drv.Name())
 	}
-	u, err := ur.Usage(ctx, sb.ID)
-	if err != nil {
-		return err
-	}
+	return ur.Usage(ctx, id)
+}
+
+// applyLocked adds the deltas of reading u of sb, taken at readAt, to sb's
+// pending amounts, counting memory time up to now. A reading older than
+// the last one applied (the loop's, overtaken by a final sample before a
+// kill) is dropped: applied late it would look like a new cgroup and be
+// counted twice. Called with mu held.
+func (e *Engine) applyLocked(ctx context.Context, sb meta.Sandbox, u sandbox.Usage, readAt, now time.Time) {
 	m := e.meterState(ctx, sb, now)
+	if readAt.Before(m.readAt) {
+		return
+	}
+	m.readAt = readAt
 	if sb.Generation != m.gen {
 		// A new incarnation: its cgroup counts from zero, and its memory
 		// time from the restore (the row's update).
@@ -225,7 +235,6 @@ func (e *Engine) sampleLocked(ctx context.Context, sb meta.Sandbox, now time.Tim
 		m.memGiBs += float64(u.MemoryBytes) / gib * d.Seconds()
 	}
 	m.lastSample = now
-	return nil
 }
 
 // meterFinal samples sb one last time before the engine stops its
@@ -238,11 +247,17 @@ func (e *Engine) meterFinal(ctx context.Context, id string) {
 	if err != nil || sb.Tenant == "" || sb.Pooled || sb.State != meta.StateRunning {
 		return
 	}
+	u, err := e.readUsage(ctx, id)
+	now := e.clock.Now()
+	if err != nil {
+		if !errors.Is(err, errdefs.ErrFailedPrecondition) {
+			e.lg.Warn("metering: final sample", "sandbox_id", id, "err", err)
+		}
+		return
+	}
 	e.meter.mu.Lock()
 	defer e.meter.mu.Unlock()
-	if err := e.sampleLocked(ctx, sb, e.clock.Now()); err != nil && !errors.Is(err, errdefs.ErrFailedPrecondition) {
-		e.lg.Warn("metering: final sample", "sandbox_id", id, "err", err)
-	}
+	e.applyLocked(ctx, sb, u, now, now)
 }
 
 // meterCount adds n to one of sandbox id's counting meters.
@@ -317,19 +332,30 @@ func (e *Engine) meterTick(ctx context.Context, end time.Time) error {
 	if err != nil {
 		return err
 	}
-	e.meter.mu.Lock()
-	running := map[string]bool{}
+	type reading struct {
+		sb meta.Sandbox
+		u  sandbox.Usage
+		at time.Time
+	}
+	var readings []reading
 	for _, sb := range rows {
 		if sb.Pooled || sb.Tenant == "" {
 			continue
 		}
-		if err := e.sampleLocked(ctx, sb, end); err != nil {
+		u, err := e.readUsage(ctx, sb.ID)
+		if err != nil {
 			if !errors.Is(err, errdefs.ErrFailedPrecondition) && !errdefs.IsNotFound(err) {
 				e.lg.Warn("metering: sample", "sandbox_id", sb.ID, "err", err)
 			}
 			continue
 		}
-		running[sb.ID] = true
+		readings = append(readings, reading{sb, u, e.clock.Now()})
+	}
+	e.meter.mu.Lock()
+	running := map[string]bool{}
+	for _, r := range readings {
+		e.applyLocked(ctx, r.sb, r.u, r.at, end)
+		running[r.sb.ID] = true
 	}
 	batches := map[string][]eventlog.Event{}
 	var ids []string
