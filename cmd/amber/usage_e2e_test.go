@@ -127,6 +127,30 @@ func TestE2EUsage(t *testing.T) {
 	if !strings.HasPrefix(csv, "tenant,group_by,sandbox,day,meter,quantity,records\n") || !strings.Contains(csv, ",egress_requests,20,") {
 		t.Errorf("usage --csv:\n%s", csv)
 	}
+	// Prometheus: this daemon (started after the requests) counted the CPU
+	// it recorded.
+	key, err := os.ReadFile(filepath.Join(dir, "admin.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest("GET", "http://"+addr+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(key)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var promCPU float64
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, `amber_usage_total{meter="cpu_seconds",tenant="default"} `); ok {
+			promCPU, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	if promCPU <= 0 || promCPU > got["cpu_seconds"]+1e-6 {
+		t.Errorf("amber_usage_total cpu_seconds of default = %v (recorded in all %v)", promCPU, got["cpu_seconds"])
+	}
+
 	table := d.must("usage")
 	if !strings.Contains(table, "cpu_seconds") {
 		t.Errorf("usage:\n%s", table)
