@@ -254,3 +254,66 @@ func TestMeteringRetryIsIdempotent(t *testing.T) {
 		t.Errorf("recorded %.4f CPU-seconds; the counter says %.4f", cpu, want)
 	}
 }
+
+// TestMeteringMemory holds a known amount of memory (48 MiB in the
+// sandbox's /dev/shm) for a known time and checks memory_gib_seconds over
+// whole intervals: at least 48 MiB × the time, and within ±5 % of the
+// test's own integral of the driver's memory readings (every 100 ms).
+func TestMeteringMemory(t *testing.T) {
+	const every = time.Second
+	env := enginetest.New(t, engine.Options{MeterInterval: every})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const tenant = "default"
+	sb, err := env.Engine.Create(ctx, engine.CreateRequest{Tenant: tenant, Template: "minimal", Cold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, code := execOut(t, env.Engine, tenant, sb.ID, "sh", "-c", "mkdir -p /dev/shm && dd if=/dev/zero of=/dev/shm/fill bs=1M count=48 2>&1"); code != 0 {
+		t.Fatalf("fill: %s", out)
+	}
+	ur := env.Driver.(sandbox.UsageReporter)
+	// Integrate from one boundary to the one 4 intervals later.
+	now := time.Now()
+	w0 := now.Truncate(every).Add(every)
+	w1 := w0.Add(4 * every)
+	time.Sleep(time.Until(w0))
+	var integral float64 // GiB-seconds
+	prev := time.Now()
+	for time.Now().Before(w1) {
+		time.Sleep(100 * time.Millisecond)
+		u, err := ur.Usage(ctx, sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := time.Now()
+		integral += float64(u.MemoryBytes) / (1 << 30) * at.Sub(prev).Seconds()
+		prev = at
+	}
+	time.Sleep(every / 2) // the record closing w1
+	// The record starting at s covers (s, s+every]: the window is the
+	// records starting in [w0, w1).
+	recs, err := env.Engine.UsageRecords(ctx, tenant, w0, w1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mem float64
+	var n int
+	for _, r := range recs {
+		if r.Sandbox == sb.ID && r.Meter == engine.MeterMemoryGiBSeconds {
+			mem += r.Quantity
+			n++
+		}
+	}
+	floor := 48.0 / 1024 * w1.Sub(w0).Seconds()
+	t.Logf("memory over %v: recorded %.4f GiB-s in %d records; the test's integral %.4f GiB-s; 48 MiB alone %.4f", w1.Sub(w0), mem, n, integral, floor)
+	if n != 4 {
+		t.Fatalf("%d memory records in 4 intervals", n)
+	}
+	if mem < floor {
+		t.Errorf("recorded %.4f GiB-s, less than the 48 MiB held: %.4f", mem, floor)
+	}
+	if d := (mem - integral) / integral; d > 0.05 || d < -0.05 {
+		t.Errorf("recorded %.4f GiB-s is %.1f %% off the test's %.4f", mem, 100*d, integral)
+	}
+}
