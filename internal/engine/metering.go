@@ -369,9 +369,6 @@ func (e *Engine) meterTick(ctx context.Context, end time.Time) error {
 			delete(e.meter.sbx, id) // stopped and fully recorded; the log has its baseline
 			continue
 		}
-		if !running[id] && m.gen < 0 {
-			continue // counted before its first sample; wait for one
-		}
 		rec := func(meter string, q float64) {
 			r := UsageRecord{Sandbox: id, Meter: meter, Start: start, End: end, Quantity: q}
 			if meter == MeterCPUSeconds {
