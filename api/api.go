@@ -618,3 +618,24 @@ type PostSessionEventRequest struct {
 	ID      string          `json:"id,omitempty"`
 	Payload json.RawMessage `json:"payload,omitempty"`
 }
+
+// UsageReport is the body of GET /v1/usage: a tenant's usage records in
+// [from, to) summed per group.
+type UsageReport struct {
+	Tenant  string     `json:"tenant"`
+	From    string     `json:"from,omitempty"`
+	To      string     `json:"to,omitempty"`
+	GroupBy string     `json:"group_by"`
+	Rows    []UsageRow `json:"rows"`
+}
+
+// UsageRow is one sum of a UsageReport. Meters: cpu_seconds,
+// memory_gib_seconds, egress_requests, egress_bytes, checkpoints, restores,
+// checkpoint_storage_gib_hours.
+type UsageRow struct {
+	Sandbox  string  `json:"sandbox,omitempty"`
+	Day      string  `json:"day,omitempty"`
+	Meter    string  `json:"meter"`
+	Quantity float64 `json:"quantity"`
+	Records  int     `json:"records"`
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/egress"
+	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/failpoint"
 	"github.com/amber-run/amber/internal/gateway"
 	"github.com/amber-run/amber/internal/meta"
@@ -86,7 +87,8 @@ func defaultEgress(allow []string) (meta.EgressPolicy, error) {
 // operator's names, every decision audited (asynchronously: OnDecision
 // must not block a request; a full queue drops records and counts them).
 func newGateway(ctx context.Context, log eventlog.Store, reg *eventlog.Registry, trail *audit.Trail, hosts map[string]netip.Addr,
-	journal bool, fps *failpoint.Set, secrets *secretstore.Store, upstreamRoots *x509.CertPool, tp trace.TracerProvider, lg *slog.Logger) *gateway.Gateway {
+	journal bool, fps *failpoint.Set, secrets *secretstore.Store, upstreamRoots *x509.CertPool, tp trace.TracerProvider, lg *slog.Logger,
+	meterTo *atomic.Pointer[engine.Engine]) *gateway.Gateway {
 	gateway.RegisterEvents(reg)
 	decisions := make(chan gateway.Decision, 4096)
 	var dropped atomic.Int64
@@ -133,6 +135,9 @@ func newGateway(ctx context.Context, log eventlog.Store, reg *eventlog.Registry,
 		OnDecision: func(d gateway.Decision) {
 			if d.Tenant == "" {
 				return
+			}
+			if e := meterTo.Load(); e != nil {
+				e.MeterDecision(d) // egress metering (engine/metering.go): counted in memory, never blocks
 			}
 			select {
 			case decisions <- d:

@@ -88,6 +88,7 @@ func newRoot() *cobra.Command {
 		newKeyCmd(g),
 		newAuditCmd(g),
 		newSessionCmd(g),
+		newUsageCmd(g),
 	)
 	return root
 }

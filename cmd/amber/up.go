@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -40,6 +41,7 @@ type upOptions struct {
 	watch                               time.Duration
 	keep                                int
 	idle                                time.Duration
+	meterInterval                       time.Duration
 	egress                              egressOptions
 }
 
@@ -80,6 +82,7 @@ are recorded.`,
 	f.StringVar(&o.logFormat, "log-format", "text", "log lines as text (key=value) or json (one object per line)")
 	f.StringVar(&o.otlpEndpoint, "otlp-endpoint", "", "send traces over OTLP/HTTP to this collector base URL, e.g. http://127.0.0.1:4318 (default: OTEL_EXPORTER_OTLP_ENDPOINT; none: no traces)")
 	f.StringVar(&o.blobs, "blobs", "", "checkpoint blob store: a directory (default DATA_DIR/blobs) or s3://HOST:PORT/BUCKET[/PREFIX][?secure=false] with keys in AMBER_S3_ACCESS_KEY/AMBER_S3_SECRET_KEY")
+	f.DurationVar(&o.meterInterval, "meter-interval", 10*time.Second, "usage metering interval: every running sandbox's usage is recorded per interval (negative: no metering)")
 	f.DurationVar(&o.idle, "idle-timeout", 0, "checkpoint and stop a sandbox after this long without calls; the next call resumes it (0: never)")
 	f.IntVar(&o.keep, "keep-checkpoints", 0, "keep each sandbox's newest N checkpoints plus tagged ones, delete the rest and truncate its log below them (0: keep all)")
 	f.DurationVar(&o.watch, "watch-interval", 5*time.Second, "how often running sandboxes are checked for a dead init")
@@ -230,6 +233,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	audit.RegisterEvents(reg)
 	trail := audit.New(tlog, nil)
 	var gw *gateway.Gateway
+	var meterTo atomic.Pointer[engine.Engine] // set once the engine exists
 	var secrets *secretstore.Store
 	var tenantCA func(context.Context, string) ([]byte, error)
 	if enet != nil {
@@ -248,7 +252,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		if secrets, err = secretstore.New(m, key); err != nil {
 			return err
 		}
-		gw = newGateway(ctx, tlog, reg, trail, hosts, o.egress.journal, fps, secrets, roots, tp, lg)
+		gw = newGateway(ctx, tlog, reg, trail, hosts, o.egress.journal, fps, secrets, roots, tp, lg, &meterTo)
 		tenantCA = secrets.CACert
 		defer gw.Close()
 		enet.SetServer(gw)
@@ -258,11 +262,12 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		Driver: drv, Meta: m, Log: tlog, Registry: reg, Templates: cat, Observer: mx,
 		Pool: pool, WatchInterval: o.watch, Logger: lg.With("component", "engine"),
 		Checkpoints: ckpts, WorkDir: workDir, KeepCheckpoints: o.keep, IdleTimeout: o.idle, Audit: trail,
-		Tracer: tp,
+		Tracer: tp, MeterInterval: o.meterInterval,
 	})
 	if err != nil {
 		return err
 	}
+	meterTo.Store(eng) // the gateway's decisions are metered from here on
 	if err := eng.Start(ctx); err != nil {
 		return err
 	}

@@ -141,6 +141,9 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 		}
 		e.obs.Checkpoint(e.drv.Name(), ck.Tenant, kind, time.Duration(ck.Stats.FrozenNS), time.Since(start), ck.Stats.StoredBytes)
 	}
+	if err == nil {
+		e.meterCount(ck.Tenant, ck.SandboxID, MeterCheckpoints, 1)
+	}
 	return ck, err
 }
 
@@ -211,6 +214,9 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	cut := e.cutLock(id)
 	cut.Lock()
 	releaseEgress := e.holdEgress(id)
+	if r.Stop {
+		e.meterFinal(ctx, id) // its cgroup goes with the cut
+	}
 	cs, err := cp.Checkpoint(ctx, id, dir, sandbox.CheckpointOptions{LeaveStopped: r.Stop})
 	if err == nil {
 		// Requests from here on are the run this cut starts.
@@ -506,6 +512,9 @@ func (e *Engine) restoreWith(ctx context.Context, ck meta.Checkpoint, target str
 		}
 		e.obs.Restore(e.drv.Name(), kind, time.Since(start))
 	}
+	if err == nil {
+		e.meterCount(sb.Tenant, sb.ID, MeterRestores, 1)
+	}
 	return sb, err
 }
 
@@ -663,6 +672,7 @@ func (e *Engine) specFor(sb meta.Sandbox, id string) sandbox.Spec {
 // killAndWait SIGKILLs sandbox id and waits until the driver reports it
 // stopped.
 func (e *Engine) killAndWait(ctx context.Context, id string) error {
+	e.meterFinal(ctx, id)
 	if err := e.drv.Kill(ctx, id); err != nil {
 		return fmt.Errorf("kill %s before restoring it: %w", id, err)
 	}

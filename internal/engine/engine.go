@@ -107,6 +107,9 @@ type Options struct {
 	// in every checkpoint and required at restore (default
 	// HostCPUFeatures; see hostcompat.go).
 	CPUFeatures func() ([]string, error)
+	// MeterInterval is the metering interval (metering.go; default 10s,
+	// negative disables metering).
+	MeterInterval time.Duration
 }
 
 // Engine is the sandbox manager. It is safe for concurrent use.
@@ -147,6 +150,8 @@ type Engine struct {
 	quotaLocks   sync.Map        // tenant → *sync.Mutex (quota.go)
 	gcs          sync.Map        // tenant → *gcState (gc.go)
 	bg           context.Context // background work; set by Start
+	meterEvery   time.Duration
+	meter        metering
 
 	cpuFeatures func() ([]string, error)
 	tmplMu      sync.RWMutex // template_ops.go: a version's removal excludes new sandbox rows
@@ -207,6 +212,11 @@ func New(o Options) (*Engine, error) {
 		}
 	}
 	e.pool = newPool(e, o.Pool)
+	e.meterEvery = o.MeterInterval
+	if e.meterEvery == 0 {
+		e.meterEvery = defaultMeterInterval
+	}
+	e.meter = metering{sbx: map[string]*sbxMeter{}, unsent: map[string][]eventlog.Event{}}
 	return e, nil
 }
 
@@ -241,6 +251,13 @@ func (e *Engine) Start(ctx context.Context) error {
 		go func() {
 			defer e.wg.Done()
 			e.idleLoop(bg)
+		}()
+	}
+	if e.meterEvery > 0 {
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.meterLoop(bg)
 		}()
 	}
 	if e.watch > 0 {
@@ -461,6 +478,7 @@ func (e *Engine) Destroy(ctx context.Context, tenant, id string) error {
 
 func (e *Engine) destroy(ctx context.Context, sb meta.Sandbox, reason string) error {
 	if sb.State != meta.StateDestroyed {
+		e.meterFinal(ctx, sb.ID)
 		if err := e.drv.Destroy(ctx, sb.ID); err != nil {
 			return fmt.Errorf("destroy %s: %w", sb.ID, err)
 		}
@@ -493,6 +511,7 @@ func (e *Engine) Kill(ctx context.Context, tenant, id string) (meta.Sandbox, err
 	if sb.State != meta.StateRunning {
 		return sb, errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
 	}
+	e.meterFinal(ctx, id)
 	if err := e.drv.Kill(ctx, id); err != nil {
 		return sb, fmt.Errorf("kill %s: %w", id, err)
 	}

@@ -84,7 +84,7 @@ type RestoredPayload struct {
 // RegisterEvents declares the lifecycle event types, all at version 1.
 func RegisterEvents(r *eventlog.Registry) {
 	for _, t := range []string{EventCreated, EventStarted, EventKilled, EventExited, EventCrashed, EventDestroyed,
-		EventCheckpointed, EventRestored, EventUpgraded} {
+		EventCheckpointed, EventRestored, EventUpgraded, EventUsageRecorded} {
 		r.Register(t, 1)
 	}
 }

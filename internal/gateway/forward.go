@@ -323,6 +323,7 @@ func (h *handler) forward(w http.ResponseWriter, q *request, wr *Writer, attempt
 		resp, err = g.transport.RoundTrip(req)
 	}
 	var rest io.Reader // unjournaled tail of a body over the limit
+	var buffered int64 // response body bytes read so far
 	if err != nil {
 		out.Status = http.StatusBadGateway
 		out.Error = string(q.sub.redact([]byte("upstream: " + err.Error())))
@@ -337,6 +338,7 @@ func (h *handler) forward(w http.ResponseWriter, q *request, wr *Writer, attempt
 			limit = 1 << 20 // unjournaled: buffer a little, stream the rest
 		}
 		buf, rerr := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+		buffered = int64(len(buf))
 		switch {
 		case rerr != nil:
 			out.Status, out.Error, out.Headers = http.StatusBadGateway, "upstream body: "+rerr.Error(), nil
@@ -377,6 +379,10 @@ func (h *handler) forward(w http.ResponseWriter, q *request, wr *Writer, attempt
 
 	d := q.d
 	d.Kind, d.Status, d.Reason = "forward", out.Status, out.Error
+	d.BytesOut, d.BytesIn = int64(len(q.body)), int64(len(out.Body))
+	if out.BodyTruncated {
+		d.BytesIn = max(out.BodySize, buffered)
+	}
 	g.report(q.run, d)
 	if out.Error != "" {
 		writeGatewayError(w, out.Status, "upstream", out.Error)

@@ -126,7 +126,9 @@ type Decision struct {
 	Status int
 	Reason string
 	Key    string // journal key id, when journaled
-	// BytesIn (upstream → sandbox) and BytesOut, for streams.
+	// BytesIn (upstream → sandbox) and BytesOut: a stream's bytes; a
+	// forwarded request's body bytes (a response body over the journal's
+	// limit counts its announced length, or what was buffered if none).
 	BytesIn, BytesOut int64
 	// Secrets names the secrets substituted into the request (names only).
 	Secrets []string

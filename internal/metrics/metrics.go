@@ -13,6 +13,7 @@
 //	amber_http_requests_total{route,code}       counter
 //	amber_http_request_seconds{route}           histogram
 //	amber_quota_rejections_total{tenant,quota}  counter: calls refused by a tenant quota (429)
+//	amber_usage_total{tenant,meter}             counter: usage recorded by metering (engine/metering.go), in the meter's unit
 package metrics
 
 import (
@@ -42,6 +43,7 @@ type Metrics struct {
 	httpRequests  *prometheus.CounterVec
 	httpSeconds   *prometheus.HistogramVec
 	quotaRejected *prometheus.CounterVec
+	usage         *prometheus.CounterVec
 }
 
 // durations from 1 ms to ~1 min.
@@ -61,7 +63,8 @@ func New(m *meta.Store) *Metrics {
 	x.httpRequests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "amber_http_requests_total", Help: "API requests by route and status code."}, []string{"route", "code"})
 	x.httpSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "amber_http_request_seconds", Help: "API request duration by route.", Buckets: secondsBuckets}, []string{"route"})
 	x.quotaRejected = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "amber_quota_rejections_total", Help: "Calls refused by a tenant quota, by tenant and quota (max_sandboxes, max_memory_bytes, max_millicpus, max_checkpoint_bytes, requests_per_second)."}, []string{"tenant", "quota"})
-	x.reg.MustRegister(x.quotaRejected, x.checkpoints, x.frozen, x.ckptSeconds, x.storedBytes, x.restores, x.restoreSecs, x.appendSeconds,
+	x.usage = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "amber_usage_total", Help: "Usage recorded in the tenants' usage streams, by tenant and meter, in the meter's unit (cpu_seconds, memory_gib_seconds, egress_requests, egress_bytes, checkpoints, restores, checkpoint_storage_gib_hours)."}, []string{"tenant", "meter"})
+	x.reg.MustRegister(x.usage, x.quotaRejected, x.checkpoints, x.frozen, x.ckptSeconds, x.storedBytes, x.restores, x.restoreSecs, x.appendSeconds,
 		x.httpRequests, x.httpSeconds, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if m != nil {
 		x.Sandboxes(m)
@@ -113,6 +116,12 @@ func (x *Metrics) Request(route string, code int, d time.Duration) {
 // meta.TenantQuota field name); it makes Metrics an engine.QuotaObserver.
 func (x *Metrics) QuotaRejected(tenant, quota string) {
 	x.quotaRejected.WithLabelValues(tenant, quota).Inc()
+}
+
+// UsageRecorded counts usage metering appended for tenant; it makes
+// Metrics an engine.UsageObserver.
+func (x *Metrics) UsageRecorded(tenant, meter string, quantity float64) {
+	x.usage.WithLabelValues(tenant, meter).Add(quantity)
 }
 
 // sandboxCollector counts sandboxes by state from the metadata store.

@@ -195,6 +195,7 @@ func TestOpenAPIMatchesRealResponses(t *testing.T) {
 	c.call("GET", "/v1/tenants/{tenant}/keys", "/v1/tenants/acme/keys", map[string]string{"tenant": "acme"}, nil, nil)
 	c.call("GET", "/v1/audit", "/v1/audit", nil, nil, nil)
 	c.call("GET", "/v1/audit/verify", "/v1/audit/verify", nil, nil, nil)
+	c.call("GET", "/v1/usage", "/v1/usage?group_by=sandbox&from=2026-01-01", nil, nil, nil)
 	c.call("GET", "/v1/tenants", "/v1/tenants", nil, nil, nil)
 	c.call("GET", "/v1/tenants/{tenant}/policy", "/v1/tenants/acme/policy", map[string]string{"tenant": "acme"}, nil, nil)
 	c.call("PUT", "/v1/tenants/{tenant}/policy", "/v1/tenants/acme/policy", map[string]string{"tenant": "acme"}, api.TenantPolicy{Recovery: "fast", FastEvery: 5}, nil)

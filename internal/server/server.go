@@ -182,6 +182,7 @@ func (s *Server) routes() []Route {
 		{Method: "PUT", Path: "/v1/tenants/{tenant}/quota", Scope: admin, h: s.putTenantQuota},
 		{Method: "GET", Path: "/v1/audit", Scope: read, h: s.listAudit},
 		{Method: "GET", Path: "/v1/audit/verify", Scope: read, h: s.verifyAudit},
+		{Method: "GET", Path: "/v1/usage", Scope: read, h: s.getUsage},
 		{Method: "PUT", Path: "/v1/tenants/{tenant}/policy", Scope: admin, h: s.putTenantPolicy},
 		{Method: "POST", Path: "/v1/sessions", Scope: write, h: s.createSession},
 		{Method: "GET", Path: "/v1/sessions", Scope: read, h: s.listSessions},

@@ -5,8 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"syscall"
 	"strings"
+	"syscall"
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"

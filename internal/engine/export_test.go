@@ -1,0 +1,18 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/amber-run/amber/core/eventlog"
+)
+
+// MeterTick closes the metering interval ending at end (tests drive the
+// loop by hand).
+func (e *Engine) MeterTick(ctx context.Context, end time.Time) error { return e.meterTick(ctx, end) }
+
+// SetUnsentUsage makes evs the tenant's batch whose append failed, as if
+// its answer had been lost.
+func (e *Engine) SetUnsentUsage(tenant string, evs []eventlog.Event) {
+	e.meter.unsent[tenant] = evs
+}

@@ -1,0 +1,600 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/gateway"
+	"github.com/amber-run/amber/internal/meta"
+)
+
+// Metering: what each tenant consumed, recorded per interval in the event
+// log, exactly once.
+//
+// # Vocabulary
+//
+// A meter is one kind of consumption (the Meter* constants). Every interval
+// (Options.MeterInterval, default 10 s, boundaries aligned to the wall
+// clock) the engine samples each running sandbox — never a stopped or
+// checkpointed one — and appends one usage.recorded event per (sandbox,
+// meter) to the tenant's stream usage/<tenant>. The event id is derived
+// from (sandbox, meter, interval start), so an append that is retried, or
+// repeated by a daemon that did not see its answer, never counts an
+// interval twice (the log refuses a second event with that id).
+//
+// # Counters and baselines
+//
+// CPU comes from the driver (sandbox.UsageReporter) as a counter that
+// grows while the sandbox's cgroup lives and starts again from zero with a
+// new cgroup (a restore in place, a fork). The cpu_seconds record carries
+// the counter at its end (Counter) and the incarnation (Generation). A
+// delta is counter − the last counter of the same incarnation; a new
+// incarnation, or a counter lower than the last (a new cgroup), starts a
+// new baseline at zero, so there is never a negative delta and the new
+// cgroup's whole usage is counted once. memory_gib_seconds is the sampled
+// memory × the time since the previous sample.
+//
+// Before the engine kills a sandbox (kill, restore over a running one,
+// checkpoint-and-stop, destroy) it samples it one last time: the usage
+// between the last record and the kill goes into the next interval's
+// record, not lost with the old cgroup.
+//
+// # Durability order
+//
+//  1. Sample, add the deltas to the sandbox's pending amounts.
+//  2. Build the tenant's records for the interval (ids fixed now) and move
+//     the pending amounts into them.
+//  3. Append the batch (one atomic append per tenant). Only after it is
+//     acknowledged are the records done (and the Prometheus counters
+//     told). A failed append keeps the very same batch and appends it
+//     again first at the next tick: if the failed call had in fact
+//     committed, the retry is a no-op (same ids, same content); if not, it
+//     lands now. Amounts are never re-derived for an interval already built.
+//
+// After a daemon restart, the first sample of a sandbox finds the last
+// cpu_seconds record of that sandbox in the tenant's stream (read backwards)
+// and continues from its Counter and End: the CPU and memory time between
+// the last closed interval and the crash are counted in the next record,
+// none twice. Egress, checkpoint and restore counts, which live in memory
+// until their interval is built, are lost when the daemon dies before
+// that (at most one interval's worth); the gateway's journal and the
+// sandbox streams keep the facts.
+
+// Meters.
+const (
+	MeterCPUSeconds        = "cpu_seconds"
+	MeterMemoryGiBSeconds  = "memory_gib_seconds"
+	MeterEgressRequests    = "egress_requests"
+	MeterEgressBytes       = "egress_bytes"
+	MeterCheckpoints       = "checkpoints"
+	MeterRestores          = "restores"
+	MeterStorageGiBHours   = "checkpoint_storage_gib_hours"
+	EventUsageRecorded     = "usage.recorded"
+	defaultMeterInterval   = 10 * time.Second
+	gib                    = float64(1 << 30)
+	usageReadPage          = 512
+	usageTenantWideSandbox = "" // records of tenant-wide meters (storage) name no sandbox
+)
+
+// Meters lists every meter, in the order reports use.
+var Meters = []string{MeterCPUSeconds, MeterMemoryGiBSeconds, MeterEgressRequests, MeterEgressBytes,
+	MeterCheckpoints, MeterRestores, MeterStorageGiBHours}
+
+// UsageStream is tenant's usage stream.
+func UsageStream(tenant string) string { return "usage/" + tenant }
+
+// UsageRecord is the payload of usage.recorded: the quantity of one meter
+// used by one sandbox (none for tenant-wide meters) in the interval
+// [Start, End) — including what the sandbox used since its previous record
+// that no record holds yet (before a kill, while the daemon was down).
+// Start is the interval's start, part of the event id; End its end.
+type UsageRecord struct {
+	Sandbox  string    `json:"sandbox,omitempty"`
+	Meter    string    `json:"meter"`
+	Start    time.Time `json:"start"`
+	End      time.Time `json:"end"`
+	Quantity float64   `json:"quantity"`
+	// Counter (cpu_seconds only) is the driver's cumulative CPU counter in
+	// nanoseconds at End, of incarnation Generation.
+	Counter    uint64 `json:"counter,omitempty"`
+	Generation int    `json:"generation,omitempty"`
+}
+
+// UsageObserver is an Observer that also counts recorded usage per tenant
+// and meter (found by type assertion; internal/metrics is one).
+type UsageObserver interface {
+	UsageRecorded(tenant, meter string, quantity float64)
+}
+
+type sbxMeter struct {
+	tenant     string
+	gen        int
+	cpuRaw     uint64    // the last counter reading of incarnation gen
+	lastSample time.Time // the end of the memory time already counted
+	readAt     time.Time // when the reading in cpuRaw was taken
+	// pending amounts, not yet in a record
+	cpuNS                  uint64
+	memGiBs                float64
+	egressReq, egressBytes int64
+	checkpoints, restores  int64
+}
+
+func (m *sbxMeter) idle() bool {
+	return m.cpuNS == 0 && m.memGiBs == 0 && m.egressReq == 0 && m.egressBytes == 0 && m.checkpoints == 0 && m.restores == 0
+}
+
+type metering struct {
+	mu     sync.Mutex
+	sbx    map[string]*sbxMeter
+	unsent map[string][]eventlog.Event // tenant → a built batch whose append failed
+	// lastEnd is the end of the last interval built: an interval is never
+	// built twice by one engine (a tick late or repeated waits for the next).
+	lastEnd time.Time
+}
+
+// meterState returns sb's state, creating it from the log (the last
+// cpu_seconds record of sb) when the engine has none. Called with mu held.
+func (e *Engine) meterState(ctx context.Context, sb meta.Sandbox, now time.Time) *sbxMeter {
+	m := e.meter.sbx[sb.ID]
+	if m != nil && m.gen >= 0 {
+		return m
+	}
+	if m == nil {
+		m = &sbxMeter{}
+	}
+	// New here (or only counted so far): its baseline is in the log.
+	m.tenant, m.gen, m.lastSample = sb.Tenant, sb.Generation, sb.Updated
+	if rec, ok, err := e.lastUsage(ctx, sb.Tenant, sb.ID); err != nil {
+		e.lg.Warn("metering: read last usage record", "sandbox_id", sb.ID, "err", err)
+	} else if ok && rec.Generation == sb.Generation {
+		m.cpuRaw, m.lastSample = rec.Counter, rec.End
+	}
+	if m.lastSample.IsZero() || m.lastSample.After(now) {
+		m.lastSample = now
+	}
+	e.meter.sbx[sb.ID] = m
+	return m
+}
+
+// lastUsage finds the newest cpu_seconds record of sandbox id in tenant's
+// usage stream, reading it backwards a page at a time.
+func (e *Engine) lastUsage(ctx context.Context, tenant, id string) (UsageRecord, bool, error) {
+	b, err := e.log.Bounds(ctx, UsageStream(tenant))
+	if err != nil {
+		return UsageRecord{}, false, err
+	}
+	for hi := b.Head; hi >= b.First && hi > 0; {
+		lo := b.First
+		if hi >= usageReadPage && hi-usageReadPage+1 > lo {
+			lo = hi - usageReadPage + 1
+		}
+		evs, err := e.log.Read(ctx, UsageStream(tenant), lo, int(hi-lo+1))
+		if err != nil {
+			return UsageRecord{}, false, err
+		}
+		for i := len(evs) - 1; i >= 0; i-- {
+			var r UsageRecord
+			if evs[i].Type != EventUsageRecorded || json.Unmarshal(evs[i].Payload, &r) != nil {
+				continue
+			}
+			if r.Sandbox == id && r.Meter == MeterCPUSeconds {
+				return r, true, nil
+			}
+		}
+		if lo == b.First {
+			break
+		}
+		hi = lo - 1
+	}
+	return UsageRecord{}, false, nil
+}
+
+// readUsage reads sandbox id's counters from the driver (without the
+// metering lock: the gateway's decisions are counted meanwhile).
+func (e *Engine) readUsage(ctx context.Context, id string) (sandbox.Usage, error) {
+	ur, ok := e.drv.(sandbox.UsageReporter)
+	if !ok {
+		return sandbox.Usage{}, errdefs.FailedPreconditionf("driver %s reports no usage", e.drv.Name())
+	}
+	return ur.Usage(ctx, id)
+}
+
+// applyLocked adds the deltas of reading u of sb, taken at readAt, to sb's
+// pending amounts, counting memory time up to now. A reading older than
+// the last one applied (the loop's, overtaken by a final sample before a
+// kill) is dropped: applied late it would look like a new cgroup and be
+// counted twice. Called with mu held.
+func (e *Engine) applyLocked(ctx context.Context, sb meta.Sandbox, u sandbox.Usage, readAt, now time.Time) {
+	m := e.meterState(ctx, sb, now)
+	if readAt.Before(m.readAt) {
+		return
+	}
+	m.readAt = readAt
+	if sb.Generation != m.gen {
+		// A new incarnation: its cgroup counts from zero, and its memory
+		// time from the restore (the row's update).
+		m.gen, m.cpuRaw = sb.Generation, 0
+		if sb.Updated.After(m.lastSample) && !sb.Updated.After(now) {
+			m.lastSample = sb.Updated
+		}
+	}
+	if u.CPUNanos < m.cpuRaw {
+		m.cpuRaw = 0 // a new cgroup: a new baseline, never a negative delta
+	}
+	m.cpuNS += u.CPUNanos - m.cpuRaw
+	m.cpuRaw = u.CPUNanos
+	if d := now.Sub(m.lastSample); d > 0 {
+		m.memGiBs += float64(u.MemoryBytes) / gib * d.Seconds()
+	}
+	m.lastSample = now
+}
+
+// meterFinal samples sb one last time before the engine stops its
+// processes (see the package comment); errors are logged.
+func (e *Engine) meterFinal(ctx context.Context, id string) {
+	if e.meterEvery <= 0 {
+		return
+	}
+	sb, err := e.meta.Get(ctx, id)
+	if err != nil || sb.Tenant == "" || sb.Pooled || sb.State != meta.StateRunning {
+		return
+	}
+	u, err := e.readUsage(ctx, id)
+	now := e.clock.Now()
+	if err != nil {
+		if !errors.Is(err, errdefs.ErrFailedPrecondition) {
+			e.lg.Warn("metering: final sample", "sandbox_id", id, "err", err)
+		}
+		return
+	}
+	e.meter.mu.Lock()
+	defer e.meter.mu.Unlock()
+	e.applyLocked(ctx, sb, u, now, now)
+}
+
+// meterCount adds n to one of sandbox id's counting meters.
+func (e *Engine) meterCount(tenant, id, meter string, n int64) {
+	if e.meterEvery <= 0 || tenant == "" || n == 0 {
+		return
+	}
+	e.meter.mu.Lock()
+	defer e.meter.mu.Unlock()
+	m := e.meter.sbx[id]
+	if m == nil {
+		// Not sampled yet: its baseline comes from the log at the first
+		// sample (gen -1 never matches a row: the first sample resets it).
+		m = &sbxMeter{tenant: tenant, gen: -1}
+		e.meter.sbx[id] = m
+	}
+	switch meter {
+	case MeterEgressRequests:
+		m.egressReq += n
+	case MeterEgressBytes:
+		m.egressBytes += n
+	case MeterCheckpoints:
+		m.checkpoints += n
+	case MeterRestores:
+		m.restores += n
+	}
+}
+
+// MeterDecision meters one gateway decision (cmd/amber passes every one):
+// a request forwarded upstream or a proxied stream is one egress request
+// and its bytes both ways; replays (answered from the journal) and refusals
+// reached nobody and are not egress.
+func (e *Engine) MeterDecision(d gateway.Decision) {
+	if d.Kind != "forward" && d.Kind != "stream" {
+		return
+	}
+	e.meterCount(d.Tenant, d.Sandbox, MeterEgressRequests, 1)
+	e.meterCount(d.Tenant, d.Sandbox, MeterEgressBytes, d.BytesIn+d.BytesOut)
+}
+
+// meterLoop samples and records at every interval boundary until ctx ends.
+func (e *Engine) meterLoop(ctx context.Context) {
+	for {
+		now := e.clock.Now()
+		next := now.Truncate(e.meterEvery).Add(e.meterEvery)
+		t := time.NewTimer(next.Sub(now))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		if err := e.meterTick(ctx, next); err != nil && ctx.Err() == nil {
+			e.lg.Warn("metering", "err", err)
+		}
+	}
+}
+
+// meterTick closes the interval ending at end: sample, build, append (see
+// the durability order above).
+func (e *Engine) meterTick(ctx context.Context, end time.Time) error {
+	if !end.After(e.meter.lastEnd) {
+		return nil
+	}
+	e.meter.lastEnd = end
+	start := end.Add(-e.meterEvery)
+	rows, err := e.meta.List(ctx, meta.Filter{States: []meta.State{meta.StateRunning}})
+	if err != nil {
+		return err
+	}
+	tenants, err := e.meta.ListTenants(ctx)
+	if err != nil {
+		return err
+	}
+	type reading struct {
+		sb meta.Sandbox
+		u  sandbox.Usage
+		at time.Time
+	}
+	var readings []reading
+	for _, sb := range rows {
+		if sb.Pooled || sb.Tenant == "" {
+			continue
+		}
+		u, err := e.readUsage(ctx, sb.ID)
+		if err != nil {
+			if !errors.Is(err, errdefs.ErrFailedPrecondition) && !errdefs.IsNotFound(err) {
+				e.lg.Warn("metering: sample", "sandbox_id", sb.ID, "err", err)
+			}
+			continue
+		}
+		readings = append(readings, reading{sb, u, e.clock.Now()})
+	}
+	e.meter.mu.Lock()
+	running := map[string]bool{}
+	for _, r := range readings {
+		e.applyLocked(ctx, r.sb, r.u, r.at, end)
+		running[r.sb.ID] = true
+	}
+	batches := map[string][]eventlog.Event{}
+	var ids []string
+	for id := range e.meter.sbx {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		m := e.meter.sbx[id]
+		if !running[id] && m.idle() {
+			delete(e.meter.sbx, id) // stopped and fully recorded; the log has its baseline
+			continue
+		}
+		rec := func(meter string, q float64) {
+			r := UsageRecord{Sandbox: id, Meter: meter, Start: start, End: end, Quantity: q}
+			if meter == MeterCPUSeconds {
+				r.Counter, r.Generation = m.cpuRaw, m.gen
+			}
+			batches[m.tenant] = append(batches[m.tenant], usageEvent(m.tenant, r))
+		}
+		// cpu_seconds always, while running: its Counter is the baseline a
+		// restarted daemon continues from.
+		if running[id] || m.cpuNS > 0 {
+			rec(MeterCPUSeconds, float64(m.cpuNS)/1e9)
+		}
+		if m.memGiBs > 0 {
+			rec(MeterMemoryGiBSeconds, m.memGiBs)
+		}
+		for _, c := range []struct {
+			meter string
+			n     *int64
+		}{{MeterEgressRequests, &m.egressReq}, {MeterEgressBytes, &m.egressBytes}, {MeterCheckpoints, &m.checkpoints}, {MeterRestores, &m.restores}} {
+			if *c.n > 0 {
+				rec(c.meter, float64(*c.n))
+			}
+			*c.n = 0
+		}
+		m.cpuNS, m.memGiBs = 0, 0
+	}
+	e.meter.mu.Unlock()
+
+	// Checkpoint storage: the tenant's committed checkpoints' stored bytes
+	// (after deduplication) × the interval.
+	for _, t := range tenants {
+		n, err := e.meta.CheckpointBytes(ctx, t.ID)
+		if err != nil || n <= 0 {
+			continue
+		}
+		batches[t.ID] = append(batches[t.ID], usageEvent(t.ID, UsageRecord{Meter: MeterStorageGiBHours,
+			Start: start, End: end, Quantity: float64(n) / gib * e.meterEvery.Hours()}))
+	}
+
+	var errs []error
+	names := map[string]bool{}
+	for t := range batches {
+		names[t] = true
+	}
+	for t := range e.meter.unsent {
+		names[t] = true
+	}
+	for t := range names {
+		if old := e.meter.unsent[t]; len(old) > 0 {
+			if err := e.appendUsage(ctx, t, old); err != nil {
+				// Keep both: the old batch first, the new one next time.
+				e.meter.unsent[t] = append(old, batches[t]...)
+				errs = append(errs, err)
+				continue
+			}
+			delete(e.meter.unsent, t)
+		}
+		if len(batches[t]) == 0 {
+			continue
+		}
+		if err := e.appendUsage(ctx, t, batches[t]); err != nil {
+			e.meter.unsent[t] = batches[t]
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("append usage: %w (kept for the next interval)", errs[0])
+	}
+	return nil
+}
+
+func usageEvent(tenant string, r UsageRecord) eventlog.Event {
+	p, err := json.Marshal(r)
+	if err != nil {
+		panic(err)
+	}
+	who := r.Sandbox
+	if who == usageTenantWideSandbox {
+		who = "tenant"
+	}
+	return eventlog.Event{Tenant: tenant, Stream: UsageStream(tenant), Type: EventUsageRecorded, Version: 1,
+		ID: fmt.Sprintf("usage.%s.%s.%d", who, r.Meter, r.Start.UnixNano()), Payload: p}
+}
+
+// appendUsage appends one tenant's batch and, once acknowledged (and not a
+// duplicate), tells the observer. A Conflict (some ids recorded with other
+// content: a clock that went back across a restart) falls back to one
+// append per event: the records already there stay as they are (that
+// interval was counted), the conflicting new ones are dropped and logged,
+// the others land.
+func (e *Engine) appendUsage(ctx context.Context, tenant string, evs []eventlog.Event) error {
+	res, err := e.log.Append(ctx, UsageStream(tenant), 0, eventlog.Any, evs...)
+	if errdefs.IsConflict(err) && len(evs) > 1 {
+		for _, ev := range evs {
+			if err := e.appendUsage(ctx, tenant, []eventlog.Event{ev}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if errdefs.IsConflict(err) {
+		e.lg.Error("metering: usage record already recorded with other content; dropped", "tenant_id", tenant, "event", evs[0].ID, "payload", string(evs[0].Payload))
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", UsageStream(tenant), err)
+	}
+	if uo, ok := e.obs.(UsageObserver); ok && !res.Duplicate {
+		for _, ev := range evs {
+			var r UsageRecord
+			if json.Unmarshal(ev.Payload, &r) == nil {
+				uo.UsageRecorded(tenant, r.Meter, r.Quantity)
+			}
+		}
+	}
+	return nil
+}
+
+// UsageQuery selects usage records of one tenant.
+type UsageQuery struct {
+	Tenant   string
+	From, To time.Time // records whose interval starts in [From, To); zero: unbounded
+	// GroupBy: "meter" (default), "sandbox" (sandbox and meter) or "day"
+	// (UTC day and meter).
+	GroupBy string
+}
+
+// UsageRow is one line of a usage report.
+type UsageRow struct {
+	Sandbox  string  `json:"sandbox,omitempty"`
+	Day      string  `json:"day,omitempty"`
+	Meter    string  `json:"meter"`
+	Quantity float64 `json:"quantity"`
+	Records  int     `json:"records"`
+}
+
+// Usage reads q.Tenant's usage stream and sums the records in range.
+func (e *Engine) Usage(ctx context.Context, q UsageQuery) ([]UsageRow, error) {
+	switch q.GroupBy {
+	case "":
+		q.GroupBy = "meter"
+	case "meter", "sandbox", "day":
+	default:
+		return nil, errdefs.InvalidArgumentf("group_by %.40q: want sandbox, meter or day", q.GroupBy)
+	}
+	recs, err := e.UsageRecords(ctx, q.Tenant, q.From, q.To)
+	if err != nil {
+		return nil, err
+	}
+	type key struct{ sbx, day, meter string }
+	sums := map[key]*UsageRow{}
+	var order []key
+	for _, r := range recs {
+		k := key{meter: r.Meter}
+		switch q.GroupBy {
+		case "sandbox":
+			k.sbx = r.Sandbox
+		case "day":
+			k.day = r.Start.UTC().Format("2006-01-02")
+		}
+		row := sums[k]
+		if row == nil {
+			row = &UsageRow{Sandbox: k.sbx, Day: k.day, Meter: k.meter}
+			sums[k] = row
+			order = append(order, k)
+		}
+		row.Quantity += r.Quantity
+		row.Records++
+	}
+	rank := map[string]int{}
+	for i, m := range Meters {
+		rank[m] = i
+	}
+	sort.Slice(order, func(i, j int) bool {
+		a, b := order[i], order[j]
+		if a.day != b.day {
+			return a.day < b.day
+		}
+		if a.sbx != b.sbx {
+			return a.sbx < b.sbx
+		}
+		return rank[a.meter] < rank[b.meter]
+	})
+	out := make([]UsageRow, 0, len(order))
+	for _, k := range order {
+		out = append(out, *sums[k])
+	}
+	return out, nil
+}
+
+// UsageRecords returns tenant's usage records whose interval starts in
+// [from, to) (zero bounds: unbounded), in log order.
+func (e *Engine) UsageRecords(ctx context.Context, tenant string, from, to time.Time) ([]UsageRecord, error) {
+	if tenant == "" {
+		return nil, errdefs.InvalidArgumentf("usage: tenant is empty")
+	}
+	var out []UsageRecord
+	for pos := uint64(1); ; {
+		evs, err := e.log.Read(ctx, UsageStream(tenant), pos, usageReadPage)
+		if errdefs.IsCompacted(err) {
+			b, berr := e.log.Bounds(ctx, UsageStream(tenant))
+			if berr != nil {
+				return nil, berr
+			}
+			pos = b.First
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, ev := range evs {
+			var r UsageRecord
+			if ev.Type != EventUsageRecorded {
+				continue
+			}
+			if err := json.Unmarshal(ev.Payload, &r); err != nil {
+				return nil, errdefs.DataLossf("usage record %s/%d: %v", UsageStream(tenant), ev.Seq, err)
+			}
+			if (!from.IsZero() && r.Start.Before(from)) || (!to.IsZero() && !r.Start.Before(to)) {
+				continue
+			}
+			out = append(out, r)
+		}
+		if len(evs) < usageReadPage {
+			return out, nil
+		}
+		pos = evs[len(evs)-1].Seq + 1
+	}
+}
