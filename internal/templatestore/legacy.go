@@ -109,9 +109,29 @@ func (s *Store) adoptOnce(name string) (Version, error) {
 		}
 	}
 	start := time.Now()
-	v, err := s.describe(name, rootfs, d, "setup:"+dir)
-	if err != nil {
-		return v, err
+	// Digesting a setup-script template reads all of it (seconds for
+	// python, tens for chromium). Every daemon on this machine adopts the
+	// same directories, so the description is kept next to them too, under
+	// the same key: a new data dir does not read the tree again.
+	shared := filepath.Join(s.cfg.LegacyDir, ".adopted", filepath.Base(dir)+".json")
+	var v Version
+	var sm struct {
+		Key     string  `json:"key"`
+		Version Version `json:"version"`
+	}
+	if b, err := os.ReadFile(shared); err == nil && json.Unmarshal(b, &sm) == nil && sm.Key == key && sm.Version.Digest != "" {
+		v = sm.Version
+	} else {
+		var err error
+		if v, err = s.describe(name, rootfs, d, "setup:"+dir); err != nil {
+			return v, err
+		}
+		sm.Key, sm.Version = key, v
+		if b, err := json.Marshal(sm); err == nil {
+			if os.MkdirAll(filepath.Dir(shared), 0o755) == nil {
+				_ = writeFileAtomic(shared, b) // best effort: the cache may be read-only
+			}
+		}
 	}
 	// The version string setup-script templates had before content
 	// addressing, so sandboxes recorded with it still find their files.
