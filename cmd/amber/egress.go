@@ -22,6 +22,7 @@ import (
 	"github.com/amber-run/amber/internal/failpoint"
 	"github.com/amber-run/amber/internal/gateway"
 	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/metrics"
 	"github.com/amber-run/amber/internal/secretstore"
 )
 
@@ -88,7 +89,7 @@ func defaultEgress(allow []string) (meta.EgressPolicy, error) {
 // must not block a request; a full queue drops records and counts them).
 func newGateway(ctx context.Context, log eventlog.Store, reg *eventlog.Registry, trail *audit.Trail, hosts map[string]netip.Addr,
 	journal bool, fps *failpoint.Set, secrets *secretstore.Store, upstreamRoots *x509.CertPool, tp trace.TracerProvider, lg *slog.Logger,
-	meterTo *atomic.Pointer[engine.Engine]) *gateway.Gateway {
+	meterTo *atomic.Pointer[engine.Engine], mx *metrics.Metrics) *gateway.Gateway {
 	gateway.RegisterEvents(reg)
 	decisions := make(chan gateway.Decision, 4096)
 	var dropped atomic.Int64
@@ -135,6 +136,9 @@ func newGateway(ctx context.Context, log eventlog.Store, reg *eventlog.Registry,
 		OnDecision: func(d gateway.Decision) {
 			if d.Tenant == "" {
 				return
+			}
+			if mx != nil {
+				mx.GatewayDecision(d.Tenant, d.Kind)
 			}
 			if e := meterTo.Load(); e != nil {
 				e.MeterDecision(d) // egress metering (engine/metering.go): counted in memory, never blocks

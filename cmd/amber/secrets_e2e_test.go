@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -226,6 +227,21 @@ print(urllib.request.urlopen(r, timeout=30).read().decode())`)
 	}
 	if audit := d.must("--json", "audit", "ls"); !strings.Contains(audit, "secrets=stripe") || strings.Contains(audit, value) {
 		t.Errorf("secret use not audited by name:\n%s", tail(audit, 10))
+	}
+	// The gateway's decisions are counted in /metrics (the operator's key).
+	key, _ := os.ReadFile(filepath.Join(dir, "admin.key"))
+	req, _ := http.NewRequest("GET", "http://"+d.addr+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(key)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`amber_gateway_decisions_total{kind="forward",tenant="default"}`, `amber_gateway_decisions_total{kind="deny",tenant="default"}`} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
 	}
 	d.must("sandbox", "rm", id)
 }

@@ -252,7 +252,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		if secrets, err = secretstore.New(m, key); err != nil {
 			return err
 		}
-		gw = newGateway(ctx, tlog, reg, trail, hosts, o.egress.journal, fps, secrets, roots, tp, lg, &meterTo)
+		gw = newGateway(ctx, tlog, reg, trail, hosts, o.egress.journal, fps, secrets, roots, tp, lg, &meterTo, mx)
 		tenantCA = secrets.CACert
 		defer gw.Close()
 		enet.SetServer(gw)

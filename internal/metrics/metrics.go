@@ -44,6 +44,7 @@ type Metrics struct {
 	httpSeconds   *prometheus.HistogramVec
 	quotaRejected *prometheus.CounterVec
 	usage         *prometheus.CounterVec
+	egress        *prometheus.CounterVec
 }
 
 // durations from 1 ms to ~1 min.
@@ -64,7 +65,8 @@ func New(m *meta.Store) *Metrics {
 	x.httpSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "amber_http_request_seconds", Help: "API request duration by route.", Buckets: secondsBuckets}, []string{"route"})
 	x.quotaRejected = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "amber_quota_rejections_total", Help: "Calls refused by a tenant quota, by tenant and quota (max_sandboxes, max_memory_bytes, max_millicpus, max_checkpoint_bytes, requests_per_second)."}, []string{"tenant", "quota"})
 	x.usage = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "amber_usage_total", Help: "Usage recorded in the tenants' usage streams, by tenant and meter, in the meter's unit (cpu_seconds, memory_gib_seconds, egress_requests, egress_bytes, checkpoints, restores, checkpoint_storage_gib_hours)."}, []string{"tenant", "meter"})
-	x.reg.MustRegister(x.usage, x.quotaRejected, x.checkpoints, x.frozen, x.ckptSeconds, x.storedBytes, x.restores, x.restoreSecs, x.appendSeconds,
+	x.egress = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "amber_gateway_decisions_total", Help: "Egress gateway decisions by tenant and kind: forward, replay (answered from the effect journal, upstream not contacted), deny, rate-limited, fenced, reconcile, divergence, stream, error."}, []string{"tenant", "kind"})
+	x.reg.MustRegister(x.egress, x.usage, x.quotaRejected, x.checkpoints, x.frozen, x.ckptSeconds, x.storedBytes, x.restores, x.restoreSecs, x.appendSeconds,
 		x.httpRequests, x.httpSeconds, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if m != nil {
 		x.Sandboxes(m)
@@ -181,3 +183,9 @@ type timedNotifyingLog struct {
 }
 
 func (l *timedNotifyingLog) Changed(stream string) <-chan struct{} { return l.n.Changed(stream) }
+
+// GatewayDecision counts one egress gateway decision (kind: forward,
+// replay, deny, …).
+func (x *Metrics) GatewayDecision(tenant, kind string) {
+	x.egress.WithLabelValues(tenant, kind).Inc()
+}
