@@ -280,8 +280,12 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	}()
 
 	host, _ := os.Hostname()
-	sessions := session.NewManager(&session.Harness{Log: tlog, Registry: reg, Meta: m, Boxes: session.EngineSandboxes{E: eng},
-		Logger: lg.With("component", "sessions"), Holder: "node/" + host})
+	harness := &session.Harness{Log: tlog, Registry: reg, Meta: m, Boxes: session.EngineSandboxes{E: eng},
+		Logger: lg.With("component", "sessions"), Holder: "node/" + host}
+	if secrets != nil { // a nil *Store in the interface would not be nil
+		harness.Secrets = secrets
+	}
+	sessions := session.NewManager(harness)
 	// Closed before the engine (defers run last first).
 	defer sessions.Close()
 	// Sessions that were working when the last daemon stopped go on.

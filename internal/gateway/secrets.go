@@ -206,3 +206,13 @@ func (s *substitution) redactHeader(h http.Header) {
 		}
 	}
 }
+
+// SecretBound says whether sec may be sent to host:port.
+func SecretBound(sec Secret, host string, port uint16) bool {
+	for _, p := range sec.Hosts {
+		if matchDest(p, host, port) {
+			return true
+		}
+	}
+	return false
+}

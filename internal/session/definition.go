@@ -49,7 +49,13 @@ type ModelConfig struct {
 	// (default ANTHROPIC_API_KEY / OPENAI_API_KEY). The key itself is never
 	// in the log.
 	APIKeyEnv string `json:"api_key_env,omitempty"`
-	MaxTokens int    `json:"max_tokens,omitempty"`
+	// APIKeySecret names the tenant's secret (amber secret set) holding
+	// the API key; it wins over APIKeyEnv. The secret must be bound to the
+	// model endpoint's host:port, as any secret to where it is sent.
+	APIKeySecret string `json:"api_key_secret,omitempty"`
+	// resolvedKey is the secret's value, set in memory by the harness.
+	resolvedKey string
+	MaxTokens   int `json:"max_tokens,omitempty"`
 	// Script is the scripted model's turns.
 	Script []ScriptTurn `json:"script,omitempty"`
 }

@@ -70,6 +70,8 @@ type Harness struct {
 	Failpoints *failpoint.Set
 	// OnDelta, when set, gets the live text deltas of model answers.
 	OnDelta func(session, text string)
+	// Secrets resolves a definition's api_key_secret (nil: none can).
+	Secrets SecretSource
 }
 
 // ErrWaiting is not an error: Wake returns nil when the session waits.
@@ -99,7 +101,12 @@ func (h *Harness) Wake(ctx context.Context, id string) (Status, error) {
 		_ = h.Log.Release(rctx, r.lease)
 		r.mu.Unlock()
 	}()
-	if r.model, err = h.Models(r.st.Def.Model); err != nil {
+	mc, key, err := withSecretKey(ctx, h.Secrets, r.st.Tenant, r.st.Def.Model)
+	if err != nil {
+		return "", err
+	}
+	mc.resolvedKey = key
+	if r.model, err = h.Models(mc); err != nil {
 		return "", err
 	}
 	return r.loop(ctx)

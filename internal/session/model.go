@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/amber-run/amber/internal/gateway"
+	"net/url"
 	"os"
+	"strconv"
 	"sync/atomic"
 
 	"github.com/amber-run/amber/core/errdefs"
@@ -60,6 +63,9 @@ func NewModel(cfg ModelConfig) (Model, error) {
 }
 
 func apiKey(cfg ModelConfig, def string) string {
+	if cfg.resolvedKey != "" {
+		return cfg.resolvedKey
+	}
 	if cfg.APIKeyEnv != "" {
 		def = cfg.APIKeyEnv
 	}
@@ -139,4 +145,46 @@ func (m *Scripted) Complete(ctx context.Context, req Request, onDelta func(strin
 // Other 4xx answers will not change.
 func retryable(status int) bool {
 	return status < 400 || status == 408 || status == 409 || status == 429 || status >= 500
+}
+
+// SecretSource gives the harness a tenant's secrets (secretstore.Store).
+type SecretSource interface {
+	Secret(ctx context.Context, tenant, name string) (gateway.Secret, error)
+}
+
+// defaultEndpoint is where an adapter sends requests without a base URL.
+var defaultEndpoint = map[string]string{"anthropic": "https://api.anthropic.com", "openai": "https://api.openai.com"}
+
+// withSecretKey resolves cfg.APIKeySecret of tenant into a factory-ready
+// config: the key is checked to be bound to the endpoint's host:port and
+// passed to the adapter in memory only (never in the log: the definition
+// names the secret, not its value).
+func withSecretKey(ctx context.Context, src SecretSource, tenant string, cfg ModelConfig) (ModelConfig, string, error) {
+	if cfg.APIKeySecret == "" {
+		return cfg, "", nil
+	}
+	if src == nil {
+		return cfg, "", errdefs.FailedPreconditionf("model API key secret %q: this daemon has no secret store", cfg.APIKeySecret)
+	}
+	base := cfg.BaseURL
+	if base == "" {
+		base = defaultEndpoint[cfg.Adapter]
+	}
+	u, err := url.Parse(base)
+	if err != nil || u.Host == "" {
+		return cfg, "", errdefs.InvalidArgumentf("model base URL %q does not parse", base)
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"https": "443", "http": "80"}[u.Scheme]
+	}
+	sec, err := src.Secret(ctx, tenant, cfg.APIKeySecret)
+	if err != nil {
+		return cfg, "", fmt.Errorf("model API key secret %q: %w", cfg.APIKeySecret, err)
+	}
+	p, _ := strconv.ParseUint(port, 10, 16)
+	if !gateway.SecretBound(sec, u.Hostname(), uint16(p)) {
+		return cfg, "", errdefs.PermissionDeniedf("secret %q is not bound to %s:%s, the model endpoint", cfg.APIKeySecret, u.Hostname(), port)
+	}
+	return cfg, string(sec.Value), nil
 }
