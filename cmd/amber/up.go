@@ -286,6 +286,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		harness.Secrets = secrets
 	}
 	sessions := session.NewManager(harness)
+	eng.SetModelUsage(session.ModelUsage(tlog, m)) // model tokens in usage reports
 	// Closed before the engine (defers run last first).
 	defer sessions.Close()
 	// Sessions that were working when the last daemon stopped go on.

@@ -143,6 +143,7 @@ type Engine struct {
 	gw           *gateway.Gateway
 	net          *egress.Network
 	defEgress    meta.EgressPolicy
+	modelUsageFn ModelUsage // metering.go
 	tenantCA     func(ctx context.Context, tenant string) ([]byte, error)
 	tracer       trace.Tracer
 	idle         time.Duration

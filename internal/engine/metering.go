@@ -77,6 +77,10 @@ const (
 	MeterCheckpoints       = "checkpoints"
 	MeterRestores          = "restores"
 	MeterStorageGiBHours   = "checkpoint_storage_gib_hours"
+	// Model tokens are not sampled: they are read from the sessions' logs,
+	// where each model answer is recorded once (SetModelUsage).
+	MeterModelInputTokens  = "model_input_tokens"
+	MeterModelOutputTokens = "model_output_tokens"
 	EventUsageRecorded     = "usage.recorded"
 	defaultMeterInterval   = 10 * time.Second
 	gib                    = float64(1 << 30)
@@ -86,7 +90,7 @@ const (
 
 // Meters lists every meter, in the order reports use.
 var Meters = []string{MeterCPUSeconds, MeterMemoryGiBSeconds, MeterEgressRequests, MeterEgressBytes,
-	MeterCheckpoints, MeterRestores, MeterStorageGiBHours}
+	MeterCheckpoints, MeterRestores, MeterStorageGiBHours, MeterModelInputTokens, MeterModelOutputTokens}
 
 // UsageStream is tenant's usage stream.
 func UsageStream(tenant string) string { return "usage/" + tenant }
@@ -565,7 +569,10 @@ func (e *Engine) UsageRecords(ctx context.Context, tenant string, from, to time.
 	if tenant == "" {
 		return nil, errdefs.InvalidArgumentf("usage: tenant is empty")
 	}
-	var out []UsageRecord
+	out, err := e.modelUsage(ctx, tenant, from, to)
+	if err != nil {
+		return nil, err
+	}
 	for pos := uint64(1); ; {
 		evs, err := e.log.Read(ctx, UsageStream(tenant), pos, usageReadPage)
 		if errdefs.IsCompacted(err) {
@@ -597,4 +604,26 @@ func (e *Engine) UsageRecords(ctx context.Context, tenant string, from, to time.
 		}
 		pos = evs[len(evs)-1].Seq + 1
 	}
+}
+
+// ModelUsage reads a tenant's model token usage in [from, to) from where it
+// is recorded once: the sessions' logs (package session provides it; the
+// engine cannot import it). Its records carry the session id as Sandbox.
+type ModelUsage func(ctx context.Context, tenant string, from, to time.Time) ([]UsageRecord, error)
+
+// SetModelUsage makes usage reports include model tokens.
+func (e *Engine) SetModelUsage(f ModelUsage) {
+	e.meter.mu.Lock()
+	e.modelUsageFn = f
+	e.meter.mu.Unlock()
+}
+
+func (e *Engine) modelUsage(ctx context.Context, tenant string, from, to time.Time) ([]UsageRecord, error) {
+	e.meter.mu.Lock()
+	f := e.modelUsageFn
+	e.meter.mu.Unlock()
+	if f == nil {
+		return nil, nil
+	}
+	return f(ctx, tenant, from, to)
 }
