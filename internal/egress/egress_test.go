@@ -18,21 +18,12 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/internal/egress"
+	"github.com/amber-run/amber/internal/egress/egresstest"
 	"github.com/amber-run/amber/internal/gateway"
 	"github.com/amber-run/amber/internal/netns"
 	"github.com/amber-run/amber/stores/sqlite"
 	"golang.org/x/net/dns/dnsmessage"
 )
-
-// staticResolver resolves names from a map (the test's "DNS").
-type staticResolver map[string]netip.Addr
-
-func (r staticResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
-	if a, ok := r[host]; ok {
-		return []netip.Addr{a}, nil
-	}
-	return nil, fmt.Errorf("no such host %s", host)
-}
 
 type fixture struct {
 	net     *egress.Network
@@ -70,7 +61,7 @@ func setup(t *testing.T) *fixture {
 	t.Cleanup(func() { f.store.Close() })
 	f.gw = gateway.New(gateway.Options{
 		Journal:  gateway.NewJournal(f.store),
-		Resolver: staticResolver{"payments.test": up.Addr()},
+		Resolver: egresstest.Hosts{"payments.test": up.Addr()},
 		OnDecision: func(d gateway.Decision) {
 			if d.Kind == "deny" {
 				f.denied = append(f.denied, d)
