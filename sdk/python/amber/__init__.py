@@ -346,6 +346,62 @@ class Client:
                 raise Error(e.get("kind", "internal"), e.get("message", ""))
             yield f
 
+    # --- agent sessions ---------------------------------------------------
+
+    @staticmethod
+    def _ses(sid, rest=""):
+        return "/v1/sessions/" + urllib.parse.quote(sid, safe="") + rest
+
+    def create_session(self, definition):
+        """Creates an agent session from its definition (a dict: model,
+        system, tools, limits, template, policy, ...)."""
+        return self._json("POST", "/v1/sessions", body=definition)
+
+    def sessions(self):
+        return self._json("GET", "/v1/sessions")["sessions"]
+
+    def session(self, sid):
+        return self._json("GET", self._ses(sid))
+
+    def send(self, sid, text=None, type="user_message", payload=None, event_id=None):
+        """Posts a client event (a user message by default). event_id makes
+        the post idempotent: a retry with the same id is appended once."""
+        if payload is None:
+            payload = {"text": text}
+        body = {"type": type, "payload": payload}
+        if event_id:
+            body["id"] = event_id
+        return self._json("POST", self._ses(sid, "/events"), body=body)
+
+    def session_events(self, sid, after=0, limit=1000):
+        """The session's events after sequence number after."""
+        return self._json("GET", self._ses(sid, "/events"), {"after": after, "limit": limit})["events"]
+
+    def stream_session_events(self, sid, after=0):
+        """Yields the session's events after sequence number after, as they
+        are appended (Server-Sent Events). Resume after a disconnect by
+        passing the last seq seen: nothing is missed, nothing repeated."""
+        conn, resp = self._request("GET", self._ses(sid, "/events/stream"), {"after": after}, accept="text/event-stream")
+        try:
+            data, eid = [], None
+            while True:
+                line = resp.readline()
+                if not line:
+                    return
+                line = line.decode().rstrip("\r\n")
+                if line.startswith("id:"):
+                    eid = line[3:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].lstrip())
+                elif line == "" and data:
+                    ev = json.loads("\n".join(data))
+                    data = []
+                    if eid:  # live deltas carry no id and are not durable
+                        yield ev
+                    eid = None
+        finally:
+            conn.close()
+
     # --- tenants, keys, policy, quota, audit (the operator or a tenant admin) ---
 
     def create_tenant(self, tenant_id, name=None):

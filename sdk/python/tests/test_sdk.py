@@ -164,6 +164,38 @@ class SDKTest(unittest.TestCase):
             self.c.upgrade_sandbox(self.sb["id"], "minimal")
         self.assertEqual(cm.exception.kind, "failed precondition")
 
+    def test_8_session_stream_resume(self):
+        script = [{"tool_calls": [{"name": "bash", "input": {"command": "echo from-the-agent"}}]},
+                  {"text": "done"}]
+        se = self.c.create_session({"model": {"adapter": "scripted", "script": script},
+                                    "template": "minimal", "policy": "strict"})
+        self.c.send(se["id"], "go", event_id="py-1")
+        self.c.send(se["id"], "go", event_id="py-1")  # a retry: appended once
+        seen = []
+        for ev in self.c.stream_session_events(se["id"]):
+            seen.append(ev)
+            if ev["type"] == "session.status" and ev["payload"]["status"] == "idle" and \
+                    any(e["type"] == "session.assistant_message" and e["payload"].get("text") == "done" for e in seen):
+                break
+        types = [e["type"] for e in seen]
+        self.assertEqual(types.count("session.user_message"), 1)
+        self.assertIn("session.tool_result", types)
+        result = next(e for e in seen if e["type"] == "session.tool_result")
+        self.assertIn("from-the-agent", result["payload"]["output"])
+        # Resume from the middle: exactly the events after it, once each.
+        mid = seen[len(seen) // 2]["seq"]
+        again = []
+        for ev in self.c.stream_session_events(se["id"], after=mid):
+            again.append(ev)
+            if ev["seq"] == seen[-1]["seq"]:
+                break
+        self.assertEqual([e["seq"] for e in again], [e["seq"] for e in seen if e["seq"] > mid])
+        listed = self.c.session_events(se["id"])
+        self.assertEqual([e["seq"] for e in listed][:len(seen)], [e["seq"] for e in seen])
+        sb = self.c.session(se["id"]).get("sandbox")
+        if sb:
+            self.c.destroy(sb)
+
     def test_4_errors(self):
         with self.assertRaises(amber.Error) as cm:
             self.c.sandbox("sbx-doesnotexist")
