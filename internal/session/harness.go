@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/amber-run/amber/internal/logging"
 	"log/slog"
 	"slices"
 	"strings"
@@ -89,6 +90,9 @@ func (h *Harness) Wake(ctx context.Context, id string) (Status, error) {
 	if r.st.Def.Model.Adapter == "" {
 		return "", errdefs.NotFoundf("session %s has no created event", id)
 	}
+	// Every line logged with this context (the engine's too: the tools'
+	// calls carry it) names the session and its tenant.
+	ctx = logging.With(ctx, logging.SessionID, id, logging.TenantID, r.st.Tenant)
 	l, err := h.Log.Acquire(ctx, r.stream, h.Holder, h.LeaseTTL)
 	if err != nil {
 		return "", fmt.Errorf("session %s: lease: %w", id, err)
@@ -208,7 +212,7 @@ func (r *run) setStatus(ctx context.Context, s Status, reason string) error {
 	}
 	if r.h.Meta != nil {
 		if err := r.h.Meta.SetSessionStatus(ctx, r.id, string(s), reason); err != nil {
-			r.h.Logger.Warn("session status row", "session", r.id, "err", err)
+			r.h.Logger.WarnContext(ctx, "session status row", "session", r.id, "err", err)
 		}
 	}
 	return nil
@@ -238,7 +242,7 @@ func (r *run) loop(ctx context.Context) (Status, error) {
 			}
 			if st.Sandbox != "" {
 				if err := r.h.Boxes.Destroy(ctx, st.Tenant, st.Sandbox); err != nil && !errdefs.IsNotFound(err) {
-					r.h.Logger.Warn("destroy session sandbox", "session", r.id, "sandbox", st.Sandbox, "err", err)
+					r.h.Logger.WarnContext(ctx, "destroy session sandbox", "session", r.id, "sandbox", st.Sandbox, "err", err)
 				}
 			}
 			return StatusTerminated, nil
@@ -438,7 +442,7 @@ func (r *run) fastCheckpoint(ctx context.Context, sbx string) {
 		return
 	}
 	if _, err := r.appendEvents(ctx, r.event(fmt.Sprintf("ckpt.%d", after), EventCheckpointed, Checkpointed{Checkpoint: ck, Sandbox: sbx, AfterSeq: after})); err != nil {
-		r.h.Logger.Warn("record fast checkpoint", "session", r.id, "err", err)
+		r.h.Logger.WarnContext(ctx, "record fast checkpoint", "session", r.id, "err", err)
 	}
 }
 
