@@ -70,13 +70,13 @@ import (
 
 // Meters.
 const (
-	MeterCPUSeconds        = "cpu_seconds"
-	MeterMemoryGiBSeconds  = "memory_gib_seconds"
-	MeterEgressRequests    = "egress_requests"
-	MeterEgressBytes       = "egress_bytes"
-	MeterCheckpoints       = "checkpoints"
-	MeterRestores          = "restores"
-	MeterStorageGiBHours   = "checkpoint_storage_gib_hours"
+	MeterCPUSeconds       = "cpu_seconds"
+	MeterMemoryGiBSeconds = "memory_gib_seconds"
+	MeterEgressRequests   = "egress_requests"
+	MeterEgressBytes      = "egress_bytes"
+	MeterCheckpoints      = "checkpoints"
+	MeterRestores         = "restores"
+	MeterStorageGiBHours  = "checkpoint_storage_gib_hours"
 	// Model tokens are not sampled: they are read from the sessions' logs,
 	// where each model answer is recorded once (SetModelUsage).
 	MeterModelInputTokens  = "model_input_tokens"
