@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/amber-run/amber/internal/httpx"
 	"github.com/amber-run/amber/internal/tracing"
 	"go.opentelemetry.io/otel/attribute"
 	"io"
@@ -84,14 +85,14 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	port := h.origDst.Port()
 	ctx, span := tracing.StartGatewayRequest(r.Context(), g.opts.Tracer, run.Tenant, h.sandbox, r.Method, host)
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &httpx.StatusWriter{ResponseWriter: w}
 	w, r = sw, r.WithContext(ctx)
 	defer func() {
-		span.SetAttributes(attribute.Int("http.response.status_code", sw.status),
+		span.SetAttributes(attribute.Int("http.response.status_code", sw.Status),
 			tracing.GatewayReplayed.Bool(sw.Header().Get(HeaderReplayed) == "true"))
 		var err error
-		if sw.status >= 500 {
-			err = fmt.Errorf("status %d", sw.status)
+		if sw.Status >= 500 {
+			err = fmt.Errorf("status %d", sw.Status)
 		}
 		tracing.End(span, err)
 	}()
@@ -525,26 +526,3 @@ func copyHeader(dst, src http.Header) {
 		dst[k] = append([]string(nil), vs...)
 	}
 }
-
-// statusWriter remembers the status written, for the request's span.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach the connection (upgrades).
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/amber-run/amber/internal/egress/egresstest"
 	"io"
 	"log/slog"
 	"net"
@@ -22,92 +23,19 @@ import (
 	"github.com/amber-run/amber/stores/sqlite"
 )
 
-// ledger is a "payments" server on 127.0.0.1. POST /charge with
-// {"step":N,...} books a charge. With idempotent set it honours
-// Idempotency-Key: a repeated key books nothing and returns the first answer.
-type ledger struct {
-	srv        *httptest.Server
-	idempotent bool
-
-	mu       sync.Mutex
-	charges  map[int]int // step → charges booked
-	requests map[int]int // step → requests received
-	seenKeys map[string][]byte
-	total    int
-	lastAuth string
-}
+// ledger is the shared payments server (egresstest.Ledger) under the
+// names these tests use.
+type ledger struct{ *egresstest.Ledger }
 
 func newLedger(t testing.TB, idempotent bool) *ledger {
-	l := &ledger{idempotent: idempotent, charges: map[int]int{}, requests: map[int]int{}, seenKeys: map[string][]byte{}}
-	l.srv = httptest.NewServer(http.HandlerFunc(l.serve))
-	t.Cleanup(l.srv.Close)
-	return l
+	return &ledger{egresstest.NewLedger(t, idempotent)}
 }
 
-func (l *ledger) serve(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.total++
-	l.lastAuth = r.Header.Get("Authorization")
-	switch r.URL.Path {
-	case "/charge":
-		var c struct {
-			Step int `json:"step"`
-		}
-		if err := json.Unmarshal(body, &c); err != nil {
-			http.Error(w, "bad charge", http.StatusBadRequest)
-			return
-		}
-		l.requests[c.Step]++
-		key := r.Header.Get("Idempotency-Key")
-		if l.idempotent && key != "" {
-			if prev, ok := l.seenKeys[key]; ok {
-				w.Header().Set("Idempotent-Replayed", "true")
-				w.Write(prev)
-				return
-			}
-		}
-		l.charges[c.Step]++
-		resp := fmt.Appendf(nil, `{"charge":"ch_%d_%d","step":%d}`, c.Step, l.charges[c.Step], c.Step)
-		if l.idempotent && key != "" {
-			l.seenKeys[key] = resp
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Write(resp)
-	case "/echo-auth":
-		// A careless upstream that reflects the credential it received.
-		w.Header().Set("X-Seen-Authorization", r.Header.Get("Authorization"))
-		fmt.Fprintf(w, "you sent %s", r.Header.Get("Authorization"))
-	case "/big":
-		w.Write(bytes.Repeat([]byte("x"), 4096))
-	default:
-		fmt.Fprintf(w, "ok %s %s", r.Method, r.URL.Path)
-	}
-}
+func (l *ledger) addr() netip.AddrPort { return l.Addr() }
 
-func (l *ledger) auth() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.lastAuth
-}
+func (l *ledger) snapshot() (charges, requests map[int]int, total int) { return l.Snapshot() }
 
-func (l *ledger) addr() netip.AddrPort {
-	return netip.MustParseAddrPort(l.srv.Listener.Addr().String())
-}
-
-func (l *ledger) snapshot() (charges, requests map[int]int, total int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	charges, requests = map[int]int{}, map[int]int{}
-	for k, v := range l.charges {
-		charges[k] = v
-	}
-	for k, v := range l.requests {
-		requests[k] = v
-	}
-	return charges, requests, l.total
-}
+func (l *ledger) auth() string { return l.LastAuth() }
 
 // front is the gateway listening on a loopback port, standing in for the
 // network plumbing: every accepted connection is handed to ServeConn with a

@@ -5,10 +5,10 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"github.com/amber-run/amber/internal/egress/egresstest"
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
@@ -23,9 +23,8 @@ import (
 // is answered from the journal.
 func TestTLSTermination(t *testing.T) {
 	ctx := context.Background()
-	led := &ledger{charges: map[int]int{}, requests: map[int]int{}, seenKeys: map[string][]byte{}}
-	up := httptest.NewTLSServer(http.HandlerFunc(led.serve)) // cert valid for example.com
-	defer up.Close()
+	led := &ledger{egresstest.NewTLSLedger(t, false)}
+	up := led.Server // cert valid for example.com
 	upAddr := netip.MustParseAddrPort(up.Listener.Addr().String())
 	roots := x509.NewCertPool()
 	roots.AddCert(up.Certificate())

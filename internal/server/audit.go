@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"github.com/amber-run/amber/internal/httpx"
 	"net/http"
 	"strconv"
 	"time"
@@ -17,12 +18,12 @@ import (
 // when, and how it ended (the status, and the error's kind and message).
 // Refused calls (403) are recorded too; calls without a valid key (401)
 // have no tenant to record them under and are only logged.
-func (s *Server) record(r *http.Request, rt Route, c *call, rid string, sw *statusWriter, err error) {
+func (s *Server) record(r *http.Request, rt Route, c *call, rid string, sw *httpx.StatusWriter, err error) {
 	if s.audit == nil || c.tenant == "" {
 		return
 	}
 	rec := audit.Record{Actor: "key:" + c.key.Name, Action: rt.Method + " " + rt.Path, Resource: r.URL.Path,
-		Outcome: "ok", Status: sw.status, RequestID: rid}
+		Outcome: "ok", Status: sw.Status, RequestID: rid}
 	if err != nil {
 		rec.Outcome, rec.Detail = errdefs.Kind(err), err.Error()
 		if rec.Status == 0 {

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"github.com/amber-run/amber/internal/httpx"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -20,29 +21,6 @@ import (
 	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/tracing"
 )
-
-// statusWriter remembers the status a handler wrote, for the access log.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach Flush and EnableFullDuplex.
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // requestID returns the client's X-Request-Id when it is sane, else a new one.
 func requestID(r *http.Request) string {
@@ -79,7 +57,7 @@ func (s *Server) wrap(rt Route) http.Handler {
 		start := time.Now()
 		rid := requestID(r)
 		w.Header().Set("X-Request-Id", rid)
-		sw := &statusWriter{ResponseWriter: w}
+		sw := &httpx.StatusWriter{ResponseWriter: w}
 		fields, attrs := pathIDs(r)
 		ctx := tracing.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 		ctx, span := s.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer),
@@ -96,19 +74,19 @@ func (s *Server) wrap(rt Route) http.Handler {
 					panic(p)
 				}
 				lg.ErrorContext(r.Context(), "handler panicked", "panic", p)
-				if sw.status == 0 {
+				if sw.Status == 0 {
 					writeError(sw, fmt.Errorf("internal error (request %s)", rid))
 				}
 			}
 			lvl := slog.LevelInfo
-			if sw.status >= 500 {
+			if sw.Status >= 500 {
 				lvl = slog.LevelError
 			}
-			c.lg.Log(r.Context(), lvl, "request", "method", r.Method, "path", r.URL.Path, "status", sw.status,
+			c.lg.Log(r.Context(), lvl, "request", "method", r.Method, "path", r.URL.Path, "status", sw.Status,
 				"took", time.Since(start).Round(time.Microsecond))
-			span.SetAttributes(semconv.HTTPResponseStatusCode(sw.status))
-			if sw.status >= 500 {
-				span.SetStatus(codes.Error, http.StatusText(sw.status))
+			span.SetAttributes(semconv.HTTPResponseStatusCode(sw.Status))
+			if sw.Status >= 500 {
+				span.SetStatus(codes.Error, http.StatusText(sw.Status))
 			}
 			span.End()
 		}()
@@ -149,7 +127,7 @@ func (s *Server) wrap(rt Route) http.Handler {
 		err := h(sw, r, c)
 		if s.metrics != nil {
 			defer func() {
-				code := sw.status
+				code := sw.Status
 				if code == 0 {
 					code = errdefs.HTTPStatus(err)
 				}
@@ -164,7 +142,7 @@ func (s *Server) wrap(rt Route) http.Handler {
 			if errdefs.HTTPStatus(err) >= 500 {
 				span.SetStatus(codes.Error, err.Error())
 			}
-			if sw.status != 0 {
+			if sw.Status != 0 {
 				// Headers are out (a stream broke): the client sees a cut stream.
 				c.lg.WarnContext(r.Context(), "error after response started", "err", err)
 				return

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"github.com/amber-run/amber/internal/httpx"
 	"log/slog"
 	"net"
 	"net/http"
@@ -146,20 +147,20 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rid := requestID(r)
 	id := r.PathValue("id")
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &httpx.StatusWriter{ResponseWriter: w}
 	lg := s.lg.With(logging.RequestID, rid, logging.SandboxID, id)
 	defer func() {
-		if sw.status == 0 && r.Header.Get("Upgrade") != "" {
+		if sw.Status == 0 && r.Header.Get("Upgrade") != "" {
 			// ReverseProxy writes a 101 on the hijacked connection.
-			sw.status = http.StatusSwitchingProtocols
+			sw.Status = http.StatusSwitchingProtocols
 		}
 		lvl := slog.LevelInfo
-		if sw.status >= 500 {
+		if sw.Status >= 500 {
 			lvl = slog.LevelWarn
 		}
 		// The token is the credential: it is not logged.
 		lg.Log(r.Context(), lvl, "proxy request", "method", r.Method, "port", r.PathValue("port"),
-			"status", sw.status, "took", time.Since(start).Round(time.Microsecond))
+			"status", sw.Status, "took", time.Since(start).Round(time.Microsecond))
 	}()
 	notFound := func() {
 		writeError(sw, errdefs.NotFoundf("not found"))

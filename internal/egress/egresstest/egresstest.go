@@ -4,11 +4,13 @@
 package egresstest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -24,16 +26,19 @@ import (
 
 // Ledger is a payments server on 127.0.0.1: POST /charge with
 // {"step":N} books a charge; with Idempotent it honours Idempotency-Key (a
-// repeated key books nothing and gets the first answer). GET /ping answers
-// "pong".
+// repeated key books nothing and gets the first answer, marked
+// Idempotent-Replayed). GET /ping answers "pong"; /echo-auth reflects the
+// Authorization it received, as a careless server would; /big answers
+// 4 KiB; any other path answers "ok METHOD PATH".
 type Ledger struct {
 	Server     *httptest.Server
 	Idempotent bool
 
 	mu       sync.Mutex
-	charges  map[int]int
+	charges  map[int]int // step → charges booked
+	perStep  map[int]int // step → charge requests received
 	requests int
-	perStep  map[int]int
+	lastAuth string
 	seen     map[string][]byte
 }
 
@@ -41,6 +46,15 @@ type Ledger struct {
 func NewLedger(t testing.TB, idempotent bool) *Ledger {
 	l := &Ledger{Idempotent: idempotent, charges: map[int]int{}, perStep: map[int]int{}, seen: map[string][]byte{}}
 	l.Server = httptest.NewServer(http.HandlerFunc(l.serve))
+	t.Cleanup(l.Server.Close)
+	return l
+}
+
+// NewTLSLedger is NewLedger serving HTTPS (httptest's certificate, for
+// example.com; trust Server.Certificate()).
+func NewTLSLedger(t testing.TB, idempotent bool) *Ledger {
+	l := &Ledger{Idempotent: idempotent, charges: map[int]int{}, perStep: map[int]int{}, seen: map[string][]byte{}}
+	l.Server = httptest.NewTLSServer(http.HandlerFunc(l.serve))
 	t.Cleanup(l.Server.Close)
 	return l
 }
@@ -55,6 +69,7 @@ func (l *Ledger) serve(w http.ResponseWriter, r *http.Request) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.requests++
+	l.lastAuth = r.Header.Get("Authorization")
 	switch r.URL.Path {
 	case "/ping":
 		fmt.Fprint(w, "pong")
@@ -70,6 +85,7 @@ func (l *Ledger) serve(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get("Idempotency-Key")
 		if l.Idempotent && key != "" {
 			if prev, ok := l.seen[key]; ok {
+				w.Header().Set("Idempotent-Replayed", "true")
 				w.Write(prev)
 				return
 			}
@@ -81,35 +97,48 @@ func (l *Ledger) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(resp)
+	case "/echo-auth":
+		w.Header().Set("X-Seen-Authorization", r.Header.Get("Authorization"))
+		fmt.Fprintf(w, "you sent %s", r.Header.Get("Authorization"))
+	case "/big":
+		w.Write(bytes.Repeat([]byte("x"), 4096))
 	default:
-		http.NotFound(w, r)
+		fmt.Fprintf(w, "ok %s %s", r.Method, r.URL.Path)
 	}
+}
+
+// Snapshot returns step → charges booked, step → charge requests received,
+// and the number of requests of any kind.
+func (l *Ledger) Snapshot() (charges, requests map[int]int, total int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.charges), maps.Clone(l.perStep), l.requests
 }
 
 // Charges returns step → charges booked.
 func (l *Ledger) Charges() map[int]int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := map[int]int{}
-	for k, v := range l.charges {
-		out[k] = v
-	}
-	return out
+	c, _, _ := l.Snapshot()
+	return c
 }
 
 // StepRequests counts the charge requests received for step (booked or
 // deduplicated).
 func (l *Ledger) StepRequests(step int) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.perStep[step]
+	_, r, _ := l.Snapshot()
+	return r[step]
 }
 
 // Requests counts every request the ledger received.
 func (l *Ledger) Requests() int {
+	_, _, n := l.Snapshot()
+	return n
+}
+
+// LastAuth is the Authorization header of the latest request.
+func (l *Ledger) LastAuth() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.requests
+	return l.lastAuth
 }
 
 // Hosts is a static resolver: the names tests give their servers.
