@@ -141,9 +141,6 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 		}
 		e.obs.Checkpoint(e.drv.Name(), ck.Tenant, kind, time.Duration(ck.Stats.FrozenNS), time.Since(start), ck.Stats.StoredBytes)
 	}
-	if err == nil {
-		e.meterCount(ck.Tenant, ck.SandboxID, MeterCheckpoints, 1)
-	}
 	return ck, err
 }
 
@@ -512,9 +509,6 @@ func (e *Engine) restoreWith(ctx context.Context, ck meta.Checkpoint, target str
 		}
 		e.obs.Restore(e.drv.Name(), kind, time.Since(start))
 	}
-	if err == nil {
-		e.meterCount(sb.Tenant, sb.ID, MeterRestores, 1)
-	}
 	return sb, err
 }
 
@@ -798,6 +792,11 @@ func (e *Engine) retain(ctx context.Context, sb meta.Sandbox) error {
 			return err
 		}
 		e.auditSystem(ctx, ck.Tenant, "checkpoint.retention_delete", ck.ID, nil)
+	}
+	if keepFrom, known := e.meterTruncateLimit(sb.ID); !known {
+		oldestKept = 0 // metering's cursor is in the log: truncate at a later checkpoint
+	} else if keepFrom > 0 && keepFrom < oldestKept {
+		oldestKept = keepFrom // not past what metering has yet to count
 	}
 	if oldestKept > 1 {
 		if err := e.log.Truncate(ctx, Stream(sb.ID), oldestKept); err != nil {

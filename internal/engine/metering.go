@@ -63,10 +63,24 @@ import (
 // cpu_seconds record of that sandbox in the tenant's stream (read backwards)
 // and continues from its Counter and End: the CPU and memory time between
 // the last closed interval and the crash are counted in the next record,
-// none twice. Egress, checkpoint and restore counts, which live in memory
-// until their interval is built, are lost when the daemon dies before
-// that (at most one interval's worth); the gateway's journal and the
-// sandbox streams keep the facts.
+// none twice.
+//
+// # Counts come from the durable facts, behind cursors
+//
+// Checkpoints, restores and journaled egress are not counted in memory:
+// at each interval the engine reads what was appended since its cursors to
+// the sandbox's stream (sandbox.checkpointed, sandbox.restored) and to its
+// effect journal (effect.outcome, which carries the bytes of the forward)
+// and counts those events. The cursors (SandboxSeq, EffectsSeq) are saved in
+// the sandbox's cpu_seconds record of the same atomic batch as the counts,
+// so after a crash the next interval reads on from the last recorded
+// cursor: every event that was acknowledged before the crash is counted
+// once, in the interval after the one recorded last. Retention never
+// truncates a sandbox stream past the events metering has not read yet
+// (meterTruncateLimit). Only what the journal does not hold is counted in
+// memory: proxied non-HTTP streams (counted when they close) and forwards
+// made with the journal turned off; those of the open interval are lost
+// if the daemon dies (and the daemon's death cut the streams themselves).
 
 // Meters.
 const (
@@ -110,6 +124,12 @@ type UsageRecord struct {
 	// nanoseconds at End, of incarnation Generation.
 	Counter    uint64 `json:"counter,omitempty"`
 	Generation int    `json:"generation,omitempty"`
+	// Cursors (cpu_seconds only) says SandboxSeq and EffectsSeq are set:
+	// the positions in the sandbox's stream and effect journal through
+	// which checkpoints, restores and egress are counted in this batch.
+	Cursors    bool   `json:"cursors,omitempty"`
+	SandboxSeq uint64 `json:"sandbox_seq,omitempty"`
+	EffectsSeq uint64 `json:"effects_seq,omitempty"`
 }
 
 // UsageObserver is an Observer that also counts recorded usage per tenant
@@ -129,10 +149,16 @@ type sbxMeter struct {
 	memGiBs                float64
 	egressReq, egressBytes int64
 	checkpoints, restores  int64
+	// cursors: how far the sandbox stream and the effect journal are
+	// counted (in a record, or in the pending amounts above); valid once
+	// cursors is set (meterCursors).
+	cursors        bool
+	sbxSeq, effSeq uint64
+	moved          bool // the cursors moved since the last record
 }
 
 func (m *sbxMeter) idle() bool {
-	return m.cpuNS == 0 && m.memGiBs == 0 && m.egressReq == 0 && m.egressBytes == 0 && m.checkpoints == 0 && m.restores == 0
+	return !m.moved && m.cpuNS == 0 && m.memGiBs == 0 && m.egressReq == 0 && m.egressBytes == 0 && m.checkpoints == 0 && m.restores == 0
 }
 
 type metering struct {
@@ -158,8 +184,13 @@ func (e *Engine) meterState(ctx context.Context, sb meta.Sandbox, now time.Time)
 	m.tenant, m.gen, m.lastSample = sb.Tenant, sb.Generation, sb.Updated
 	if rec, ok, err := e.lastUsage(ctx, sb.Tenant, sb.ID); err != nil {
 		e.lg.Warn("metering: read last usage record", "sandbox_id", sb.ID, "err", err)
-	} else if ok && rec.Generation == sb.Generation {
-		m.cpuRaw, m.lastSample = rec.Counter, rec.End
+	} else if ok {
+		if rec.Generation == sb.Generation {
+			m.cpuRaw, m.lastSample = rec.Counter, rec.End
+		}
+		e.cursorsFrom(ctx, m, sb.ID, rec)
+	} else {
+		e.cursorsFrom(ctx, m, sb.ID, UsageRecord{Cursors: true}) // never recorded: count from the start
 	}
 	if m.lastSample.IsZero() || m.lastSample.After(now) {
 		m.lastSample = now
@@ -290,13 +321,15 @@ func (e *Engine) meterCount(tenant, id, meter string, n int64) {
 	}
 }
 
-// MeterDecision meters one gateway decision (cmd/amber passes every one):
-// a request forwarded upstream or a proxied stream is one egress request
-// and its bytes both ways; replays (answered from the journal) and refusals
-// reached nobody and are not egress.
+// MeterDecision meters one gateway decision (cmd/amber passes every one)
+// that the effect journal does not hold: a proxied stream, or a request
+// forwarded with the journal off, is one egress request and its bytes both
+// ways. Journaled forwards are counted from their effect.outcome events
+// (countLogs); replays (answered from the journal) and refusals reached
+// nobody and are not egress.
 func (e *Engine) MeterDecision(d gateway.Decision) {
-	if d.Kind != "forward" && d.Kind != "stream" {
-		return
+	if d.Kind != "forward" && d.Kind != "stream" || d.Journaled {
+		return // journaled forwards are counted from the journal
 	}
 	e.meterCount(d.Tenant, d.Sandbox, MeterEgressRequests, 1)
 	e.meterCount(d.Tenant, d.Sandbox, MeterEgressBytes, d.BytesIn+d.BytesOut)
@@ -361,6 +394,42 @@ func (e *Engine) meterTick(ctx context.Context, end time.Time) error {
 		e.applyLocked(ctx, r.sb, r.u, r.at, end)
 		running[r.sb.ID] = true
 	}
+	// Counts from the logs: note the cursors, read without the lock (the
+	// gateway's decisions are counted meanwhile), add what was found.
+	type cursor struct{ sbx, eff uint64 }
+	cursors := map[string]cursor{}
+	for id, m := range e.meter.sbx {
+		if !m.cursors {
+			e.ensureCursors(ctx, id, m)
+		}
+		if m.cursors {
+			cursors[id] = cursor{m.sbxSeq, m.effSeq}
+		}
+	}
+	e.meter.mu.Unlock()
+	found := map[string]logCounts{}
+	for id, c := range cursors {
+		n, err := e.countLogs(ctx, id, c.sbx, c.eff)
+		if err != nil {
+			e.lg.Warn("metering: count from the logs", "sandbox_id", id, "err", err)
+			continue
+		}
+		found[id] = n
+	}
+	e.meter.mu.Lock()
+	for id, n := range found {
+		m := e.meter.sbx[id]
+		if m == nil || m.sbxSeq != cursors[id].sbx || m.effSeq != cursors[id].eff {
+			continue // only this loop moves cursors; be safe anyway
+		}
+		m.checkpoints += n.checkpoints
+		m.restores += n.restores
+		m.egressReq += n.egressReq
+		m.egressBytes += n.egressBytes
+		if n.sbxSeq != m.sbxSeq || n.effSeq != m.effSeq {
+			m.sbxSeq, m.effSeq, m.moved = n.sbxSeq, n.effSeq, true
+		}
+	}
 	batches := map[string][]eventlog.Event{}
 	var ids []string
 	for id := range e.meter.sbx {
@@ -377,14 +446,17 @@ func (e *Engine) meterTick(ctx context.Context, end time.Time) error {
 			r := UsageRecord{Sandbox: id, Meter: meter, Start: start, End: end, Quantity: q}
 			if meter == MeterCPUSeconds {
 				r.Counter, r.Generation = m.cpuRaw, m.gen
+				r.Cursors, r.SandboxSeq, r.EffectsSeq = m.cursors, m.sbxSeq, m.effSeq
 			}
 			batches[m.tenant] = append(batches[m.tenant], usageEvent(m.tenant, r))
 		}
 		// cpu_seconds always, while running: its Counter is the baseline a
-		// restarted daemon continues from.
-		if running[id] || m.cpuNS > 0 {
+		// restarted daemon continues from; and whenever counts are
+		// recorded: its cursors say what they counted (same batch).
+		if running[id] || !m.idle() {
 			rec(MeterCPUSeconds, float64(m.cpuNS)/1e9)
 		}
+		m.moved = false
 		if m.memGiBs > 0 {
 			rec(MeterMemoryGiBSeconds, m.memGiBs)
 		}

@@ -2,6 +2,8 @@ package engine_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"math"
 	"sort"
 	"syscall"
@@ -12,6 +14,7 @@ import (
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/gateway"
 )
 
 // TestMeteringKillRestoreRestart meters a sandbox that runs a CPU burner
@@ -315,5 +318,86 @@ func TestMeteringMemory(t *testing.T) {
 	}
 	if d := (mem - integral) / integral; d > 0.05 || d < -0.05 {
 		t.Errorf("recorded %.4f GiB-s is %.1f %% off the test's %.4f", mem, 100*d, integral)
+	}
+}
+
+// TestMeteringCountsSurviveCrash: checkpoints, a restore and journaled
+// egress that happen in an interval the daemon dies in (the engine is
+// closed without closing the interval, which is what a crash does to the
+// metering's memory) are counted at the next interval of the new daemon,
+// once — from the sandbox's stream and effect journal behind the cursors
+// of the last record, not from memory. A further interval counts nothing
+// again.
+func TestMeteringCountsSurviveCrash(t *testing.T) {
+	env := enginetest.New(t, engine.Options{MeterInterval: 24 * time.Hour}) // the loop stays idle
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const tenant = "default"
+	sb, err := env.Engine.Create(ctx, engine.CreateRequest{Tenant: tenant, Template: "minimal", Cold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := time.Now()
+	tick := func() {
+		t.Helper()
+		end = end.Add(time.Second)
+		if err := env.Engine.MeterTick(ctx, end); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tick() // the first record: its cursors say where counting goes on
+	var ck string
+	for range 2 {
+		c, err := env.Engine.Checkpoint(ctx, engine.CheckpointRequest{Tenant: tenant, Sandbox: sb.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ck = c.ID
+	}
+	if _, err := env.Engine.Restore(ctx, engine.RestoreRequest{Tenant: tenant, Checkpoint: ck}); err != nil {
+		t.Fatal(err)
+	}
+	// Two forwards in the effect journal (what the gateway writes), with
+	// their bytes, and an intent without outcome (not a forward yet).
+	lease, err := env.Log.Acquire(ctx, gateway.Stream(sb.ID), "test", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var evs []eventlog.Event
+	for i, p := range []any{
+		gateway.OutcomePayload{Key: "k1", Status: 200, RequestBytes: 100, ResponseBytes: 1000},
+		gateway.IntentPayload{Key: "k2"},
+		gateway.OutcomePayload{Key: "k2", Status: 502, Error: "upstream: refused", RequestBytes: 7},
+		gateway.IntentPayload{Key: "k3"},
+	} {
+		typ := gateway.EventOutcome
+		if _, ok := p.(gateway.IntentPayload); ok {
+			typ = gateway.EventIntent
+		}
+		b, _ := json.Marshal(p)
+		evs = append(evs, eventlog.Event{Tenant: tenant, ID: fmt.Sprintf("test-effect-%d", i), Type: typ, Version: 1, Payload: b})
+	}
+	if _, err := env.Log.Append(ctx, gateway.Stream(sb.ID), lease.Epoch, eventlog.Any, evs...); err != nil {
+		t.Fatal(err)
+	}
+	env.Restart(t) // the interval's counts die with the old daemon's memory
+	tick()
+	tick()
+	recs, err := env.Engine.UsageRecords(ctx, tenant, time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, r := range recs {
+		if r.Sandbox == sb.ID {
+			got[r.Meter] += r.Quantity
+		}
+	}
+	t.Logf("recorded: %v", got)
+	for meter, want := range map[string]float64{engine.MeterCheckpoints: 2, engine.MeterRestores: 1,
+		engine.MeterEgressRequests: 2, engine.MeterEgressBytes: 1107} {
+		if got[meter] != want {
+			t.Errorf("%s: recorded %v, want %v", meter, got[meter], want)
+		}
 	}
 }

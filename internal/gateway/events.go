@@ -74,6 +74,13 @@ type OutcomePayload struct {
 	// mid-answer; Status is then 502.
 	Error      string `json:"error,omitempty"`
 	DurationNS int64  `json:"duration_ns"`
+	// RequestBytes and ResponseBytes are what usage metering counts for
+	// this forward (Decision.BytesOut and BytesIn): the request body, and
+	// the response body (over the journal's limit: its announced length,
+	// or what was buffered if none). Added within version 1; absent in
+	// outcomes recorded before.
+	RequestBytes  int64 `json:"request_bytes,omitempty"`
+	ResponseBytes int64 `json:"response_bytes,omitempty"`
 }
 
 // ReconcilePayload is the payload of effect.needs_reconciliation, version 1.

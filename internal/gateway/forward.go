@@ -363,6 +363,10 @@ func (h *handler) forward(w http.ResponseWriter, q *request, wr *Writer, attempt
 		}
 	}
 	out.DurationNS = time.Since(start).Nanoseconds()
+	out.RequestBytes, out.ResponseBytes = int64(len(q.body)), int64(len(out.Body))
+	if out.BodyTruncated {
+		out.ResponseBytes = max(out.BodySize, buffered)
+	}
 
 	h.crashpoint(FPAfterSend)
 	if wr != nil {
@@ -380,10 +384,8 @@ func (h *handler) forward(w http.ResponseWriter, q *request, wr *Writer, attempt
 
 	d := q.d
 	d.Kind, d.Status, d.Reason = "forward", out.Status, out.Error
-	d.BytesOut, d.BytesIn = int64(len(q.body)), int64(len(out.Body))
-	if out.BodyTruncated {
-		d.BytesIn = max(out.BodySize, buffered)
-	}
+	d.BytesOut, d.BytesIn = out.RequestBytes, out.ResponseBytes
+	d.Journaled = wr != nil
 	g.report(q.run, d)
 	if out.Error != "" {
 		writeGatewayError(w, out.Status, "upstream", out.Error)

@@ -130,6 +130,9 @@ type Decision struct {
 	// forwarded request's body bytes (a response body over the journal's
 	// limit counts its announced length, or what was buffered if none).
 	BytesIn, BytesOut int64
+	// Journaled is true for a forward whose outcome is in the effect
+	// journal (with its bytes): usage metering counts it from there.
+	Journaled bool
 	// Secrets names the secrets substituted into the request (names only).
 	Secrets []string
 }

@@ -1,0 +1,132 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/gateway"
+)
+
+// Counting meters from the durable facts (see "Counts come from the durable
+// facts" in metering.go).
+
+// cursorsFrom sets m's cursors from rec, the sandbox's newest cpu_seconds
+// record. A record written before records carried cursors means the counts
+// up to now were kept by the older daemon's memory: counting starts at the
+// streams' current heads. Errors leave the cursors unset (tried again at
+// the next interval).
+func (e *Engine) cursorsFrom(ctx context.Context, m *sbxMeter, id string, rec UsageRecord) {
+	if rec.Cursors {
+		m.sbxSeq, m.effSeq, m.cursors = rec.SandboxSeq, rec.EffectsSeq, true
+		return
+	}
+	sb, err := e.log.Bounds(ctx, Stream(id))
+	if err != nil {
+		e.lg.Warn("metering: sandbox stream bounds", "sandbox_id", id, "err", err)
+		return
+	}
+	ef, err := e.log.Bounds(ctx, gateway.Stream(id))
+	if err != nil {
+		e.lg.Warn("metering: effect journal bounds", "sandbox_id", id, "err", err)
+		return
+	}
+	m.sbxSeq, m.effSeq, m.cursors, m.moved = sb.Head, ef.Head, true, true
+}
+
+// logCounts is what one sandbox's streams added since the cursors.
+type logCounts struct {
+	checkpoints, restores  int64
+	egressReq, egressBytes int64
+	sbxSeq, effSeq         uint64
+}
+
+// countLogs reads sandbox id's stream after sbxSeq and its effect journal
+// after effSeq (without the metering lock) and counts what they hold.
+func (e *Engine) countLogs(ctx context.Context, id string, sbxSeq, effSeq uint64) (logCounts, error) {
+	c := logCounts{sbxSeq: sbxSeq, effSeq: effSeq}
+	err := e.readAfter(ctx, Stream(id), &c.sbxSeq, func(typ string, _ json.RawMessage) {
+		switch typ {
+		case EventCheckpointed:
+			c.checkpoints++
+		case EventRestored:
+			c.restores++
+		}
+	})
+	if err != nil {
+		return c, err
+	}
+	err = e.readAfter(ctx, gateway.Stream(id), &c.effSeq, func(typ string, payload json.RawMessage) {
+		if typ != gateway.EventOutcome {
+			return
+		}
+		var o gateway.OutcomePayload
+		if json.Unmarshal(payload, &o) != nil {
+			return
+		}
+		c.egressReq++
+		c.egressBytes += o.RequestBytes + o.ResponseBytes
+	})
+	return c, err
+}
+
+// readAfter calls fn for each event of stream after *seq, a page at a time,
+// moving *seq to the last one read. Events truncated away before metering
+// read them are skipped (retention waits for metering: meterTruncateLimit).
+func (e *Engine) readAfter(ctx context.Context, stream string, seq *uint64, fn func(typ string, payload json.RawMessage)) error {
+	for {
+		evs, err := e.log.Read(ctx, stream, *seq+1, usageReadPage)
+		if errors.Is(err, errdefs.ErrCompacted) {
+			b, berr := e.log.Bounds(ctx, stream)
+			if berr != nil {
+				return berr
+			}
+			e.lg.Warn("metering: events truncated before they were counted", "stream", stream, "from", *seq+1, "first", b.First)
+			*seq = b.First - 1
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			fn(ev.Type, ev.Payload)
+			*seq = ev.Seq
+		}
+		if len(evs) < usageReadPage {
+			return nil
+		}
+	}
+}
+
+// meterTruncateLimit bounds a retention truncation of sandbox id's stream
+// so that it never drops an event metering has not counted yet: it returns
+// the lowest sequence number that must stay, or 0 when metering is off.
+// A sandbox metering does not track at the moment (nothing pending) keeps
+// everything this time: its cursor is in the log, not in memory.
+func (e *Engine) meterTruncateLimit(id string) (keepFrom uint64, known bool) {
+	if e.meterEvery <= 0 {
+		return 0, true
+	}
+	e.meter.mu.Lock()
+	defer e.meter.mu.Unlock()
+	m := e.meter.sbx[id]
+	if m == nil || !m.cursors {
+		return 0, false
+	}
+	return m.sbxSeq + 1, true
+}
+
+// ensureCursors sets the cursors of m, a sandbox only counted in memory so
+// far, from its newest cpu_seconds record. Called with mu held.
+func (e *Engine) ensureCursors(ctx context.Context, id string, m *sbxMeter) {
+	rec, ok, err := e.lastUsage(ctx, m.tenant, id)
+	if err != nil {
+		e.lg.Warn("metering: read last usage record", "sandbox_id", id, "err", err)
+		return
+	}
+	if !ok {
+		rec = UsageRecord{Cursors: true} // never recorded: count from the start
+	}
+	e.cursorsFrom(ctx, m, id, rec)
+}
