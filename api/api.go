@@ -586,6 +586,9 @@ type TenantQuota struct {
 	MaxMilliCPUs       int64   `json:"max_millicpus,omitempty"`
 	MaxCheckpointBytes int64   `json:"max_checkpoint_bytes,omitempty"`
 	RequestsPerSecond  float64 `json:"requests_per_second,omitempty"`
+	// Budgets bound what the tenant may consume per calendar month (UTC),
+	// by meter (see GET /v1/usage), e.g. {"cpu_seconds": 36000}.
+	Budgets map[string]float64 `json:"budgets,omitempty"`
 }
 
 // Session is an agent session (GET /v1/sessions/{id}). Its log is served

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -10,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amber-run/amber/api"
+	"github.com/amber-run/amber/client"
 )
 
 func newTenantCmd(g *globalFlags) *cobra.Command {
@@ -323,10 +325,19 @@ func newTenantQuotaCmd(g *globalFlags) *cobra.Command {
 	var sandboxes int
 	var memory, cpus, ckpt string
 	var rps float64
+	var budgets []string
 	c := &cobra.Command{
-		Use:   "quota TENANT [--max-sandboxes N] [--max-memory 8Gi] [--max-cpus 4] [--max-checkpoint-bytes 50Gi] [--requests-per-second R]",
+		Use:   "quota TENANT [--max-sandboxes N] [--max-memory 8Gi] [--max-cpus 4] [--max-checkpoint-bytes 50Gi] [--requests-per-second R] [--budget METER=N]...",
 		Short: "Show or set a tenant's quota (setting needs the operator's key; 0 means no limit)",
-		Args:  exactArgs(1, "a tenant id"),
+		Long: `Show or set a tenant's quota (setting needs the operator's key; 0 means no limit).
+
+--budget METER=N bounds what the tenant may consume per calendar month (UTC),
+measured by the usage meters (amber usage): e.g. --budget cpu_seconds=36000
+--budget egress_requests=10000. Once a budget is used up the tenant's running
+sandboxes are checkpointed and stopped (nothing is lost) and new work is
+refused with 429 until the month ends or the budget is raised; the next call
+into a stopped sandbox then resumes it. METER=0 removes that budget.`,
+		Args: exactArgs(1, "a tenant id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cl, err := g.client()
 			if err != nil {
@@ -359,6 +370,21 @@ func newTenantQuotaCmd(g *globalFlags) *cobra.Command {
 				if f.Changed("requests-per-second") {
 					q.RequestsPerSecond = rps
 				}
+				for _, b := range budgets {
+					meter, n, ok := strings.Cut(b, "=")
+					v, err := strconv.ParseFloat(strings.TrimSpace(n), 64)
+					if !ok || meter == "" || err != nil || v < 0 {
+						return fmt.Errorf("--budget %q: want METER=N with N ≥ 0, e.g. cpu_seconds=36000", b)
+					}
+					if q.Budgets == nil {
+						q.Budgets = map[string]float64{}
+					}
+					if v == 0 {
+						delete(q.Budgets, meter)
+					} else {
+						q.Budgets[meter] = v
+					}
+				}
 				if q, err = cl.SetTenantQuota(cmd.Context(), args[0], q); err != nil {
 					return err
 				}
@@ -379,6 +405,23 @@ func newTenantQuotaCmd(g *globalFlags) *cobra.Command {
 			fmt.Fprintf(tw, "cpus\t%s\n", lim(q.MaxMilliCPUs, func(v int64) string { return fmt.Sprintf("%g", float64(v)/1000) }))
 			fmt.Fprintf(tw, "checkpoint bytes\t%s\n", lim(q.MaxCheckpointBytes, formatSize))
 			fmt.Fprintf(tw, "requests/s\t%s\n", lim(int64(q.RequestsPerSecond*1000), func(v int64) string { return fmt.Sprintf("%g", q.RequestsPerSecond) }))
+			if len(q.Budgets) > 0 {
+				month := time.Now().UTC().Format("2006-01")
+				used := map[string]float64{}
+				if rep, err := cl.Usage(cmd.Context(), client.UsageQuery{From: month + "-01", Tenant: args[0]}); err == nil {
+					for _, r := range rep.Rows {
+						used[r.Meter] += r.Quantity
+					}
+				}
+				names := make([]string, 0, len(q.Budgets))
+				for m := range q.Budgets {
+					names = append(names, m)
+				}
+				sort.Strings(names)
+				for _, m := range names {
+					fmt.Fprintf(tw, "budget %s\t%g per month (used %.6g in %s)\n", m, q.Budgets[m], used[m], month)
+				}
+			}
 			return tw.Flush()
 		},
 	}
@@ -388,5 +431,6 @@ func newTenantQuotaCmd(g *globalFlags) *cobra.Command {
 	f.StringVar(&cpus, "max-cpus", "", "sum of the sandboxes' CPU limits, e.g. 4 or 500m")
 	f.StringVar(&ckpt, "max-checkpoint-bytes", "", "bytes the tenant's checkpoints may store, e.g. 50Gi")
 	f.Float64Var(&rps, "requests-per-second", 0, "API requests per second (burst: twice as many)")
+	f.StringArrayVar(&budgets, "budget", nil, "METER=N: what the tenant may consume per calendar month (repeatable; N=0 removes it)")
 	return c
 }

@@ -489,6 +489,9 @@ func (e *Engine) RecoverTo(ctx context.Context, tenant, id string, toEvent uint6
 
 // restore restores ck into sandbox target (a new sandbox when target is "").
 func (e *Engine) restore(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress)) (meta.Sandbox, error) {
+	if err := e.checkBudgets(ctx, ck.Tenant); err != nil {
+		return meta.Sandbox{}, err
+	}
 	return e.restoreWith(ctx, ck, target, progress, false)
 }
 
@@ -584,7 +587,7 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 		if resumeIdle && sb.State == meta.StateRunning {
 			return sb, nil // another call resumed it
 		}
-		if resumeIdle && !idleStopped(sb) {
+		if resumeIdle && !suspended(sb) {
 			return sb, errdefs.FailedPreconditionf("sandbox %s is %s, not running", sb.ID, sb.State)
 		}
 		switch sb.State {
@@ -793,9 +796,11 @@ func (e *Engine) retain(ctx context.Context, sb meta.Sandbox) error {
 		}
 		e.auditSystem(ctx, ck.Tenant, "checkpoint.retention_delete", ck.ID, nil)
 	}
-	if keepFrom, known := e.meterTruncateLimit(sb.ID); !known {
-		oldestKept = 0 // metering's cursor is in the log: truncate at a later checkpoint
-	} else if keepFrom > 0 && keepFrom < oldestKept {
+	keepFrom, err := e.meterKeepFrom(ctx, sb.Tenant, sb.ID)
+	if err != nil {
+		return fmt.Errorf("retention: metering cursor of %s: %w", sb.ID, err)
+	}
+	if keepFrom > 0 && keepFrom < oldestKept {
 		oldestKept = keepFrom // not past what metering has yet to count
 	}
 	if oldestKept > 1 {

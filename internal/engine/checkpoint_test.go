@@ -378,9 +378,11 @@ func TestCheckpointCommitFailures(t *testing.T) {
 
 // TestCheckpointRetention keeps the newest two checkpoints and the tagged
 // one, deletes the rest from the store, and truncates the log below the
-// oldest one kept.
+// oldest one kept — but never below what usage metering has yet to count
+// (checkpoints are counted from the log).
 func TestCheckpointRetention(t *testing.T) {
-	env := enginetest.NewFor(t, "gvisor", engine.Options{KeepCheckpoints: 2})
+	// Metering's loop idles; the test closes intervals by hand.
+	env := enginetest.NewFor(t, "gvisor", engine.Options{KeepCheckpoints: 2, MeterInterval: 24 * time.Hour})
 	e := env.Engine
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -388,8 +390,42 @@ func TestCheckpointRetention(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	first := func(id string) uint64 {
+		t.Helper()
+		b, err := env.Log.Bounds(ctx, engine.Stream(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b.First
+	}
+	// Nothing metered yet: retention deletes checkpoints but keeps their
+	// events until an interval has counted them.
+	sb2, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Cold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := e.Checkpoint(ctx, engine.CheckpointRequest{Tenant: "default", Sandbox: sb2.ID}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if f := first(sb2.ID); f != 1 {
+		t.Errorf("the log of %s was truncated to %d before metering counted its checkpoints", sb2.ID, f)
+	}
+	if err := e.MeterTick(ctx, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Checkpoint(ctx, engine.CheckpointRequest{Tenant: "default", Sandbox: sb2.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if f := first(sb2.ID); f == 1 {
+		t.Errorf("the log of %s was not truncated once metering had counted", sb2.ID)
+	}
 	var ids []string
 	for i, tag := range []string{"", "keep-me", "", "", ""} {
+		if err := e.MeterTick(ctx, time.Now()); err != nil {
+			t.Fatal(err)
+		}
 		ck, err := e.Checkpoint(ctx, engine.CheckpointRequest{Tenant: "default", Sandbox: sb.ID, Tag: tag})
 		if err != nil {
 			t.Fatalf("checkpoint %d: %v", i, err)

@@ -153,6 +153,7 @@ type Engine struct {
 	bg           context.Context // background work; set by Start
 	meterEvery   time.Duration
 	meter        metering
+	budget       budgetState // budget.go
 
 	cpuFeatures func() ([]string, error)
 	tmplMu      sync.RWMutex // template_ops.go: a version's removal excludes new sandbox rows

@@ -11,6 +11,9 @@ import (
 // loop by hand).
 func (e *Engine) MeterTick(ctx context.Context, end time.Time) error { return e.meterTick(ctx, end) }
 
+// EnforceBudgets runs what the metering loop runs after each interval.
+func (e *Engine) EnforceBudgets(ctx context.Context) { e.enforceBudgets(ctx) }
+
 // SetUnsentUsage makes evs the tenant's batch whose append failed, as if
 // its answer had been lost.
 func (e *Engine) SetUnsentUsage(tenant string, evs []eventlog.Event) {

@@ -29,6 +29,10 @@ func idleStopped(sb meta.Sandbox) bool {
 	return sb.State == meta.StateStopped && sb.Reason == idleReason
 }
 
+// suspended: stopped by the engine (idle, or a used-up budget: budget.go)
+// and resumed by the next call.
+func suspended(sb meta.Sandbox) bool { return idleStopped(sb) || budgetStopped(sb) }
+
 // touch records activity in sandbox id.
 func (e *Engine) touch(id string) { e.activity.Store(id, time.Now()) }
 
@@ -93,9 +97,12 @@ func (e *Engine) idleLoop(ctx context.Context) {
 	}
 }
 
-// resume restores idle-stopped sb in place from its latest checkpoint,
-// unless another call did already.
+// resume restores suspended sb in place from its latest checkpoint, unless
+// another call did already — if its tenant's budgets allow.
 func (e *Engine) resume(ctx context.Context, sb meta.Sandbox) (meta.Sandbox, error) {
+	if err := e.checkBudgets(ctx, sb.Tenant); err != nil {
+		return sb, err
+	}
 	ck, err := e.latestCheckpoint(ctx, sb.ID)
 	if err != nil {
 		return sb, err

@@ -77,7 +77,7 @@ import (
 // cursor: every event that was acknowledged before the crash is counted
 // once, in the interval after the one recorded last. Retention never
 // truncates a sandbox stream past the events metering has not read yet
-// (meterTruncateLimit). Only what the journal does not hold is counted in
+// (meterKeepFrom). Only what the journal does not hold is counted in
 // memory: proxied non-HTTP streams (counted when they close) and forwards
 // made with the journal turned off; those of the open interval are lost
 // if the daemon dies (and the daemon's death cut the streams themselves).
@@ -350,6 +350,7 @@ func (e *Engine) meterLoop(ctx context.Context) {
 		if err := e.meterTick(ctx, next); err != nil && ctx.Err() == nil {
 			e.lg.Warn("metering", "err", err)
 		}
+		e.enforceBudgets(ctx)
 	}
 }
 

@@ -73,7 +73,7 @@ func (e *Engine) countLogs(ctx context.Context, id string, sbxSeq, effSeq uint64
 
 // readAfter calls fn for each event of stream after *seq, a page at a time,
 // moving *seq to the last one read. Events truncated away before metering
-// read them are skipped (retention waits for metering: meterTruncateLimit).
+// read them are skipped (retention waits for metering: meterKeepFrom).
 func (e *Engine) readAfter(ctx context.Context, stream string, seq *uint64, fn func(typ string, payload json.RawMessage)) error {
 	for {
 		evs, err := e.log.Read(ctx, stream, *seq+1, usageReadPage)
@@ -99,22 +99,31 @@ func (e *Engine) readAfter(ctx context.Context, stream string, seq *uint64, fn f
 	}
 }
 
-// meterTruncateLimit bounds a retention truncation of sandbox id's stream
-// so that it never drops an event metering has not counted yet: it returns
-// the lowest sequence number that must stay, or 0 when metering is off.
-// A sandbox metering does not track at the moment (nothing pending) keeps
-// everything this time: its cursor is in the log, not in memory.
-func (e *Engine) meterTruncateLimit(id string) (keepFrom uint64, known bool) {
+// meterKeepFrom bounds a retention truncation of sandbox id's stream so
+// that it never drops an event metering has not counted yet: it returns
+// the lowest sequence number that must stay (0: no bound — metering off,
+// or the sandbox's counts were kept by a daemon of before the cursors).
+func (e *Engine) meterKeepFrom(ctx context.Context, tenant, id string) (uint64, error) {
 	if e.meterEvery <= 0 {
-		return 0, true
+		return 0, nil
 	}
 	e.meter.mu.Lock()
-	defer e.meter.mu.Unlock()
-	m := e.meter.sbx[id]
-	if m == nil || !m.cursors {
-		return 0, false
+	if m := e.meter.sbx[id]; m != nil && m.cursors {
+		defer e.meter.mu.Unlock()
+		return m.sbxSeq + 1, nil
 	}
-	return m.sbxSeq + 1, true
+	e.meter.mu.Unlock()
+	// Not tracked now: its cursor is in its newest cpu_seconds record.
+	rec, ok, err := e.lastUsage(ctx, tenant, id)
+	switch {
+	case err != nil:
+		return 0, err
+	case !ok:
+		return 1, nil // nothing counted yet
+	case !rec.Cursors:
+		return 0, nil
+	}
+	return rec.SandboxSeq + 1, nil
 }
 
 // ensureCursors sets the cursors of m, a sandbox only counted in memory so

@@ -37,7 +37,7 @@ func (e *Engine) enter(ctx context.Context, tenant, id string) (meta.Sandbox, fu
 		if err != nil {
 			return sb, nil, err
 		}
-		if idleStopped(sb) && attempt < 3 {
+		if suspended(sb) && attempt < 3 {
 			if _, err := e.resume(ctx, sb); err != nil {
 				return sb, nil, err
 			}
@@ -107,6 +107,9 @@ func (e *Engine) Exec(ctx context.Context, tenant, id string, spec sandbox.ExecS
 	if err := validateExec(spec); err != nil {
 		return sandbox.ExitStatus{}, err
 	}
+	if err := e.checkBudgets(ctx, tenant); err != nil {
+		return sandbox.ExitStatus{}, err
+	}
 	sb, unlock, err := e.enter(ctx, tenant, id)
 	if err != nil {
 		return sandbox.ExitStatus{}, err
@@ -124,6 +127,9 @@ func (e *Engine) Exec(ctx context.Context, tenant, id string, spec sandbox.ExecS
 // its sandbox-side PID.
 func (e *Engine) StartProcess(ctx context.Context, tenant, id string, spec sandbox.ExecSpec) (int, error) {
 	if err := validateExec(spec); err != nil {
+		return 0, err
+	}
+	if err := e.checkBudgets(ctx, tenant); err != nil {
 		return 0, err
 	}
 	sb, unlock, err := e.enter(ctx, tenant, id)
@@ -185,7 +191,7 @@ func (e *Engine) Files(ctx context.Context, tenant, id string) (sandbox.FS, erro
 	if sb.State == meta.StateDestroyed || sb.State == meta.StateCreating {
 		return nil, errdefs.FailedPreconditionf("sandbox %s is %s", id, sb.State)
 	}
-	if idleStopped(sb) {
+	if suspended(sb) {
 		if _, err := e.resume(ctx, sb); err != nil {
 			return nil, err
 		}

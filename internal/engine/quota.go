@@ -15,7 +15,8 @@ import (
 // checkpoint bytes under its quota. Exceeding one is
 // errdefs.ErrResourceExhausted (HTTP 429) naming the quota. The check and
 // the new sandbox's row are made under the tenant's quota lock, so
-// concurrent creates cannot both pass the last free slot.
+// concurrent creates cannot both pass the last free slot. Usage budgets,
+// quotas enforced from the meters, are in budget.go.
 
 // QuotaObserver is an Observer that also counts quota refusals (found by
 // type assertion; internal/metrics is one).
@@ -46,6 +47,9 @@ func (e *Engine) TenantQuota(ctx context.Context, tenant string) (meta.TenantQuo
 
 // SetTenantQuota sets tenant's quota (the operator's call).
 func (e *Engine) SetTenantQuota(ctx context.Context, tenant string, q meta.TenantQuota) error {
+	if err := checkBudgetNames(q); err != nil {
+		return err
+	}
 	return e.meta.SetTenantQuota(ctx, tenant, q)
 }
 
@@ -55,6 +59,9 @@ func (e *Engine) SetTenantQuota(ctx context.Context, tenant string, q meta.Tenan
 // sandbox's row exists; without one, it locks nothing (creates of a tenant
 // without quota run in parallel).
 func (e *Engine) reserveSandbox(ctx context.Context, tenant string, l sandbox.Limits) (release func(), err error) {
+	if err := e.checkBudgets(ctx, tenant); err != nil {
+		return nil, err
+	}
 	q, err := e.meta.TenantQuota(ctx, tenant)
 	if err != nil {
 		return nil, err
