@@ -19,6 +19,7 @@ package metrics
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -110,7 +111,7 @@ func (x *Metrics) Restore(driver, kind string, d time.Duration) {
 
 // Request records one API request.
 func (x *Metrics) Request(route string, code int, d time.Duration) {
-	x.httpRequests.WithLabelValues(route, http.StatusText(code)).Inc()
+	x.httpRequests.WithLabelValues(route, strconv.Itoa(code)).Inc()
 	x.httpSeconds.WithLabelValues(route).Observe(d.Seconds())
 }
 

@@ -60,8 +60,8 @@ func TestMetricsAndReady(t *testing.T) {
 	}
 	wants := []string{
 		`amber_sandboxes{state="running"} 1`,
-		`amber_http_requests_total{code="Created",route="POST /v1/sandboxes"} 1`,
-		`amber_http_requests_total{code="OK",route="POST /v1/sandboxes/{id}/checkpoints"} 1`,
+		`amber_http_requests_total{code="201",route="POST /v1/sandboxes"} 1`,
+		`amber_http_requests_total{code="200",route="POST /v1/sandboxes/{id}/checkpoints"} 1`,
 		`amber_http_request_seconds_count{route="POST /v1/sandboxes"} 1`,
 		`amber_checkpoints_total{driver="gvisor",outcome="ok"} 1`,
 		`amber_checkpoint_frozen_seconds_count{driver="gvisor"} 1`,
