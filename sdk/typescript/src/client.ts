@@ -606,7 +606,8 @@ export class Client {
             yield item;
           }
         } catch (e) {
-          if (ac.signal.aborted || (e instanceof AmberError && (e.status !== undefined || e.kind !== "unavailable"))) throw e;
+          if (ac.signal.aborted) throw o.signal?.aborted ? o.signal.reason : e;
+          if (e instanceof AmberError && (e.status !== undefined || e.kind !== "unavailable")) throw e;
           if (!reconnect || ++failures > maxRetries) {
             throw e instanceof AmberError ? e : new AmberError("unavailable", `stream broke: ${errText(e)}`, undefined, { cause: e });
           }
