@@ -78,7 +78,9 @@ func TestE2ETypeScriptSDK(t *testing.T) {
 		t.Fatal("tsc made no test files")
 	}
 
-	cmd := exec.Command(node, append([]string{"--test", "--test-reporter=tap"}, tests...)...)
+	// Two test files at a time: the OpenAPI generation (CPU) overlaps
+	// the sandbox suites (mostly waiting on the daemon).
+	cmd := exec.Command(node, append([]string{"--test", "--test-reporter=tap", "--test-concurrency=2"}, tests...)...)
 	cmd.Dir = work
 	cmd.Env = append(os.Environ(), "AMBER_ADDR="+addr, "AMBER_TOKEN="+strings.TrimSpace(string(key)),
 		"AMBER_OPENAPI="+filepath.Join(root, "api", "openapi.json"))

@@ -129,8 +129,12 @@ describe("sandboxes", { skip: skipLive }, () => {
     });
 
     const phases: string[] = [];
-    const ck = await c.checkpoint(sb.id, { tag: "ts-sdk", onProgress: (p) => phases.push(p.phase) });
+    const ckKey = unique("ts-ckpt");
+    const ck = await c.checkpoint(sb.id, { tag: "ts-sdk", idempotencyKey: ckKey, onProgress: (p) => phases.push(p.phase) });
     assert.equal(ck.state, "committed");
+    // A retry with the key is answered from the record: the same checkpoint, no second cut.
+    assert.equal((await c.checkpoint(sb.id, { tag: "ts-sdk", idempotencyKey: ckKey })).id, ck.id);
+    assert.equal((await c.checkpoints(sb.id)).filter((x) => x.tag === "ts-sdk").length, 1);
     assert.equal(ck.sandbox_id, sb.id);
     assert.equal(ck.tag, "ts-sdk");
     assert.ok(phases.includes("upload"), `progress phases ${JSON.stringify(phases)}`);
