@@ -559,8 +559,9 @@ export class Client {
    * happen, until the caller stops iterating or aborts. Reconnects after
    * a break, from the event after the last one seen.
    */
-  async *followEvents(id: string, o: FollowOptions & { from?: number } = {}): AsyncGenerator<Event> {
+  async *followEvents(id: string, o: FollowOptions & { from?: number; onReconnect?: (next: number, attempt: number) => void } = {}): AsyncGenerator<Event> {
     let next = o.from ?? 1;
+    const onRetry = (attempt: number) => o.onReconnect?.(next, attempt);
     yield* this.#follow(o, async (signal) => {
       const resp = await this.request("listEvents", {
         params: { id },
@@ -571,11 +572,12 @@ export class Client {
       return (async function* () {
         for await (const f of ndjson<Event & Schemas["Error"]>(resp.body!)) {
           if (f.error) throw new AmberError(f.error.kind, f.error.message);
+          if (f.seq < next) continue; // never twice
           next = f.seq + 1;
           yield f as Event;
         }
       })();
-    });
+    }, onRetry);
   }
 
   /** The outbound requests of a sandbox's egress journal. */
@@ -733,7 +735,8 @@ export class Client {
 /**
  * The output of a running command. Iterate it for chunks as they arrive
  * (each is also kept for result()), or await result() for all of it.
- * Iterating twice, or after result(), yields nothing more.
+ * Iterating twice, or after result(), yields nothing more; breaking out of
+ * the iteration closes the stream (the command's exit is then unknown).
  */
 export class Execution implements AsyncIterable<ExecChunk> {
   #start: () => Promise<Response>;

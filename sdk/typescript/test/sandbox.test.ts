@@ -2,7 +2,8 @@
 // and idempotency keys, against a real daemon (see env.ts).
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { AmberError, type Event, type Sandbox } from "../src/index.js";
+import { AmberError, Client, type Event, type Sandbox } from "../src/index.js";
+import { CuttableProxy } from "./proxy.js";
 import { eventually, operator, skipLive, text, unique } from "./env.js";
 
 // A shell loop whose first field is a random number drawn once, in memory:
@@ -84,6 +85,48 @@ describe("sandboxes", { skip: skipLive }, () => {
       yield new TextEncoder().encode("b\n");
     }
     assert.equal((await c.run(sb.id, ["wc", "-l"], { stdin: gen() })).text.trim(), "2");
+  });
+
+  test("an aborted exec rejects with the abort's reason", async () => {
+    const ac = new AbortController();
+    const ex = c.exec(sb.id, ["sh", "-c", "echo started; sleep 60"], { signal: ac.signal });
+    const why = new Error("caller gave up");
+    await assert.rejects(
+      (async () => {
+        for await (const chunk of ex) if (text(chunk.data).includes("started")) ac.abort(why);
+      })(),
+      (e) => e === why,
+    );
+    assert.equal(ex.exit, undefined);
+  });
+
+  test("followed events resume after a cut connection, each once", async () => {
+    // A cold sandbox's log holds its creation; its destruction is appended
+    // after the connection was cut, so only a reconnection can see it.
+    const cold = await c.createSandbox({ template: "minimal", cold: true });
+    const proxy = await CuttableProxy.start(process.env.AMBER_ADDR!);
+    try {
+      const via = new Client({ addr: proxy.addr, token: process.env.AMBER_TOKEN! });
+      const got: Event[] = [];
+      const resumedAt: number[] = [];
+      for await (const ev of via.followEvents(cold.id, { retryDelayMs: 50, onReconnect: (next) => resumedAt.push(next) })) {
+        got.push(ev);
+        if (got.length === 1) {
+          proxy.cut();
+          await c.destroySandbox(cold.id);
+        }
+        if (ev.type === "sandbox.destroyed") break;
+      }
+      const want = (await c.events(cold.id)).events;
+      assert.deepEqual(got.map((e) => [e.seq, e.id]), want.map((e) => [e.seq, e.id]));
+      assert.ok(proxy.connections >= 2, "never reconnected");
+      assert.ok(resumedAt.length >= 1 && resumedAt.every((n) => n >= 2), JSON.stringify(resumedAt));
+      const resumed = proxy.heads.slice(1).map((h) => h.split("\r\n")[0]!);
+      assert.ok(resumed.some((l) => /[?&]from=([2-9]|\d\d+)[& ]/.test(l)), JSON.stringify(resumed));
+    } finally {
+      await proxy.close();
+      await c.destroySandbox(cold.id).catch(() => {});
+    }
   });
 
   test("exec errors", async () => {
