@@ -183,7 +183,8 @@ function sleep(ms: number, signal?: AbortSignal): Promise<void> {
 
 type Query = Record<string, string | number | boolean | string[] | undefined>;
 
-interface RequestSpec {
+/** What request() sends: path parameters, query, a JSON or raw body, headers. */
+export interface RequestSpec {
   params?: Record<string, string | number>;
   query?: Query;
   /** A JSON value, or raw bytes / a stream with contentType. */
@@ -259,7 +260,11 @@ export class Client {
     return this.baseURL + path + (s ? "?" + s : "");
   }
 
-  /** Sends one operation; resolves to its 2xx response, else rejects with the API's error. */
+  /**
+   * Sends one operation (by operationId, see OPERATIONS); resolves to its
+   * 2xx response, else rejects with the API's error. The typed methods
+   * use it; it is public for operations they do not cover.
+   */
   async request(op: OperationId, spec: RequestSpec = {}): Promise<Response> {
     const [method] = OPERATIONS[op];
     const url = this.#url(op, spec.params, spec.query);

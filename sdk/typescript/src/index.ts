@@ -29,6 +29,7 @@ export type {
   Process,
   Progress,
   ProgressOptions,
+  RequestSpec,
   Sandbox,
   Session,
   SessionDefinition,
