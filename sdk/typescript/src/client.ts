@@ -472,7 +472,7 @@ export class Client {
     });
   }
 
-  /** A tar archive of the tree at path, as a stream. */
+  /** A tar archive of the tree at path, as a stream; its entries are named from path's last element ("dir/…"). */
   async getTar(id: string, path: string, o: CallOptions = {}): Promise<ReadableStream<Uint8Array>> {
     const resp = await this.request("getTar", { params: { id }, query: { path }, signal: o.signal });
     if (!resp.body) throw new AmberError("internal", "getTar: empty answer");

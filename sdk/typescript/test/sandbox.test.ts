@@ -152,6 +152,14 @@ describe("sandboxes", { skip: skipLive }, () => {
     assert.equal(st.mode, "0600");
     // What a file says inside the sandbox is what the API wrote.
     assert.equal((await c.run(sb.id, ["cat", "/root/note.txt"])).text, "written by typescript\n");
+    // A tree as a tar, streamed out of one directory and into another.
+    await c.mkdir(sb.id, "/root/tree/sub");
+    await c.writeFile(sb.id, "/root/tree/sub/leaf.txt", "leaf\n");
+    await c.putTar(sb.id, "/root/copy", await c.getTar(sb.id, "/root/tree"));
+    // Entries are named from the directory's own name (tree/sub/leaf.txt).
+    assert.equal(await c.readText(sb.id, "/root/copy/tree/sub/leaf.txt"), "leaf\n");
+    await c.remove(sb.id, "/root/tree", { recursive: true });
+    await c.remove(sb.id, "/root/copy", { recursive: true });
     await c.mkdir(sb.id, "/root/d/e");
     assert.equal((await c.stat(sb.id, "/root/d/e")).type, "dir");
     await c.remove(sb.id, "/root/d", { recursive: true });
