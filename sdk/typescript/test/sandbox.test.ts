@@ -231,6 +231,15 @@ describe("sandboxes", { skip: skipLive }, () => {
     const listed = await c.events(sb.id);
     assert.deepEqual(listed.events.slice(0, seqs.length).map((e) => e.seq), seqs);
 
+    // Back to an earlier event: a second checkpoint exists, but recovering
+    // to the first one's event picks the first.
+    await c.writeFile(sb.id, "/root/state.txt", "at the second checkpoint\n");
+    const ck2 = await c.checkpoint(sb.id, { tag: "ts-sdk-2" });
+    assert.ok(ck.event_seq && ck2.event_seq && ck2.event_seq > ck.event_seq, `event_seq ${ck.event_seq} then ${ck2.event_seq}`);
+    const earlier = await c.recover(sb.id, { toEvent: ck.event_seq });
+    assert.equal(earlier.origin, ck.id);
+    assert.equal(await c.readText(sb.id, "/root/state.txt"), "before the checkpoint\n");
+
     if ((await c.info()).driver === "gvisor") {
       // A fork of the same checkpoint: a new sandbox with the old state.
       const fork = await c.restore(ck.id, { asNew: true });
