@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,14 +49,12 @@ func TestE2ETypeScriptSDK(t *testing.T) {
 		t.Skipf("no %s: run scripts/setup/tssdk-deps.sh", deps)
 	}
 
-	bin, dir := e2eSetup(t)
-	addr := freeAddr(t)
-	d := startDaemon(t, bin, dir, addr, "--pool", "0")
-	key, err := os.ReadFile(filepath.Join(dir, "admin.key"))
-	if err != nil {
-		t.Fatal(err)
+	if testing.Short() {
+		t.Skip("end-to-end test; skipped with -short")
 	}
 
+	// Compile while the daemon starts: the package as published (dist/,
+	// what "exports" names), then the tests.
 	work := t.TempDir()
 	for _, f := range []string{"package.json", "package-lock.json", "tsconfig.json", "tsconfig.test.json", "src", "test"} {
 		if out, err := exec.Command("cp", "-r", filepath.Join(pkg, f), work).CombinedOutput(); err != nil {
@@ -65,13 +64,37 @@ func TestE2ETypeScriptSDK(t *testing.T) {
 	if err := os.Symlink(deps, filepath.Join(work, "node_modules")); err != nil {
 		t.Fatal(err)
 	}
-	// The package as published (dist/, what "exports" names), then the tests.
-	for _, cfg := range []string{"tsconfig.json", "tsconfig.test.json"} {
-		tsc := exec.Command(node, filepath.Join(work, "node_modules", "typescript", "bin", "tsc"), "-p", cfg)
-		tsc.Dir = work
-		if out, err := tsc.CombinedOutput(); err != nil {
-			t.Fatalf("tsc -p %s: %v\n%s", cfg, err, out)
+	compiled := make(chan error, 1)
+	go func() {
+		for _, cfg := range []string{"tsconfig.json", "tsconfig.test.json"} {
+			tsc := exec.Command(node, filepath.Join(work, "node_modules", "typescript", "bin", "tsc"), "-p", cfg)
+			tsc.Dir = work
+			if out, err := tsc.CombinedOutput(); err != nil {
+				compiled <- fmt.Errorf("tsc -p %s: %v\n%s", cfg, err, out)
+				return
+			}
 		}
+		compiled <- nil
+	}()
+	var compileErr error
+	compileDone := false
+	wait := func() error {
+		if !compileDone {
+			compileErr, compileDone = <-compiled, true
+		}
+		return compileErr
+	}
+	t.Cleanup(func() { wait() }) // before work is removed, also when skipped
+
+	bin, dir := e2eSetup(t)
+	addr := freeAddr(t)
+	d := startDaemon(t, bin, dir, addr, "--pool", "0")
+	key, err := os.ReadFile(filepath.Join(dir, "admin.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(); err != nil {
+		t.Fatal(err)
 	}
 	tests, _ := filepath.Glob(filepath.Join(work, "build-test", "test", "*.test.js"))
 	if len(tests) == 0 {
