@@ -98,7 +98,9 @@ export interface FollowOptions extends CallOptions {
   /**
    * Reconnect when the connection breaks or the daemon closes the stream
    * (a restart), resuming after the last event seen: nothing is missed,
-   * nothing repeated (default true). An HTTP error is never retried.
+   * nothing repeated (default true). Only "unavailable" answers (a daemon
+   * refusing connections, 502, 503, 504) are retried; any other error of
+   * the API ends the stream.
    */
   reconnect?: boolean;
   /** Consecutive failed connection attempts before giving up (default 10). */
@@ -592,8 +594,8 @@ export class Client {
 
   /**
    * Runs connect (a stream of items) until the caller stops, reconnecting
-   * after a break with backoff. HTTP errors (AmberError with a status) and
-   * errors inside the stream end it.
+   * after a break with backoff (FollowOptions). The API's errors other than
+   * "unavailable", in the answer or inside the stream, end it.
    */
   async *#follow<T>(o: FollowOptions, connect: (signal: AbortSignal) => Promise<AsyncGenerator<T>>, onRetry?: (attempt: number) => void): AsyncGenerator<T> {
     const reconnect = o.reconnect ?? true;
@@ -602,7 +604,8 @@ export class Client {
     let failures = 0;
     const ac = new AbortController();
     const onAbort = () => ac.abort(o.signal?.reason);
-    o.signal?.addEventListener("abort", onAbort, { once: true });
+    if (o.signal?.aborted) onAbort();
+    else o.signal?.addEventListener("abort", onAbort, { once: true });
     try {
       for (;;) {
         try {
@@ -614,7 +617,9 @@ export class Client {
           }
         } catch (e) {
           if (ac.signal.aborted) throw o.signal?.aborted ? o.signal.reason : e;
-          if (e instanceof AmberError && (e.status !== undefined || e.kind !== "unavailable")) throw e;
+          // A daemon that is restarting (refused, 502/503/504) is worth
+          // another try; any other answer of the API is final.
+          if (e instanceof AmberError && !(e.kind === "unavailable" || e.status === 502 || e.status === 503 || e.status === 504)) throw e;
           if (!reconnect || ++failures > maxRetries) {
             throw e instanceof AmberError ? e : new AmberError("unavailable", `stream broke: ${errText(e)}`, undefined, { cause: e });
           }
