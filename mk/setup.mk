@@ -5,7 +5,8 @@
 #   make setup        what `amber` needs to run: runsc, criu (+ sysctl),
 #                     the minimal and python templates
 #   make setup-test   setup + PostgreSQL and MinIO for the store tests,
-#                     kubeconform for the Kubernetes manifests (deploy/)
+#                     kubeconform for the Kubernetes manifests (deploy/),
+#                     the TypeScript SDK's npm dev dependencies
 #   make setup-extended  the chromium and postgres templates of
 #                     `make test-extended`
 #   make setup-<x>    one component
@@ -22,18 +23,22 @@ SETUP_SCRIPTS := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../scripts/setup)
 _setup_mk_default_goal := $(.DEFAULT_GOAL)
 
 .PHONY: setup setup-test setup-runsc setup-criu setup-sysctl setup-minimal \
-	setup-python-template setup-postgres setup-minio setup-build-deps setup-test-deps \
+	setup-python-template setup-postgres setup-minio setup-build-deps setup-test-deps setup-tssdk-deps \
 	setup-extended setup-chromium-template setup-postgres-template setup-kubeconform
 
 setup: setup-build-deps setup-runsc setup-criu setup-sysctl setup-minimal setup-python-template
 
-setup-test: setup setup-postgres setup-minio setup-test-deps setup-kubeconform
+setup-test: setup setup-postgres setup-minio setup-test-deps setup-tssdk-deps setup-kubeconform
 
 setup-kubeconform:
 	$(SETUP_SCRIPTS)/kubeconform.sh
 
 setup-test-deps:
 	$(SETUP_SCRIPTS)/test-deps.sh
+
+# npm ci of sdk/typescript's dev dependencies into $(AMBER_CACHE)/npm (its tests).
+setup-tssdk-deps:
+	$(SETUP_SCRIPTS)/tssdk-deps.sh
 
 setup-extended: setup-chromium-template setup-postgres-template
 
