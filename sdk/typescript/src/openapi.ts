@@ -1157,6 +1157,10 @@ export interface components {
             /** Format: int64 */
             max_checkpoint_bytes?: number;
             requests_per_second?: number;
+            /** @description What the tenant may consume per calendar month (UTC), by usage meter name (cpu_seconds, memory_gib_seconds, egress_requests, egress_bytes, checkpoints, restores, checkpoint_storage_gib_hours, model_input_tokens, model_output_tokens). Once one is used up, the tenant's running sandboxes are checkpointed and stopped and new work is refused with 429 until the month ends or the budget is raised. */
+            budgets?: {
+                [key: string]: number;
+            };
         };
         EgressMode: {
             dest: string;
