@@ -21,15 +21,19 @@ SETUP_SCRIPTS := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../scripts/setup)
 _setup_mk_default_goal := $(.DEFAULT_GOAL)
 
 .PHONY: setup setup-test setup-runsc setup-criu setup-sysctl setup-minimal \
-	setup-python-template setup-postgres setup-minio setup-build-deps setup-test-deps \
+	setup-python-template setup-postgres setup-minio setup-build-deps setup-test-deps setup-browser-deps \
 	setup-extended setup-chromium-template setup-postgres-template
 
 setup: setup-build-deps setup-runsc setup-criu setup-sysctl setup-minimal setup-python-template
 
-setup-test: setup setup-postgres setup-minio setup-test-deps
+setup-test: setup setup-postgres setup-minio setup-test-deps setup-browser-deps
 
 setup-test-deps:
 	$(SETUP_SCRIPTS)/test-deps.sh
+
+# Debian's chromium for the console's browser tests (cmd/amber TestE2EConsole).
+setup-browser-deps:
+	$(SETUP_SCRIPTS)/browser-deps.sh
 
 setup-extended: setup-chromium-template setup-postgres-template
 
