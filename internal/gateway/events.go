@@ -74,6 +74,10 @@ type OutcomePayload struct {
 	// mid-answer; Status is then 502.
 	Error      string `json:"error,omitempty"`
 	DurationNS int64  `json:"duration_ns"`
+	// Reconciled is set on an outcome an operator recorded for an effect
+	// that needed reconciliation (Gateway.Reconcile): their note on what
+	// they found. The upstream was not contacted.
+	Reconciled string `json:"reconciled,omitempty"`
 }
 
 // ReconcilePayload is the payload of effect.needs_reconciliation, version 1.
