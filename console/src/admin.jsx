@@ -7,17 +7,17 @@ const TABS = ['Tenants', 'Keys', 'Quotas', 'Audit']
 // Admin: tenants, their API keys and quotas, and the audit trail with its
 // verification status. Shown only to a key with scope admin (the routes
 // refuse the others anyway).
-export function Admin({ tab }) {
+export function Admin({ tab, sel }) {
   const cur = TABS.find((t) => t.toLowerCase() === tab) || 'Tenants'
   const [tenants, err, reload] = useLoad(() => get('/v1/tenants'), [], 10000)
-  const [sel, setSel] = useState('')
   const ts = (tenants && tenants.tenants) || []
   const tenant = sel || (ts[0] && ts[0].id) || ''
+  const setSel = (t) => { location.hash = '/admin/' + cur.toLowerCase() + '/' + esc(t) }
   return (
     <section>
       <h2>Admin</h2>
       <Err err={err} />
-      <Tabs tabs={TABS} cur={cur} onPick={(t) => { location.hash = '/admin/' + t.toLowerCase() }} />
+      <Tabs tabs={TABS} cur={cur} onPick={(t) => { location.hash = '/admin/' + t.toLowerCase() + (sel ? '/' + esc(sel) : '') }} />
       {cur !== 'Tenants' && (
         <div class="facts">tenant <select data-testid="admin-tenant" value={tenant} onChange={(e) => setSel(e.target.value)}>{ts.map((t) => <option value={t.id}>{t.id}</option>)}</select></div>
       )}

@@ -71,7 +71,7 @@ function App() {
   if (parts[0] === 'sessions' && parts[1]) page = <SessionPage id={decodeURIComponent(parts[1])} />
   else if (parts[0] === 'sandboxes' && parts[1]) page = <SandboxPage id={decodeURIComponent(parts[1])} tab={parts[2]} />
   else if (parts[0] === 'sandboxes') page = <Sandboxes />
-  else if (parts[0] === 'admin') page = admin ? <Admin tab={parts[1]} /> : <div class="error">The admin pages need a key with scope admin.</div>
+  else if (parts[0] === 'admin') page = admin ? <Admin tab={parts[1]} sel={parts[2] && decodeURIComponent(parts[2])} /> : <div class="error">The admin pages need a key with scope admin.</div>
   else page = <Sessions />
   const on = (p) => (parts[0] === p ? 'on' : '')
   return (

@@ -159,7 +159,7 @@ function Checkpoints({ id, sb, reload }) {
     <li class="ck" data-testid="checkpoint" data-id={n.c.id}>
       <div class="ck-line">
         <b>{n.c.tag || short(n.c.id)}</b> <Badge v={n.c.state} />
-        <span class="muted"> cut at event #{n.c.event_seq || n.c.seq} · {n.c.reason || ''} · template {n.c.template}@{short(n.c.template_version)} · {when(n.c.created)}</span>
+        <span class="muted"> cut at event #{n.c.event_seq || n.c.seq}{n.c.reason ? ' · ' + n.c.reason : ''} · template {n.c.template}@{short(n.c.template_version)} · {when(n.c.created)}</span>
         <span class="ck-actions">
           <button data-testid="restore" disabled={!!busy || n.c.state !== 'committed'} onClick={() => run('restore', '/v1/checkpoints/' + esc(n.c.id) + '/restore', {})}>Restore</button>
           <button data-testid="fork" disabled={!!busy || n.c.state !== 'committed'} onClick={() => run('fork', '/v1/checkpoints/' + esc(n.c.id) + '/restore', { as_new: true },

@@ -54,7 +54,7 @@ function summary(ev) {
     case 'session.checkpointed': return `checkpoint ${p.checkpoint} after #${p.after_seq}`
     case 'session.sandbox_created': return `sandbox ${p.sandbox} (${p.template})`
     case 'session.sandbox_restored': return `sandbox ${p.sandbox} from ${p.checkpoint || 'its template'}: ${p.reason}` + (p.rerun && p.rerun.length ? ` (re-ran ${p.rerun.join(', ')})` : '')
-    case 'session.model_request_started': return `call ${p.call} attempt ${p.attempt} (${p.model})`
+    case 'session.model_request_started': return `call ${p.call} attempt ${p.attempt}` + (p.model ? ` (${p.model})` : '')
     case 'session.model_request_ended': return `call ${p.call}: ${p.usage ? p.usage.input_tokens + ' in / ' + p.usage.output_tokens + ' out' : ''}`
     case 'session.divergence': case 'session.error': return JSON.stringify(p)
     default: return JSON.stringify(p).slice(0, 100)

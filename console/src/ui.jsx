@@ -62,7 +62,7 @@ export function Tabs({ tabs, cur, onPick }) {
 export function Graph({ title, points, fmt, max, testid }) {
   const w = 260, h = 70
   const vals = points.map((p) => p.v)
-  const top = Math.max(max || 0, ...vals, 1e-9)
+  const top = Math.max(max || 0, ...vals.map((v) => v * 1.25), 1e-9)
   const step = points.length > 1 ? w / (points.length - 1) : w
   const d = points.map((p, i) => `${i ? 'L' : 'M'}${(i * step).toFixed(1)},${(h - (p.v / top) * (h - 4) - 2).toFixed(1)}`).join(' ')
   const lastV = vals.length ? vals[vals.length - 1] : null
