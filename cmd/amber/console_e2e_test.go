@@ -4,10 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +20,7 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/client"
+	"github.com/amber-run/amber/internal/enginetest"
 )
 
 // consoleScript: two turns, each a command that changes the sandbox (so the
@@ -178,7 +183,15 @@ func (b *browser) signIn(key string) {
 func TestE2EConsole(t *testing.T) {
 	bin, dir := e2eSetup(t)
 	addr := freeAddr(t)
-	d := startDaemon(t, bin, dir, addr, "--pool", "0")
+	// A shop on loopback that sandboxes reach by name through the gateway.
+	var shopHits atomic.Int64
+	shop := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		shopHits.Add(1)
+		fmt.Fprintf(w, "item-%d\n", shopHits.Load())
+	}))
+	defer shop.Close()
+	shopPort := shop.Listener.Addr().(*net.TCPAddr).Port
+	d := startDaemon(t, bin, dir, addr, "--pool", "0", "--egress-host", "shop.test=127.0.0.1")
 	base := "http://" + addr
 
 	d.must("tenant", "create", "acme")
@@ -351,6 +364,30 @@ func TestE2EConsole(t *testing.T) {
 	b.click(`[data-testid=file][data-name=step] [data-testid=file-open]`)
 	b.wait("/tmp/step's content", `document.querySelector('[data-testid=file-content]')?.innerText.trim() === 'one'`, 30*time.Second)
 	b.shot("09-files")
+
+	// The effect journal: a request forwarded to the shop, then (after the
+	// sandbox is recovered to the cut before it) the same request of the
+	// re-run answered from the journal — the shop sees it once.
+	if enginetest.DriverName() == "gvisor" { // egress plumbing is wired for gvisor
+		dest := fmt.Sprintf("shop.test:%d", shopPort)
+		fx := strings.TrimSpace(as(keyA, "sandbox", "create", "--template", "minimal", "--egress-allow", dest))
+		as(keyA, "checkpoint", fx)
+		get := []string{"exec", fx, "--", "wget", "-q", "-O", "-", "http://" + dest + "/item"}
+		if out := as(keyA, get...); !strings.Contains(out, "item-1") {
+			t.Fatalf("wget through the gateway: %q", out)
+		}
+		as(keyA, "sandbox", "recover", fx)
+		if out := as(keyA, get...); !strings.Contains(out, "item-1") {
+			t.Fatalf("the re-run's wget: %q, want the journal's answer item-1", out)
+		}
+		if n := shopHits.Load(); n != 1 {
+			t.Fatalf("the shop saw %d requests, want 1", n)
+		}
+		b.open("/sandboxes/" + fx + "/effects")
+		b.wait("the effect, forwarded once and answered once from the journal", `[...document.querySelectorAll('[data-testid=effect]')].some(r =>
+			r.innerText.includes('/item') && r.innerText.includes('forwarded') && r.querySelector('[data-testid=replays]').innerText === '1×')`, time.Minute)
+		b.shot("09b-effects")
+	}
 
 	// Tenant globex's key sees nothing of acme's: not in the lists, and not
 	// by address.

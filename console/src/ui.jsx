@@ -73,7 +73,7 @@ export function Graph({ title, points, fmt, max, testid }) {
         <rect x="0" y="0" width={w} height={h} class="graph-bg" />
         {points.length > 1 && <path d={d} class="graph-line" />}
       </svg>
-      <div class="graph-foot">{points.length} samples · max {fmt(top)}</div>
+      <div class="graph-foot">{points.length} samples{vals.length ? ' · peak ' + fmt(Math.max(...vals)) : ''}</div>
     </div>
   )
 }
