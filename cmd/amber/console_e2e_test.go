@@ -282,6 +282,12 @@ func TestE2EConsole(t *testing.T) {
 	b.wait("the second answer", `[...document.querySelectorAll('[data-testid=tool-result]')].some(e => e.innerText.includes('one\ntwo'))`, 3*time.Minute)
 	b.shot("04-session-restored")
 
+	// The list shows the session's sandbox and the tokens its log records.
+	b.open("/sessions")
+	b.wait("the session's usage in the list", fmt.Sprintf(`(() => { const r = document.querySelector('[data-testid=session-row][data-id=%q]');
+		return r && /^[1-9][0-9]* in \/ [1-9][0-9]* out$/.test(r.querySelector('[data-testid=tokens]').innerText) && r.innerText.includes('idle') })()`, sid), time.Minute)
+	b.shot("04b-sessions-usage")
+
 	// Restore to an earlier event: the sandbox's first checkpoint cut
 	// (after step one). Its files come back as they were then.
 	se, _ = cl.GetSession(ctx, sid)

@@ -19,7 +19,7 @@ export function Sessions() {
       <h2>Sessions</h2>
       <Err err={err} />
       <table data-testid="sessions">
-        <thead><tr><th>Session</th><th>Status</th><th>Sandbox</th><th>CPU s</th><th>Egress requests</th><th>Checkpoints</th><th>Updated</th></tr></thead>
+        <thead><tr><th>Session</th><th>Status</th><th>Sandbox</th><th>Model tokens</th><th>CPU s</th><th>Egress requests</th><th>Checkpoints</th><th>Updated</th></tr></thead>
         <tbody>
           {ss.map((s) => {
             const u = by[s.sandbox] || {}
@@ -28,6 +28,7 @@ export function Sessions() {
                 <td><Link to={'/sessions/' + esc(s.id)}>{s.id}</Link></td>
                 <td><Badge v={s.status} /></td>
                 <td>{s.sandbox ? <Link to={'/sandboxes/' + esc(s.sandbox)}>{short(s.sandbox)}</Link> : '–'}</td>
+                <td><Tokens id={s.id} updated={s.updated} /></td>
                 <td>{u.cpu_seconds != null ? u.cpu_seconds.toFixed(2) : '–'}</td>
                 <td>{u.egress_requests != null ? u.egress_requests : '–'}</td>
                 <td>{u.checkpoints != null ? u.checkpoints : '–'}</td>
@@ -35,11 +36,31 @@ export function Sessions() {
               </tr>
             )
           })}
-          {list && ss.length === 0 && <tr><td colSpan="7" class="muted">No sessions for this tenant.</td></tr>}
+          {list && ss.length === 0 && <tr><td colSpan="8" class="muted">No sessions for this tenant.</td></tr>}
         </tbody>
       </table>
     </section>
   )
+}
+
+// Tokens sums the model usage the session's log records (each
+// session.model_request_ended), read again when the session changes.
+function Tokens({ id, updated }) {
+  const [t] = useLoad(async () => {
+    let inTok = 0, outTok = 0, after = 0
+    for (;;) {
+      const page = await get(`/v1/sessions/${esc(id)}/events?after=${after}&limit=1000`)
+      for (const ev of page.events) {
+        if (ev.type === 'session.model_request_ended' && ev.payload.usage) {
+          inTok += ev.payload.usage.input_tokens
+          outTok += ev.payload.usage.output_tokens
+        }
+      }
+      if (page.events.length < 1000) return { inTok, outTok }
+      after = page.next - 1
+    }
+  }, [id, updated])
+  return <span data-testid="tokens">{t ? `${t.inTok} in / ${t.outTok} out` : '…'}</span>
 }
 
 function summary(ev) {
