@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,7 +30,8 @@ const consoleScript = `[
  {"text": "writing step one", "tool_calls": [{"name": "bash", "input": {"command": "echo one > /tmp/step; cat /tmp/step"}}]},
  {"text": "step one done"},
  {"text": "writing step two", "tool_calls": [{"name": "bash", "input": {"command": "echo two >> /tmp/step; cat /tmp/step"}}]},
- {"text": "step two done"}
+ {"text": "step two done"},
+ {"text": "still here"}
 ]`
 
 // browser is a headless Debian Chromium driven over CDP (chromedp).
@@ -288,6 +290,24 @@ func TestE2EConsole(t *testing.T) {
 		return r && /^[1-9][0-9]* in \/ [1-9][0-9]* out$/.test(r.querySelector('[data-testid=tokens]').innerText) && r.innerText.includes('idle') })()`, sid), time.Minute)
 	b.shot("04b-sessions-usage")
 
+	// The daemon dies (SIGKILL) and a new one starts: the open page
+	// reconnects with Last-Event-ID and goes on, each event once.
+	b.open("/sessions/" + sid)
+	b.wait("the stream", `document.querySelector('[data-testid=stream-state]')?.innerText === 'live'`, 60*time.Second)
+	d.stop(syscall.SIGKILL)
+	b.wait("the page noticing", `document.querySelector('[data-testid=stream-state]')?.innerText === 'reconnecting'`, 60*time.Second)
+	d = startDaemon(t, bin, dir, addr, "--pool", "0", "--egress-host", "shop.test=127.0.0.1")
+	b.wait("the stream resumed", `document.querySelector('[data-testid=stream-state]')?.innerText === 'live'`, 60*time.Second)
+	b.typeIn(`[data-testid=msg]`, "are you there")
+	b.click(`[data-testid=send]`)
+	b.wait("the answer after the restart", `[...document.querySelectorAll('[data-testid=msg-agent]')].some(e => e.innerText.includes('still here'))`, 3*time.Minute)
+	seqs = evalAs[[]int](b, `[...document.querySelectorAll('[data-testid=event]')].map(e => +e.dataset.seq)`)
+	for i, s := range seqs {
+		if s != i+1 {
+			t.Fatalf("timeline after the daemon restart %v: not each event once, in order", seqs)
+		}
+	}
+
 	// Restore to an earlier event: the sandbox's first checkpoint cut
 	// (after step one). Its files come back as they were then.
 	se, _ = cl.GetSession(ctx, sid)
@@ -338,6 +358,20 @@ func TestE2EConsole(t *testing.T) {
 	}
 	b.wait("the new restore's fidelity report", fmt.Sprintf(`!!document.querySelector('[data-testid=restore-report][data-seq="%d"]')`, last.Seq), time.Minute)
 	b.shot("06-restored-to-event")
+
+	// Fork the first checkpoint: a new sandbox, whose page says where it
+	// came from; the original is untouched.
+	b.click(fmt.Sprintf(`[data-testid=checkpoint][data-id=%q] > .ck-line [data-testid=fork]`, cut.Checkpoint))
+	b.wait("the fork's page", fmt.Sprintf(`!location.hash.includes(%q) && [...document.querySelectorAll('.fork')].some(e => e.innerText.includes('a fork of %s'))`, sbx, sbx), 3*time.Minute)
+	forkID := evalAs[string](b, `decodeURIComponent(location.hash.split('/')[2])`)
+	fork, err := cl.GetSandbox(ctx, forkID)
+	if err != nil || fork.Origin != cut.Checkpoint || fork.State != "running" {
+		t.Fatalf("fork %s: %+v %v, want running from %s", forkID, fork, err, cut.Checkpoint)
+	}
+	if got := strings.TrimSpace(as(keyA, "exec", forkID, "--", "cat", "/tmp/step")); got != "one" {
+		t.Fatalf("/tmp/step in the fork = %q, want \"one\"", got)
+	}
+	b.shot("06b-fork")
 
 	// The terminal: a shell on a PTY over a WebSocket.
 	b.open("/sandboxes/" + sbx + "/terminal")
