@@ -170,7 +170,7 @@ function Checkpoints({ id, sb, reload }) {
       {n.restores.map((e) => (
         <div class="restore" data-testid="restore-report" data-seq={e.seq}>↺ restore #{e.seq}, generation {e.payload.generation}: {fidelity(e.payload)}</div>
       ))}
-      {n.forks.map((s) => <div class="fork">⑂ fork <Link to={'/sandboxes/' + esc(s.id) + '/checkpoints'}>{s.id}</Link> <Badge v={s.state} /></div>)}
+      {n.forks.map((s) => <div class="fork">↳ fork <Link to={'/sandboxes/' + esc(s.id) + '/checkpoints'}>{s.id}</Link> <Badge v={s.state} /></div>)}
       {n.kids.length > 0 && <ul>{n.kids.map((k) => <Node n={k} />)}</ul>}
     </li>
   )
@@ -180,7 +180,7 @@ function Checkpoints({ id, sb, reload }) {
       {busy && <div class="muted" data-testid="busy">{busy}… {prog ? prog.phase + (prog.total ? ` ${prog.done}/${prog.total}` : '') : ''}</div>}
       {done && <div class="ok" data-testid="op-done">{done}</div>}
       <Err err={aerr} />
-      {forkedFrom.map((e) => <div class="fork">⑂ this sandbox is a fork of <Link to={'/sandboxes/' + esc(e.payload.from) + '/checkpoints'}>{e.payload.from}</Link> (checkpoint {short(e.payload.checkpoint)})</div>)}
+      {forkedFrom.map((e) => <div class="fork">↳ this sandbox is a fork of <Link to={'/sandboxes/' + esc(e.payload.from) + '/checkpoints'}>{e.payload.from}</Link> (checkpoint {short(e.payload.checkpoint)})</div>)}
       <h3>Checkpoint tree</h3>
       <ul class="tree" data-testid="ck-tree">{roots.map((n) => <Node n={n} />)}</ul>
       {list.length === 0 && <div class="muted">No checkpoints yet.</div>}
