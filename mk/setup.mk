@@ -4,7 +4,8 @@
 #
 #   make setup        what `amber` needs to run: runsc, criu (+ sysctl),
 #                     the minimal and python templates
-#   make setup-test   setup + PostgreSQL and MinIO for the store tests
+#   make setup-test   setup + PostgreSQL and MinIO for the store tests, Debian's
+#                     chromium for the console's browser tests
 #   make setup-extended  the chromium and postgres templates of
 #                     `make test-extended`
 #   make setup-<x>    one component

@@ -30,7 +30,8 @@ type Stats struct {
 // Stats reads sandbox id's resources. It needs the sandbox running
 // (ErrFailedPrecondition otherwise) and a driver that reports usage. The
 // disk reading runs `df -kP /` in the sandbox (a few milliseconds of a
-// process there; it bounds itself to 5 s).
+// process there; it bounds itself to 5 s). Reading stats is not activity:
+// a sandbox watched in the console still stops when idle.
 func (e *Engine) Stats(ctx context.Context, tenant, id string) (Stats, error) {
 	sb, err := e.Get(ctx, tenant, id)
 	if err != nil {
@@ -44,8 +45,16 @@ func (e *Engine) Stats(ctx context.Context, tenant, id string) (Stats, error) {
 		return Stats{}, err
 	}
 	st := Stats{Time: e.clock.Now(), CPUNanos: u.CPUNanos, MemoryBytes: u.MemoryBytes, DiskUsedBytes: -1, DiskTotalBytes: -1}
+	// Under the hold a cut waits for (as exec), but not through enter:
+	// looking is not activity (the idle timeout does not restart) and a
+	// stopped sandbox is not resumed to be looked at.
+	unlock := e.inSandbox(id)
+	defer unlock()
+	if cur, err := e.meta.Get(ctx, id); err != nil || cur.State != meta.StateRunning {
+		return st, nil // stopped meanwhile: CPU and memory as read, disk unknown
+	}
 	var out bytes.Buffer
-	es, err := e.Exec(ctx, tenant, id, sandbox.ExecSpec{Args: []string{"df", "-kP", "/"}, Stdout: &out, Timeout: 5 * time.Second})
+	es, err := e.drv.Exec(ctx, id, sandbox.ExecSpec{Args: []string{"df", "-kP", "/"}, Stdout: &out, Timeout: 5 * time.Second})
 	if err == nil && es.Code == 0 {
 		st.DiskUsedBytes, st.DiskTotalBytes = parseDF(out.String())
 	}
