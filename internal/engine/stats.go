@@ -62,18 +62,20 @@ func (e *Engine) Stats(ctx context.Context, tenant, id string) (Stats, error) {
 }
 
 // parseDF reads the used and total bytes from `df -kP` output (POSIX
-// format: a header, then "fs 1024-blocks used available capacity mount").
+// format: a header, then "fs 1024-blocks used available capacity mount"),
+// counting fields from the end so that a device name wrapped onto its own
+// line does not shift them.
 func parseDF(s string) (used, total int64) {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	if len(lines) < 2 {
 		return -1, -1
 	}
-	f := strings.Fields(lines[len(lines)-1])
-	if len(f) < 4 {
+	f := strings.Fields(strings.Join(lines[1:], " "))
+	if len(f) < 5 {
 		return -1, -1
 	}
-	t, err1 := strconv.ParseInt(f[1], 10, 64)
-	u, err2 := strconv.ParseInt(f[2], 10, 64)
+	t, err1 := strconv.ParseInt(f[len(f)-5], 10, 64)
+	u, err2 := strconv.ParseInt(f[len(f)-4], 10, 64)
 	if err1 != nil || err2 != nil {
 		return -1, -1
 	}
