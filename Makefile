@@ -13,13 +13,21 @@ BIN := bin/amber
 
 -include mk/setup.mk
 
-.PHONY: build test test-unit test-extended bench fuzz chaos demo vet clean
+.PHONY: build test test-unit test-extended bench fuzz chaos demo vet clean console
 
 build:
 	$(GO) build -tags $(GOTAGS) -o $(BIN) ./cmd/amber
 
 vet:
 	$(GO) vet -tags $(GOTAGS) ./...
+
+# The web console's assets (console/dist, committed and embedded in the
+# binary, so `make build` needs no npm): rebuilt from console/src with the
+# locked npm toolchain (node_modules in console/, gitignored), then the hash
+# of the sources is recorded (console.TestBuildIsFresh checks it).
+console:
+	cd console && { [ -d node_modules ] && cmp -s package-lock.json node_modules/.package-lock.json.src || { npm ci --no-audit --no-fund && cp package-lock.json node_modules/.package-lock.json.src; }; } && npx vite build
+	$(GO) run ./console/internal/hashsrc console > console/dist/SOURCE_HASH
 
 # The default test run: everything real (SQLite, PostgreSQL, MinIO, runsc, CRIU),
 # plus a short fuzz of every parser. Long soak/chaos/bench runs have their own targets.

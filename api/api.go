@@ -114,6 +114,45 @@ type Effect struct {
 	Error       string `json:"error,omitempty"`
 	// Seq is the position of its intent in the effects stream.
 	Seq uint64 `json:"seq"`
+	// Reconciled is the operator's note when the outcome was recorded by a
+	// reconciliation (POST …/effects/reconcile), not by the upstream.
+	Reconciled string `json:"reconciled,omitempty"`
+	// Replays counts the answers served from the journal (a re-run's
+	// requests), as the audit trail recorded them.
+	Replays int `json:"replays"`
+}
+
+// ReconcileRequest is the body of POST /v1/sandboxes/{id}/effects/reconcile:
+// the operator's finding about an effect that needs reconciliation. Status
+// and Body become its outcome: a re-run of the request is answered with
+// them from the journal, the destination is never contacted again.
+type ReconcileRequest struct {
+	Key    string `json:"key"`
+	Status int    `json:"status"`
+	Body   string `json:"body,omitempty"`
+	Note   string `json:"note"`
+}
+
+// SandboxStats is the body of GET /v1/sandboxes/{id}/stats: one reading of
+// a running sandbox's resources. CPUNanos is cumulative (it starts again at
+// a restore); disk fields are -1 when they could not be read.
+type SandboxStats struct {
+	Time           time.Time `json:"time"`
+	CPUNanos       uint64    `json:"cpu_ns"`
+	MemoryBytes    uint64    `json:"memory_bytes"`
+	DiskUsedBytes  int64     `json:"disk_used_bytes"`
+	DiskTotalBytes int64     `json:"disk_total_bytes"`
+}
+
+// TerminalTicket is the answer of POST /v1/sandboxes/{id}/terminal: a
+// single-use ticket, valid for a few seconds, to open the sandbox's
+// terminal WebSocket at Path ("?ticket=…" included). Browsers cannot send
+// an Authorization header on a WebSocket, so the key is checked here and
+// the ticket stands for it once.
+type TerminalTicket struct {
+	Ticket  string    `json:"ticket"`
+	Path    string    `json:"path"`
+	Expires time.Time `json:"expires"`
 }
 
 // EffectList is the body of GET /v1/sandboxes/{id}/effects.

@@ -12,6 +12,19 @@ func (c *Client) Effects(ctx context.Context, id string) (api.EffectList, error)
 	return out, c.do(ctx, "GET", sbPath(id, "/effects"), nil, nil, &out)
 }
 
+// ReconcileEffect records an operator's resolution of an effect of sandbox
+// id that needs reconciliation: r's status and body become its outcome.
+func (c *Client) ReconcileEffect(ctx context.Context, id string, r api.ReconcileRequest) (api.Effect, error) {
+	var out api.Effect
+	return out, c.do(ctx, "POST", sbPath(id, "/effects/reconcile"), nil, r, &out)
+}
+
+// SandboxStats reads a running sandbox's CPU, memory and disk.
+func (c *Client) SandboxStats(ctx context.Context, id string) (api.SandboxStats, error) {
+	var out api.SandboxStats
+	return out, c.do(ctx, "GET", sbPath(id, "/stats"), nil, nil, &out)
+}
+
 // Egress returns sandbox id's egress policy.
 func (c *Client) Egress(ctx context.Context, id string) (api.SandboxEgress, error) {
 	var out api.SandboxEgress

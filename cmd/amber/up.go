@@ -18,6 +18,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/amber-run/amber/console"
 	"github.com/amber-run/amber/core/blob"
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/internal/audit"
@@ -303,7 +304,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		return err
 	}
 	defer os.Remove(addrFile)
-	api := server.New(server.Options{Engine: eng, Meta: m, Audit: trail, Secrets: secrets, Metrics: mx, Tracer: tp, Logger: lg.With("component", "api"), Version: version, Sessions: sessions})
+	api := server.New(server.Options{Engine: eng, Meta: m, Audit: trail, Secrets: secrets, Metrics: mx, Tracer: tp, Logger: lg.With("component", "api"), Version: version, Sessions: sessions, Console: console.Assets()})
 	srv := &http.Server{
 		Handler:           api,
 		ReadHeaderTimeout: 10 * time.Second,

@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/egress"
 	"github.com/amber-run/amber/internal/gateway"
 	"github.com/amber-run/amber/internal/meta"
@@ -179,6 +181,12 @@ type Effect struct {
 	Attempts    int
 	Divergences int
 	Seq         uint64
+	// Reconciled is the operator's note when the outcome was recorded by
+	// a reconciliation (Reconcile), not by the upstream's answer.
+	Reconciled string
+	// Replays counts the answers served from the journal for this key (a
+	// re-run's), as the audit trail recorded them (egress.replay).
+	Replays int
 }
 
 // Effects reads sandbox id's effect journal (the effects/<id> stream), one
@@ -206,8 +214,8 @@ func (e *Engine) Effects(ctx context.Context, tenant, id string) ([]Effect, erro
 		for _, ev := range evs {
 			from = ev.Seq + 1
 			var p struct {
-				Key, Run, Method, URL, Mode, Error string
-				Status                             int
+				Key, Run, Method, URL, Mode, Error, Reconciled string
+				Status                                         int
 			}
 			if err := json.Unmarshal(ev.Payload, &p); err != nil {
 				return nil, errdefs.DataLossf("%s/%d: %v", stream, ev.Seq, err)
@@ -229,7 +237,7 @@ func (e *Engine) Effects(ctx context.Context, tenant, id string) ([]Effect, erro
 				fx.Attempts++
 				fx.Run, fx.Method, fx.URL, fx.Mode = p.Run, p.Method, p.URL, p.Mode
 			case gateway.EventOutcome:
-				fx.State, fx.Status, fx.Error = "done", p.Status, p.Error
+				fx.State, fx.Status, fx.Error, fx.Reconciled = "done", p.Status, p.Error, p.Reconciled
 			case gateway.EventReconcile:
 				fx.State = "needs-reconciliation"
 			case gateway.EventDivergence:
@@ -240,11 +248,78 @@ func (e *Engine) Effects(ctx context.Context, tenant, id string) ([]Effect, erro
 			break
 		}
 	}
+	if err := e.countReplays(ctx, tenant, id, byKey); err != nil {
+		return nil, err
+	}
 	out := make([]Effect, 0, len(order))
 	for _, k := range order {
 		out = append(out, *byKey[k])
 	}
 	return out, nil
+}
+
+// countReplays adds to byKey the answers served from the journal, read
+// from tenant's audit trail: the gateway's decisions are audited as
+// "egress.replay" by "sandbox:<id>" with "key=<key>" in the detail
+// (cmd/amber/egress.go). The trail is written asynchronously, so a replay
+// of the last moments may not be counted yet.
+func (e *Engine) countReplays(ctx context.Context, tenant, id string, byKey map[string]*Effect) error {
+	if e.audit == nil || len(byKey) == 0 {
+		return nil
+	}
+	actor := "sandbox:" + id
+	for from := uint64(1); ; {
+		ents, err := e.audit.List(ctx, tenant, from, 1000)
+		if errdefs.IsCompacted(err) {
+			b, berr := e.log.Bounds(ctx, audit.Stream(tenant))
+			if berr != nil {
+				return berr
+			}
+			from = b.First
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		for _, en := range ents {
+			from = en.Seq + 1
+			if en.Record.Action != "egress.replay" || en.Record.Actor != actor {
+				continue
+			}
+			for _, f := range strings.Fields(en.Record.Detail) {
+				if k, ok := strings.CutPrefix(f, "key="); ok && byKey[k] != nil {
+					byKey[k].Replays++
+				}
+			}
+		}
+		if len(ents) < 1000 {
+			return nil
+		}
+	}
+}
+
+// Reconcile records an operator's resolution of sandbox id's effect that
+// needs reconciliation (gateway.Reconcile): its outcome from then on.
+func (e *Engine) Reconcile(ctx context.Context, tenant, id string, r gateway.Resolution) (Effect, error) {
+	if _, err := e.Get(ctx, tenant, id); err != nil {
+		return Effect{}, err
+	}
+	if e.gw == nil {
+		return Effect{}, errdefs.FailedPreconditionf("this daemon runs no egress gateway: nothing to reconcile")
+	}
+	if _, err := e.gw.Reconcile(ctx, id, r); err != nil {
+		return Effect{}, err
+	}
+	fxs, err := e.Effects(ctx, tenant, id)
+	if err != nil {
+		return Effect{}, err
+	}
+	for _, f := range fxs {
+		if f.Key == r.Key {
+			return f, nil
+		}
+	}
+	return Effect{}, errdefs.DataLossf("effect %s of sandbox %s reconciled but not found in its journal", r.Key, id)
 }
 
 // Where a sandbox's trust store gets its tenant's egress CA: Debian's

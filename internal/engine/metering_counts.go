@@ -62,8 +62,8 @@ func (e *Engine) countLogs(ctx context.Context, id string, sbxSeq, effSeq uint64
 			return
 		}
 		var o gateway.OutcomePayload
-		if json.Unmarshal(payload, &o) != nil {
-			return
+		if json.Unmarshal(payload, &o) != nil || o.Reconciled != "" {
+			return // an operator's reconciliation reached no upstream
 		}
 		c.egressReq++
 		c.egressBytes += o.RequestBytes + o.ResponseBytes

@@ -81,6 +81,10 @@ type OutcomePayload struct {
 	// outcomes recorded before.
 	RequestBytes  int64 `json:"request_bytes,omitempty"`
 	ResponseBytes int64 `json:"response_bytes,omitempty"`
+	// Reconciled is set on an outcome an operator recorded for an effect
+	// that needed reconciliation (Gateway.Reconcile): their note on what
+	// they found. The upstream was not contacted.
+	Reconciled string `json:"reconciled,omitempty"`
 }
 
 // ReconcilePayload is the payload of effect.needs_reconciliation, version 1.

@@ -73,5 +73,5 @@ func (s *Server) listEffects(w http.ResponseWriter, r *http.Request, c *call) er
 
 func toAPIEffect(f engine.Effect) api.Effect {
 	return api.Effect{Key: f.Key, Run: f.Run, Method: f.Method, URL: f.URL, State: f.State, Status: f.Status,
-		Attempts: f.Attempts, Mode: f.Mode, Divergences: f.Divergences, Error: f.Error, Seq: f.Seq}
+		Attempts: f.Attempts, Mode: f.Mode, Divergences: f.Divergences, Error: f.Error, Seq: f.Seq, Reconciled: f.Reconciled, Replays: f.Replays}
 }

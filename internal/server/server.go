@@ -12,6 +12,7 @@ package server
 import (
 	"context"
 	"github.com/amber-run/amber/internal/secretstore"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -55,6 +56,9 @@ type Options struct {
 	// Sessions, when set, serves agent sessions (/v1/sessions); without it
 	// those routes answer 412.
 	Sessions *session.Manager
+	// Console, when set, is the web console's built assets, served at
+	// /console/ (console.go).
+	Console fs.FS
 }
 
 // Server serves the API. It is an http.Handler.
@@ -80,6 +84,7 @@ type Server struct {
 	proxies   proxies
 
 	sessions *session.Manager
+	tickets  tickets // terminal tickets (terminal.go)
 	// streams ends with CloseStreams: long-lived streams (session SSE)
 	// return so that a graceful shutdown does not wait for them.
 	streams     context.Context
@@ -161,6 +166,9 @@ func (s *Server) routes() []Route {
 		{Method: "GET", Path: "/v1/sandboxes/{id}/egress", Scope: read, h: s.getEgress},
 		{Method: "PUT", Path: "/v1/sandboxes/{id}/egress", Scope: write, h: s.putEgress},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/effects", Scope: read, h: s.listEffects},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/effects/reconcile", Scope: write, h: s.reconcileEffect},
+		{Method: "GET", Path: "/v1/sandboxes/{id}/stats", Scope: read, h: s.sandboxStats},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/terminal", Scope: write, h: s.terminalTicket},
 		{Method: "POST", Path: "/v1/mcp", Scope: write, h: s.mcp},
 		{Method: "PUT", Path: "/v1/tenants/{tenant}/secrets/{name}", Scope: write, h: s.putSecret},
 		{Method: "GET", Path: "/v1/tenants/{tenant}/secrets", Scope: read, h: s.listSecrets},
@@ -210,6 +218,12 @@ func New(o Options) *Server {
 	}
 	// Exposed ports (ports.go): any method, authorised by the token in the path.
 	s.mux.HandleFunc(proxyPattern, s.proxy)
+	// The terminal's WebSocket, authorised by a ticket (terminal.go).
+	s.mux.HandleFunc("GET /v1/sandboxes/{id}/terminal/ws", s.terminalWS)
+	if o.Console != nil {
+		s.mux.Handle("GET /console", consoleHandler(o.Console))
+		s.mux.Handle("GET /console/", consoleHandler(o.Console))
+	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errNotFoundRoute(r))
 	})
