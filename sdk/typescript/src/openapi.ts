@@ -790,6 +790,63 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/effects/reconcile": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Record an operator's resolution of an effect that needs reconciliation: the status and body become its outcome, and a re-run is answered with them from the journal
+         * @description Only an effect marked needs-reconciliation can be reconciled (412 otherwise; 409 if it has an outcome). The sandbox must be running on this node: the outcome is appended under its run's lease epoch.
+         */
+        post: operations["reconcileEffect"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/stats": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One reading of a running sandbox's CPU, memory and disk (the console's live graphs) */
+        get: operations["sandboxStats"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/terminal": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * A single-use ticket (valid 30 s) to open a shell on a pseudo-terminal in the sandbox over a WebSocket at GET /v1/sandboxes/{id}/terminal/ws?ticket=…
+         * @description Browsers cannot send an Authorization header on a WebSocket: the key is checked here and the ticket stands for it once. On the WebSocket (Origin must be the daemon's host), client messages are the terminal's input; server binary messages its output, then a text message {"exit":{"code":…}} or {"error":…} before the close. The size is fixed at open (cols, rows query parameters).
+         */
+        post: operations["terminalTicket"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1198,6 +1255,10 @@ export interface components {
             divergences?: number;
             error?: string;
             seq: number;
+            /** @description The operator's note when the outcome was recorded by a reconciliation, not by the upstream */
+            reconciled?: string;
+            /** @description Answers served from the journal for this request (a re-run's), as the audit trail recorded them */
+            replays: number;
         };
         EffectList: {
             effects: components["schemas"]["Effect"][];
@@ -1329,6 +1390,34 @@ export interface components {
             quantity?: number;
             /** @description How many interval records were summed */
             records?: number;
+        };
+        ReconcileRequest: {
+            /** @description The effect's key (Effect.key) */
+            key: string;
+            /** @description The HTTP status recorded as the request's answer */
+            status: number;
+            /** @description The body recorded as the request's answer */
+            body?: string;
+            /** @description What the operator found at the destination */
+            note: string;
+        };
+        SandboxStats: {
+            /** Format: date-time */
+            time: string;
+            /** @description CPU time since the sandbox's cgroup was made (it starts again at a restore) */
+            cpu_ns: number;
+            memory_bytes: number;
+            /** @description df's used bytes of / in the sandbox; -1 if unknown */
+            disk_used_bytes: number;
+            /** @description df's size of / in the sandbox; -1 if unknown */
+            disk_total_bytes: number;
+        };
+        TerminalTicket: {
+            ticket: string;
+            /** @description Where to open the terminal WebSocket (ticket included); add &cols=&rows= for its size */
+            path: string;
+            /** Format: date-time */
+            expires: string;
         };
     };
     responses: never;
@@ -3499,6 +3588,106 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["UsageReport"];
+                };
+            };
+            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            default: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    reconcileEffect: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ReconcileRequest"];
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Effect"];
+                };
+            };
+            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            default: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    sandboxStats: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SandboxStats"];
+                };
+            };
+            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            default: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    terminalTicket: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TerminalTicket"];
                 };
             };
             /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
