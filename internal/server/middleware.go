@@ -117,6 +117,12 @@ func (s *Server) wrap(rt Route) http.Handler {
 				return
 			}
 		}
+		if done, err := s.forward(sw, r, rt); done || err != nil {
+			if err != nil {
+				writeError(sw, err)
+			}
+			return
+		}
 		if !rt.Upload {
 			s.limitBody(sw, r)
 		}
