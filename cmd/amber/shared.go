@@ -36,7 +36,7 @@ func (o *sharedOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.advertise, "advertise-addr", "", "host:port where the other nodes reach this node's API (default: --addr)")
 	f.StringVar(&o.masterKeyFile, "master-key-file", "", "the checkpoint and secrets master key (hex), the same file on every node (required with --store postgres://; default without: DATA_DIR/master.key, created on first start)")
 	f.DurationVar(&o.ttl, "node-ttl", cluster.DefaultTTL, "node lease: a node silent this long is declared dead and its sandboxes are restored elsewhere")
-	f.DurationVar(&o.heartbeat, "heartbeat", 0, "how often the node lease is renewed (default: --node-ttl / 3)")
+	f.DurationVar(&o.heartbeat, "heartbeat", 0, "how often the node lease is renewed (default: --node-ttl / 4)")
 }
 
 // resolve fills the defaults and checks the combination.
@@ -72,6 +72,17 @@ func (o *sharedOptions) resolve(listen string) error {
 }
 
 func (o *sharedOptions) shared() bool { return o.store != "" }
+
+// cgroupParent is the cgroup parent of this node's sandboxes: the
+// driver's default alone, or /amber/DRIVER-NODE on shared stores (a
+// sandbox keeps its id when it moves, so two nodes on one machine would
+// otherwise share, and tear down, each other's cgroups).
+func (o *sharedOptions) cgroupParent(driver string) string {
+	if !o.shared() {
+		return ""
+	}
+	return "/amber/" + driver + "-" + o.nodeID
+}
 
 // metaSpec is where the metadata store lives.
 func (o *sharedOptions) metaSpec(dataDir string) string {

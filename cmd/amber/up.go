@@ -186,7 +186,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		}
 		defer enet.Close()
 	}
-	drv, err := newDriver(o.driver, dataDir, cacheDir(), enet, lg)
+	drv, err := newDriver(o.driver, dataDir, cacheDir(), enet, o.shared.cgroupParent(o.driver), lg)
 	if err != nil {
 		return err
 	}

@@ -59,8 +59,9 @@ type Options struct {
 	Addr string
 	// TTL is the node lease (default DefaultTTL): a node silent for this
 	// long is dead to the others. Heartbeat is how often it is renewed
-	// (default TTL/3); Scan how often the other nodes are checked
-	// (default Heartbeat).
+	// (default TTL/4: three renewals may be late or lost before the
+	// others act); Scan how often the other nodes are checked (default
+	// Heartbeat).
 	TTL, Heartbeat, Scan time.Duration
 	// StreamLeaseTTL is the lease taken over on a dead node's sandbox
 	// streams (default: the engine's, 30s; renewed at each checkpoint).
@@ -75,8 +76,8 @@ type Options struct {
 }
 
 // DefaultTTL is the node lease: with heartbeats every second, a node is
-// declared dead 3 s after its last renewal.
-const DefaultTTL = 3 * time.Second
+// declared dead 4 s after its last renewal.
+const DefaultTTL = 4 * time.Second
 
 // Node is this daemon's membership. It is a server.Router.
 type Node struct {
@@ -101,7 +102,7 @@ func Join(ctx context.Context, o Options) (*Node, error) {
 		o.TTL = DefaultTTL
 	}
 	if o.Heartbeat <= 0 {
-		o.Heartbeat = o.TTL / 3
+		o.Heartbeat = o.TTL / 4
 	}
 	if o.Heartbeat >= o.TTL {
 		return nil, errdefs.InvalidArgumentf("cluster: heartbeat %s must be shorter than the node lease %s", o.Heartbeat, o.TTL)
@@ -205,9 +206,9 @@ func (n *Node) heartbeatLoop(ctx context.Context) {
 	}
 }
 
-// beat renews the node's lease. Refused (ErrFenced): the node was declared
-// dead while it could not renew; its stale copies go, then it registers
-// anew.
+// beat renews the node's lease: one UPDATE, nothing else, so that a slow
+// driver never delays it. Refused (ErrFenced): the node was declared dead
+// while it could not renew; its stale copies go, then it registers anew.
 func (n *Node) beat(ctx context.Context) {
 	hctx, cancel := context.WithTimeout(ctx, n.o.TTL)
 	defer cancel()
@@ -230,10 +231,6 @@ func (n *Node) beat(ctx context.Context) {
 		if ctx.Err() == nil {
 			n.lg.Warn("node heartbeat failed", "err", err)
 		}
-		return
-	}
-	if _, err := n.o.Engine.DiscardStale(ctx); err != nil && ctx.Err() == nil {
-		n.lg.Warn("check for stale copies", "err", err)
 	}
 }
 
@@ -248,6 +245,11 @@ func (n *Node) scanLoop(ctx context.Context) {
 		}
 		if err := n.scan(ctx); err != nil && ctx.Err() == nil {
 			n.lg.Warn("scan nodes", "err", err)
+		}
+		// A restart that raced a takeover may have reattached a
+		// sandbox that runs elsewhere now.
+		if _, err := n.o.Engine.DiscardStale(ctx); err != nil && ctx.Err() == nil {
+			n.lg.Warn("check for stale copies", "err", err)
 		}
 	}
 }
