@@ -483,6 +483,9 @@ func (e *Engine) Destroy(ctx context.Context, tenant, id string) error {
 	if sb, err = e.meta.Get(ctx, id); err != nil {
 		return err
 	}
+	if err := e.ownedHere(sb); err != nil && sb.State != meta.StateDestroyed {
+		return err
+	}
 	return e.destroy(ctx, sb, "destroyed on request")
 }
 
@@ -516,6 +519,9 @@ func (e *Engine) Kill(ctx context.Context, tenant, id string) (meta.Sandbox, err
 	}
 	defer e.lock(id)()
 	if sb, err = e.meta.Get(ctx, id); err != nil {
+		return sb, err
+	}
+	if err := e.ownedHere(sb); err != nil {
 		return sb, err
 	}
 	if sb.State != meta.StateRunning {
