@@ -42,7 +42,7 @@ func TestE2EFailoverTime(t *testing.T) {
 	var ids []string
 	for range n {
 		id := strings.TrimSpace(a.must("sandbox", "create", "--template", "minimal"))
-		a.must("exec", "-d", id, "--", "sh", "-c", `i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done`)
+		a.must("exec", "-d", id, "--", "sh", "-c", `i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done`)
 		a.must("checkpoint", id)
 		ids = append(ids, id)
 	}

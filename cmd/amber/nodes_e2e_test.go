@@ -214,7 +214,7 @@ func TestE2ENodesFailover(t *testing.T) {
 	for i := range 2 {
 		id := strings.TrimSpace(a.must("sandbox", "create", "--template", "minimal"))
 		a.must("exec", id, "--", "sh", "-c", fmt.Sprintf("echo before-cut-%d > /root/f", i))
-		a.must("exec", "-d", id, "--", "sh", "-c", `i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done`)
+		a.must("exec", "-d", id, "--", "sh", "-c", `i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done`)
 		ids = append(ids, id)
 	}
 	time.Sleep(300 * time.Millisecond)
@@ -225,8 +225,7 @@ func TestE2ENodesFailover(t *testing.T) {
 		if err != nil || sb.Node != "node-a" {
 			t.Fatalf("sandbox %s: %+v %v", id, sb, err)
 		}
-		n, _ := strconv.Atoi(strings.TrimSpace(a.must("exec", id, "--", "cat", "/tmp/count")))
-		atCut[id] = n
+		atCut[id] = readCount(t, a, id)
 	}
 	acked := map[string][]string{}
 	for _, id := range ids {
@@ -272,12 +271,12 @@ func TestE2ENodesFailover(t *testing.T) {
 		if out := l.must("exec", id, "--", "cat", "/root/f"); out != fmt.Sprintf("before-cut-%d\n", i) {
 			t.Fatalf("file of %s after failover: %q", id, out)
 		}
-		n, _ := strconv.Atoi(strings.TrimSpace(l.must("exec", id, "--", "cat", "/tmp/count")))
+		n := readCount(t, l, id)
 		if n < atCut[id] {
 			t.Fatalf("counter of %s went back from %d to %d", id, atCut[id], n)
 		}
 		time.Sleep(200 * time.Millisecond)
-		if n2, _ := strconv.Atoi(strings.TrimSpace(l.must("exec", id, "--", "cat", "/tmp/count"))); n2 <= n {
+		if n2 := readCount(t, l, id); n2 <= n {
 			t.Fatalf("counter of %s does not run after failover: %d then %d", id, n, n2)
 		}
 		got, types := eventIDs(t, l, id)
@@ -375,4 +374,16 @@ func removeCgroups(t *testing.T, parent string) {
 			t.Logf("remove cgroup %s: %v", d, err)
 		}
 	}
+}
+
+// readCount reads the counter a test sandbox's process keeps in
+// /tmp/count (written to a new file and renamed: never seen half written).
+func readCount(t *testing.T, via *testNode, id string) int {
+	t.Helper()
+	out := via.must("exec", id, "--", "cat", "/tmp/count")
+	n, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil {
+		t.Fatalf("counter of %s: %q is not a number", id, out)
+	}
+	return n
 }
