@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -190,7 +191,9 @@ func count(xs []string, x string) int {
 // sandbox runs again on the winner from its checkpoint (the counter goes on
 // from its value at the cut, the file is there), and every event
 // acknowledged before the kill is still in its stream, read through the
-// other node. Calls through the loser reach the winner (forwarded).
+// other node, and a client that followed its event stream through node b
+// from before the kill saw every event once, in order, through the restore.
+// Calls through the loser reach the winner (forwarded).
 //
 // Partition: the winner's process is then SIGSTOPped (its sandboxes run on:
 // a stale copy, as behind a cut link). The last node takes over. A call
@@ -234,6 +237,10 @@ func TestE2ENodesFailover(t *testing.T) {
 			t.Fatalf("events of %s through node-b: %v", id, acked[id])
 		}
 	}
+
+	// A client follows the first sandbox's events through node b, from
+	// the start, across the failover.
+	followed := followEvents(t, nodes["node-b"], ids[0], adminKey)
 
 	// Kill node a: its process, then its sandboxes.
 	killed := time.Now()
@@ -292,6 +299,34 @@ func TestE2ENodesFailover(t *testing.T) {
 		if count(types, "sandbox.restored") != 1 || count(types, "sandbox.crashed") != 1 {
 			t.Fatalf("events of %s: want one crashed and one restored (one winner): %v", id, types)
 		}
+	}
+
+	// The follower saw every event, in order, without a gap, up to the
+	// restore on the winner.
+	want, _ := eventIDs(t, l, ids[0])
+	var seen []api.Event
+	for timeout := time.After(60 * time.Second); len(seen) < len(want); {
+		select {
+		case ev, ok := <-followed:
+			if !ok {
+				t.Fatalf("the event stream through node-b ended after %d of %d events", len(seen), len(want))
+			}
+			seen = append(seen, ev)
+		case <-timeout:
+			t.Fatalf("the event stream through node-b delivered %d of %d events in 60s", len(seen), len(want))
+		}
+	}
+	for i, ev := range seen {
+		if ev.Seq != uint64(i+1) || ev.ID != want[i] {
+			t.Fatalf("followed event %d: seq %d id %s, want seq %d id %s", i, ev.Seq, ev.ID, i+1, want[i])
+		}
+	}
+	var seenTypes []string
+	for _, ev := range seen {
+		seenTypes = append(seenTypes, ev.Type)
+	}
+	if count(seenTypes, "sandbox.restored") != 1 {
+		t.Fatalf("the followed stream did not carry the restore on the winner: %v", seenTypes)
 	}
 
 	// Partition the winner: SIGSTOP its process, its sandboxes run on.
@@ -386,4 +421,37 @@ func readCount(t *testing.T, via *testNode, id string) int {
 		t.Fatalf("counter of %s: %q is not a number", id, out)
 	}
 	return n
+}
+
+// followEvents follows sandbox id's events through node via from the
+// first (GET …/events?follow=true, newline-delimited JSON) until the test
+// ends.
+func followEvents(t *testing.T, via *testNode, id, key string) <-chan api.Event {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+via.addr+"/v1/sandboxes/"+id+"/events?follow=true&from=1", nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		t.Fatalf("follow events of %s: status %d", id, resp.StatusCode)
+	}
+	ch := make(chan api.Event, 1000)
+	go func() {
+		defer close(ch)
+		defer resp.Body.Close()
+		dec := json.NewDecoder(resp.Body)
+		for {
+			var ev api.Event
+			if err := dec.Decode(&ev); err != nil {
+				return
+			}
+			ch <- ev
+		}
+	}()
+	return ch
 }
