@@ -92,8 +92,9 @@ type Node struct {
 
 // Join registers this node (the engine's node id) and returns; Run starts
 // the heartbeats and the failover scans. A node registered under the same
-// id before (this node's previous run) is replaced with the next epoch:
-// its heartbeats, if it still runs, are refused.
+// id before (this node's previous run) is replaced with the next epoch
+// once its lease has expired (Join waits up to twice the lease for that;
+// a second daemon with a live node's id is refused).
 func Join(ctx context.Context, o Options) (*Node, error) {
 	if o.Meta == nil || o.Engine == nil || o.Leases == nil {
 		return nil, errdefs.InvalidArgumentf("cluster: meta, engine and leases are required")
@@ -126,10 +127,26 @@ func Join(ctx context.Context, o Options) (*Node, error) {
 		o.Capacity = func(context.Context) meta.NodeCapacity { return meta.NodeCapacity{} }
 	}
 	n := &Node{o: o, id: o.Engine.NodeID(), lg: o.Logger}
-	if err := n.register(ctx); err != nil {
-		return nil, err
+	// A node restarted within its lease finds its previous run's lease
+	// still live: it waits for it to expire (the other nodes may take its
+	// sandboxes over meanwhile, as for any dead node) rather than share
+	// the id with a daemon that may still run.
+	deadline := time.Now().Add(2 * o.TTL)
+	for {
+		err := n.register(ctx)
+		if err == nil {
+			return n, nil
+		}
+		if !errdefs.IsConflict(err) || time.Now().After(deadline) {
+			return nil, err
+		}
+		n.lg.Warn("waiting for this node's previous lease to expire", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(o.Heartbeat):
+		}
 	}
-	return n, nil
 }
 
 func (n *Node) register(ctx context.Context) error {
