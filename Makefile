@@ -13,7 +13,7 @@ BIN := bin/amber
 
 -include mk/setup.mk
 
-.PHONY: build test test-unit test-extended bench fuzz chaos demo vet clean console
+.PHONY: build test test-unit test-extended bench bench-failover fuzz chaos demo vet clean console
 
 build:
 	$(GO) build -tags $(GOTAGS) -o $(BIN) ./cmd/amber
@@ -65,6 +65,13 @@ test-extended: setup setup-extended
 
 bench: setup-test build
 	scripts/bench.sh
+
+# Time from a node's death to its sandboxes running on another node
+# (docs/deploy.md): FAILOVER_SANDBOXES sandboxes, default lease settings.
+FAILOVER_SANDBOXES ?= 10
+bench-failover: setup-test build
+	AMBER_BIN=$(abspath $(BIN)) AMBER_FAILOVER_SANDBOXES=$(FAILOVER_SANDBOXES) \
+	  $(GO) test -tags $(GOTAGS) -count=1 -timeout 30m -run '^TestE2EFailoverTime$$' -v ./cmd/amber
 
 demo: setup build
 	scripts/demo.sh

@@ -202,9 +202,11 @@ type Sandbox struct {
 	Generation int    `json:"generation"`
 	Origin     string `json:"origin,omitempty"`
 	// Recovery is the recovery policy ("" is none).
-	Recovery string    `json:"recovery,omitempty"`
-	Created  time.Time `json:"created"`
-	Updated  time.Time `json:"updated"`
+	Recovery string `json:"recovery,omitempty"`
+	// Node is the node that runs the sandbox (deployments of many nodes).
+	Node    string    `json:"node,omitempty"`
+	Created time.Time `json:"created"`
+	Updated time.Time `json:"updated"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.
@@ -680,4 +682,33 @@ type UsageRow struct {
 	Meter    string  `json:"meter"`
 	Quantity float64 `json:"quantity"`
 	Records  int     `json:"records"`
+}
+
+// Node is one node of a deployment on shared stores (GET /v1/nodes).
+type Node struct {
+	ID        string       `json:"id"`
+	Addr      string       `json:"addr"`
+	Epoch     uint64       `json:"epoch"`
+	State     string       `json:"state"` // live, draining, dead, left
+	Alive     bool         `json:"alive"` // its lease runs now
+	Capacity  NodeCapacity `json:"capacity"`
+	Started   time.Time    `json:"started"`
+	Heartbeat time.Time    `json:"heartbeat"`
+	Expires   time.Time    `json:"expires"`
+	TakenBy   string       `json:"taken_by,omitempty"` // the node that took over its sandboxes
+}
+
+// NodeCapacity is what a node offers and uses.
+type NodeCapacity struct {
+	MemoryBytes     int64    `json:"memory_bytes"`
+	MaxSandboxes    int      `json:"max_sandboxes"`
+	Sandboxes       int      `json:"sandboxes"`
+	UsedMemoryBytes int64    `json:"used_memory_bytes"`
+	Templates       []string `json:"templates"`
+	Driver          string   `json:"driver"`
+}
+
+// NodeList is the body of GET /v1/nodes.
+type NodeList struct {
+	Nodes []Node `json:"nodes"`
 }

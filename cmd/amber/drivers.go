@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/amber-run/amber/internal/egress"
 	"log/slog"
 	"path/filepath"
 	"sort"
@@ -19,6 +20,10 @@ type driverConfig struct {
 	// Network is the egress plumbing (nil: sandboxes get loopback only).
 	Network sandbox.Network
 	Logger  *slog.Logger
+	// CgroupParent, when set, replaces the driver's default cgroup parent
+	// (a node on shared stores gets one of its own: sandbox ids are
+	// cluster-wide, and two nodes may share a machine in tests).
+	CgroupParent string
 }
 
 // driverFactories maps --driver names to constructors. Each driver registers
@@ -45,15 +50,19 @@ func driverNames() []string {
 	return names
 }
 
-func newDriver(name, dataDir, cache string, network sandbox.Network, lg *slog.Logger) (sandbox.Driver, error) {
+func newDriver(name, dataDir, cache string, network sandbox.Network, cgroupParent string, lg *slog.Logger) (sandbox.Driver, error) {
 	f, ok := driverFactories[name]
 	if !ok {
 		return nil, usageError{fmt.Errorf("unknown driver %q (this amber has: %s)", name, strings.Join(driverNames(), ", "))}
 	}
+	if n, ok := network.(*egress.Network); ok && n == nil {
+		network = nil // --egress=false: no network, not a nil one
+	}
 	return f(driverConfig{
-		StateDir: filepath.Join(dataDir, "drivers", name),
-		Cache:    cache,
-		Network:  network,
-		Logger:   lg,
+		StateDir:     filepath.Join(dataDir, "drivers", name),
+		Cache:        cache,
+		Network:      network,
+		Logger:       lg,
+		CgroupParent: cgroupParent,
 	})
 }

@@ -11,10 +11,11 @@ import (
 func init() {
 	driverFactories["gvisor"] = func(c driverConfig) (sandbox.Driver, error) {
 		return gvisor.New(gvisor.Options{
-			StateDir:  c.StateDir,
-			RunscPath: filepath.Join(c.Cache, "bin", "runsc"),
-			Logger:    c.Logger,
-			Network:   c.Network,
+			StateDir:     c.StateDir,
+			RunscPath:    filepath.Join(c.Cache, "bin", "runsc"),
+			Logger:       c.Logger,
+			Network:      c.Network,
+			CgroupParent: c.CgroupParent,
 		})
 	}
 }

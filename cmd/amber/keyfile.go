@@ -22,7 +22,11 @@ import (
 //     the operator out.
 //
 // Only the key's SHA-256 is stored in the metadata store.
-func ensureAdminKey(ctx context.Context, m *meta.Store, dataDir string) (path string, created bool, err error) {
+//
+// On shared stores (shared), a node without the file does not replace an
+// operator key another node registered (that would lock the other nodes'
+// admin.key out): it fails, asking for the first node's file.
+func ensureAdminKey(ctx context.Context, m *meta.Store, dataDir string, shared bool) (path string, created bool, err error) {
 	path = filepath.Join(dataDir, "admin.key")
 	b, err := os.ReadFile(path)
 	switch {
@@ -34,6 +38,11 @@ func ensureAdminKey(ctx context.Context, m *meta.Store, dataDir string) (path st
 		return path, false, putAdminKey(ctx, m, key)
 	case !os.IsNotExist(err):
 		return path, false, err
+	}
+	if shared {
+		if _, kerr := m.KeyByName(ctx, meta.DefaultTenant, meta.OperatorKeyName); kerr == nil {
+			return path, false, fmt.Errorf("%s is missing and another node registered the operator's key: copy admin.key from a node that has it (every node of a deployment shares it)", path)
+		}
 	}
 	key, err := meta.NewKeySecret()
 	if err != nil {

@@ -19,7 +19,7 @@ func TestAdminKeyLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	path, created, err := ensureAdminKey(ctx, m, dir)
+	path, created, err := ensureAdminKey(ctx, m, dir, false)
 	if err != nil || !created {
 		t.Fatalf("first start: %v %v", created, err)
 	}
@@ -32,7 +32,7 @@ func TestAdminKeyLifecycle(t *testing.T) {
 	if k, err := m.KeyByHash(ctx, meta.HashKey(key1)); err != nil || k.Tenant != "default" || !k.Has(meta.ScopeAdmin) || !k.Has(meta.ScopeWrite) || !k.Has(meta.ScopeRead) || k.Prefix != key1[:12] {
 		t.Fatalf("key not accepted: %v", err)
 	}
-	if _, created, _ := ensureAdminKey(ctx, m, dir); created {
+	if _, created, _ := ensureAdminKey(ctx, m, dir, false); created {
 		t.Fatal("second start made a new key")
 	}
 	// Only the hash is stored.
@@ -44,7 +44,7 @@ func TestAdminKeyLifecycle(t *testing.T) {
 	}
 	// A deleted key file gets a new key; the old one stops working.
 	os.Remove(path)
-	if _, created, err := ensureAdminKey(ctx, m, dir); err != nil || !created {
+	if _, created, err := ensureAdminKey(ctx, m, dir, false); err != nil || !created {
 		t.Fatalf("after delete: %v %v", created, err)
 	}
 	if _, err := m.KeyByHash(ctx, meta.HashKey(key1)); !errdefs.IsNotFound(err) {

@@ -89,6 +89,7 @@ func newRoot() *cobra.Command {
 		newAuditCmd(g),
 		newSessionCmd(g),
 		newUsageCmd(g),
+		newNodeCmd(g),
 	)
 	return root
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/chunkstore"
+	"github.com/amber-run/amber/internal/cluster"
 	"github.com/amber-run/amber/internal/egress"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/gateway"
@@ -33,6 +34,7 @@ import (
 	"github.com/amber-run/amber/internal/server"
 	"github.com/amber-run/amber/internal/session"
 	"github.com/amber-run/amber/internal/tracing"
+	"github.com/amber-run/amber/stores/postgres"
 	"github.com/amber-run/amber/stores/sqlite"
 )
 
@@ -44,6 +46,7 @@ type upOptions struct {
 	idle                                time.Duration
 	meterInterval                       time.Duration
 	egress                              egressOptions
+	shared                              sharedOptions
 }
 
 func newUpCmd(g *globalFlags) *cobra.Command {
@@ -92,6 +95,7 @@ are recorded.`,
 	f.StringSliceVar(&o.egress.caFiles, "egress-ca-file", nil, "PEM bundle of CAs the gateway trusts upstream besides the system's (repeatable)")
 	f.BoolVar(&o.egress.journal, "egress-journal", true, "journal every outbound request (off only as a test's negative control)")
 	_ = f.MarkHidden("egress-journal")
+	o.shared.register(f)
 	f.StringSliceVar(&o.egress.hosts, "egress-host", nil, "NAME=IP names the gateway resolves itself (local services, tests); reachable by that name even on a private address")
 	return c
 }
@@ -154,6 +158,9 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if err := os.MkdirAll(dataDir, 0o711); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
+	if err := o.shared.resolve(o.addr); err != nil {
+		return err
+	}
 	unlock, err := lockDataDir(dataDir)
 	if err != nil {
 		return err
@@ -180,7 +187,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		}
 		defer enet.Close()
 	}
-	drv, err := newDriver(o.driver, dataDir, cacheDir(), enet, lg)
+	drv, err := newDriver(o.driver, dataDir, cacheDir(), enet, o.shared.cgroupParent(o.driver), lg)
 	if err != nil {
 		return err
 	}
@@ -188,28 +195,39 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		// The driver's message names the command that fixes it.
 		return fmt.Errorf("driver %s is not ready: %w", o.driver, err)
 	}
-	m, err := meta.Open(filepath.Join(dataDir, "meta.db"), meta.Options{})
+	m, err := meta.Open(o.shared.metaSpec(dataDir), meta.Options{})
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	keyPath, created, err := ensureAdminKey(ctx, m, dataDir)
+	keyPath, created, err := ensureAdminKey(ctx, m, dataDir, o.shared.shared())
 	if err != nil {
 		return fmt.Errorf("admin key: %w", err)
 	}
 	if created {
 		lg.Info("wrote a new admin API key", "path", keyPath)
 	}
-	log, err := sqlite.Open(filepath.Join(dataDir, "events.db"), sqlite.Options{Logger: lg.With("component", "eventlog")})
-	if err != nil {
-		return err
+	var log eventlog.Store
+	var pgLog *postgres.Store // the shared log: leases are taken over on it
+	if o.shared.shared() {
+		if pgLog, err = openSharedLog(ctx, o.shared.store, lg); err != nil {
+			return err
+		}
+		defer pgLog.Close()
+		log = pgLog
+	} else {
+		sl, err := sqlite.Open(filepath.Join(dataDir, "events.db"), sqlite.Options{Logger: lg.With("component", "eventlog")})
+		if err != nil {
+			return err
+		}
+		defer sl.Close()
+		log = sl
 	}
-	defer log.Close()
 
 	if o.keep < 0 {
 		return usageError{fmt.Errorf("--keep-checkpoints %d: must be 0 (keep all) or more", o.keep)}
 	}
-	ckpts, bs, workDir, err := openCheckpointStore(ctx, dataDir, o.blobs, lg)
+	ckpts, bs, workDir, err := openCheckpointStore(ctx, dataDir, o.blobs, o.shared.masterKeyFile, lg)
 	if err != nil {
 		return err
 	}
@@ -246,7 +264,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		if err != nil {
 			return err
 		}
-		key, err := ensureMasterKey(dataDir, chunkstore.MasterKeySize)
+		key, err := loadMasterKey(dataDir, o.shared.masterKeyFile, chunkstore.MasterKeySize)
 		if err != nil {
 			return err
 		}
@@ -263,14 +281,35 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		Driver: drv, Meta: m, Log: tlog, Registry: reg, Templates: cat, Observer: mx,
 		Pool: pool, WatchInterval: o.watch, Logger: lg.With("component", "engine"),
 		Checkpoints: ckpts, WorkDir: workDir, KeepCheckpoints: o.keep, IdleTimeout: o.idle, Audit: trail,
-		Tracer: tp, MeterInterval: o.meterInterval,
+		Tracer: tp, MeterInterval: o.meterInterval, Node: o.shared.nodeID, Shared: o.shared.shared(),
 	})
 	if err != nil {
 		return err
 	}
 	meterTo.Store(eng) // the gateway's decisions are metered from here on
+	// On shared stores the node registers (a new lease epoch) before it
+	// reconciles its rows, and heartbeats and watches the others after.
+	var node *cluster.Node
+	if o.shared.shared() {
+		node, err = cluster.Join(ctx, cluster.Options{Meta: m, Engine: eng, Leases: pgLog, Addr: o.shared.advertise,
+			TTL: o.shared.ttl, Heartbeat: o.shared.heartbeat, Capacity: nodeCapacity(m, eng, cat.Names()),
+			Logger: lg.With("component", "cluster")})
+		if err != nil {
+			return err
+		}
+	}
 	if err := eng.Start(ctx); err != nil {
 		return err
+	}
+	if node != nil {
+		node.Run(ctx)
+		// Stopped first (defers run last first): a clean stop leaves the
+		// node's sandboxes running and marks it left, not dead.
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			node.Close(cctx, true)
+		}()
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -280,9 +319,8 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		}
 	}()
 
-	host, _ := os.Hostname()
 	harness := &session.Harness{Log: tlog, Registry: reg, Meta: m, Boxes: session.EngineSandboxes{E: eng},
-		Logger: lg.With("component", "sessions"), Holder: "node/" + host}
+		Logger: lg.With("component", "sessions"), Holder: engine.LeaseHolder(eng.NodeID())}
 	if secrets != nil { // a nil *Store in the interface would not be nil
 		harness.Secrets = secrets
 	}
@@ -304,7 +342,11 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		return err
 	}
 	defer os.Remove(addrFile)
-	api := server.New(server.Options{Engine: eng, Meta: m, Audit: trail, Secrets: secrets, Metrics: mx, Tracer: tp, Logger: lg.With("component", "api"), Version: version, Sessions: sessions, Console: console.Assets()})
+	sopts := server.Options{Engine: eng, Meta: m, Audit: trail, Secrets: secrets, Metrics: mx, Tracer: tp, Logger: lg.With("component", "api"), Version: version, Sessions: sessions, Console: console.Assets()}
+	if node != nil {
+		sopts.Router = node
+	}
+	api := server.New(sopts)
 	srv := &http.Server{
 		Handler:           api,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -335,12 +377,12 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 // empties the work directory where images are cut and fetched (what a
 // crashed daemon left there is garbage: committed images live in the blob
 // store).
-func openCheckpointStore(ctx context.Context, dataDir, blobs string, lg *slog.Logger) (*chunkstore.Store, blob.Store, string, error) {
+func openCheckpointStore(ctx context.Context, dataDir, blobs, keyFile string, lg *slog.Logger) (*chunkstore.Store, blob.Store, string, error) {
 	bs, where, err := openBlobs(ctx, dataDir, blobs, lg)
 	if err != nil {
 		return nil, nil, "", err
 	}
-	key, err := ensureMasterKey(dataDir, chunkstore.MasterKeySize)
+	key, err := loadMasterKey(dataDir, keyFile, chunkstore.MasterKeySize)
 	if err != nil {
 		return nil, nil, "", err
 	}

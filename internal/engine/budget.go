@@ -202,7 +202,7 @@ func (e *Engine) enforceBudgets(ctx context.Context) {
 			continue
 		}
 		tenant := t.ID
-		rows, err := e.meta.List(ctx, meta.Filter{Tenant: &tenant, States: []meta.State{meta.StateRunning}})
+		rows, err := e.meta.List(ctx, e.mine(meta.Filter{Tenant: &tenant, States: []meta.State{meta.StateRunning}}))
 		if err != nil {
 			continue
 		}

@@ -574,7 +574,7 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 		}
 		defer release()
 		sb = meta.Sandbox{ID: newID(), Tenant: ck.Tenant, Template: ck.Template, TemplateVersion: ck.TemplateVersion,
-			Driver: ck.Driver, Limits: src.Limits, Env: src.Env, State: meta.StateRestoring, Origin: ck.ID, Policy: src.Policy}
+			Driver: ck.Driver, Limits: src.Limits, Env: src.Env, State: meta.StateRestoring, Origin: ck.ID, Policy: src.Policy, Node: e.nodeID}
 		defer e.lock(sb.ID)()
 		if sb, err = e.meta.Insert(ctx, sb); err != nil {
 			return sb, err
@@ -582,6 +582,9 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 	} else {
 		defer e.lock(target)()
 		if sb, err = e.meta.Get(ctx, target); err != nil {
+			return sb, err
+		}
+		if err := e.ownedHere(sb); err != nil {
 			return sb, err
 		}
 		if resumeIdle && sb.State == meta.StateRunning {

@@ -69,6 +69,13 @@ type Options struct {
 	// Node names this daemon as the holder of the leases it takes on
 	// sandbox streams (default: the host name).
 	Node string
+	// Shared says the metadata store and the event log are shared with
+	// other nodes (PostgreSQL): this engine then manages only the rows
+	// whose Node is its own (reconcile, watch, pool, policies, idle
+	// stops, metering) and refuses calls into sandboxes that run on
+	// another node (errdefs.ErrFenced; the API forwards them to their
+	// node). See failover.go and docs/deploy.md.
+	Shared bool
 	// LeaseTTL is how long a sandbox stream's lease lasts without renewal
 	// (default 30s); checkpoint commits renew it.
 	LeaseTTL time.Duration
@@ -129,7 +136,9 @@ type Engine struct {
 
 	ckpts    *chunkstore.Store
 	workDir  string
-	node     string
+	node     string // lease holder: "node/" + nodeID
+	nodeID   string // Options.Node: the value of meta.Sandbox.Node for rows this engine runs
+	shared   bool
 	leaseTTL time.Duration
 	leasesMu sync.Mutex
 	leases   map[string]eventlog.Lease // sandbox id → the lease this engine holds on its stream
@@ -200,7 +209,7 @@ func New(o Options) (*Engine, error) {
 	}
 	e := &Engine{drv: o.Driver, meta: o.Meta, log: o.Log, reg: o.Registry, tmpl: o.Templates,
 		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval,
-		ckpts: o.Checkpoints, workDir: o.WorkDir, node: "node/" + o.Node, leaseTTL: o.LeaseTTL,
+		ckpts: o.Checkpoints, workDir: o.WorkDir, node: "node/" + o.Node, nodeID: o.Node, shared: o.Shared, leaseTTL: o.LeaseTTL,
 		leases: map[string]eventlog.Lease{}, fastEvery: o.FastEvery, fastInterval: o.FastInterval, keep: o.KeepCheckpoints, idle: o.IdleTimeout, audit: o.Audit, obs: o.Observer,
 		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeEngine),
 		gw:     o.Gateway, net: o.Network, defEgress: o.Egress, tenantCA: o.TenantCA}
@@ -418,7 +427,7 @@ func (e *Engine) coldCreate(ctx context.Context, t sandbox.Template, tenant stri
 	id := newID()
 	defer e.lock(id)()
 	e.tmplMu.RLock()
-	sb, err := e.meta.Insert(ctx, meta.Sandbox{
+	sb, err := e.meta.Insert(ctx, meta.Sandbox{Node: e.nodeID,
 		ID: id, Tenant: tenant, Template: t.Name, TemplateVersion: t.Version, Driver: e.drv.Name(),
 		Limits: limits, Env: env, State: meta.StateCreating, Pooled: pooled, Policy: policy,
 	})
@@ -475,6 +484,9 @@ func (e *Engine) Destroy(ctx context.Context, tenant, id string) error {
 	if sb, err = e.meta.Get(ctx, id); err != nil {
 		return err
 	}
+	if err := e.ownedHere(sb); err != nil && sb.State != meta.StateDestroyed {
+		return err
+	}
 	return e.destroy(ctx, sb, "destroyed on request")
 }
 
@@ -508,6 +520,9 @@ func (e *Engine) Kill(ctx context.Context, tenant, id string) (meta.Sandbox, err
 	}
 	defer e.lock(id)()
 	if sb, err = e.meta.Get(ctx, id); err != nil {
+		return sb, err
+	}
+	if err := e.ownedHere(sb); err != nil {
 		return sb, err
 	}
 	if sb.State != meta.StateRunning {

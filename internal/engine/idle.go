@@ -59,7 +59,7 @@ func (e *Engine) idleLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		rows, err := e.meta.List(ctx, meta.Filter{States: []meta.State{meta.StateRunning}})
+		rows, err := e.meta.List(ctx, e.mine(meta.Filter{States: []meta.State{meta.StateRunning}}))
 		if err != nil {
 			continue
 		}

@@ -362,7 +362,7 @@ func (e *Engine) meterTick(ctx context.Context, end time.Time) error {
 	}
 	e.meter.lastEnd = end
 	start := end.Add(-e.meterEvery)
-	rows, err := e.meta.List(ctx, meta.Filter{States: []meta.State{meta.StateRunning}})
+	rows, err := e.meta.List(ctx, e.mine(meta.Filter{States: []meta.State{meta.StateRunning}}))
 	if err != nil {
 		return err
 	}

@@ -71,6 +71,9 @@ func (e *Engine) running(ctx context.Context, tenant, id string) (meta.Sandbox, 
 	if err != nil {
 		return sb, err
 	}
+	if err := e.ownedHere(sb); err != nil {
+		return sb, err
+	}
 	if sb.State != meta.StateRunning {
 		return sb, errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
 	}

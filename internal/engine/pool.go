@@ -286,7 +286,7 @@ func (p *pool) drain(ctx context.Context) error {
 	p.ready = map[string][]string{}
 	p.mu.Unlock()
 	pooled := true
-	rows, err := p.e.meta.List(ctx, meta.Filter{Pooled: &pooled})
+	rows, err := p.e.meta.List(ctx, p.e.mine(meta.Filter{Pooled: &pooled}))
 	if err != nil {
 		return err
 	}

@@ -33,8 +33,8 @@ func (e *Engine) reconcile(ctx context.Context) error {
 	for _, in := range infos {
 		live[in.ID] = in
 	}
-	rows, err := e.meta.List(ctx, meta.Filter{States: []meta.State{
-		meta.StateCreating, meta.StateRestoring, meta.StateRunning, meta.StateStopped, meta.StateCrashed, meta.StateDestroyed}})
+	rows, err := e.meta.List(ctx, e.mine(meta.Filter{States: []meta.State{
+		meta.StateCreating, meta.StateRestoring, meta.StateRunning, meta.StateStopped, meta.StateCrashed, meta.StateDestroyed}}))
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
@@ -105,7 +105,7 @@ func (e *Engine) reconcile(ctx context.Context) error {
 	}
 	for id := range live {
 		if !known[id] {
-			e.lg.Warn("driver has a sandbox the metadata store does not know; left alone", "sandbox_id", id)
+			e.unknownSandbox(ctx, id)
 		}
 	}
 	e.lg.Info("reconciled", "driver", e.drv.Name(), "reattached", reattached, "crashed", crashed)
@@ -151,7 +151,7 @@ func (e *Engine) checkRunning(ctx context.Context) error {
 	for _, in := range infos {
 		live[in.ID] = in.State
 	}
-	rows, err := e.meta.List(ctx, meta.Filter{States: []meta.State{meta.StateRunning}})
+	rows, err := e.meta.List(ctx, e.mine(meta.Filter{States: []meta.State{meta.StateRunning}}))
 	if err != nil {
 		return err
 	}

@@ -120,7 +120,7 @@ func (s *Store) InsertCheckpoint(ctx context.Context, c Checkpoint) (Checkpoint,
 		c.ID, c.Tenant, c.SandboxID, string(c.State), c.Reason, c.Parent, c.Tag, c.Stream, int64(c.Seq), int64(c.EventSeq),
 		c.Driver, c.Template, c.TemplateVersion, c.ManifestDigest, c.ImageDigest, string(stats), now.UnixNano(), now.UnixNano())
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint") {
+		if isUnique(err) {
 			return c, errdefs.AlreadyExistsf("checkpoint %s", c.ID)
 		}
 		return c, fmt.Errorf("meta insert checkpoint %s: %w", c.ID, err)

@@ -47,10 +47,10 @@ CREATE TABLE IF NOT EXISTS idempotency (
 func (s *Store) BeginIdempotent(ctx context.Context, tenant, key, requestHash string, stale time.Duration) (Idempotent, bool, error) {
 	now := s.clock.Now()
 	res, err := s.db.ExecContext(ctx, `INSERT INTO idempotency (tenant, key, request_hash, done, status, content_type, body, created_ns)
-		VALUES (?,?,?,0,0,'',x'',?)
+		VALUES (?,?,?,0,0,'',?,?)
 		ON CONFLICT(tenant, key) DO UPDATE SET request_hash = excluded.request_hash, created_ns = excluded.created_ns
 		WHERE idempotency.done = 0 AND idempotency.created_ns < ?`,
-		tenant, key, requestHash, now.UnixNano(), now.Add(-stale).UnixNano())
+		tenant, key, requestHash, []byte{}, now.UnixNano(), now.Add(-stale).UnixNano())
 	if err != nil {
 		return Idempotent{}, false, fmt.Errorf("idempotency key: %w", err)
 	}

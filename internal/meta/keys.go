@@ -197,7 +197,7 @@ func (s *Store) CreateKey(ctx context.Context, k APIKey) (APIKey, error) {
 	_, err = tx.ExecContext(ctx, `INSERT INTO api_keys (`+keyCols+`) VALUES (?,?,?,?,?,?,?,?)`,
 		k.Tenant, k.Name, k.Hash, k.Prefix, strings.Join(scopeNames(k.Scopes), ","), k.Created.UnixNano(), nanos(k.Expires), 0)
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint") {
+		if isUnique(err) {
 			return k, errdefs.AlreadyExistsf("tenant %s already has a key named %q (revoked keys keep their names); pick another name", k.Tenant, k.Name)
 		}
 		return k, fmt.Errorf("create key %s/%s: %w", k.Tenant, k.Name, err)

@@ -76,7 +76,12 @@ type Sandbox struct {
 	Origin string `json:"origin,omitempty"`
 	// Policy is the recovery policy: "" (checkpoints on request only),
 	// "fast" or "strict" (see engine/policy.go).
-	Policy  string    `json:"policy,omitempty"`
+	Policy string `json:"policy,omitempty"`
+	// Node is the node that runs the sandbox (its engine's Options.Node):
+	// on shared stores, each node manages only its own rows, and a
+	// sandbox moves to another node only by a fenced takeover
+	// (SetNode; see docs/deploy.md).
+	Node    string    `json:"node,omitempty"`
 	Created time.Time `json:"created"`
 	Updated time.Time `json:"updated"`
 }
@@ -88,12 +93,12 @@ type Options struct {
 
 // Store is the metadata database. It is safe for concurrent use.
 type Store struct {
-	db    *sql.DB
+	db    *db
 	clock clock.Clock
 }
 
 // schemaVersion is stored in PRAGMA user_version.
-const schemaVersion = 4
+const schemaVersion = 5
 
 const schema = `
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -112,9 +117,11 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	updated_ns       INTEGER NOT NULL,
 	generation       INTEGER NOT NULL DEFAULT 0,
 	origin           TEXT NOT NULL DEFAULT '',
-	policy           TEXT NOT NULL DEFAULT ''
+	policy           TEXT NOT NULL DEFAULT '',
+	node             TEXT NOT NULL DEFAULT ''
 ) STRICT;
 CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes(tenant, state);
+CREATE INDEX IF NOT EXISTS sandboxes_node ON sandboxes(node, state);
 ` + apiKeysSchema + `
 CREATE TABLE IF NOT EXISTS exposures (
 	sandbox_id TEXT NOT NULL,
@@ -124,7 +131,7 @@ CREATE TABLE IF NOT EXISTS exposures (
 	created_ns INTEGER NOT NULL,
 	PRIMARY KEY (sandbox_id, port)
 ) STRICT;
-` + checkpointSchema + tenantsSchema + tenantPolicySchema + idempotencySchema + quotaSchema + sandboxEgressSchema + secretsSchema + sessionsSchema
+` + checkpointSchema + tenantsSchema + tenantPolicySchema + idempotencySchema + quotaSchema + sandboxEgressSchema + secretsSchema + sessionsSchema + nodesSchema
 
 // apiKeysSchema is the api_keys table since schema version 3. Times are
 // Unix nanoseconds; 0 in expires_ns or revoked_ns means never. scopes is
@@ -163,28 +170,35 @@ var migrations = map[int]string{
 	      GROUP BY tenant;`,
 	// 3 → 4: agent sessions (sessions.go).
 	3: sessionsSchema,
+	// 4 → 5: the node that runs each sandbox (nodes.go).
+	4: `ALTER TABLE sandboxes ADD COLUMN node TEXT NOT NULL DEFAULT '';`,
 }
 
-// Open opens (creating if needed) the store at path.
+// Open opens (creating if needed) the store at path: a SQLite file, or,
+// when path is a postgres:// (or postgresql://) URL, a PostgreSQL database
+// that several nodes share (see OpenPostgres).
 func Open(path string, opts Options) (*Store, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.Real{}
+	}
+	if IsPostgres(path) {
+		return openPostgres(path, opts)
 	}
 	q := url.Values{}
 	for _, p := range []string{"journal_mode(WAL)", "synchronous(FULL)", "busy_timeout(10000)", "foreign_keys(1)"} {
 		q.Add("_pragma", p)
 	}
 	q.Set("_txlock", "immediate")
-	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	sqldb, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("open meta %s: %w", path, err)
 	}
 	// One connection: metadata traffic is small, and a single writer never
 	// waits on SQLite's busy handler.
-	db.SetMaxOpenConns(1)
-	s := &Store{db: db, clock: opts.Clock}
+	sqldb.SetMaxOpenConns(1)
+	s := &Store{db: &db{DB: sqldb}, clock: opts.Clock}
 	if err := s.migrate(); err != nil {
-		db.Close()
+		sqldb.Close()
 		return nil, fmt.Errorf("open meta %s: %w", path, err)
 	}
 	return s, nil
@@ -207,7 +221,7 @@ func (s *Store) migrate() error {
 		return err
 	}
 	// The operator's tenant always exists.
-	if _, err := s.db.Exec(`INSERT OR IGNORE INTO tenants (id, name, state, created_ns) VALUES (?, ?, ?, ?)`,
+	if _, err := s.db.Exec(`INSERT INTO tenants (id, name, state, created_ns) VALUES (?, ?, ?, ?) ON CONFLICT(id) DO NOTHING`,
 		DefaultTenant, DefaultTenant, TenantActive, s.clock.Now().UnixNano()); err != nil {
 		return err
 	}
@@ -235,7 +249,7 @@ func (s *Store) migrateOne(v int) error {
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
 
-const cols = `id, tenant, template, template_version, driver, limits, env, state, reason, pooled, from_pool, created_ns, updated_ns, generation, origin, policy`
+const cols = `id, tenant, template, template_version, driver, limits, env, state, reason, pooled, from_pool, created_ns, updated_ns, generation, origin, policy, node`
 
 // Insert adds a new sandbox row. Created and Updated are set from the clock.
 func (s *Store) Insert(ctx context.Context, sb Sandbox) (Sandbox, error) {
@@ -246,11 +260,11 @@ func (s *Store) Insert(ctx context.Context, sb Sandbox) (Sandbox, error) {
 	sb.Created, sb.Updated = now, now
 	limits, _ := json.Marshal(sb.Limits)
 	env, _ := json.Marshal(nonNil(sb.Env))
-	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+cols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+cols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Tenant, sb.Template, sb.TemplateVersion, sb.Driver, string(limits), string(env),
-		string(sb.State), sb.Reason, sb.Pooled, sb.FromPool, now.UnixNano(), now.UnixNano(), sb.Generation, sb.Origin, sb.Policy)
+		string(sb.State), sb.Reason, sb.Pooled, sb.FromPool, now.UnixNano(), now.UnixNano(), sb.Generation, sb.Origin, sb.Policy, sb.Node)
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint") {
+		if isUnique(err) {
 			return sb, errdefs.AlreadyExistsf("sandbox %s", sb.ID)
 		}
 		return sb, fmt.Errorf("meta insert %s: %w", sb.ID, err)
@@ -273,6 +287,7 @@ func (s *Store) Get(ctx context.Context, id string) (Sandbox, error) {
 type Filter struct {
 	Tenant *string // nil: any tenant
 	Pooled *bool   // nil: pooled or not
+	Node   *string // nil: on any node
 	// States, when set, lists the states to return; otherwise every state
 	// except destroyed.
 	States []State
@@ -289,6 +304,10 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Sandbox, error) {
 	if f.Pooled != nil {
 		where = append(where, "pooled = ?")
 		args = append(args, *f.Pooled)
+	}
+	if f.Node != nil {
+		where = append(where, "node = ?")
+		args = append(args, *f.Node)
 	}
 	if len(f.States) > 0 {
 		where = append(where, "state IN ("+strings.TrimSuffix(strings.Repeat("?,", len(f.States)), ",")+")")
@@ -393,7 +412,7 @@ func scan(r scanner) (Sandbox, error) {
 	var limits, env, state string
 	var created, updated int64
 	err := r.Scan(&sb.ID, &sb.Tenant, &sb.Template, &sb.TemplateVersion, &sb.Driver, &limits, &env,
-		&state, &sb.Reason, &sb.Pooled, &sb.FromPool, &created, &updated, &sb.Generation, &sb.Origin, &sb.Policy)
+		&state, &sb.Reason, &sb.Pooled, &sb.FromPool, &created, &updated, &sb.Generation, &sb.Origin, &sb.Policy, &sb.Node)
 	if err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return sb, err

@@ -2,7 +2,6 @@ package meta
 
 import (
 	"context"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -14,7 +13,7 @@ import (
 
 func open(t *testing.T) (*Store, string) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "meta.db")
+	path := newSpec(t)
 	s, err := Open(path, Options{Clock: clock.NewFake(time.Unix(1700000000, 0))})
 	if err != nil {
 		t.Fatal(err)

@@ -90,8 +90,11 @@ func (s *Store) SetTenantQuota(ctx context.Context, tenant string, q TenantQuota
 // CheckpointBytes is what tenant's committed checkpoints added to the store.
 func (s *Store) CheckpointBytes(ctx context.Context, tenant string) (int64, error) {
 	var n sql.NullInt64
-	err := s.db.QueryRowContext(ctx, `SELECT SUM(json_extract(stats, '$.stored_bytes')) FROM checkpoints WHERE tenant = ? AND state = ?`,
-		tenant, string(CheckpointCommitted)).Scan(&n)
+	q := `SELECT SUM(json_extract(stats, '$.stored_bytes')) FROM checkpoints WHERE tenant = ? AND state = ?`
+	if s.db.pg {
+		q = `SELECT SUM((stats::jsonb->>'stored_bytes')::bigint)::bigint FROM checkpoints WHERE tenant = ? AND state = ?`
+	}
+	err := s.db.QueryRowContext(ctx, q, tenant, string(CheckpointCommitted)).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("checkpoint bytes of %s: %w", tenant, err)
 	}

@@ -55,7 +55,7 @@ func (s *Store) InsertSession(ctx context.Context, se Session) (Session, error) 
 	_, err := s.db.ExecContext(ctx, `INSERT INTO sessions (`+sessionCols+`) VALUES (?,?,?,?,?,?,?,?)`,
 		se.ID, se.Tenant, se.Definition, se.Status, se.Reason, se.SandboxID, now.UnixNano(), now.UnixNano())
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint") {
+		if isUnique(err) {
 			return se, errdefs.AlreadyExistsf("session %s", se.ID)
 		}
 		return se, fmt.Errorf("meta insert session %s: %w", se.ID, err)

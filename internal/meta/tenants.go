@@ -68,7 +68,7 @@ func (s *Store) CreateTenant(ctx context.Context, t Tenant) (Tenant, error) {
 	_, err := s.db.ExecContext(ctx, `INSERT INTO tenants (id, name, state, created_ns) VALUES (?,?,?,?)`,
 		t.ID, t.Name, t.State, t.Created.UnixNano())
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint") {
+		if isUnique(err) {
 			return t, errdefs.AlreadyExistsf("tenant %s", t.ID)
 		}
 		return t, fmt.Errorf("create tenant %s: %w", t.ID, err)

@@ -47,7 +47,7 @@ func TestPutKeyReplacesByTenantAndName(t *testing.T) {
 func TestTenantsAndKeys(t *testing.T) {
 	ctx := context.Background()
 	fc := clock.NewFake(time.Unix(1700000000, 0))
-	s, err := Open(filepath.Join(t.TempDir(), "meta.db"), Options{Clock: fc})
+	s, err := Open(newSpec(t), Options{Clock: fc})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,6 +154,7 @@ PRAGMA user_version = 2;`
 // TestMigrateFromV2 opens a version-2 database: its key keeps working with
 // every scope, its sandboxes are untouched, and their tenants exist.
 func TestMigrateFromV2(t *testing.T) {
+	onlySQLite(t)
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "meta.db")
 	db, err := sql.Open("sqlite", "file:"+path)

@@ -7,6 +7,7 @@ import (
 	"github.com/amber-run/amber/internal/httpx"
 	"log/slog"
 	"net/http"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -73,7 +74,7 @@ func (s *Server) wrap(rt Route) http.Handler {
 					span.End()
 					panic(p)
 				}
-				lg.ErrorContext(r.Context(), "handler panicked", "panic", p)
+				lg.ErrorContext(r.Context(), "handler panicked", "panic", p, "stack", string(debug.Stack()))
 				if sw.Status == 0 {
 					writeError(sw, fmt.Errorf("internal error (request %s)", rid))
 				}
@@ -116,6 +117,12 @@ func (s *Server) wrap(rt Route) http.Handler {
 				writeError(sw, errdefs.ResourceExhaustedf("quota requests_per_second of tenant %s: more than %g requests per second", key.Tenant, rate))
 				return
 			}
+		}
+		if done, err := s.forward(sw, r, rt); done || err != nil {
+			if err != nil {
+				writeError(sw, err)
+			}
+			return
 		}
 		if !rt.Upload {
 			s.limitBody(sw, r)

@@ -26,7 +26,7 @@ func toAPISandbox(sb meta.Sandbox) api.Sandbox {
 		ID: sb.ID, Tenant: sb.Tenant, Template: sb.Template, TemplateVersion: sb.TemplateVersion,
 		Driver: sb.Driver, State: string(sb.State), Reason: sb.Reason, Limits: toAPILimits(sb.Limits),
 		Env: sb.Env, FromPool: sb.FromPool, Generation: sb.Generation, Origin: sb.Origin, Recovery: sb.Policy,
-		Created: sb.Created, Updated: sb.Updated,
+		Node: sb.Node, Created: sb.Created, Updated: sb.Updated,
 	}
 }
 

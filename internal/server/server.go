@@ -59,6 +59,9 @@ type Options struct {
 	// Console, when set, is the web console's built assets, served at
 	// /console/ (console.go).
 	Console fs.FS
+	// Router, when set, forwards calls into a sandbox to the node that
+	// runs it (nodes.go); nil: one node, every call answered here.
+	Router Router
 }
 
 // Server serves the API. It is an http.Handler.
@@ -85,6 +88,7 @@ type Server struct {
 
 	sessions *session.Manager
 	tickets  tickets // terminal tickets (terminal.go)
+	router   Router
 	// streams ends with CloseStreams: long-lived streams (session SSE)
 	// return so that a graceful shutdown does not wait for them.
 	streams     context.Context
@@ -191,6 +195,7 @@ func (s *Server) routes() []Route {
 		{Method: "GET", Path: "/v1/audit", Scope: read, h: s.listAudit},
 		{Method: "GET", Path: "/v1/audit/verify", Scope: read, h: s.verifyAudit},
 		{Method: "GET", Path: "/v1/usage", Scope: read, h: s.getUsage},
+		{Method: "GET", Path: "/v1/nodes", Scope: admin, h: s.listNodes},
 		{Method: "PUT", Path: "/v1/tenants/{tenant}/policy", Scope: admin, h: s.putTenantPolicy},
 		{Method: "POST", Path: "/v1/sessions", Scope: write, h: s.createSession},
 		{Method: "GET", Path: "/v1/sessions", Scope: read, h: s.listSessions},
@@ -211,7 +216,7 @@ func New(o Options) *Server {
 	}
 	s := &Server{eng: o.Engine, meta: o.Meta, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL, audit: o.Audit, metrics: o.Metrics,
 		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeServer), limits: o.Limits.withDefaults(), secrets: o.Secrets,
-		sessions: o.Sessions}
+		sessions: o.Sessions, router: o.Router}
 	s.streams, s.stopStreams = context.WithCancel(context.Background())
 	for _, rt := range s.routes() {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))

@@ -126,3 +126,43 @@ func fromNanos(ns *int64) time.Time {
 	}
 	return time.Unix(0, *ns).UTC()
 }
+
+// TakeOver moves stream's lease from holder from to holder to with the next
+// epoch, whether or not from's lease has expired: the caller has
+// established that from is gone (its node lease expired and the caller won
+// the claim on that node, see meta.ClaimDeadNode), so waiting out the
+// stream lease would only delay the failover. From the new epoch on, every
+// append from's epoch carries is refused (ErrFenced).
+//
+// Of several callers taking over the same stream from the same holder,
+// exactly one succeeds; the others get ErrConflict naming the new holder. A
+// caller that already holds the lease (a retry after a lost answer) gets it
+// back unchanged (renewed). A stream that never had a lease gets one as by
+// Acquire.
+func (s *Store) TakeOver(ctx context.Context, stream, from, to string, ttl time.Duration) (eventlog.Lease, error) {
+	op := fmt.Sprintf("take over %s from %s for %s", stream, from, to)
+	if err := checkLeaseArgs(stream, to, ttl); err != nil {
+		return eventlog.Lease{}, fmt.Errorf("%s: %w", op, err)
+	}
+	expires := s.clk.Now().Add(ttl).UnixNano()
+	var epoch uint64
+	err := s.pool.QueryRow(ctx, `UPDATE leases SET holder = $3, epoch = epoch + 1, expires = $4
+		WHERE stream = $1 AND holder = $2 RETURNING epoch`, stream, from, to, expires).Scan(&epoch)
+	if err == nil {
+		return eventlog.Lease{Stream: stream, Holder: to, Epoch: epoch, Expires: fromNanos(&expires)}, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return eventlog.Lease{}, s.wrap(op, err)
+	}
+	cur, err := s.CurrentLease(ctx, stream)
+	if err != nil {
+		return eventlog.Lease{}, err
+	}
+	switch {
+	case cur.Epoch == 0:
+		return s.Acquire(ctx, stream, to, ttl)
+	case cur.Holder == to:
+		return s.Renew(ctx, cur, ttl)
+	}
+	return eventlog.Lease{}, errdefs.Conflictf("%s: held by %s (epoch %d)", op, cur.Holder, cur.Epoch)
+}

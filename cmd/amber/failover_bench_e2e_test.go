@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/amber-run/amber/internal/enginetest"
+)
+
+// TestE2EFailoverTime measures the time from a node's death to each of its
+// sandboxes running again on another node, with the default lease
+// settings: AMBER_FAILOVER_SANDBOXES=N sandboxes (a counter in memory,
+// checkpointed) on node a; a's process is SIGKILLed and its sandboxes
+// destroyed; node b takes them over. It prints p50, p99 and max, and
+// appends them to AMBER_BENCH_OUT when set. `make bench-failover` runs it
+// for 10 sandboxes; it is skipped otherwise (minutes of work).
+func TestE2EFailoverTime(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("AMBER_FAILOVER_SANDBOXES"))
+	if n <= 0 {
+		t.Skip("set AMBER_FAILOVER_SANDBOXES=N (make bench-failover)")
+	}
+	bin, dir := e2eSetup(t)
+	shared, adminKey := sharedStores(t, dir)
+	// The default node lease: drop the test's longer one.
+	for i := range shared {
+		if shared[i] == "--node-ttl" {
+			shared = append(shared[:i:i], shared[i+2:]...)
+			break
+		}
+	}
+	a := startNode(t, bin, dir, "node-a", adminKey, shared)
+	b := startNode(t, bin, dir, "node-b", adminKey, shared)
+	var ids []string
+	for range n {
+		id := strings.TrimSpace(a.must("sandbox", "create", "--template", "minimal"))
+		a.must("exec", "-d", id, "--", "sh", "-c", `i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done`)
+		a.must("checkpoint", id)
+		ids = append(ids, id)
+	}
+	// The node dies: its process and, at once, its sandboxes (SIGKILL
+	// through the driver; their state is torn down when the test ends).
+	drv := enginetest.NewDriver(t, filepath.Join(a.dataDir, "drivers", enginetest.DriverName()))
+	killed := time.Now()
+	a.stop(syscall.SIGKILL)
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := drv.Kill(context.Background(), id); err != nil {
+				t.Errorf("kill %s: %v", id, err)
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("node-a and its %d sandboxes killed in %s", n, time.Since(killed).Round(time.Millisecond))
+	took := map[string]time.Duration{}
+	deadline := killed.Add(time.Duration(n)*30*time.Second + time.Minute)
+	for len(took) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d sandboxes running again after %s\n%s", len(took), n, time.Since(killed), tail(b.log(), 40))
+		}
+		sbs, err := b.cl.ListSandboxes(context.Background())
+		now := time.Since(killed)
+		if err == nil {
+			for _, sb := range sbs {
+				if _, done := took[sb.ID]; !done && sb.Node == "node-b" && sb.State == "running" && sb.Generation > 0 {
+					took[sb.ID] = now
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var ds []time.Duration
+	for _, id := range ids {
+		ds = append(ds, took[id])
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	pct := func(p float64) time.Duration { return ds[int(p*float64(len(ds)-1)+0.5)] }
+	line := fmt.Sprintf("failover %d sandboxes (node-ttl default, minimal template, one node takes over): p50 %s p99 %s max %s",
+		n, pct(0.5).Round(10*time.Millisecond), pct(0.99).Round(10*time.Millisecond), ds[len(ds)-1].Round(10*time.Millisecond))
+	t.Log(line)
+	if out := os.Getenv("AMBER_BENCH_OUT"); out != "" {
+		f, err := os.OpenFile(out, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err == nil {
+			fmt.Fprintln(f, line)
+			f.Close()
+		}
+	}
+	for _, l := range strings.Split(b.log(), "\n") {
+		if strings.Contains(l, "took over a dead node") || strings.Contains(l, "adopted sandbox restored") {
+			t.Log(l)
+		}
+	}
+	// Each one runs: its counter goes on.
+	for _, id := range ids {
+		b.must("exec", id, "--", "cat", "/tmp/count")
+	}
+}

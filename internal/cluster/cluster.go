@@ -1,0 +1,374 @@
+// Package cluster runs a node of a deployment of many nodes on shared
+// stores (PostgreSQL for the log, metadata and leases; S3 for checkpoints):
+// it registers the node with a lease, renews it by heartbeats, notices
+// nodes whose lease expired, takes one over (exactly one live node wins
+// each dead node), fences its sandboxes' streams and restores them here,
+// and tells the API where a sandbox runs (server.Router).
+//
+// # Order of a failover (node D died, this node is N)
+//
+//  1. D's lease expires (no heartbeat for TTL).
+//  2. N claims D: meta.ClaimDeadNode(D, D's epoch) — a compare-and-set on
+//     D's row; of every node scanning, one wins.
+//  3. For each of D's sandbox rows: the leases of its streams move from D
+//     to N with the next epoch (TakeOver): from here on every write D
+//     could still make for it (log appends, the append that commits a
+//     checkpoint, gateway journal records) is refused as fenced.
+//  4. engine.Adopt: the row moves to N (compare-and-set on its node), the
+//     sandbox is recorded crashed and restored in place from its latest
+//     committed checkpoint.
+//
+// A node that was declared dead but still runs (a partition, a paused
+// process) finds its heartbeat refused (ErrFenced): it destroys its copies
+// of sandboxes that run elsewhere now (engine.DiscardStale) and registers
+// again with a new epoch. It also checks for stale copies at every
+// heartbeat, which covers a restart that raced a takeover.
+package cluster
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/amber-run/amber/core/clock"
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/gateway"
+	"github.com/amber-run/amber/internal/meta"
+)
+
+// LeaseTaker moves a stream's lease from a dead holder (stores/postgres).
+type LeaseTaker interface {
+	TakeOver(ctx context.Context, stream, from, to string, ttl time.Duration) (eventlog.Lease, error)
+}
+
+// Options configure Start.
+type Options struct {
+	Meta   *meta.Store
+	Engine *engine.Engine
+	Leases LeaseTaker
+	// Addr is this node's API address as the other nodes reach it.
+	Addr string
+	// TTL is the node lease (default DefaultTTL): a node silent for this
+	// long is dead to the others. Heartbeat is how often it is renewed
+	// (default TTL/4: three renewals may be late or lost before the
+	// others act); Scan how often the other nodes are checked (default
+	// Heartbeat).
+	TTL, Heartbeat, Scan time.Duration
+	// StreamLeaseTTL is the lease taken over on a dead node's sandbox
+	// streams (default: the engine's, 30s; renewed at each checkpoint).
+	StreamLeaseTTL time.Duration
+	// Parallel is how many of a dead node's sandboxes are restored at
+	// once (default 4).
+	Parallel int
+	// Capacity reports the node's capacity at each heartbeat.
+	Capacity func(ctx context.Context) meta.NodeCapacity
+	Clock    clock.Clock
+	Logger   *slog.Logger
+}
+
+// DefaultTTL is the node lease: with heartbeats every second, a node is
+// declared dead 4 s after its last renewal.
+const DefaultTTL = 4 * time.Second
+
+// Node is this daemon's membership. It is a server.Router.
+type Node struct {
+	o     Options
+	id    string
+	epoch atomic.Uint64
+	lg    *slog.Logger
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// Join registers this node (the engine's node id) and returns; Run starts
+// the heartbeats and the failover scans. A node registered under the same
+// id before (this node's previous run) is replaced with the next epoch
+// once its lease has expired (Join waits up to twice the lease for that;
+// a second daemon with a live node's id is refused).
+func Join(ctx context.Context, o Options) (*Node, error) {
+	if o.Meta == nil || o.Engine == nil || o.Leases == nil {
+		return nil, errdefs.InvalidArgumentf("cluster: meta, engine and leases are required")
+	}
+	if o.TTL <= 0 {
+		o.TTL = DefaultTTL
+	}
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = o.TTL / 4
+	}
+	if o.Heartbeat >= o.TTL {
+		return nil, errdefs.InvalidArgumentf("cluster: heartbeat %s must be shorter than the node lease %s", o.Heartbeat, o.TTL)
+	}
+	if o.Scan <= 0 {
+		o.Scan = o.Heartbeat
+	}
+	if o.StreamLeaseTTL <= 0 {
+		o.StreamLeaseTTL = 30 * time.Second
+	}
+	if o.Parallel <= 0 {
+		o.Parallel = 4
+	}
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Capacity == nil {
+		o.Capacity = func(context.Context) meta.NodeCapacity { return meta.NodeCapacity{} }
+	}
+	n := &Node{o: o, id: o.Engine.NodeID(), lg: o.Logger}
+	// A node restarted within its lease finds its previous run's lease
+	// still live: it waits for it to expire (the other nodes may take its
+	// sandboxes over meanwhile, as for any dead node) rather than share
+	// the id with a daemon that may still run.
+	deadline := time.Now().Add(2 * o.TTL)
+	for {
+		err := n.register(ctx)
+		if err == nil {
+			return n, nil
+		}
+		if !errdefs.IsConflict(err) || time.Now().After(deadline) {
+			return nil, err
+		}
+		n.lg.Warn("waiting for this node's previous lease to expire", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(o.Heartbeat):
+		}
+	}
+}
+
+func (n *Node) register(ctx context.Context) error {
+	row, err := n.o.Meta.RegisterNode(ctx, meta.Node{ID: n.id, Addr: n.o.Addr, Capacity: n.o.Capacity(ctx)}, n.o.TTL)
+	if err != nil {
+		return fmt.Errorf("register node %s: %w", n.id, err)
+	}
+	n.epoch.Store(row.Epoch)
+	n.lg.Info("node registered", "node", n.id, "epoch", row.Epoch, "addr", n.o.Addr, "ttl", n.o.TTL)
+	return nil
+}
+
+// Self implements server.Router.
+func (n *Node) Self() string { return n.id }
+
+// Epoch is this node's current registration epoch.
+func (n *Node) Epoch() uint64 { return n.epoch.Load() }
+
+// Owner implements server.Router.
+func (n *Node) Owner(ctx context.Context, id string) (string, error) {
+	sb, err := n.o.Meta.Get(ctx, id)
+	if err != nil || sb.Node == "" || sb.Node == n.id {
+		return "", nil // answered here (a missing sandbox is this node's 404)
+	}
+	node, err := n.o.Meta.GetNode(ctx, sb.Node)
+	if err != nil {
+		return "", nil
+	}
+	if !node.Alive(n.o.Clock.Now()) {
+		return "", errdefs.Unavailablef("sandbox %s: its node %s is down; it is being restored on another node, retry", id, sb.Node)
+	}
+	return node.Addr, nil
+}
+
+// Run starts the heartbeat and scan loop; Close stops it.
+func (n *Node) Run(ctx context.Context) {
+	ctx, n.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	n.wg.Add(2)
+	go func() {
+		defer n.wg.Done()
+		n.heartbeatLoop(ctx)
+	}()
+	go func() {
+		defer n.wg.Done()
+		n.scanLoop(ctx)
+	}()
+}
+
+// Close stops the loops and, when leave is true (a clean stop), marks the
+// node left: its sandboxes keep running and are not taken over; the next
+// start of this node reattaches them.
+func (n *Node) Close(ctx context.Context, leave bool) {
+	if n.cancel != nil {
+		n.cancel()
+	}
+	n.wg.Wait()
+	if leave {
+		if err := n.o.Meta.SetNodeState(ctx, n.id, n.epoch.Load(), meta.NodeLeft); err != nil {
+			n.lg.Warn("mark node left", "err", err)
+		}
+	}
+}
+
+func (n *Node) heartbeatLoop(ctx context.Context) {
+	t := time.NewTicker(n.o.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n.beat(ctx)
+	}
+}
+
+// beat renews the node's lease: one UPDATE, nothing else, so that a slow
+// driver never delays it. Refused (ErrFenced): the node was declared dead
+// while it could not renew; its stale copies go, then it registers anew.
+func (n *Node) beat(ctx context.Context) {
+	hctx, cancel := context.WithTimeout(ctx, n.o.TTL)
+	defer cancel()
+	err := n.o.Meta.HeartbeatNode(hctx, n.id, n.epoch.Load(), n.o.TTL, n.o.Capacity(hctx))
+	switch {
+	case err == nil:
+	case errdefs.IsFenced(err):
+		n.lg.Warn("this node was declared dead while it could not renew its lease; discarding the sandboxes that run elsewhere now", "err", err)
+		if k, err := n.o.Engine.DiscardStale(ctx); err != nil {
+			n.lg.Error("discard stale copies", "err", err)
+			return // registering again would let them run on
+		} else if k > 0 {
+			n.lg.Warn("stale copies discarded", "count", k)
+		}
+		if err := n.register(ctx); err != nil {
+			n.lg.Error("register again", "err", err)
+		}
+		return
+	default:
+		if ctx.Err() == nil {
+			n.lg.Warn("node heartbeat failed", "err", err)
+		}
+	}
+}
+
+func (n *Node) scanLoop(ctx context.Context) {
+	t := time.NewTicker(n.o.Scan)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := n.scan(ctx); err != nil && ctx.Err() == nil {
+			n.lg.Warn("scan nodes", "err", err)
+		}
+		// A restart that raced a takeover may have reattached a
+		// sandbox that runs elsewhere now.
+		if _, err := n.o.Engine.DiscardStale(ctx); err != nil && ctx.Err() == nil {
+			n.lg.Warn("check for stale copies", "err", err)
+		}
+	}
+}
+
+// scan claims every node whose lease expired and takes its sandboxes over.
+func (n *Node) scan(ctx context.Context) error {
+	nodes, err := n.o.Meta.ListNodes(ctx)
+	if err != nil {
+		return err
+	}
+	now := n.o.Clock.Now()
+	for _, d := range nodes {
+		if d.ID == n.id || d.Alive(now) || (d.State != meta.NodeLive && d.State != meta.NodeDraining) {
+			continue
+		}
+		won, err := n.o.Meta.ClaimDeadNode(ctx, d.ID, d.Epoch, n.id)
+		if err != nil {
+			return err
+		}
+		if !won {
+			continue
+		}
+		n.lg.Warn("node lease expired; taking its sandboxes over", "dead_node", d.ID, "epoch", d.Epoch,
+			"silent_for", now.Sub(d.Heartbeat).Round(time.Millisecond))
+		n.TakeOverNode(ctx, d.ID)
+	}
+	return nil
+}
+
+// TakeOverNode takes over every sandbox row of node dead (which this node
+// claimed), restoring up to Parallel at once, and returns what happened to
+// each. Sandboxes whose stream another node took first are skipped.
+func (n *Node) TakeOverNode(ctx context.Context, dead string) []engine.Adopted {
+	rows, err := n.o.Meta.List(ctx, meta.Filter{Node: &dead, States: []meta.State{
+		meta.StateCreating, meta.StateRestoring, meta.StateRunning, meta.StateStopped, meta.StateCrashed}})
+	if err != nil {
+		n.lg.Error("list the dead node's sandboxes", "dead_node", dead, "err", err)
+		return nil
+	}
+	start := time.Now()
+	out := make([]engine.Adopted, len(rows))
+	sem := make(chan struct{}, n.o.Parallel)
+	var wg sync.WaitGroup
+	for i, sb := range rows {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			a, err := n.TakeOverSandbox(ctx, sb.ID, dead)
+			if err != nil {
+				n.lg.Warn("sandbox not taken over", "sandbox_id", sb.ID, "dead_node", dead, "err", err)
+				a.Reason = err.Error()
+			}
+			out[i] = a
+		}()
+	}
+	wg.Wait()
+	restored := 0
+	for _, a := range out {
+		if a.Restored {
+			restored++
+		}
+	}
+	n.lg.Info("took over a dead node", "dead_node", dead, "sandboxes", len(rows), "restored", restored,
+		"took", time.Since(start).Round(time.Millisecond))
+	return out
+}
+
+// TakeOverSandbox fences sandbox id's streams away from node dead and
+// adopts it (see the package comment). Exactly one of several nodes
+// taking over the same sandbox succeeds; the others get ErrFenced or
+// ErrConflict and change nothing.
+func (n *Node) TakeOverSandbox(ctx context.Context, id, dead string) (engine.Adopted, error) {
+	from, to := engine.LeaseHolder(dead), engine.LeaseHolder(n.id)
+	leases := map[string]eventlog.Lease{}
+	l, err := n.o.Leases.TakeOver(ctx, engine.Stream(id), from, to, n.o.StreamLeaseTTL)
+	if err != nil {
+		return engine.Adopted{}, fmt.Errorf("take over the stream of %s: %w", id, err)
+	}
+	leases["sandbox"] = l
+	if l, err := n.o.Leases.TakeOver(ctx, gateway.Stream(id), from, to, n.o.StreamLeaseTTL); err == nil {
+		leases["effects"] = l
+	} else {
+		return engine.Adopted{}, fmt.Errorf("take over the effect journal of %s: %w", id, err)
+	}
+	return n.o.Engine.Adopt(ctx, id, dead, leases)
+}
+
+// HostMemory returns the machine's memory (MemTotal), 0 if unknown.
+func HostMemory() int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}

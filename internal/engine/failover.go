@@ -1,0 +1,169 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/internal/gateway"
+	"github.com/amber-run/amber/internal/meta"
+)
+
+// Many nodes on shared stores (Options.Shared; docs/deploy.md).
+//
+// Each sandbox row names the node that runs it (meta.Sandbox.Node) and an
+// engine manages only its own rows. A sandbox changes node only by a
+// takeover after its node died (internal/cluster decides when; Adopt does
+// it), in this order, each step fenced:
+//
+//  1. the dead node's row is claimed (meta.ClaimDeadNode: one winner);
+//  2. the leases of the sandbox's streams (sandbox/ID and effects/ID) are
+//     taken over from the dead node with the next epoch: from then on the
+//     dead node's appends, checkpoint commits (whose commit point is a
+//     log append) and gateway journal writes are refused as fenced;
+//  3. the row moves to this node (meta.MoveSandbox: compare-and-set on the
+//     node column, so two adopters cannot both move it);
+//  4. the sandbox, which ran, is recorded crashed (sandbox.crashed, under
+//     the new epoch) and restored in place from its latest committed
+//     checkpoint (Recover): the same id, one generation on.
+//
+// A dead node that comes back finds its rows gone: its driver's copies of
+// sandboxes that now run elsewhere are stale and destroyed (DiscardStale,
+// and reconcile at start).
+
+// NodeID returns the node id this engine runs as (Options.Node).
+func (e *Engine) NodeID() string { return e.nodeID }
+
+// LeaseHolder returns the holder name of the leases this engine takes on
+// sandbox streams for node id.
+func LeaseHolder(node string) string { return "node/" + node }
+
+// mine restricts f to this node's rows when the stores are shared.
+func (e *Engine) mine(f meta.Filter) meta.Filter {
+	if e.shared {
+		f.Node = &e.nodeID
+	}
+	return f
+}
+
+// ownedHere refuses to act on a sandbox that runs on another node.
+func (e *Engine) ownedHere(sb meta.Sandbox) error {
+	if e.shared && sb.Node != e.nodeID {
+		return errdefs.Fencedf("sandbox %s runs on node %q, not on this node (%s)", sb.ID, sb.Node, e.nodeID)
+	}
+	return nil
+}
+
+// unknownSandbox handles a driver sandbox none of this node's rows names:
+// on shared stores, a sandbox whose row is on another node is a stale copy
+// (this node was declared dead and the sandbox restored elsewhere) and is
+// destroyed; anything else is left alone.
+func (e *Engine) unknownSandbox(ctx context.Context, id string) {
+	if e.shared {
+		sb, err := e.meta.Get(ctx, id)
+		if err == nil && sb.Node != e.nodeID {
+			e.lg.Warn("destroying a stale copy: the sandbox now runs on another node", "sandbox_id", id, "node", sb.Node)
+			e.dropLocal(ctx, id)
+			return
+		}
+	}
+	e.lg.Warn("driver has a sandbox the metadata store does not know; left alone", "sandbox_id", id)
+}
+
+// dropLocal destroys this node's driver state of sandbox id and forgets
+// its leases, without touching its row or its streams (they belong to
+// another node now).
+func (e *Engine) dropLocal(ctx context.Context, id string) {
+	defer e.lock(id)()
+	e.resetEgress(id, "the sandbox moved to another node")
+	if err := e.drv.Destroy(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+		e.lg.Error("destroy stale copy", "sandbox_id", id, "err", err)
+	}
+	e.leasesMu.Lock()
+	delete(e.leases, id)
+	delete(e.leases, "effects:"+id)
+	e.leasesMu.Unlock()
+}
+
+// DiscardStale destroys every sandbox this node's driver runs whose row
+// is no longer this node's. The cluster calls it when the node learns it
+// was declared dead (its heartbeat was fenced), before it registers again.
+func (e *Engine) DiscardStale(ctx context.Context) (int, error) {
+	infos, err := e.drv.List(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, in := range infos {
+		sb, err := e.meta.Get(ctx, in.ID)
+		if err != nil || sb.Node == e.nodeID {
+			continue
+		}
+		e.lg.Warn("destroying a stale copy: the sandbox now runs on another node", "sandbox_id", in.ID, "node", sb.Node)
+		e.dropLocal(ctx, in.ID)
+		n++
+	}
+	return n, nil
+}
+
+// Adopted is what Adopt did with one sandbox.
+type Adopted struct {
+	Sandbox  meta.Sandbox
+	Restored bool   // running again here from its latest checkpoint
+	Reason   string // why not, when not
+}
+
+// Adopt makes this node the owner of sandbox id, which ran on the dead
+// node from, with the leases the caller took over on its streams (keys
+// "sandbox" and, when it has egress, "effects"; see the steps above). A
+// sandbox that was running is restored here from its latest committed
+// checkpoint; one without a checkpoint stays crashed (its memory died with
+// its node). It fails with ErrFenced when another node moved the row first.
+func (e *Engine) Adopt(ctx context.Context, id, from string, leases map[string]eventlog.Lease) (Adopted, error) {
+	if l, ok := leases["sandbox"]; ok {
+		if l.Stream != Stream(id) || l.Holder != e.node {
+			return Adopted{}, errdefs.InvalidArgumentf("adopt %s: lease %s held by %s is not this node's lease on its stream", id, l.Stream, l.Holder)
+		}
+	}
+	e.leasesMu.Lock()
+	if l, ok := leases["sandbox"]; ok {
+		e.leases[id] = l
+	}
+	if l, ok := leases["effects"]; ok && l.Stream == gateway.Stream(id) {
+		e.leases["effects:"+id] = l
+	}
+	e.leasesMu.Unlock()
+	sb, err := e.meta.MoveSandbox(ctx, id, from, e.nodeID)
+	if err != nil {
+		return Adopted{Sandbox: sb}, err
+	}
+	lg := e.lg.With("sandbox_id", id, "tenant_id", sb.Tenant, "from_node", from)
+	switch {
+	case sb.Pooled:
+		_, err := e.meta.SetState(ctx, id, meta.StateDestroyed, "pooled on node "+from+", which died")
+		return Adopted{Sandbox: sb, Reason: "pooled"}, err
+	case sb.State == meta.StateRunning || sb.State == meta.StateCreating || sb.State == meta.StateRestoring:
+		reason := fmt.Sprintf("its node %s died", from)
+		unlock := e.lock(id)
+		err := e.markCrashed(ctx, sb, EventCrashed, reason)
+		unlock()
+		if err != nil {
+			return Adopted{Sandbox: sb}, fmt.Errorf("adopt %s: %w", id, err)
+		}
+	case sb.State != meta.StateCrashed:
+		// Stopped or destroyed: nothing ran; it stays as it is, here.
+		return Adopted{Sandbox: sb, Reason: "not running"}, nil
+	}
+	restored, err := e.Recover(ctx, sb.Tenant, id, nil)
+	if err != nil {
+		lg.Warn("adopted sandbox not restored", "err", err)
+		if errdefs.IsFenced(err) {
+			return Adopted{Sandbox: restored}, err
+		}
+		cur, _ := e.meta.Get(ctx, id)
+		return Adopted{Sandbox: cur, Reason: err.Error()}, nil
+	}
+	lg.Info("adopted sandbox restored from its latest checkpoint", "generation", restored.Generation, "origin", restored.Origin)
+	return Adopted{Sandbox: restored, Restored: true}, nil
+}

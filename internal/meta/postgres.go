@@ -1,0 +1,89 @@
+package meta
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+
+	"github.com/amber-run/amber/core/errdefs"
+)
+
+// IsPostgres reports whether spec names a PostgreSQL database rather than a
+// SQLite file.
+func IsPostgres(spec string) bool {
+	return strings.HasPrefix(spec, "postgres://") || strings.HasPrefix(spec, "postgresql://")
+}
+
+// openPostgres opens the store on the PostgreSQL database dsn (pgx's
+// database/sql driver). Every node of a deployment opens the same database:
+// the tables are those of the SQLite store (the same statements, rewritten
+// by db), in the DSN's search_path — the event log's tables
+// (stores/postgres) may share it; no name collides. Commits are durable
+// when the server's synchronous_commit is on (its default).
+func openPostgres(dsn string, opts Options) (*Store, error) {
+	sqldb, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open meta on postgres: %w", err)
+	}
+	sqldb.SetMaxOpenConns(8)
+	s := &Store{db: &db{DB: sqldb, pg: true}, clock: opts.Clock}
+	if err := s.migratePostgres(context.Background()); err != nil {
+		sqldb.Close()
+		return nil, fmt.Errorf("open meta on postgres %s: %w", redactDSN(dsn), err)
+	}
+	return s, nil
+}
+
+// metaLockKey is the advisory lock that serialises the nodes' migrations
+// ("meta" in ASCII).
+const metaLockKey = 0x6d657461
+
+// migratePostgres creates the schema at schemaVersion. PostgreSQL
+// deployments began at version 5, so there is nothing to migrate yet: a
+// newer version (another node runs a newer binary) is refused, an older one
+// cannot exist. Several nodes starting together serialise on an advisory
+// lock inside one transaction.
+func (s *Store) migratePostgres(ctx context.Context) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(?)`, int64(metaLockKey)); err != nil {
+		return fmt.Errorf("lock: %w", err)
+	}
+	if _, err := tx.Exec(`CREATE TABLE IF NOT EXISTS meta_schema_version (version INTEGER NOT NULL)`); err != nil {
+		return err
+	}
+	var v sql.NullInt64
+	if err := tx.QueryRowContext(ctx, `SELECT MAX(version) FROM meta_schema_version`).Scan(&v); err != nil {
+		return err
+	}
+	if v.Int64 > schemaVersion {
+		return errdefs.FailedPreconditionf("meta schema version %d is newer than this binary's %d; upgrade amber", v.Int64, schemaVersion)
+	}
+	if _, err := tx.Exec(schema); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO tenants (id, name, state, created_ns) VALUES (?, ?, ?, ?) ON CONFLICT(id) DO NOTHING`,
+		DefaultTenant, DefaultTenant, TenantActive, s.clock.Now().UnixNano()); err != nil {
+		return err
+	}
+	if !v.Valid {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO meta_schema_version (version) VALUES (?)`, schemaVersion); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// redactDSN drops the password from a PostgreSQL URL for messages.
+func redactDSN(dsn string) string {
+	if at := strings.LastIndex(dsn, "@"); at > 0 {
+		if i := strings.Index(dsn, "://"); i > 0 && i < at {
+			return dsn[:i+3] + "…" + dsn[at:]
+		}
+	}
+	return dsn
+}
