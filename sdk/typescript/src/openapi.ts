@@ -847,6 +847,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/nodes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The nodes of a deployment on shared stores, with their leases and capacity (the operator only) */
+        get: operations["listNodes"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -911,6 +928,8 @@ export interface components {
             origin?: string;
             /** @description Recovery policy (empty: none) */
             recovery?: string;
+            /** @description The node that runs the sandbox (deployments of many nodes) */
+            node?: string;
         };
         SandboxList: {
             sandboxes: components["schemas"]["Sandbox"][];
@@ -1418,6 +1437,37 @@ export interface components {
             path: string;
             /** Format: date-time */
             expires: string;
+        };
+        NodeCapacity: {
+            /** Format: int64 */
+            memory_bytes?: number;
+            max_sandboxes?: number;
+            sandboxes?: number;
+            /** Format: int64 */
+            used_memory_bytes?: number;
+            templates?: string[];
+            driver?: string;
+        };
+        Node: {
+            id: string;
+            addr: string;
+            /** Format: int64 */
+            epoch: number;
+            /** @enum {string} */
+            state: "live" | "draining" | "dead" | "left";
+            alive: boolean;
+            capacity: components["schemas"]["NodeCapacity"];
+            /** Format: date-time */
+            started?: string;
+            /** Format: date-time */
+            heartbeat?: string;
+            /** Format: date-time */
+            expires?: string;
+            /** @description The node that took over its sandboxes after it died */
+            taken_by?: string;
+        };
+        NodeList: {
+            nodes: components["schemas"]["Node"][];
         };
     };
     responses: never;
@@ -3688,6 +3738,35 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["TerminalTicket"];
+                };
+            };
+            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            default: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    listNodes: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NodeList"];
                 };
             };
             /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
