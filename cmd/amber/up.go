@@ -24,6 +24,8 @@ import (
 	"github.com/amber-run/amber/internal/chunkstore"
 	"github.com/amber-run/amber/internal/egress"
 	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/failpoint"
+	"github.com/amber-run/amber/internal/faults"
 	"github.com/amber-run/amber/internal/gateway"
 	"github.com/amber-run/amber/internal/logging"
 	"github.com/amber-run/amber/internal/meta"
@@ -187,6 +189,12 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		// The driver's message names the command that fixes it.
 		return fmt.Errorf("driver %s is not ready: %w", o.driver, err)
 	}
+	// Test and chaos runs only (AMBER_TEST_FAILPOINTS); nil otherwise.
+	fps, err := testFailpoints(drv, lg)
+	if err != nil {
+		return usageError{err}
+	}
+	defer writeFailpointCounts(fps)
 	m, err := meta.Open(filepath.Join(dataDir, "meta.db"), meta.Options{})
 	if err != nil {
 		return err
@@ -199,16 +207,17 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if created {
 		lg.Info("wrote a new admin API key", "path", keyPath)
 	}
-	log, err := sqlite.Open(filepath.Join(dataDir, "events.db"), sqlite.Options{Logger: lg.With("component", "eventlog")})
+	sqlog, err := sqlite.Open(filepath.Join(dataDir, "events.db"), sqlite.Options{Logger: lg.With("component", "eventlog")})
 	if err != nil {
 		return err
 	}
-	defer log.Close()
+	defer sqlog.Close()
+	log := faults.Log(sqlog, fps) // sqlog itself unless failpoints are armed
 
 	if o.keep < 0 {
 		return usageError{fmt.Errorf("--keep-checkpoints %d: must be 0 (keep all) or more", o.keep)}
 	}
-	ckpts, bs, workDir, err := openCheckpointStore(ctx, dataDir, o.blobs, lg)
+	ckpts, bs, workDir, err := openCheckpointStore(ctx, dataDir, o.blobs, fps, lg)
 	if err != nil {
 		return err
 	}
@@ -237,10 +246,6 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	var secrets *secretstore.Store
 	var tenantCA func(context.Context, string) ([]byte, error)
 	if enet != nil {
-		fps, err := testFailpoints(drv, lg)
-		if err != nil {
-			return usageError{err}
-		}
 		roots, err := upstreamRoots(o.egress.caFiles)
 		if err != nil {
 			return err
@@ -281,7 +286,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 
 	host, _ := os.Hostname()
 	harness := &session.Harness{Log: tlog, Registry: reg, Meta: m, Boxes: session.EngineSandboxes{E: eng},
-		Logger: lg.With("component", "sessions"), Holder: "node/" + host}
+		Logger: lg.With("component", "sessions"), Holder: "node/" + host, Failpoints: fps}
 	if secrets != nil { // a nil *Store in the interface would not be nil
 		harness.Secrets = secrets
 	}
@@ -331,19 +336,26 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 
 // openCheckpointStore opens the chunk store of checkpoints on the blob
 // store named by blobs (see openBlobs) with the data dir's master key, and
+// the failpoints fps (tests: blob.* in front of the blob store, chunkstore.*
+// between a Put's steps; nil in production), and
 // empties the work directory where images are cut and fetched (what a
 // crashed daemon left there is garbage: committed images live in the blob
 // store).
-func openCheckpointStore(ctx context.Context, dataDir, blobs string, lg *slog.Logger) (*chunkstore.Store, blob.Store, string, error) {
+func openCheckpointStore(ctx context.Context, dataDir, blobs string, fps *failpoint.Set, lg *slog.Logger) (*chunkstore.Store, blob.Store, string, error) {
 	bs, where, err := openBlobs(ctx, dataDir, blobs, lg)
 	if err != nil {
 		return nil, nil, "", err
+	}
+	bs = faults.Blobs(bs, fps)
+	var failAt func(string) error
+	if fps != nil {
+		failAt = func(step string) error { return fps.Eval("chunkstore." + step) }
 	}
 	key, err := ensureMasterKey(dataDir, chunkstore.MasterKeySize)
 	if err != nil {
 		return nil, nil, "", err
 	}
-	cs, err := chunkstore.New(chunkstore.Config{Blobs: bs, MasterKey: key, Logger: lg.With("component", "chunkstore", "blobs", where)})
+	cs, err := chunkstore.New(chunkstore.Config{Blobs: bs, MasterKey: key, FailAt: failAt, Logger: lg.With("component", "chunkstore", "blobs", where)})
 	if err != nil {
 		return nil, nil, "", err
 	}
