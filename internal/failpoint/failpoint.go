@@ -33,7 +33,7 @@ var ErrCrash = errors.New("failpoint: simulated crash")
 type Set struct {
 	mu    sync.Mutex
 	hits  map[string]int
-	armed map[string]arm
+	armed map[string][]arm // several arms of one point all act (ParseActions)
 }
 
 type arm struct {
@@ -46,7 +46,7 @@ type arm struct {
 }
 
 // New returns an empty Set.
-func New() *Set { return &Set{hits: map[string]int{}, armed: map[string]arm{}} }
+func New() *Set { return &Set{hits: map[string]int{}, armed: map[string][]arm{}} }
 
 // Arm makes point name return err from its at-th evaluation on (at < 1 means
 // the first).
@@ -55,7 +55,7 @@ func (s *Set) Arm(name string, at int, err error) {
 		at = 1
 	}
 	s.mu.Lock()
-	s.armed[name] = arm{at: at, err: err}
+	s.armed[name] = []arm{{at: at, err: err}}
 	s.mu.Unlock()
 }
 
@@ -77,19 +77,26 @@ func (s *Set) EvalFor(name, subject string) error {
 	}
 	s.mu.Lock()
 	s.hits[name]++
-	a, ok := s.armed[name]
+	arms := s.armed[name]
 	n := s.hits[name]
 	s.mu.Unlock()
-	switch {
-	case !ok || n < a.at:
-		return nil
-	case a.fn != nil:
-		if n != a.at && !a.each {
-			return nil
+	var first error
+	for _, a := range arms {
+		var err error
+		switch {
+		case n < a.at:
+		case a.fn != nil:
+			if n == a.at || a.each {
+				err = a.fn(subject)
+			}
+		default:
+			err = a.err
 		}
-		return a.fn(subject)
+		if first == nil {
+			first = err
+		}
 	}
-	return a.err
+	return first
 }
 
 // ArmFunc makes point name call fn at its at-th evaluation, once; what fn
@@ -100,7 +107,7 @@ func (s *Set) ArmFunc(name string, at int, fn func(subject string) error) {
 		at = 1
 	}
 	s.mu.Lock()
-	s.armed[name] = arm{at: at, fn: fn}
+	s.armed[name] = []arm{{at: at, fn: fn}}
 	s.mu.Unlock()
 }
 
@@ -146,11 +153,10 @@ func ParseActions(spec string, build func(point, action, arg string) (Action, er
 		if err != nil {
 			return nil, fmt.Errorf("failpoint spec %q: %v", part, err)
 		}
-		if a.Each {
-			s.ArmEach(name, n, a.Fn)
-		} else {
-			s.ArmFunc(name, n, a.Fn)
-		}
+		// A point named twice has both arms (each acts at its own hit).
+		s.mu.Lock()
+		s.armed[name] = append(s.armed[name], arm{at: n, fn: a.Fn, each: a.Each})
+		s.mu.Unlock()
 	}
 	return s, nil
 }
@@ -162,7 +168,7 @@ func (s *Set) ArmEach(name string, at int, fn func(subject string) error) {
 		at = 1
 	}
 	s.mu.Lock()
-	s.armed[name] = arm{at: at, fn: fn, each: true}
+	s.armed[name] = []arm{{at: at, fn: fn, each: true}}
 	s.mu.Unlock()
 }
 

@@ -2,6 +2,7 @@ package failpoint
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -116,5 +117,21 @@ func TestParseActionsEachAndWindow(t *testing.T) {
 		}); err == nil {
 			t.Errorf("%q parsed", bad)
 		}
+	}
+}
+
+func TestParseActionsSamePointTwice(t *testing.T) {
+	var fired []string
+	s, err := ParseActions("p=1:a, p=3:b", func(point, action, arg string) (Action, error) {
+		return Action{Fn: func(string) error { fired = append(fired, action); return nil }}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 4; i++ {
+		s.Eval("p")
+	}
+	if strings.Join(fired, ",") != "a,b" {
+		t.Fatalf("fired %v, want a at hit 1 and b at hit 3", fired)
 	}
 }
