@@ -11,10 +11,12 @@ import (
 	"io"
 	"math/rand"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -195,6 +197,10 @@ func runChaos(ctx context.Context, out io.Writer, o *chaosOptions) error {
 			return usageError{fmt.Errorf("--classes: unknown class %q (have %s)", cl, strings.Join(chaosClasses, ", "))}
 		}
 	}
+	// ^C or SIGTERM ends the run in progress cleanly: its sandboxes are
+	// deleted and its daemon stopped.
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	c := &chaos{o: o, out: out, start: time.Now()}
 	if o.format == "json" {
 		c.out = os.Stderr // progress; the report goes to stdout
@@ -817,11 +823,11 @@ func countItems(items []string) map[string]int {
 }
 
 // sessionSandbox is the session's current sandbox: the last one its log
-// says it created (a session whose sandbox could not be restored makes a
-// new one).
+// says it created or restored into (a restore may bring the sandbox back
+// as a new one).
 func sessionSandbox(evs []api.Event, dflt string) string {
 	for i := len(evs) - 1; i >= 0; i-- {
-		if evs[i].Type == "session.sandbox_created" {
+		if evs[i].Type == "session.sandbox_created" || evs[i].Type == "session.sandbox_restored" {
 			var p struct {
 				Sandbox string `json:"sandbox"`
 			}

@@ -85,7 +85,7 @@ func defaultEgress(allow []string) (meta.EgressPolicy, error) {
 // operator's names, every decision audited (asynchronously: OnDecision
 // must not block a request; a full queue drops records and counts them).
 func newGateway(ctx context.Context, log eventlog.Store, reg *eventlog.Registry, trail *audit.Trail, hosts map[string]netip.Addr,
-	journal bool, fps *failpoint.Set, secrets *secretstore.Store, upstreamRoots *x509.CertPool, tp trace.TracerProvider, lg *slog.Logger,
+	journal bool, fps *failpoint.Set, fenceCheck func(context.Context) error, secrets *secretstore.Store, upstreamRoots *x509.CertPool, tp trace.TracerProvider, lg *slog.Logger,
 	meterTo *atomic.Pointer[engine.Engine], mx *metrics.Metrics) *gateway.Gateway {
 	gateway.RegisterEvents(reg)
 	decisions := make(chan gateway.Decision, 4096)
@@ -124,6 +124,7 @@ func newGateway(ctx context.Context, log eventlog.Store, reg *eventlog.Registry,
 	return gateway.New(gateway.Options{
 		Journal:       j,
 		Failpoints:    fps,
+		Fence:         fenceCheck,
 		Secrets:       secrets,
 		TLS:           secrets,
 		UpstreamRoots: upstreamRoots,

@@ -62,7 +62,10 @@ func testFailpoints(drv sandbox.Driver, lg *slog.Logger) (*failpoint.Set, error)
 		if err != nil {
 			return
 		}
-		fmt.Fprintf(f, "%s %s %s\n", point, strings.ReplaceAll(subject, " ", "_"), action)
+		if subject = strings.ReplaceAll(subject, " ", "_"); subject == "" {
+			subject = "-"
+		}
+		fmt.Fprintf(f, "%s %s %s\n", point, subject, action)
 		f.Sync()
 		f.Close()
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/failpoint"
 	"github.com/amber-run/amber/internal/faults"
+	"github.com/amber-run/amber/internal/fence"
 	"github.com/amber-run/amber/internal/gateway"
 	"github.com/amber-run/amber/internal/logging"
 	"github.com/amber-run/amber/internal/meta"
@@ -45,6 +46,8 @@ type upOptions struct {
 	idle                                time.Duration
 	meterInterval                       time.Duration
 	egress                              egressOptions
+	takeOver                            bool
+	leaseTTL                            time.Duration
 }
 
 func newUpCmd(g *globalFlags) *cobra.Command {
@@ -93,6 +96,8 @@ are recorded.`,
 	f.StringSliceVar(&o.egress.caFiles, "egress-ca-file", nil, "PEM bundle of CAs the gateway trusts upstream besides the system's (repeatable)")
 	f.BoolVar(&o.egress.journal, "egress-journal", true, "journal every outbound request (off only as a test's negative control)")
 	_ = f.MarkHidden("egress-journal")
+	f.BoolVar(&o.takeOver, "take-over", false, "take the data dir over from a daemon that still holds its lock but stopped renewing its lease (paused, hung): wait for the lease to expire, then fence it")
+	f.DurationVar(&o.leaseTTL, "lease-ttl", 15*time.Second, "time to live of the daemon's lease on its data dir (renewed every quarter of it); a paused daemon is fenced this long after its last renewal")
 	f.StringSliceVar(&o.egress.hosts, "egress-host", nil, "NAME=IP names the gateway resolves itself (local services, tests); reachable by that name even on a private address")
 	return c
 }
@@ -156,10 +161,19 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		return fmt.Errorf("data dir: %w", err)
 	}
 	unlock, err := lockDataDir(dataDir)
-	if err != nil {
-		return err
+	switch {
+	case err != nil && o.takeOver:
+		// The holder of the lock is alive (stopped, hung): the data-dir
+		// lease decides, below.
+		lg.Warn("data dir is locked; taking it over once the other daemon's lease expires", "data_dir", dataDir, "err", err)
+	case err != nil:
+		return fmt.Errorf("%w\nfix: stop it, or start with --take-over if it is hung (it is fenced once its lease expires)", err)
+	default:
+		defer unlock()
 	}
-	defer unlock()
+	if o.leaseTTL < time.Second {
+		return usageError{fmt.Errorf("--lease-ttl %s: at least 1s", o.leaseTTL)}
+	}
 
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -212,7 +226,31 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		return err
 	}
 	defer sqlog.Close()
-	log := faults.Log(sqlog, fps) // sqlog itself unless failpoints are armed
+	host, _ := os.Hostname()
+	// The data-dir lease (internal/fence): every write to the log checks
+	// it first, so a daemon that was paused and taken over writes nothing.
+	dl, err := fence.Take(ctx, sqlog, fence.Options{Holder: "daemon/" + host, TTL: o.leaseTTL, TakeOver: o.takeOver,
+		Waiting: func(cur eventlog.Lease) {
+			lg.Warn("waiting for the other daemon's data-dir lease to expire", "epoch", cur.Epoch, "expires", cur.Expires)
+		},
+		OnFenced: func(err error) {
+			// Exit at once, without cleanup: the sandboxes, the pool and
+			// the data dir are the new daemon's.
+			lg.Error("fenced: another daemon took this data dir over; exiting without touching anything", "err", err)
+			os.Exit(exitFenced)
+		}})
+	if err != nil {
+		return err
+	}
+	if o.takeOver {
+		n, err := sweepLeases(ctx, sqlog, m, "node/"+host)
+		if err != nil {
+			return err
+		}
+		lg.Warn("took the data dir over", "epoch", dl.Epoch(), "streams_fenced", n)
+	}
+	go dl.Keep(ctx)
+	log := dl.Log(faults.Log(sqlog, fps)) // faults: sqlog itself unless failpoints are armed
 
 	if o.keep < 0 {
 		return usageError{fmt.Errorf("--keep-checkpoints %d: must be 0 (keep all) or more", o.keep)}
@@ -257,7 +295,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		if secrets, err = secretstore.New(m, key); err != nil {
 			return err
 		}
-		gw = newGateway(ctx, tlog, reg, trail, hosts, o.egress.journal, fps, secrets, roots, tp, lg, &meterTo, mx)
+		gw = newGateway(ctx, tlog, reg, trail, hosts, o.egress.journal, fps, dl.Check, secrets, roots, tp, lg, &meterTo, mx)
 		tenantCA = secrets.CACert
 		defer gw.Close()
 		enet.SetServer(gw)
@@ -284,7 +322,6 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		}
 	}()
 
-	host, _ := os.Hostname()
 	harness := &session.Harness{Log: tlog, Registry: reg, Meta: m, Boxes: session.EngineSandboxes{E: eng},
 		Logger: lg.With("component", "sessions"), Holder: "node/" + host, Failpoints: fps}
 	if secrets != nil { // a nil *Store in the interface would not be nil
@@ -367,6 +404,32 @@ func openCheckpointStore(ctx context.Context, dataDir, blobs string, fps *failpo
 		return nil, nil, "", err
 	}
 	return cs, bs, work, nil
+}
+
+// exitFenced is amber up's exit status when it finds its data dir taken
+// over (EX_TEMPFAIL).
+const exitFenced = 75
+
+// sweepLeases bumps the lease epoch of every stream a previous daemon of
+// this data dir may hold (sessions, sandboxes, their effect journals), so
+// that its writes in flight are refused by the log (fence.Sweep).
+func sweepLeases(ctx context.Context, log eventlog.Store, m *meta.Store, holder string) (int, error) {
+	var streams []string
+	ss, err := m.ListSessions(ctx, "")
+	if err != nil {
+		return 0, err
+	}
+	for _, s := range ss {
+		streams = append(streams, session.Stream(s.ID))
+	}
+	sbs, err := m.List(ctx, meta.Filter{})
+	if err != nil {
+		return 0, err
+	}
+	for _, sb := range sbs {
+		streams = append(streams, engine.Stream(sb.ID), gateway.Stream(sb.ID))
+	}
+	return fence.Sweep(ctx, log, holder, streams)
 }
 
 // lockDataDir makes sure one daemon at a time uses dataDir.

@@ -307,6 +307,12 @@ func (h *handler) forward(w http.ResponseWriter, q *request, wr *Writer, attempt
 		return // the client went away while its upload waited for bandwidth
 	}
 	h.crashpoint(FPBeforeSend)
+	if f := g.opts.Fence; f != nil {
+		if err := f(q.r.Context()); err != nil {
+			h.journalError(w, q, err)
+			return
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(q.r.Context()), upstreamTimeout)
 	defer cancel()
 	ctx = context.WithValue(ctx, dialTargetKey{}, q.upstream)
