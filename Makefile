@@ -58,6 +58,15 @@ test-extended: setup setup-extended
 bench: setup-test build
 	scripts/bench.sh
 
+# The long chaos run: N faults (4 per run of the reference workload) from
+# seed SEED on CHAOS_DRIVER; the report in chaos-report.json (see
+# docs/reliability.md). The default test run has a short one (TestE2EChaosShort).
+N ?= 100
+SEED ?= 1
+CHAOS_DRIVER ?= gvisor
+chaos: setup-test build
+	$(BIN) chaos --driver $(CHAOS_DRIVER) --faults $(N) --seed $(SEED) --report chaos-report.json
+
 demo: setup build
 	scripts/demo.sh
 

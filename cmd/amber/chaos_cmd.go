@@ -64,6 +64,7 @@ type chaosOptions struct {
 	minHits    int
 	keep       bool
 	runTimeout time.Duration
+	budget     time.Duration
 }
 
 func newChaosCmd(g *globalFlags) *cobra.Command {
@@ -103,6 +104,7 @@ duplicated effect, or a class hit fewer than --min-hits times. Runs as root
 	f.IntVar(&o.minHits, "min-hits", 1, "fail unless each class's fault was observed at least this many times")
 	f.BoolVar(&o.keep, "keep", false, "keep the data directories of failing runs")
 	f.DurationVar(&o.runTimeout, "run-timeout", 6*time.Minute, "give up on a run that has not finished after this long")
+	f.DurationVar(&o.budget, "time-budget", 0, "start no new run after this long (0: none); the report says how many faults ran")
 	_ = g
 	return c
 }
@@ -151,6 +153,8 @@ type chaosReport struct {
 	DuplicateEffectRuns int            `json:"duplicated_effect_runs"`
 	ReconciliationRuns  int            `json:"reconciliation_runs"`
 	IncompleteRuns      int            `json:"incomplete_runs"`
+	NudgedRuns          int            `json:"nudged_runs"`
+	StoppedByBudget     bool           `json:"stopped_by_time_budget,omitempty"`
 	FaultsPlanned       int            `json:"faults_planned"`
 	FaultsHit           int            `json:"faults_hit"`
 	PlannedByClass      map[string]int `json:"planned_by_class"`
@@ -217,9 +221,20 @@ func runChaos(ctx context.Context, out io.Writer, o *chaosOptions) error {
 	rep := &chaosReport{Command: strings.Join(os.Args, " "), Driver: o.driver, BaseSeed: o.seed, Golden: c.golden, GoldenS: g.DurationS,
 		PlannedByClass: map[string]int{}, HitsByClass: map[string]int{}}
 	var recov []float64
+	writeJSON := func() error {
+		if o.report == "" {
+			return nil
+		}
+		b, _ := json.MarshalIndent(rep, "", "  ")
+		return os.WriteFile(o.report, append(b, '\n'), 0o644)
+	}
 	for i := 0; rep.FaultsPlanned < o.faults; i++ {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			break // interrupted: report what ran
+		}
+		if o.budget > 0 && time.Since(c.start) > o.budget {
+			rep.StoppedByBudget = true
+			break
 		}
 		seed := o.seed + int64(i)
 		k := min(o.perRun, o.faults-rep.FaultsPlanned)
@@ -255,19 +270,24 @@ func runChaos(ctx context.Context, out io.Writer, o *chaosOptions) error {
 		if !r.Completed {
 			rep.IncompleteRuns++
 		}
+		if r.Nudges > 0 {
+			rep.NudgedRuns++
+		}
 		verdict := "identical"
 		if !r.Identical {
 			verdict = "DIFFERENT: " + firstNonEmpty(r.Problem, strings.Join(r.Diff, "; "))
 		}
 		c.say("run %d (seed %d): %s; faults %s", i+1, seed, verdict, describeFaults(r.Faults))
+		rep.RecoverP50S, rep.RecoverP99S = percentile(recov, 50), percentile(recov, 99)
+		rep.DurationS = time.Since(c.start).Seconds()
+		if err := writeJSON(); err != nil { // after every run: an interrupted run leaves its report
+			return err
+		}
 	}
 	rep.RecoverP50S, rep.RecoverP99S = percentile(recov, 50), percentile(recov, 99)
 	rep.DurationS = time.Since(c.start).Seconds()
-	if o.report != "" {
-		b, _ := json.MarshalIndent(rep, "", "  ")
-		if err := os.WriteFile(o.report, append(b, '\n'), 0o644); err != nil {
-			return err
-		}
+	if err := writeJSON(); err != nil {
+		return err
 	}
 	if o.format == "json" {
 		b, _ := json.MarshalIndent(rep, "", "  ")
@@ -301,7 +321,11 @@ func writeChaosText(w io.Writer, r *chaosReport) {
 	fmt.Fprintf(w, "  lost an acknowledged event   %d\n", r.LostEventRuns)
 	fmt.Fprintf(w, "  duplicated an effect         %d\n", r.DuplicateEffectRuns)
 	fmt.Fprintf(w, "  needed reconciliation        %d\n", r.ReconciliationRuns)
-	fmt.Fprintf(w, "  did not complete            %d\n", r.IncompleteRuns)
+	fmt.Fprintf(w, "  did not complete             %d\n", r.IncompleteRuns)
+	fmt.Fprintf(w, "  woken by a daemon restart    %d (no progress for %s after a fault: the session's retries gave up)\n", r.NudgedRuns, chaosNudgeAfter)
+	if r.StoppedByBudget {
+		fmt.Fprintf(w, "  stopped by --time-budget after %d of the faults asked for\n", r.FaultsPlanned)
+	}
 	fmt.Fprintf(w, "  faults planned / observed    %d / %d\n", r.FaultsPlanned, r.FaultsHit)
 	fmt.Fprintf(w, "  time to recover              p50 %.2fs, p99 %.2fs (fault → next recorded step)\n", r.RecoverP50S, r.RecoverP99S)
 	fmt.Fprintf(w, "  observed / planned per class:\n")
@@ -651,7 +675,7 @@ func (c *chaos) runOnce(ctx context.Context, seed int64, plan []*chaosFault) (r 
 		}
 		// A session that makes no progress for long (its Wake gave up
 		// after store errors) is woken by a daemon restart.
-		if !lastAt.IsZero() && now.Sub(lastAt) > 45*time.Second && now.Sub(lastNudge) > 45*time.Second {
+		if !lastAt.IsZero() && now.Sub(lastAt) > chaosNudgeAfter && now.Sub(lastNudge) > chaosNudgeAfter {
 			c.say("run seed %d: no progress for %s: restarting the daemon", seed, now.Sub(lastAt).Round(time.Second))
 			dd.stop()
 			lastNudge = time.Now()
@@ -719,6 +743,11 @@ func (c *chaos) runOnce(ctx context.Context, seed int64, plan []*chaosFault) (r 
 	}
 	return r
 }
+
+// chaosNudgeAfter is how long a run may make no progress before the
+// harness restarts its daemon to wake the session (the harness's own
+// retries after a store error are few and then wait for a client event).
+const chaosNudgeAfter = 25 * time.Second
 
 // kill does a harness-side fault; it says whether it was done.
 func (c *chaos) kill(ctx context.Context, cl *client.Client, dd *demoDaemon, session, class string) bool {

@@ -27,7 +27,8 @@ import (
 //
 //	kill-daemon      SIGKILL this process
 //	kill-sandbox     SIGKILL the sandbox the point was reached for, and go on
-//	stop-self        SIGSTOP this process (the fencing test SIGCONTs it later)
+//	stop-self        SIGSTOP this process, after stopSelfQuiesce (the fencing
+//	                 test SIGCONTs it later)
 //	error/DUR        every evaluation for DUR fails with errdefs.ErrUnavailable
 //	                 (a store that is down for a while)
 //	enospc/DUR       every evaluation for DUR fails with ENOSPC (disk full)
@@ -103,6 +104,11 @@ func testFailpoints(drv sandbox.Driver, lg *slog.Logger) (*failpoint.Set, error)
 		case "stop-self":
 			return once(func(subject string) error {
 				note(point, subject, action)
+				// Let the other goroutines' writes in flight finish first: a
+				// process stopped inside an SQLite write transaction holds the
+				// file's write lock, and no other daemon could open the log
+				// until it resumes (see docs/ARCHITECTURE.md, fencing).
+				time.Sleep(stopSelfQuiesce)
 				syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 				return nil // SIGCONTed: go on as if nothing happened
 			})
@@ -134,6 +140,9 @@ func testFailpoints(drv sandbox.Driver, lg *slog.Logger) (*failpoint.Set, error)
 		return failpoint.Action{}, fmt.Errorf("unknown action %q (have kill-daemon, kill-sandbox, stop-self, error/DUR, enospc/DUR, slow/DUR[@PER])", action)
 	})
 }
+
+// stopSelfQuiesce is how long stop-self lets in-flight writes finish.
+const stopSelfQuiesce = 500 * time.Millisecond
 
 // writeFailpointCounts appends every point's evaluation count to
 // AMBER_TEST_FAILPOINT_LOG as "#hits point N" (after a clean shutdown).
