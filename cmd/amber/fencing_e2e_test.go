@@ -29,9 +29,8 @@ func TestE2EFencingPausedDaemon(t *testing.T) {
 		t.Skip("no python template")
 	}
 	cases := []struct{ name, spec string }{
-		// The first tool ran and its strict checkpoint committed; its result
-		// is not appended yet.
-		{"append", "session.tool.before-record=1:stop-self"},
+		// The model's 2nd answer arrived; it is not appended yet.
+		{"append", "session.model.before-record=2:stop-self"},
 		// The sandbox's first checkpoint (the 1st manifest is the template
 		// version's): chunks and manifest durable, commit hook not run.
 		{"checkpoint", "chunkstore.manifest=2:stop-self"},
@@ -43,12 +42,19 @@ func TestE2EFencingPausedDaemon(t *testing.T) {
 			if c.name == "forward" && enginetest.DriverName() != "gvisor" {
 				t.Skip("effects go through the egress gateway (gvisor driver)")
 			}
-			fencingCase(t, c.spec)
+			fencingCase(t, c.spec, c.name == "forward")
 		})
 	}
 }
 
-func fencingCase(t *testing.T, spec string) {
+// fencingCase pauses daemon A at spec, lets daemon B take over, then
+// resumes A. Normally B finishes the session before A resumes. With
+// forwardOnly, A is resumed as soon as B took over: B cannot restore the
+// sandbox while A (stopped) still holds the port of its egress listener
+// (a known limit of taking over from a live process; see
+// docs/ARCHITECTURE.md), so B cannot have sent the order either — the
+// shop must have seen nothing when A exits.
+func fencingCase(t *testing.T, spec string, forwardOnly bool) {
 	bin, dir := e2eSetup(t)
 	sh, err := startShop("")
 	if err != nil {
@@ -99,6 +105,24 @@ func fencingCase(t *testing.T, spec string) {
 		t.Fatalf("B did not say it took over:\n%s", tail(b.log(), 20))
 	}
 	clB := fencingClient(t, dir, b.addr)
+	if forwardOnly {
+		if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-a.exited:
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("A did not exit within 2 minutes of SIGCONT\n%s", tail(quiet(a.log()), 30))
+		}
+		orders, dedup := strings.Join(sh.items(), ","), sh.deduplicated()
+		if code := a.cmd.ProcessState.ExitCode(); code != exitFenced || !strings.Contains(a.log(), "fenced: another daemon took this data dir over") {
+			t.Fatalf("A exited with %v, want status %d after saying it was fenced\n%s", a.cmd.ProcessState, exitFenced, tail(quiet(a.log()), 30))
+		}
+		if orders != "" || dedup != 0 {
+			t.Fatalf("the shop saw orders %q (%d repeated keys) when A exited: A forwarded after it was fenced", orders, dedup)
+		}
+		return
+	}
 	want := len(script)
 	waitForOr(t, 5*time.Minute, "the session to finish on daemon B", func() string { return "A:\n" + tail(quiet(a.log()), 30) + "\nB:\n" + tail(quiet(b.log()), 60) }, func() bool {
 		l, err := clB.SessionEvents(ctx, se.ID, 0, 1000)
@@ -119,8 +143,11 @@ func fencingCase(t *testing.T, spec string) {
 		return n >= want && status == "idle"
 	})
 	before := fencingSnapshot(t, ctx, clB, dir, se.ID, sh)
-	if effects && before.orders != "book" {
-		t.Fatalf("the shop booked %q before A resumed, want book once", before.orders)
+	// (B may not reach the shop: A, stopped, may still hold the sandbox's
+	// egress listener when B restores it; the order then fails and the
+	// session goes on. Either way it is not booked twice.)
+	if strings.Count(before.orders, "book") > 1 {
+		t.Fatalf("the shop booked %q before A resumed", before.orders)
 	}
 
 	// A resumes: it must find itself fenced before writing anything.
