@@ -129,25 +129,36 @@ func (f *Lease) Epoch() uint64 {
 
 // Check returns nil while the lease is this daemon's, errdefs.ErrFenced once
 // another daemon took it over, or another error when that cannot be told
-// (the log is unavailable): a caller writes nothing on any error.
+// (the log is unavailable): a caller writes nothing on any error. Inside the
+// validity window it costs a mutex and a clock read.
 func (f *Lease) Check(ctx context.Context) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.fenced != nil {
-		return f.fenced
-	}
-	if time.Now().Before(f.validUntil) {
+	fenced, valid := f.fenced, time.Now().Before(f.validUntil)
+	f.mu.Unlock()
+	switch {
+	case fenced != nil:
+		return fenced
+	case valid:
 		return nil
 	}
-	return f.renewLocked(ctx)
+	return f.renew(ctx)
 }
 
-func (f *Lease) renewLocked(ctx context.Context) error {
+// renew renews the lease (without holding the mutex during the round trip,
+// so that checks inside the window never wait for it).
+func (f *Lease) renew(ctx context.Context) error {
+	f.mu.Lock()
+	cur := f.l
+	f.mu.Unlock()
 	sent := time.Now()
-	l, err := f.log.Renew(ctx, f.l, f.ttl)
+	l, err := f.log.Renew(ctx, cur, f.ttl)
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	switch {
+	case f.fenced != nil:
+		return f.fenced
 	case errdefs.IsFenced(err):
-		f.fenced = errdefs.Fencedf("this daemon's lease on its data dir (epoch %d) was taken over: %v", f.l.Epoch, err)
+		f.fenced = errdefs.Fencedf("this daemon's lease on its data dir (epoch %d) was taken over: %v", cur.Epoch, err)
 		if f.onFenced != nil {
 			f.onFenced(f.fenced) // the daemon exits here, before any caller goes on
 		}
@@ -155,7 +166,9 @@ func (f *Lease) renewLocked(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("renew the data-dir lease: %w", err)
 	}
-	f.l, f.validUntil = l, sent.Add(f.ttl*4/5)
+	if v := sent.Add(f.ttl * 4 / 5); v.After(f.validUntil) {
+		f.l, f.validUntil = l, v
+	}
 	return nil
 }
 
@@ -169,10 +182,7 @@ func (f *Lease) Keep(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		f.mu.Lock()
-		err := f.renewLocked(ctx)
-		f.mu.Unlock()
-		if errdefs.IsFenced(err) {
+		if err := f.renew(ctx); errdefs.IsFenced(err) {
 			return
 		}
 	}

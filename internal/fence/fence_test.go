@@ -112,3 +112,27 @@ func TestTakeAtOnceWithTheFlock(t *testing.T) {
 		t.Fatalf("no holder: %v", err)
 	}
 }
+
+// A daemon that keeps renewing is never taken over: --take-over waits.
+func TestTakeOverWaitsForALiveHolder(t *testing.T) {
+	st, err := sqlite.Open(filepath.Join(t.TempDir(), "ev.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a, err := Take(ctx, st, Options{Holder: "daemon/h", TTL: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go a.Keep(ctx)
+	tctx, tcancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	defer tcancel()
+	if _, err := Take(tctx, st, Options{Holder: "daemon/h", TTL: 300 * time.Millisecond, TakeOver: true}); err == nil {
+		t.Fatal("took the data dir over from a daemon that renews its lease")
+	}
+	if err := a.Check(ctx); err != nil {
+		t.Fatalf("the renewing daemon: %v", err)
+	}
+}
