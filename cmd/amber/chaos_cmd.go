@@ -113,15 +113,19 @@ duplicated effect, or a class hit fewer than --min-hits times. Runs as root
 type chaosFault struct {
 	Class string `json:"class"`
 	// Spec is the failpoint armed in the daemon ("point=N:action"); empty
-	// for kills the harness does itself at AtMS after the run's start.
-	Spec string `json:"spec,omitempty"`
-	AtMS int64  `json:"at_ms,omitempty"`
+	// for kills the harness does itself: AtMS after the session's
+	// AtAnswer-th model answer was recorded (a moment tied to the run's
+	// progress, so it lands inside the run however fast the machine is).
+	Spec     string `json:"spec,omitempty"`
+	AtMS     int64  `json:"at_ms,omitempty"`
+	AtAnswer int    `json:"at_answer,omitempty"`
 	// Hit: the fault was observed (the failpoint log, or the kill done).
 	Hit       bool    `json:"hit"`
 	HitAtS    float64 `json:"hit_at_s,omitempty"`
 	RecoverS  float64 `json:"recover_s,omitempty"`
 	recovered bool
-	point     string
+	point     string // the failpoint
+	action    string // what it does, after "point=N:"
 	armed     bool
 }
 
@@ -364,7 +368,7 @@ func describeFaults(fs []*chaosFault) string {
 		if f.Spec != "" {
 			what += "(" + f.Spec + ")"
 		} else {
-			what += fmt.Sprintf("(@%dms)", f.AtMS)
+			what += fmt.Sprintf("(answer %d +%dms)", f.AtAnswer, f.AtMS)
 		}
 		if f.Hit {
 			what += fmt.Sprintf(" hit@%.1fs", f.HitAtS)
@@ -406,7 +410,7 @@ func (c *chaos) plan(seed int64, k int) []*chaosFault {
 	rng := rand.New(rand.NewSource(seed))
 	used := map[string]bool{}
 	var plan []*chaosFault
-	maxMS := max(1000, int64(c.goldD/time.Millisecond)*9/10)
+	answers := len(chaosScript("", c.o.driver == "gvisor"))
 	for j := 0; j < k; j++ {
 		cl := c.o.classes[int((seed*int64(c.o.perRun)+int64(j))%int64(len(c.o.classes)))]
 		f := &chaosFault{Class: cl}
@@ -424,11 +428,13 @@ func (c *chaos) plan(seed int64, k int) []*chaosFault {
 			used[p] = true
 			return p
 		}
-		n := func(point string) int { return 1 + rng.Intn(max(1, c.calib[point])) }
+		// The hit number is drawn within the first 4/5 of the golden run's
+		// count, so the point is reached before the run ends.
+		n := func(point string) int { return 1 + rng.Intn(max(1, c.calib[point]*4/5)) }
 		dur := func(lo, hi int) string { return fmt.Sprintf("%dms", lo+rng.Intn(hi-lo)) }
 		switch cl {
 		case fcSandboxKill, fcDaemonKill, fcBothKill:
-			f.AtMS = 300 + rng.Int63n(maxMS)
+			f.AtAnswer, f.AtMS = 1+rng.Intn(max(1, answers-2)), rng.Int63n(2000)
 		case fcTornCheckpoint:
 			p := pick("blob.write", "chunkstore.chunks", "chunkstore.manifest", "chunkstore.publish")
 			f.point, f.Spec = p, fmt.Sprintf("%s=%d:kill-daemon", p, n(p))
@@ -445,9 +451,27 @@ func (c *chaos) plan(seed int64, k int) []*chaosFault {
 			p := pick("blob.write", "eventlog.append")
 			f.point, f.Spec = p, fmt.Sprintf("%s=%d:slow/%s@%dms", p, n(p), dur(1000, 5000), 20+rng.Intn(180))
 		}
+		if f.Spec != "" {
+			_, f.action, _ = strings.Cut(f.Spec, ":")
+		}
 		plan = append(plan, f)
 	}
 	return plan
+}
+
+// rearm draws again the hit numbers of the faults not yet observed when a
+// daemon restarts mid-run (its points count from zero again, and less of
+// the run is left: progress is the fraction done), from the run's seed and
+// the restart's number.
+func (c *chaos) rearm(plan []*chaosFault, seed int64, restart int, progress float64) {
+	rng := rand.New(rand.NewSource(seed*1000 + int64(restart)))
+	for _, f := range plan {
+		if f.Spec == "" || f.Hit {
+			continue
+		}
+		left := int(float64(c.calib[f.point]) * 4 / 5 * (1 - progress))
+		f.Spec = fmt.Sprintf("%s=%d:%s", f.point, 1+rng.Intn(max(1, left)), f.action)
+	}
 }
 
 // chaosStream follows the session's events over SSE across daemon
@@ -500,6 +524,34 @@ func (s *chaosStream) progressAfter(t time.Time) (time.Time, bool) {
 		}
 	}
 	return time.Time{}, false
+}
+
+// answerAt returns when the stream showed the n-th model answer.
+func (s *chaosStream) answerAt(n int) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := 0
+	for i, ev := range s.evs {
+		if ev.Type == "session.assistant_message" {
+			if k++; k == n {
+				return s.at[i], true
+			}
+		}
+	}
+	return time.Time{}, false
+}
+
+// progress is the fraction of the run's model answers recorded so far.
+func (s *chaosStream) progress(want int) float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, ev := range s.evs {
+		if ev.Type == "session.assistant_message" {
+			n++
+		}
+	}
+	return min(1, float64(n)/float64(max(1, want)))
 }
 
 // state reports how far the session is, from the streamed events.
@@ -649,7 +701,7 @@ func (c *chaos) runOnce(ctx context.Context, seed int64, plan []*chaosFault) (r 
 		lines := readFiring(fplog)
 		for _, l := range lines[fpSeen:] {
 			for _, f := range plan {
-				if f.armed && !f.Hit && strings.HasPrefix(f.Spec, l.point+"=") && strings.Contains(f.Spec, ":"+l.action) {
+				if f.armed && !f.Hit && f.point == l.point && strings.HasPrefix(f.action, l.action) {
 					f.Hit, f.HitAtS = true, time.Since(runStart).Seconds()
 				}
 			}
@@ -657,7 +709,10 @@ func (c *chaos) runOnce(ctx context.Context, seed int64, plan []*chaosFault) (r 
 		fpSeen = len(lines)
 		// Kills the harness does itself, at their moment.
 		for _, f := range plan {
-			if f.Spec != "" || f.Hit || now.Sub(runStart) < time.Duration(f.AtMS)*time.Millisecond {
+			if f.Spec != "" || f.Hit {
+				continue
+			}
+			if at, ok := st.answerAt(f.AtAnswer); !ok || now.Sub(at) < time.Duration(f.AtMS)*time.Millisecond {
 				continue
 			}
 			if c.kill(ctx, cl, dd, se.ID, f.Class) {
@@ -666,6 +721,7 @@ func (c *chaos) runOnce(ctx context.Context, seed int64, plan []*chaosFault) (r 
 		}
 		// A dead daemon is restarted, with the faults not yet seen.
 		if !dd.running() {
+			c.rearm(plan, seed, r.DaemonRestarts+1, st.progress(wantAnswers))
 			arm()
 			if err := dd.start(); err != nil {
 				r.Problem = "restart daemon: " + err.Error()
