@@ -417,6 +417,7 @@ func unmountUnder(dir string) {
 type demoDaemon struct {
 	dir, addr string
 	args      []string
+	env       []string // added to this process's environment (amber chaos: failpoints)
 	cmd       *exec.Cmd
 	exited    chan struct{}
 }
@@ -441,6 +442,9 @@ func (dd *demoDaemon) start() error {
 	defer logf.Close()
 	dd.cmd = exec.Command(self, append([]string{"up", "--data-dir", dd.dir, "--addr", dd.addr}, dd.args...)...)
 	dd.cmd.Stdout, dd.cmd.Stderr = logf, logf
+	if len(dd.env) > 0 {
+		dd.cmd.Env = append(os.Environ(), dd.env...)
+	}
 	dd.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a terminal's ^C reaches the demo only
 	if err := dd.cmd.Start(); err != nil {
 		return err

@@ -11,11 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
-	"syscall"
-	"time"
 
 	"github.com/amber-run/amber/core/eventlog"
-	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/egress"
 	"github.com/amber-run/amber/internal/engine"
@@ -88,7 +85,7 @@ func defaultEgress(allow []string) (meta.EgressPolicy, error) {
 // operator's names, every decision audited (asynchronously: OnDecision
 // must not block a request; a full queue drops records and counts them).
 func newGateway(ctx context.Context, log eventlog.Store, reg *eventlog.Registry, trail *audit.Trail, hosts map[string]netip.Addr,
-	journal bool, fps *failpoint.Set, secrets *secretstore.Store, upstreamRoots *x509.CertPool, tp trace.TracerProvider, lg *slog.Logger,
+	journal bool, fps *failpoint.Set, fenceCheck func(context.Context) error, secrets *secretstore.Store, upstreamRoots *x509.CertPool, tp trace.TracerProvider, lg *slog.Logger,
 	meterTo *atomic.Pointer[engine.Engine], mx *metrics.Metrics) *gateway.Gateway {
 	gateway.RegisterEvents(reg)
 	decisions := make(chan gateway.Decision, 4096)
@@ -127,6 +124,7 @@ func newGateway(ctx context.Context, log eventlog.Store, reg *eventlog.Registry,
 	return gateway.New(gateway.Options{
 		Journal:       j,
 		Failpoints:    fps,
+		Fence:         fenceCheck,
 		Secrets:       secrets,
 		TLS:           secrets,
 		UpstreamRoots: upstreamRoots,
@@ -158,48 +156,4 @@ func newGateway(ctx context.Context, log eventlog.Store, reg *eventlog.Registry,
 // is set once the event log is open (SetServer).
 func newEgressNetwork(dataDir string, lg *slog.Logger) (*egress.Network, error) {
 	return egress.New(filepath.Join(dataDir, "egress"), nil, lg.With("component", "egress"))
-}
-
-// testFailpoints arms failpoints from AMBER_TEST_FAILPOINTS
-// ("point=N:action,…", see failpoint.Parse) so that tests can crash a
-// daemon they run as a process exactly at a point of the code. Actions:
-// kill-daemon (SIGKILL this process), kill-sandbox (SIGKILL the sandbox the
-// point was reached for, and go on). Each firing is first appended to
-// AMBER_TEST_FAILPOINT_LOG, synced: the test's proof that the point was
-// reached. Unset (production): nil, which costs a nil check.
-func testFailpoints(drv sandbox.Driver, lg *slog.Logger) (*failpoint.Set, error) {
-	spec := os.Getenv("AMBER_TEST_FAILPOINTS")
-	if spec == "" {
-		return nil, nil
-	}
-	note := func(point, subject, action string) {
-		lg.Warn("test failpoint fired", "point", point, "subject", subject, "action", action)
-		p := os.Getenv("AMBER_TEST_FAILPOINT_LOG")
-		if p == "" {
-			return
-		}
-		f, err := os.OpenFile(p, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-		if err != nil {
-			return
-		}
-		fmt.Fprintf(f, "%s %s %s\n", point, subject, action)
-		f.Sync()
-		f.Close()
-	}
-	return failpoint.Parse(spec, map[string]func(point, subject string) error{
-		"kill-daemon": func(point, subject string) error {
-			note(point, subject, "kill-daemon")
-			syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {} // never returns
-		},
-		"kill-sandbox": func(point, subject string) error {
-			note(point, subject, "kill-sandbox")
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			if err := drv.Kill(ctx, subject); err != nil {
-				lg.Error("test failpoint: kill sandbox", "sandbox", subject, "err", err)
-			}
-			return nil
-		},
-	})
 }

@@ -85,6 +85,7 @@ func newRoot() *cobra.Command {
 		newTenantCmd(g),
 		newSecretCmd(g),
 		newDemoCmd(g),
+		newChaosCmd(g),
 		newKeyCmd(g),
 		newAuditCmd(g),
 		newSessionCmd(g),

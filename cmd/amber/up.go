@@ -26,6 +26,9 @@ import (
 	"github.com/amber-run/amber/internal/cluster"
 	"github.com/amber-run/amber/internal/egress"
 	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/failpoint"
+	"github.com/amber-run/amber/internal/faults"
+	"github.com/amber-run/amber/internal/fence"
 	"github.com/amber-run/amber/internal/gateway"
 	"github.com/amber-run/amber/internal/logging"
 	"github.com/amber-run/amber/internal/meta"
@@ -47,6 +50,8 @@ type upOptions struct {
 	meterInterval                       time.Duration
 	egress                              egressOptions
 	shared                              sharedOptions
+	takeOver                            bool
+	leaseTTL                            time.Duration
 }
 
 func newUpCmd(g *globalFlags) *cobra.Command {
@@ -96,6 +101,8 @@ are recorded.`,
 	f.BoolVar(&o.egress.journal, "egress-journal", true, "journal every outbound request (off only as a test's negative control)")
 	_ = f.MarkHidden("egress-journal")
 	o.shared.register(f)
+	f.BoolVar(&o.takeOver, "take-over", false, "take the data dir over from a daemon that still holds its lock but stopped renewing its lease (paused, hung): wait for the lease to expire, then fence it")
+	f.DurationVar(&o.leaseTTL, "lease-ttl", 15*time.Second, "time to live of the daemon's lease on its data dir (renewed every quarter of it); a paused daemon is fenced this long after its last renewal")
 	f.StringSliceVar(&o.egress.hosts, "egress-host", nil, "NAME=IP names the gateway resolves itself (local services, tests); reachable by that name even on a private address")
 	return c
 }
@@ -161,11 +168,23 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if err := o.shared.resolve(o.addr); err != nil {
 		return err
 	}
-	unlock, err := lockDataDir(dataDir)
-	if err != nil {
-		return err
+	if o.takeOver && o.shared.shared() {
+		return usageError{fmt.Errorf("--take-over is for a daemon on its own data dir; nodes on shared stores (--store) are fenced by their node lease")}
 	}
-	defer unlock()
+	unlock, err := lockDataDir(dataDir)
+	switch {
+	case err != nil && o.takeOver:
+		// The holder of the lock is alive (stopped, hung): the data-dir
+		// lease decides, below.
+		lg.Warn("data dir is locked; taking it over once the other daemon's lease expires", "data_dir", dataDir, "err", err)
+	case err != nil:
+		return fmt.Errorf("%w\nfix: stop it, or start with --take-over if it is hung (it is fenced once its lease expires)", err)
+	default:
+		defer unlock()
+	}
+	if o.leaseTTL < time.Second {
+		return usageError{fmt.Errorf("--lease-ttl %s: at least 1s", o.leaseTTL)}
+	}
 
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -195,6 +214,12 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		// The driver's message names the command that fixes it.
 		return fmt.Errorf("driver %s is not ready: %w", o.driver, err)
 	}
+	// Test and chaos runs only (AMBER_TEST_FAILPOINTS); nil otherwise.
+	fps, err := testFailpoints(drv, lg)
+	if err != nil {
+		return usageError{err}
+	}
+	defer writeFailpointCounts(fps)
 	m, err := meta.Open(o.shared.metaSpec(dataDir), meta.Options{})
 	if err != nil {
 		return err
@@ -207,27 +232,62 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if created {
 		lg.Info("wrote a new admin API key", "path", keyPath)
 	}
+	host, _ := os.Hostname()
+	nodeName := o.shared.nodeID // what the engine's Options.Node becomes
+	if nodeName == "" {
+		if nodeName = host; nodeName == "" {
+			nodeName = "amber"
+		}
+	}
 	var log eventlog.Store
-	var pgLog *postgres.Store // the shared log: leases are taken over on it
+	var pgLog *postgres.Store                  // the shared log: leases are taken over on it
+	var fenceCheck func(context.Context) error // the data-dir lease, for the gateway (nil: shared stores)
 	if o.shared.shared() {
+		// Nodes on shared stores are fenced by their node lease
+		// (internal/cluster), not by a data-dir lease.
 		if pgLog, err = openSharedLog(ctx, o.shared.store, lg); err != nil {
 			return err
 		}
 		defer pgLog.Close()
-		log = pgLog
+		log = faults.Log(pgLog, fps)
 	} else {
-		sl, err := sqlite.Open(filepath.Join(dataDir, "events.db"), sqlite.Options{Logger: lg.With("component", "eventlog")})
+		sqlog, err := sqlite.Open(filepath.Join(dataDir, "events.db"), sqlite.Options{Logger: lg.With("component", "eventlog")})
 		if err != nil {
 			return err
 		}
-		defer sl.Close()
-		log = sl
+		defer sqlog.Close()
+		// The data-dir lease (internal/fence): every write to the log
+		// checks it first, so a daemon that was paused and taken over
+		// writes nothing.
+		dl, err := fence.Take(ctx, sqlog, fence.Options{Holder: "daemon/" + host, TTL: o.leaseTTL, TakeOver: o.takeOver,
+			Waiting: func(cur eventlog.Lease) {
+				lg.Warn("waiting for the other daemon's data-dir lease to expire", "epoch", cur.Epoch, "expires", cur.Expires)
+			},
+			OnFenced: func(err error) {
+				// Exit at once, without cleanup: the sandboxes, the pool
+				// and the data dir are the new daemon's.
+				lg.Error("fenced: another daemon took this data dir over; exiting without touching anything", "err", err)
+				os.Exit(exitFenced)
+			}})
+		if err != nil {
+			return err
+		}
+		if o.takeOver {
+			n, err := sweepLeases(ctx, sqlog, m, engine.LeaseHolder(nodeName))
+			if err != nil {
+				return err
+			}
+			lg.Warn("took the data dir over", "epoch", dl.Epoch(), "streams_fenced", n)
+		}
+		go dl.Keep(ctx)
+		fenceCheck = dl.Check
+		log = dl.Log(faults.Log(sqlog, fps)) // faults: sqlog itself unless failpoints are armed
 	}
 
 	if o.keep < 0 {
 		return usageError{fmt.Errorf("--keep-checkpoints %d: must be 0 (keep all) or more", o.keep)}
 	}
-	ckpts, bs, workDir, err := openCheckpointStore(ctx, dataDir, o.blobs, o.shared.masterKeyFile, lg)
+	ckpts, bs, workDir, err := openCheckpointStore(ctx, dataDir, o.blobs, o.shared.masterKeyFile, fps, lg)
 	if err != nil {
 		return err
 	}
@@ -256,10 +316,6 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	var secrets *secretstore.Store
 	var tenantCA func(context.Context, string) ([]byte, error)
 	if enet != nil {
-		fps, err := testFailpoints(drv, lg)
-		if err != nil {
-			return usageError{err}
-		}
 		roots, err := upstreamRoots(o.egress.caFiles)
 		if err != nil {
 			return err
@@ -271,7 +327,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		if secrets, err = secretstore.New(m, key); err != nil {
 			return err
 		}
-		gw = newGateway(ctx, tlog, reg, trail, hosts, o.egress.journal, fps, secrets, roots, tp, lg, &meterTo, mx)
+		gw = newGateway(ctx, tlog, reg, trail, hosts, o.egress.journal, fps, fenceCheck, secrets, roots, tp, lg, &meterTo, mx)
 		tenantCA = secrets.CACert
 		defer gw.Close()
 		enet.SetServer(gw)
@@ -320,7 +376,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	}()
 
 	harness := &session.Harness{Log: tlog, Registry: reg, Meta: m, Boxes: session.EngineSandboxes{E: eng},
-		Logger: lg.With("component", "sessions"), Holder: engine.LeaseHolder(eng.NodeID())}
+		Logger: lg.With("component", "sessions"), Holder: engine.LeaseHolder(eng.NodeID()), Failpoints: fps}
 	if secrets != nil { // a nil *Store in the interface would not be nil
 		harness.Secrets = secrets
 	}
@@ -374,19 +430,26 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 
 // openCheckpointStore opens the chunk store of checkpoints on the blob
 // store named by blobs (see openBlobs) with the data dir's master key, and
+// the failpoints fps (tests: blob.* in front of the blob store, chunkstore.*
+// between a Put's steps; nil in production), and
 // empties the work directory where images are cut and fetched (what a
 // crashed daemon left there is garbage: committed images live in the blob
 // store).
-func openCheckpointStore(ctx context.Context, dataDir, blobs, keyFile string, lg *slog.Logger) (*chunkstore.Store, blob.Store, string, error) {
+func openCheckpointStore(ctx context.Context, dataDir, blobs, keyFile string, fps *failpoint.Set, lg *slog.Logger) (*chunkstore.Store, blob.Store, string, error) {
 	bs, where, err := openBlobs(ctx, dataDir, blobs, lg)
 	if err != nil {
 		return nil, nil, "", err
+	}
+	bs = faults.Blobs(bs, fps)
+	var failAt func(string) error
+	if fps != nil {
+		failAt = func(step string) error { return fps.Eval("chunkstore." + step) }
 	}
 	key, err := loadMasterKey(dataDir, keyFile, chunkstore.MasterKeySize)
 	if err != nil {
 		return nil, nil, "", err
 	}
-	cs, err := chunkstore.New(chunkstore.Config{Blobs: bs, MasterKey: key, Logger: lg.With("component", "chunkstore", "blobs", where)})
+	cs, err := chunkstore.New(chunkstore.Config{Blobs: bs, MasterKey: key, FailAt: failAt, Logger: lg.With("component", "chunkstore", "blobs", where)})
 	if err != nil {
 		return nil, nil, "", err
 	}
@@ -398,6 +461,32 @@ func openCheckpointStore(ctx context.Context, dataDir, blobs, keyFile string, lg
 		return nil, nil, "", err
 	}
 	return cs, bs, work, nil
+}
+
+// exitFenced is amber up's exit status when it finds its data dir taken
+// over (EX_TEMPFAIL).
+const exitFenced = 75
+
+// sweepLeases bumps the lease epoch of every stream a previous daemon of
+// this data dir may hold (sessions, sandboxes, their effect journals), so
+// that its writes in flight are refused by the log (fence.Sweep).
+func sweepLeases(ctx context.Context, log eventlog.Store, m *meta.Store, holder string) (int, error) {
+	var streams []string
+	ss, err := m.ListSessions(ctx, "")
+	if err != nil {
+		return 0, err
+	}
+	for _, s := range ss {
+		streams = append(streams, session.Stream(s.ID))
+	}
+	sbs, err := m.List(ctx, meta.Filter{})
+	if err != nil {
+		return 0, err
+	}
+	for _, sb := range sbs {
+		streams = append(streams, engine.Stream(sb.ID), gateway.Stream(sb.ID))
+	}
+	return fence.Sweep(ctx, log, holder, streams)
 }
 
 // lockDataDir makes sure one daemon at a time uses dataDir.

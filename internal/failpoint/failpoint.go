@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // ErrCrash is the conventional error of an armed point: the caller behaves as
@@ -32,18 +33,20 @@ var ErrCrash = errors.New("failpoint: simulated crash")
 type Set struct {
 	mu    sync.Mutex
 	hits  map[string]int
-	armed map[string]arm
+	armed map[string][]arm // several arms of one point all act (ParseActions)
 }
 
 type arm struct {
 	at  int // fire from this hit on (1-based)
 	err error
-	// fn, when set, is called at the at-th hit only (ArmFunc).
-	fn func(subject string) error
+	// fn, when set, is called at the at-th hit only (ArmFunc), or at
+	// every hit from the at-th on when each is set (ArmEach).
+	fn   func(subject string) error
+	each bool
 }
 
 // New returns an empty Set.
-func New() *Set { return &Set{hits: map[string]int{}, armed: map[string]arm{}} }
+func New() *Set { return &Set{hits: map[string]int{}, armed: map[string][]arm{}} }
 
 // Arm makes point name return err from its at-th evaluation on (at < 1 means
 // the first).
@@ -52,7 +55,7 @@ func (s *Set) Arm(name string, at int, err error) {
 		at = 1
 	}
 	s.mu.Lock()
-	s.armed[name] = arm{at: at, err: err}
+	s.armed[name] = []arm{{at: at, err: err}}
 	s.mu.Unlock()
 }
 
@@ -74,19 +77,26 @@ func (s *Set) EvalFor(name, subject string) error {
 	}
 	s.mu.Lock()
 	s.hits[name]++
-	a, ok := s.armed[name]
+	arms := s.armed[name]
 	n := s.hits[name]
 	s.mu.Unlock()
-	switch {
-	case !ok || n < a.at:
-		return nil
-	case a.fn != nil:
-		if n != a.at {
-			return nil
+	var first error
+	for _, a := range arms {
+		var err error
+		switch {
+		case n < a.at:
+		case a.fn != nil:
+			if n == a.at || a.each {
+				err = a.fn(subject)
+			}
+		default:
+			err = a.err
 		}
-		return a.fn(subject)
+		if first == nil {
+			first = err
+		}
 	}
-	return a.err
+	return first
 }
 
 // ArmFunc makes point name call fn at its at-th evaluation, once; what fn
@@ -97,7 +107,7 @@ func (s *Set) ArmFunc(name string, at int, fn func(subject string) error) {
 		at = 1
 	}
 	s.mu.Lock()
-	s.armed[name] = arm{at: at, fn: fn}
+	s.armed[name] = []arm{{at: at, fn: fn}}
 	s.mu.Unlock()
 }
 
@@ -105,6 +115,27 @@ func (s *Set) ArmFunc(name string, at int, fn func(subject string) error) {
 // calls actions[action] at its N-th evaluation. It is how a test arms the
 // points of a daemon it runs as a separate process.
 func Parse(spec string, actions map[string]func(point, subject string) error) (*Set, error) {
+	return ParseActions(spec, func(point, action, arg string) (Action, error) {
+		fn := actions[action]
+		if fn == nil || arg != "" {
+			return Action{}, fmt.Errorf("want an action among %s (no argument)", strings.Join(sortedKeys(actions), ", "))
+		}
+		return Action{Fn: func(subject string) error { return fn(point, subject) }}, nil
+	})
+}
+
+// Action is what an armed point does: Fn is called at its N-th evaluation
+// only, or, when Each is set, at every evaluation from the N-th on (a fault
+// that lasts, such as an error window; see Window).
+type Action struct {
+	Fn   func(subject string) error
+	Each bool
+}
+
+// ParseActions arms a new Set from spec, "point=N:action[/ARG][,…]"; build
+// makes the Action of each part from its point, action name and argument
+// (empty when there is no "/"), or says why it cannot.
+func ParseActions(spec string, build func(point, action, arg string) (Action, error)) (*Set, error) {
 	s := New()
 	for _, part := range strings.Split(spec, ",") {
 		part = strings.TrimSpace(part)
@@ -114,13 +145,53 @@ func Parse(spec string, actions map[string]func(point, subject string) error) (*
 		name, rest, ok1 := strings.Cut(part, "=")
 		at, action, ok2 := strings.Cut(rest, ":")
 		n, err := strconv.Atoi(at)
-		fn := actions[action]
-		if !ok1 || !ok2 || err != nil || n < 1 || fn == nil || name == "" {
-			return nil, fmt.Errorf("failpoint spec %q: want point=N:action with N ≥ 1 and action one of %s", part, strings.Join(sortedKeys(actions), ", "))
+		if !ok1 || !ok2 || err != nil || n < 1 || name == "" || action == "" {
+			return nil, fmt.Errorf("failpoint spec %q: want point=N:action[/ARG] with N ≥ 1", part)
 		}
-		s.ArmFunc(name, n, func(subject string) error { return fn(name, subject) })
+		action, arg, _ := strings.Cut(action, "/")
+		a, err := build(name, action, arg)
+		if err != nil {
+			return nil, fmt.Errorf("failpoint spec %q: %v", part, err)
+		}
+		// A point named twice has both arms (each acts at its own hit).
+		s.mu.Lock()
+		s.armed[name] = append(s.armed[name], arm{at: n, fn: a.Fn, each: a.Each})
+		s.mu.Unlock()
 	}
 	return s, nil
+}
+
+// ArmEach makes point name call fn at every evaluation from the at-th on;
+// what fn returns is what each evaluation returns.
+func (s *Set) ArmEach(name string, at int, fn func(subject string) error) {
+	if at < 1 {
+		at = 1
+	}
+	s.mu.Lock()
+	s.armed[name] = []arm{{at: at, fn: fn, each: true}}
+	s.mu.Unlock()
+}
+
+// Window returns the Fn of a fault that lasts d from its first call: every
+// call until then runs hit (which returns the fault's error, or sleeps and
+// returns nil for a slow device) and returns its result; later calls return
+// nil. Armed with ArmEach (Action.Each), the first call is the point's N-th
+// evaluation.
+func Window(d time.Duration, hit func(subject string) error) func(subject string) error {
+	var mu sync.Mutex
+	var until time.Time
+	return func(subject string) error {
+		mu.Lock()
+		if until.IsZero() {
+			until = time.Now().Add(d)
+		}
+		over := time.Now().After(until)
+		mu.Unlock()
+		if over {
+			return nil
+		}
+		return hit(subject)
+	}
 }
 
 func sortedKeys(m map[string]func(point, subject string) error) []string {
@@ -140,4 +211,18 @@ func (s *Set) Hits(name string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.hits[name]
+}
+
+// Counts returns every evaluated point's hit count.
+func (s *Set) Counts() map[string]int {
+	out := map[string]int{}
+	if s == nil {
+		return out
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, v := range s.hits {
+		out[k] = v
+	}
+	return out
 }

@@ -2,7 +2,9 @@ package failpoint
 
 import (
 	"errors"
+	"strings"
 	"testing"
+	"time"
 )
 
 func TestArmCountDisarm(t *testing.T) {
@@ -61,5 +63,75 @@ func TestParse(t *testing.T) {
 		if _, err := Parse(bad, acts); err == nil {
 			t.Errorf("Parse(%q) accepted", bad)
 		}
+	}
+}
+
+func TestParseActionsEachAndWindow(t *testing.T) {
+	boom := errors.New("boom")
+	var args []string
+	s, err := ParseActions("w=2:err/40ms, once=1:err/1ms", func(point, action, arg string) (Action, error) {
+		if action != "err" {
+			return Action{}, errors.New("unknown")
+		}
+		args = append(args, point+"/"+arg)
+		d, err := time.ParseDuration(arg)
+		if err != nil {
+			return Action{}, err
+		}
+		return Action{Fn: Window(d, func(string) error { return boom }), Each: point == "w"}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(args) != 2 || args[0] != "w/40ms" {
+		t.Fatalf("build got %v", args)
+	}
+	if err := s.Eval("w"); err != nil {
+		t.Fatalf("1st hit fired: %v", err)
+	}
+	for i := 0; i < 3; i++ { // inside the window: every hit fails
+		if err := s.Eval("w"); err != boom {
+			t.Fatalf("hit %d in the window: %v", i+2, err)
+		}
+	}
+	time.Sleep(60 * time.Millisecond)
+	if err := s.Eval("w"); err != nil {
+		t.Fatalf("after the window: %v", err)
+	}
+	if s.Counts()["w"] != 5 {
+		t.Fatalf("counts %v", s.Counts())
+	}
+	if err := s.Eval("once"); err != boom {
+		t.Fatalf("once: %v", err)
+	}
+	if err := s.Eval("once"); err != nil {
+		t.Fatalf("once fired twice (not Each): %v", err)
+	}
+	for _, bad := range []string{"w=0:err/1s", "w=1:nope", "w=1:err/xyz", "w1:err"} {
+		if _, err := ParseActions(bad, func(point, action, arg string) (Action, error) {
+			if action != "err" {
+				return Action{}, errors.New("unknown action")
+			}
+			_, err := time.ParseDuration(arg)
+			return Action{Fn: func(string) error { return nil }}, err
+		}); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}
+
+func TestParseActionsSamePointTwice(t *testing.T) {
+	var fired []string
+	s, err := ParseActions("p=1:a, p=3:b", func(point, action, arg string) (Action, error) {
+		return Action{Fn: func(string) error { fired = append(fired, action); return nil }}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 4; i++ {
+		s.Eval("p")
+	}
+	if strings.Join(fired, ",") != "a,b" {
+		t.Fatalf("fired %v, want a at hit 1 and b at hit 3", fired)
 	}
 }

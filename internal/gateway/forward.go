@@ -287,11 +287,39 @@ func (h *handler) journaled(w http.ResponseWriter, q *request) {
 		intent.IdemKey = k.IdempotencyKey()
 		q.out.Set("Idempotency-Key", intent.IdemKey)
 	}
-	if err := j.RecordIntent(ctx, wr, intent); err != nil {
+	if err := recordIntent(ctx, j, wr, intent); err != nil {
 		h.journalError(w, q, err)
 		return
 	}
 	h.forward(w, q, &wr, attempt)
+}
+
+// intentRetryFor bounds how long a request waits for the journal to take
+// its intent when the log fails for a while (a transient store error must
+// not become a failed effect the agent sees: nothing was sent yet).
+const intentRetryFor = 10 * time.Second
+
+// recordIntent is Journal.RecordIntent retried with backoff for up to
+// intentRetryFor while the log fails with an error that may pass (not
+// fenced, conflicting or invalid). A retried append of the same intent is a
+// no-op if an earlier attempt landed after all (event ids derive from the
+// key and attempt).
+func recordIntent(ctx context.Context, j *Journal, wr Writer, p IntentPayload) error {
+	deadline := time.Now().Add(intentRetryFor)
+	wait := 50 * time.Millisecond
+	for {
+		err := j.RecordIntent(ctx, wr, p)
+		if err == nil || errdefs.IsFenced(err) || errdefs.IsConflict(err) || errdefs.IsInvalidArgument(err) ||
+			errdefs.IsDataLoss(err) || ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
 }
 
 // forward sends q upstream and answers the client. With wr set, the outcome
@@ -307,6 +335,12 @@ func (h *handler) forward(w http.ResponseWriter, q *request, wr *Writer, attempt
 		return // the client went away while its upload waited for bandwidth
 	}
 	h.crashpoint(FPBeforeSend)
+	if f := g.opts.Fence; f != nil {
+		if err := f(q.r.Context()); err != nil {
+			h.journalError(w, q, err)
+			return
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(q.r.Context()), upstreamTimeout)
 	defer cancel()
 	ctx = context.WithValue(ctx, dialTargetKey{}, q.upstream)

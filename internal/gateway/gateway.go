@@ -52,6 +52,12 @@ type Options struct {
 	Logger     *slog.Logger
 	Clock      clock.Clock
 	Failpoints *failpoint.Set
+	// Fence, when set, is checked right before a request goes upstream
+	// (after its intent is durable): an error forwards nothing and answers
+	// 503 (fenced when it is errdefs.ErrFenced). The daemon checks its
+	// data-dir lease here (internal/fence), so a daemon paused between
+	// intent and send and taken over meanwhile sends nothing on resuming.
+	Fence func(context.Context) error
 	// Resolver resolves Host names; default net.DefaultResolver.
 	Resolver Resolver
 	// Hosts are names the operator maps to addresses (tests and local

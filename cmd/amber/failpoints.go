@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/failpoint"
+)
+
+// testFailpoints arms failpoints from AMBER_TEST_FAILPOINTS
+// ("point=N:action[/ARG],…", see failpoint.ParseActions) so that tests and
+// `amber chaos` can crash, fail or slow down a daemon they run as a process
+// exactly at a point of the code. Points: the gateway's (gateway.*), the
+// session harness's (session.*), the chunk store's steps of a Put
+// (chunkstore.chunks, .manifest, .publish, .committed) and the store
+// wrappers' (internal/faults: blob.write, blob.read, eventlog.append,
+// eventlog.read, eventlog.lease). Actions, at the N-th evaluation:
+//
+//	kill-daemon      SIGKILL this process
+//	kill-sandbox     SIGKILL the sandbox the point was reached for, and go on
+//	stop-self        SIGSTOP this process, after stopSelfQuiesce (the fencing
+//	                 test SIGCONTs it later)
+//	error/DUR        every evaluation for DUR fails with errdefs.ErrUnavailable
+//	                 (a store that is down for a while)
+//	enospc/DUR       every evaluation for DUR fails with ENOSPC (disk full)
+//	slow/DUR[@PER]   every evaluation for DUR sleeps PER (default 100ms)
+//	                 and goes on (a slow disk)
+//
+// Each firing (each evaluation an action acts on) is first appended to
+// AMBER_TEST_FAILPOINT_LOG, synced: "point subject action" — the test's proof
+// that the point was reached. With AMBER_TEST_FAILPOINT_LOG set and no
+// spec, the points are counted but nothing fires; at a clean shutdown the
+// counts are appended as "#hits point N" lines (writeFailpointCounts): the
+// chaos harness's calibration. Both unset (production): nil, which costs a
+// nil check at each point.
+func testFailpoints(drv sandbox.Driver, lg *slog.Logger) (*failpoint.Set, error) {
+	spec := os.Getenv("AMBER_TEST_FAILPOINTS")
+	logPath := os.Getenv("AMBER_TEST_FAILPOINT_LOG")
+	if spec == "" {
+		if logPath == "" {
+			return nil, nil
+		}
+		return failpoint.New(), nil
+	}
+	var mu sync.Mutex
+	note := func(point, subject, action string) {
+		lg.Warn("test failpoint fired", "point", point, "subject", subject, "action", action)
+		if logPath == "" {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		f, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err != nil {
+			return
+		}
+		if subject = strings.ReplaceAll(subject, " ", "_"); subject == "" {
+			subject = "-"
+		}
+		fmt.Fprintf(f, "%s %s %s\n", point, subject, action)
+		f.Sync()
+		f.Close()
+	}
+	return failpoint.ParseActions(spec, func(point, action, arg string) (failpoint.Action, error) {
+		once := func(fn func(subject string) error) (failpoint.Action, error) {
+			if arg != "" {
+				return failpoint.Action{}, fmt.Errorf("action %s takes no argument", action)
+			}
+			return failpoint.Action{Fn: fn}, nil
+		}
+		window := func(hit func(subject string) error) (failpoint.Action, error) {
+			d, err := time.ParseDuration(arg)
+			if err != nil || d <= 0 {
+				return failpoint.Action{}, fmt.Errorf("action %s/DUR wants a positive duration, not %q", action, arg)
+			}
+			return failpoint.Action{Fn: failpoint.Window(d, hit), Each: true}, nil
+		}
+		switch action {
+		case "kill-daemon":
+			return once(func(subject string) error {
+				note(point, subject, action)
+				syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				select {} // never returns
+			})
+		case "kill-sandbox":
+			return once(func(subject string) error {
+				note(point, subject, action)
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				if err := drv.Kill(ctx, subject); err != nil {
+					lg.Error("test failpoint: kill sandbox", "sandbox", subject, "err", err)
+				}
+				return nil
+			})
+		case "stop-self":
+			return once(func(subject string) error {
+				note(point, subject, action)
+				// Let the other goroutines' writes in flight finish first: a
+				// process stopped inside an SQLite write transaction holds the
+				// file's write lock, and no other daemon could open the log
+				// until it resumes (see docs/ARCHITECTURE.md, fencing).
+				time.Sleep(stopSelfQuiesce)
+				syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+				return nil // SIGCONTed: go on as if nothing happened
+			})
+		case "error":
+			return window(func(subject string) error {
+				note(point, subject, action)
+				return errdefs.Unavailablef("failpoint %s: injected store error", point)
+			})
+		case "enospc":
+			return window(func(subject string) error {
+				note(point, subject, action)
+				return fmt.Errorf("failpoint %s: write %s: %w", point, subject, syscall.ENOSPC)
+			})
+		case "slow":
+			per := 100 * time.Millisecond
+			if a, p, ok := strings.Cut(arg, "@"); ok {
+				d, err := time.ParseDuration(p)
+				if err != nil || d <= 0 {
+					return failpoint.Action{}, fmt.Errorf("action slow/DUR@PER wants a positive PER, not %q", p)
+				}
+				arg, per = a, d
+			}
+			return window(func(subject string) error {
+				note(point, subject, action)
+				time.Sleep(per)
+				return nil
+			})
+		}
+		return failpoint.Action{}, fmt.Errorf("unknown action %q (have kill-daemon, kill-sandbox, stop-self, error/DUR, enospc/DUR, slow/DUR[@PER])", action)
+	})
+}
+
+// stopSelfQuiesce is how long stop-self lets in-flight writes finish.
+const stopSelfQuiesce = 500 * time.Millisecond
+
+// writeFailpointCounts appends every point's evaluation count to
+// AMBER_TEST_FAILPOINT_LOG as "#hits point N" (after a clean shutdown).
+func writeFailpointCounts(fps *failpoint.Set) {
+	p := os.Getenv("AMBER_TEST_FAILPOINT_LOG")
+	if fps == nil || p == "" {
+		return
+	}
+	counts := fps.Counts()
+	names := make([]string, 0, len(counts))
+	for k := range counts {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	for _, n := range names {
+		fmt.Fprintf(f, "#hits %s %d\n", n, counts[n])
+	}
+	f.Sync()
+}
