@@ -32,7 +32,7 @@ console:
 # The default test run: everything real (SQLite, PostgreSQL, MinIO, runsc, CRIU),
 # plus a short fuzz of every parser. Long soak/chaos/bench runs have their own targets.
 test: setup-test build vet
-	AMBER_BIN=$(abspath $(BIN)) $(GO) test -tags $(GOTAGS) -count=1 -timeout 25m ./...
+	AMBER_BIN=$(abspath $(BIN)) $(GO) test -tags $(GOTAGS) -count=1 -timeout 40m ./...
 	$(MAKE) fuzz FUZZTIME=30000x
 
 # Fuzz targets, each run for FUZZTIME. `make test` gives each an execution
