@@ -210,8 +210,9 @@ func (n *Node) Close(ctx context.Context, leave bool) {
 	}
 }
 
-func (n *Node) heartbeatLoop(ctx context.Context) {
-	t := time.NewTicker(n.o.Heartbeat)
+// every calls fn every d until ctx ends.
+func every(ctx context.Context, d time.Duration, fn func()) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
@@ -219,12 +220,14 @@ func (n *Node) heartbeatLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		n.beat(ctx)
+		fn()
 	}
 }
 
-// beat renews the node's lease: one UPDATE, nothing else, so that a slow
-// driver never delays it. Refused (ErrFenced): the node was declared dead
+func (n *Node) heartbeatLoop(ctx context.Context) { every(ctx, n.o.Heartbeat, func() { n.beat(ctx) }) }
+
+// beat renews the node's lease: the capacity (a read of the metadata) and
+// one UPDATE, never a driver call, so that a slow driver never delays it. Refused (ErrFenced): the node was declared dead
 // while it could not renew; its stale copies go, then it registers anew.
 func (n *Node) beat(ctx context.Context) {
 	hctx, cancel := context.WithTimeout(ctx, n.o.TTL)
@@ -252,14 +255,7 @@ func (n *Node) beat(ctx context.Context) {
 }
 
 func (n *Node) scanLoop(ctx context.Context) {
-	t := time.NewTicker(n.o.Scan)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, n.o.Scan, func() {
 		if err := n.scan(ctx); err != nil && ctx.Err() == nil {
 			n.lg.Warn("scan nodes", "err", err)
 		}
@@ -268,7 +264,7 @@ func (n *Node) scanLoop(ctx context.Context) {
 		if _, err := n.o.Engine.DiscardStale(ctx); err != nil && ctx.Err() == nil {
 			n.lg.Warn("check for stale copies", "err", err)
 		}
-	}
+	})
 }
 
 // scan claims every node whose lease expired and takes its sandboxes over.

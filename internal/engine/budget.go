@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/internal/meta"
 )
 
@@ -35,9 +36,12 @@ import (
 //     budget allows again (a new month, a raised budget) resumes it from
 //     that checkpoint, as for an idle stop (idle.go).
 //
-// Month-to-date sums are kept per tenant in memory and read on from the
-// usage stream's last position at each check (the first check of a tenant
-// reads its whole stream once).
+// Usage only changes when an interval's records are appended, so whether a
+// tenant is over a budget is worked out then (meterTick → refreshBudgets)
+// and when its quota is set, and kept in memory: the checks on the call
+// paths (exec, create…) are a map lookup. Month-to-date sums are read on
+// from the usage stream's last position (a tenant's first reading reads
+// its whole stream once).
 
 // budgetReason is the stop reason of a sandbox stopped for its tenant's
 // used-up budget.
@@ -50,6 +54,13 @@ func budgetStopped(sb meta.Sandbox) bool {
 type budgetState struct {
 	mu      sync.Mutex
 	tenants map[string]*monthSums
+	over    map[string]budgetOver // tenant → its state at the last refresh
+}
+
+// budgetOver names the budget a tenant has used up ("" meter: none).
+type budgetOver struct {
+	meter       string
+	used, limit float64
 }
 
 // monthSums is a tenant's usage per month ("2006-01") and meter, from its
@@ -90,35 +101,20 @@ func (e *Engine) MonthToDate(ctx context.Context, tenant string) (map[string]flo
 		ms = &monthSums{sums: map[string]map[string]float64{}}
 		e.budget.tenants[tenant] = ms
 	}
-	stream := UsageStream(tenant)
-	for {
-		evs, err := e.log.Read(ctx, stream, ms.through+1, usageReadPage)
-		if errdefs.IsCompacted(err) {
-			b, berr := e.log.Bounds(ctx, stream)
-			if berr != nil {
-				return nil, berr
-			}
-			ms.through = b.First - 1
-			continue
+	err := e.readAfter(ctx, UsageStream(tenant), &ms.through, func(ev eventlog.Event) error {
+		var r UsageRecord
+		if ev.Type != EventUsageRecorded || json.Unmarshal(ev.Payload, &r) != nil {
+			return nil
 		}
-		if err != nil {
-			return nil, fmt.Errorf("month to date of %s: %w", tenant, err)
+		k := r.Start.UTC().Format("2006-01")
+		if ms.sums[k] == nil {
+			ms.sums[k] = map[string]float64{}
 		}
-		for _, ev := range evs {
-			ms.through = ev.Seq
-			var r UsageRecord
-			if ev.Type != EventUsageRecorded || json.Unmarshal(ev.Payload, &r) != nil {
-				continue
-			}
-			k := r.Start.UTC().Format("2006-01")
-			if ms.sums[k] == nil {
-				ms.sums[k] = map[string]float64{}
-			}
-			ms.sums[k][r.Meter] += r.Quantity
-		}
-		if len(evs) < usageReadPage {
-			break
-		}
+		ms.sums[k][r.Meter] += r.Quantity
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("month to date of %s: %w", tenant, err)
 	}
 	for k := range ms.sums {
 		if k < month.AddDate(0, -1, 0).Format("2006-01") {
@@ -141,19 +137,55 @@ func (e *Engine) MonthToDate(ctx context.Context, tenant string) (map[string]flo
 }
 
 // checkBudgets refuses new work of tenant when one of its budgets is used
-// up (see the comment at the top).
+// up (see the comment at the top): the state of the last refresh, or a
+// refresh for a tenant not seen yet.
 func (e *Engine) checkBudgets(ctx context.Context, tenant string) error {
-	q, err := e.meta.TenantQuota(ctx, tenant)
-	if err != nil || len(q.Budgets) == 0 {
-		return err
+	e.budget.mu.Lock()
+	o, ok := e.budget.over[tenant]
+	e.budget.mu.Unlock()
+	if !ok {
+		var err error
+		if o, err = e.refreshBudget(ctx, tenant); err != nil {
+			return err
+		}
 	}
-	over, used, limit, err := e.overBudget(ctx, tenant, q)
-	if err != nil || over == "" {
-		return err
+	if o.meter == "" {
+		return nil
 	}
 	next := monthStart(e.clock.Now()).AddDate(0, 1, 0)
-	return e.refuse(tenant, "budget_"+over, "usage budget %s of tenant %s used up: %.6g of %.6g this month (it renews %s; the operator may raise it with `amber tenant quota %s --budget %s=N`)",
-		over, tenant, used, limit, next.Format("2006-01-02"), tenant, over)
+	return e.refuse(tenant, "budget_"+o.meter, "usage budget %s of tenant %s used up: %.6g of %.6g this month (it renews %s; the operator may raise it with `amber tenant quota %s --budget %s=N`)",
+		o.meter, tenant, o.used, o.limit, next.Format("2006-01-02"), tenant, o.meter)
+}
+
+// refreshBudget works out and keeps whether tenant is over a budget now.
+func (e *Engine) refreshBudget(ctx context.Context, tenant string) (budgetOver, error) {
+	var o budgetOver
+	q, err := e.meta.TenantQuota(ctx, tenant)
+	if err != nil {
+		return o, err
+	}
+	if len(q.Budgets) > 0 {
+		if o.meter, o.used, o.limit, err = e.overBudget(ctx, tenant, q); err != nil {
+			return o, err
+		}
+	}
+	e.budget.mu.Lock()
+	if e.budget.over == nil {
+		e.budget.over = map[string]budgetOver{}
+	}
+	e.budget.over[tenant] = o
+	e.budget.mu.Unlock()
+	return o, nil
+}
+
+// refreshBudgets refreshes every tenant's budget state (after an
+// interval's records were appended); errors keep the previous state.
+func (e *Engine) refreshBudgets(ctx context.Context, tenants []meta.Tenant) {
+	for _, t := range tenants {
+		if _, err := e.refreshBudget(ctx, t.ID); err != nil && ctx.Err() == nil {
+			e.lg.Warn("budgets: month to date", "tenant_id", t.ID, "err", err)
+		}
+	}
 }
 
 // overBudget names the first of q's budgets (by meter order) that tenant
@@ -180,28 +212,19 @@ func (e *Engine) overBudget(ctx context.Context, tenant string, q meta.TenantQuo
 	return "", 0, 0, nil
 }
 
-// enforceBudgets checkpoints and stops the running sandboxes of every
-// tenant that has used up a budget (called after each metering interval).
+// enforceBudgets checkpoints and stops this node's running sandboxes of
+// every tenant that has used up a budget (called after each metering
+// interval, which refreshed the states).
 func (e *Engine) enforceBudgets(ctx context.Context) {
-	tenants, err := e.meta.ListTenants(ctx)
-	if err != nil {
-		e.lg.Warn("budgets: list tenants", "err", err)
-		return
+	e.budget.mu.Lock()
+	over := map[string]budgetOver{}
+	for t, o := range e.budget.over {
+		if o.meter != "" {
+			over[t] = o
+		}
 	}
-	for _, t := range tenants {
-		q, err := e.meta.TenantQuota(ctx, t.ID)
-		if err != nil || len(q.Budgets) == 0 {
-			continue
-		}
-		over, used, limit, err := e.overBudget(ctx, t.ID, q)
-		if err != nil {
-			e.lg.Warn("budgets: month to date", "tenant_id", t.ID, "err", err)
-			continue
-		}
-		if over == "" {
-			continue
-		}
-		tenant := t.ID
+	e.budget.mu.Unlock()
+	for tenant, o := range over {
 		rows, err := e.meta.List(ctx, e.mine(meta.Filter{Tenant: &tenant, States: []meta.State{meta.StateRunning}}))
 		if err != nil {
 			continue
@@ -212,14 +235,14 @@ func (e *Engine) enforceBudgets(ctx context.Context) {
 			}
 			ck, err := e.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID, Stop: true, stopReason: budgetReason})
 			if err == nil || !errors.Is(err, errdefs.ErrFailedPrecondition) {
-				e.auditSystem(ctx, sb.Tenant, "sandbox.budget_stop", sb.ID+" "+ck.ID+" "+over, err)
+				e.auditSystem(ctx, sb.Tenant, "sandbox.budget_stop", sb.ID+" "+ck.ID+" "+o.meter, err)
 			}
 			if err != nil {
 				e.lg.Warn("budget: stop sandbox", "sandbox_id", sb.ID, "err", err)
 				continue
 			}
 			e.lg.Info("budget used up: sandbox checkpointed and stopped", "sandbox_id", sb.ID, "tenant_id", sb.Tenant,
-				"budget", over, "used", used, "limit", limit, "checkpoint_id", ck.ID)
+				"budget", o.meter, "used", o.used, "limit", o.limit, "checkpoint_id", ck.ID)
 		}
 	}
 }

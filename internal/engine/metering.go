@@ -511,6 +511,7 @@ func (e *Engine) meterTick(ctx context.Context, end time.Time) error {
 			errs = append(errs, err)
 		}
 	}
+	e.refreshBudgets(ctx, tenants) // usage changed: budgets are worked out again (budget.go)
 	if len(errs) > 0 {
 		return fmt.Errorf("append usage: %w (kept for the next interval)", errs[0])
 	}
@@ -646,37 +647,24 @@ func (e *Engine) UsageRecords(ctx context.Context, tenant string, from, to time.
 	if err != nil {
 		return nil, err
 	}
-	for pos := uint64(1); ; {
-		evs, err := e.log.Read(ctx, UsageStream(tenant), pos, usageReadPage)
-		if errdefs.IsCompacted(err) {
-			b, berr := e.log.Bounds(ctx, UsageStream(tenant))
-			if berr != nil {
-				return nil, berr
-			}
-			pos = b.First
-			continue
+	var pos uint64
+	err = e.readAfter(ctx, UsageStream(tenant), &pos, func(ev eventlog.Event) error {
+		var r UsageRecord
+		if ev.Type != EventUsageRecorded {
+			return nil
 		}
-		if err != nil {
-			return nil, err
+		if err := json.Unmarshal(ev.Payload, &r); err != nil {
+			return errdefs.DataLossf("usage record %s/%d: %v", UsageStream(tenant), ev.Seq, err)
 		}
-		for _, ev := range evs {
-			var r UsageRecord
-			if ev.Type != EventUsageRecorded {
-				continue
-			}
-			if err := json.Unmarshal(ev.Payload, &r); err != nil {
-				return nil, errdefs.DataLossf("usage record %s/%d: %v", UsageStream(tenant), ev.Seq, err)
-			}
-			if (!from.IsZero() && r.Start.Before(from)) || (!to.IsZero() && !r.Start.Before(to)) {
-				continue
-			}
+		if (from.IsZero() || !r.Start.Before(from)) && (to.IsZero() || r.Start.Before(to)) {
 			out = append(out, r)
 		}
-		if len(evs) < usageReadPage {
-			return out, nil
-		}
-		pos = evs[len(evs)-1].Seq + 1
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	return out, nil
 }
 
 // ModelUsage reads a tenant's model token usage in [from, to) from where it

@@ -6,6 +6,7 @@ import (
 	"errors"
 
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/internal/gateway"
 )
 
@@ -46,35 +47,38 @@ type logCounts struct {
 // after effSeq (without the metering lock) and counts what they hold.
 func (e *Engine) countLogs(ctx context.Context, id string, sbxSeq, effSeq uint64) (logCounts, error) {
 	c := logCounts{sbxSeq: sbxSeq, effSeq: effSeq}
-	err := e.readAfter(ctx, Stream(id), &c.sbxSeq, func(typ string, _ json.RawMessage) {
-		switch typ {
+	err := e.readAfter(ctx, Stream(id), &c.sbxSeq, func(ev eventlog.Event) error {
+		switch ev.Type {
 		case EventCheckpointed:
 			c.checkpoints++
 		case EventRestored:
 			c.restores++
 		}
+		return nil
 	})
 	if err != nil {
 		return c, err
 	}
-	err = e.readAfter(ctx, gateway.Stream(id), &c.effSeq, func(typ string, payload json.RawMessage) {
-		if typ != gateway.EventOutcome {
-			return
+	err = e.readAfter(ctx, gateway.Stream(id), &c.effSeq, func(ev eventlog.Event) error {
+		if ev.Type != gateway.EventOutcome {
+			return nil
 		}
 		var o gateway.OutcomePayload
-		if json.Unmarshal(payload, &o) != nil || o.Reconciled != "" {
-			return // an operator's reconciliation reached no upstream
+		if json.Unmarshal(ev.Payload, &o) != nil || o.Reconciled != "" {
+			return nil // an operator's reconciliation reached no upstream
 		}
 		c.egressReq++
 		c.egressBytes += o.RequestBytes + o.ResponseBytes
+		return nil
 	})
 	return c, err
 }
 
 // readAfter calls fn for each event of stream after *seq, a page at a time,
-// moving *seq to the last one read. Events truncated away before metering
-// read them are skipped (retention waits for metering: meterKeepFrom).
-func (e *Engine) readAfter(ctx context.Context, stream string, seq *uint64, fn func(typ string, payload json.RawMessage)) error {
+// moving *seq to the last one read; an error of fn stops it there. Events
+// truncated away are skipped — after a cursor (*seq > 0) that is worth a
+// warning: retention waits for metering (meterKeepFrom).
+func (e *Engine) readAfter(ctx context.Context, stream string, seq *uint64, fn func(eventlog.Event) error) error {
 	for {
 		evs, err := e.log.Read(ctx, stream, *seq+1, usageReadPage)
 		if errors.Is(err, errdefs.ErrCompacted) {
@@ -82,7 +86,9 @@ func (e *Engine) readAfter(ctx context.Context, stream string, seq *uint64, fn f
 			if berr != nil {
 				return berr
 			}
-			e.lg.Warn("metering: events truncated before they were counted", "stream", stream, "from", *seq+1, "first", b.First)
+			if *seq > 0 {
+				e.lg.Warn("metering: events truncated before they were read", "stream", stream, "from", *seq+1, "first", b.First)
+			}
 			*seq = b.First - 1
 			continue
 		}
@@ -90,7 +96,9 @@ func (e *Engine) readAfter(ctx context.Context, stream string, seq *uint64, fn f
 			return err
 		}
 		for _, ev := range evs {
-			fn(ev.Type, ev.Payload)
+			if err := fn(ev); err != nil {
+				return err
+			}
 			*seq = ev.Seq
 		}
 		if len(evs) < usageReadPage {

@@ -50,7 +50,11 @@ func (e *Engine) SetTenantQuota(ctx context.Context, tenant string, q meta.Tenan
 	if err := checkBudgetNames(q); err != nil {
 		return err
 	}
-	return e.meta.SetTenantQuota(ctx, tenant, q)
+	if err := e.meta.SetTenantQuota(ctx, tenant, q); err != nil {
+		return err
+	}
+	_, err := e.refreshBudget(ctx, tenant)
+	return err
 }
 
 // reserveSandbox checks that one more sandbox with limits l fits tenant's
