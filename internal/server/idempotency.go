@@ -2,11 +2,13 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
@@ -22,7 +24,10 @@ import (
 // hashed) gets that answer again with `Idempotent-Replayed: true` and
 // creates nothing. The same key with another request is 400; a retry
 // while the first call still runs is 409. A call that failed forgets its
-// claim, so its retry runs again. A claim older than idemStale whose call
+// claim, so its retry runs again. A retry that arrives while the first call
+// runs in this daemon waits for it (up to idemWait) and is then answered
+// as above: a client that read the last frame of a streamed answer may
+// retry before the handler has returned and recorded it. A claim older than idemStale whose call
 // never answered (the daemon died) is taken over by the next retry: a create
 // cut off by a crash may then happen twice (the engine does not know the
 // key); within a running daemon, never.
@@ -32,7 +37,53 @@ const (
 	idemReplayed = "Idempotent-Replayed"
 	idemStale    = 10 * time.Minute
 	idemMaxBody  = 1 << 20 // answers larger than this are not recorded
+	idemWait     = time.Minute
 )
+
+// idemFlight tracks the calls that hold a claim in this daemon, so that a
+// retry can wait for the first call's answer instead of a 409.
+type idemFlight struct {
+	mu   sync.Mutex
+	runs map[string]chan struct{} // tenant\x00key → closed when the call has recorded its answer
+}
+
+func (f *idemFlight) start(k string) func() {
+	ch := make(chan struct{})
+	f.mu.Lock()
+	if f.runs == nil {
+		f.runs = map[string]chan struct{}{}
+	}
+	f.runs[k] = ch
+	f.mu.Unlock()
+	return func() {
+		f.mu.Lock()
+		if f.runs[k] == ch {
+			delete(f.runs, k)
+		}
+		f.mu.Unlock()
+		close(ch)
+	}
+}
+
+// wait blocks until the call holding k in this daemon ends, ctx ends or
+// idemWait passes; it reports whether such a call was found and ended.
+func (f *idemFlight) wait(ctx context.Context, k string) bool {
+	f.mu.Lock()
+	ch := f.runs[k]
+	f.mu.Unlock()
+	if ch == nil {
+		return false
+	}
+	t := time.NewTimer(idemWait)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return false
+}
 
 // recorder tees what a handler writes into a buffer (up to idemMaxBody).
 type recorder struct {
@@ -98,9 +149,17 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, c *call, h h
 	sum.Write(body)
 	hash := hex.EncodeToString(sum.Sum(nil))
 
+	flightKey := c.tenant + "\x00" + key
 	prev, claimed, err := s.meta.BeginIdempotent(r.Context(), c.tenant, key, hash, idemStale)
 	if err != nil {
 		return err
+	}
+	if !claimed && !prev.Done && prev.RequestHash == hash && s.idem.wait(r.Context(), flightKey) {
+		// The first call ended here: its answer is recorded, or its
+		// claim forgotten (it failed) and this retry runs it again.
+		if prev, claimed, err = s.meta.BeginIdempotent(r.Context(), c.tenant, key, hash, idemStale); err != nil {
+			return err
+		}
 	}
 	if !claimed {
 		switch {
@@ -119,6 +178,8 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, c *call, h h
 		c.lg.InfoContext(r.Context(), "idempotent replay", "idempotency_key", key, "status", prev.Status)
 		return err
 	}
+	done := s.idem.start(flightKey)
+	defer done()
 	rec := &recorder{ResponseWriter: w}
 	herr := h(rec, r, c)
 	if herr == nil && rec.succeeded() {

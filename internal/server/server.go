@@ -76,6 +76,7 @@ type Server struct {
 	tracer     trace.Tracer
 	limits     Limits
 	execs      execSlots
+	idem       idemFlight // Idempotency-Key calls running here (idempotency.go)
 	eng        *engine.Engine
 	meta       *meta.Store
 	clock      clock.Clock

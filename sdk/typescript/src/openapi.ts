@@ -1629,7 +1629,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description A retry with the same key and the same request gets the first answer (header Idempotent-Replayed: true) and creates nothing; the same key with another request is 400; while the first call runs, 409. */
+                /** @description A retry with the same key and the same request gets the first answer (header Idempotent-Replayed: true) and creates nothing; the same key with another request is 400; a retry while the first call runs waits for its answer (up to a minute on the node running it), else 409. */
                 "Idempotency-Key"?: string;
             };
             path?: never;
@@ -1840,7 +1840,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description A retry with the same key and the same request gets the first answer (header Idempotent-Replayed: true) and creates nothing; the same key with another request is 400; while the first call runs, 409. */
+                /** @description A retry with the same key and the same request gets the first answer (header Idempotent-Replayed: true) and creates nothing; the same key with another request is 400; a retry while the first call runs waits for its answer (up to a minute on the node running it), else 409. */
                 "Idempotency-Key"?: string;
             };
             path: {
@@ -2342,7 +2342,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description A retry with the same key and the same request gets the first answer (header Idempotent-Replayed: true) and creates nothing; the same key with another request is 400; while the first call runs, 409. */
+                /** @description A retry with the same key and the same request gets the first answer (header Idempotent-Replayed: true) and creates nothing; the same key with another request is 400; a retry while the first call runs waits for its answer (up to a minute on the node running it), else 409. */
                 "Idempotency-Key"?: string;
             };
             path: {
@@ -2391,7 +2391,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description A retry with the same key and the same request gets the first answer (header Idempotent-Replayed: true) and creates nothing; the same key with another request is 400; while the first call runs, 409. */
+                /** @description A retry with the same key and the same request gets the first answer (header Idempotent-Replayed: true) and creates nothing; the same key with another request is 400; a retry while the first call runs waits for its answer (up to a minute on the node running it), else 409. */
                 "Idempotency-Key"?: string;
             };
             path: {
@@ -2493,7 +2493,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description A retry with the same key and the same request gets the first answer (header Idempotent-Replayed: true) and creates nothing; the same key with another request is 400; while the first call runs, 409. */
+                /** @description A retry with the same key and the same request gets the first answer (header Idempotent-Replayed: true) and creates nothing; the same key with another request is 400; a retry while the first call runs waits for its answer (up to a minute on the node running it), else 409. */
                 "Idempotency-Key"?: string;
             };
             path: {
@@ -3545,7 +3545,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description A retry with the same key and the same request gets the first answer (header Idempotent-Replayed: true) and creates nothing; the same key with another request is 400; while the first call runs, 409. */
+                /** @description A retry with the same key and the same request gets the first answer (header Idempotent-Replayed: true) and creates nothing; the same key with another request is 400; a retry while the first call runs waits for its answer (up to a minute on the node running it), else 409. */
                 "Idempotency-Key"?: string;
             };
             path: {
