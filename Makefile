@@ -63,11 +63,10 @@ EXTENDED_RUN ?= ^TestFidelity(Browser|BrowserZoneinfoWatch|Postgres)$$
 test-extended: setup setup-extended
 	$(GO) test -tags $(GOTAGS),extended -count=1 -p 1 -timeout 30m -run '$(EXTENDED_RUN)' -v ./drivers/gvisor ./drivers/criu
 
-# The one-node fencing test (SIGSTOP a daemon, take its data dir over):
-# not in `make test` while a paused daemon can hold SQLite's write lock
-# (issue 8, docs/reliability.md).
+# The one-node fencing test alone (SIGSTOP a daemon, take its data dir
+# over); `make test` runs it too.
 test-fencing: setup-test build
-	AMBER_BIN=$(abspath $(BIN)) AMBER_TEST_FENCING=1 $(GO) test -tags $(GOTAGS) -count=1 -timeout 20m -run '^TestE2EFencingPausedDaemon$$' -v ./cmd/amber
+	AMBER_BIN=$(abspath $(BIN)) $(GO) test -tags $(GOTAGS) -count=1 -timeout 20m -run '^TestE2EFencingPausedDaemon$$' -v ./cmd/amber
 
 bench: setup-test build
 	scripts/bench.sh

@@ -172,6 +172,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		return usageError{fmt.Errorf("--take-over is for a daemon on its own data dir; nodes on shared stores (--store) are fenced by their node lease")}
 	}
 	unlock, err := lockDataDir(dataDir)
+	takingOver := err != nil && o.takeOver // the lock's holder is alive (stopped, hung)
 	switch {
 	case err != nil && o.takeOver:
 		// The holder of the lock is alive (stopped, hung): the data-dir
@@ -220,8 +221,19 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		return usageError{err}
 	}
 	defer writeFailpointCounts(fps)
-	m, err := meta.Open(o.shared.metaSpec(dataDir), meta.Options{})
-	if err != nil {
+	// openDB opens a database of the data dir; taking over, it may have to
+	// end a holder stopped inside a write transaction (takeover.go).
+	openDB := func(what string) func(open func() error) error {
+		return func(open func() error) error {
+			if !takingOver {
+				return open()
+			}
+			_, err := takeOverOpen(ctx, what, filepath.Join(dataDir, "daemon.lock"), o.leaseTTL, lg, func() (struct{}, error) { return struct{}{}, open() })
+			return err
+		}
+	}
+	var m *meta.Store
+	if err := openDB("meta.db")(func() (err error) { m, err = meta.Open(o.shared.metaSpec(dataDir), meta.Options{}); return err }); err != nil {
 		return err
 	}
 	defer m.Close()
@@ -251,24 +263,31 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		defer pgLog.Close()
 		log = faults.Log(pgLog, fps)
 	} else {
-		sqlog, err := sqlite.Open(filepath.Join(dataDir, "events.db"), sqlite.Options{Logger: lg.With("component", "eventlog")})
-		if err != nil {
+		var sqlog *sqlite.Store
+		if err := openDB("events.db")(func() (err error) {
+			sqlog, err = sqlite.Open(filepath.Join(dataDir, "events.db"), sqlite.Options{Logger: lg.With("component", "eventlog")})
+			return err
+		}); err != nil {
 			return err
 		}
 		defer sqlog.Close()
 		// The data-dir lease (internal/fence): every write to the log
 		// checks it first, so a daemon that was paused and taken over
 		// writes nothing.
-		dl, err := fence.Take(ctx, sqlog, fence.Options{Holder: "daemon/" + host, TTL: o.leaseTTL, TakeOver: o.takeOver,
-			Waiting: func(cur eventlog.Lease) {
-				lg.Warn("waiting for the other daemon's data-dir lease to expire", "epoch", cur.Epoch, "expires", cur.Expires)
-			},
-			OnFenced: func(err error) {
-				// Exit at once, without cleanup: the sandboxes, the pool
-				// and the data dir are the new daemon's.
-				lg.Error("fenced: another daemon took this data dir over; exiting without touching anything", "err", err)
-				os.Exit(exitFenced)
-			}})
+		var dl *fence.Lease
+		err := openDB("events.db")(func() (err error) {
+			dl, err = fence.Take(ctx, sqlog, fence.Options{Holder: "daemon/" + host, TTL: o.leaseTTL, TakeOver: o.takeOver,
+				Waiting: func(cur eventlog.Lease) {
+					lg.Warn("waiting for the other daemon's data-dir lease to expire", "epoch", cur.Epoch, "expires", cur.Expires)
+				},
+				OnFenced: func(err error) {
+					// Exit at once, without cleanup: the sandboxes, the pool
+					// and the data dir are the new daemon's.
+					lg.Error("fenced: another daemon took this data dir over; exiting without touching anything", "err", err)
+					os.Exit(exitFenced)
+				}})
+			return err
+		})
 		if err != nil {
 			return err
 		}

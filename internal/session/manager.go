@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base32"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -25,10 +26,14 @@ type Manager struct {
 	mu      sync.Mutex
 	runners map[string]*runner
 	deltas  map[string]map[chan string]struct{} // session → live listeners
-	retries int                                 // Wake attempts after an error (3)
-	bg      context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	retries int                                 // Wake attempts after a lasting error (3)
+	// retryFor is how long a Wake failing for another reason (a store
+	// down, full or slow; a model unreachable) is retried (10 min).
+	retryFor time.Duration
+	backoff  time.Duration // the first retry's delay, doubling to 30× (1 s)
+	bg       context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
 }
 
 type runner struct{ kick chan struct{} }
@@ -38,7 +43,7 @@ func NewManager(h *Harness) *Manager {
 	h.defaults()
 	RegisterEvents(h.Registry)
 	bg, cancel := context.WithCancel(context.Background())
-	m := &Manager{h: h, retries: 3, runners: map[string]*runner{}, deltas: map[string]map[chan string]struct{}{}, bg: bg, cancel: cancel}
+	m := &Manager{h: h, retries: 3, retryFor: 10 * time.Minute, backoff: time.Second, runners: map[string]*runner{}, deltas: map[string]map[chan string]struct{}{}, bg: bg, cancel: cancel}
 	if h.OnDelta == nil {
 		h.OnDelta = m.publish
 	}
@@ -283,27 +288,45 @@ func (m *Manager) run(id string, r *runner) {
 			m.mu.Unlock()
 			return
 		}
-		// A failed Wake (a model or sandbox error; it is in the log) is
-		// tried again a few times with backoff: the next Wake recovers what
-		// the failure cut off. Then the session waits for a client event
-		// or the next start.
+		// A failed Wake (a model, sandbox or store error; it is in the
+		// log) is tried again with backoff (1 s doubling to 30 s): the next
+		// Wake recovers what the failure cut off. An error that will not
+		// pass by itself (refused, fenced, invalid) gets m.retries
+		// attempts; any other (the blob store or the log down, full or
+		// slow, a model unreachable) is retried for m.retryFor, so a
+		// session goes on by itself once its stores are back. A client
+		// event cuts a backoff short. Then the session waits for a client
+		// event or the next start.
+		first := time.Now()
 		for attempt := 0; ; attempt++ {
 			st, err := m.h.Wake(m.bg, id)
 			if err == nil || m.bg.Err() != nil || errdefs.IsNotFound(err) {
 				break
 			}
 			m.h.Logger.Warn("session harness stopped", "session", id, "status", st, "attempt", attempt+1, "err", err)
-			if attempt+1 >= m.retries {
+			if lasting(err) && attempt+1 >= m.retries || time.Since(first) >= m.retryFor {
+				m.h.Logger.Warn("session waits for a client event", "session", id, "attempts", attempt+1, "err", err)
 				break
+			}
+			delay := 30 * m.backoff
+			if attempt < 5 {
+				delay = time.Duration(1<<attempt) * m.backoff
 			}
 			select {
 			case <-m.bg.Done():
 				return
-			case <-time.After(time.Duration(1<<attempt) * time.Second):
+			case <-r.kick: // a client event: try now
+			case <-time.After(delay):
 			}
 		}
 		if m.bg.Err() != nil {
 			return
 		}
 	}
+}
+
+// lasting tells an error that retrying will not cure.
+func lasting(err error) bool {
+	return errdefs.IsInvalidArgument(err) || errdefs.IsFenced(err) || errors.Is(err, errdefs.ErrPermissionDenied) ||
+		errors.Is(err, errdefs.ErrFailedPrecondition) || errdefs.IsDataLoss(err)
 }
