@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
@@ -30,6 +31,14 @@ type Client struct {
 	token string
 	// HTTP is the underlying client; replace it to set timeouts or transport.
 	HTTP *http.Client
+	// Retry is how long a call that is safe to repeat — a GET or HEAD, or
+	// a call carrying an Idempotency-Key — is tried again while the daemon
+	// cannot be reached (restarting) or answers 503 Unavailable (e.g. the
+	// sandbox's node is down and it is being restored on another), with
+	// backoff from 100 ms doubling to 2 s. 0 (the default): never retried.
+	// A call that is not safe to repeat (an exec, a create without a key)
+	// is never retried.
+	Retry time.Duration
 }
 
 // New returns a client for the daemon at addr ("host:port" or a URL)
@@ -94,8 +103,37 @@ func (c *Client) request(ctx context.Context, method, path string, q url.Values,
 	return req, nil
 }
 
-// send performs req and turns a non-2xx answer into an *Error.
+// send performs req, tried again within c.Retry when that is safe (see
+// Retry), and turns a non-2xx answer into an *Error.
 func (c *Client) send(req *http.Request) (*http.Response, error) {
+	retry := c.Retry > 0 && (req.Method == http.MethodGet || req.Method == http.MethodHead || req.Header.Get("Idempotency-Key") != "") &&
+		(req.Body == nil || req.Body == http.NoBody || req.GetBody != nil)
+	deadline := time.Now().Add(c.Retry)
+	delay := 100 * time.Millisecond
+	for {
+		resp, err := c.send1(req)
+		left := time.Until(deadline)
+		if !retry || !errors.Is(err, errdefs.ErrUnavailable) || left <= 0 {
+			return resp, err
+		}
+		select {
+		case <-req.Context().Done():
+			return nil, err
+		case <-time.After(min(delay, left)):
+		}
+		delay = min(2*delay, 2*time.Second)
+		if req.GetBody != nil {
+			body, gerr := req.GetBody()
+			if gerr != nil {
+				return nil, err
+			}
+			req = req.Clone(req.Context())
+			req.Body = body
+		}
+	}
+}
+
+func (c *Client) send1(req *http.Request) (*http.Response, error) {
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w (is `amber up` running there?)", req.Method, req.URL.Redacted(), errors.Join(err, errdefs.ErrUnavailable))

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -21,6 +22,7 @@ const (
 type globalFlags struct {
 	addr, token, dataDir string
 	json                 bool
+	retry                time.Duration
 }
 
 func (g *globalFlags) register(root *cobra.Command) {
@@ -29,6 +31,7 @@ func (g *globalFlags) register(root *cobra.Command) {
 	pf.StringVar(&g.token, "token", "", "API key (default $AMBER_TOKEN, then DATA_DIR/admin.key)")
 	pf.StringVar(&g.dataDir, "data-dir", "", "daemon data directory (default $AMBER_DATA_DIR, then "+defaultDataDir+")")
 	pf.BoolVar(&g.json, "json", false, "print one JSON object per result")
+	pf.DurationVar(&g.retry, "retry", 0, "retry calls that are safe to repeat (reads) for up to this long while the daemon is unreachable or answers 503 (a node restarting, a sandbox being restored elsewhere)")
 }
 
 func (g *globalFlags) resolvedDataDir() string {
@@ -49,7 +52,15 @@ func (g *globalFlags) client() (*client.Client, error) {
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	return client.New(addr, token)
+	if g.retry < 0 {
+		return nil, usageError{fmt.Errorf("--retry %s: must be 0 or more", g.retry)}
+	}
+	c, err := client.New(addr, token)
+	if err != nil {
+		return nil, err
+	}
+	c.Retry = g.retry
+	return c, nil
 }
 
 func readTrim(path string) string {

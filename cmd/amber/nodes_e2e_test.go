@@ -91,9 +91,10 @@ func sharedStores(t *testing.T, dir string) (flags []string, adminKey string) {
 		"--blobs", "s3://" + cfg.Endpoint + "/" + cfg.Bucket + "/nodes?secure=false&create=true"}, adminKey
 }
 
-// startNode starts node id in dir/id with the shared flags. Its sandboxes
-// are destroyed when the test ends, whatever happened to the node.
-func startNode(t *testing.T, bin, dir, id, adminKey string, shared []string) *testNode {
+// startNode starts node id in dir/id with the shared flags (on addr, when
+// given: a restart). Its sandboxes are destroyed when the test ends,
+// whatever happened to the node.
+func startNode(t *testing.T, bin, dir, id, adminKey string, shared []string, addr ...string) *testNode {
 	t.Helper()
 	ndir := filepath.Join(dir, id)
 	if err := os.MkdirAll(ndir, 0o711); err != nil {
@@ -106,14 +107,17 @@ func startNode(t *testing.T, bin, dir, id, adminKey string, shared []string) *te
 		destroyLeftovers(t, filepath.Join(ndir, "drivers", enginetest.DriverName()))
 		removeCgroups(t, "amber/"+enginetest.DriverName()+"-"+id)
 	})
-	addr := freeAddr(t)
-	d := startDaemon(t, bin, ndir, addr, append(append([]string{}, shared...), "--node-id", id)...)
+	at := freeAddr(t)
+	if len(addr) > 0 {
+		at = addr[0]
+	}
+	d := startDaemon(t, bin, ndir, at, append(append([]string{}, shared...), "--node-id", id)...)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("log of %s:\n%s", id, tail(d.log(), 60))
 		}
 	})
-	cl, err := client.New(addr, adminKey)
+	cl, err := client.New(at, adminKey)
 	if err != nil {
 		t.Fatal(err)
 	}
