@@ -399,7 +399,22 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if secrets != nil { // a nil *Store in the interface would not be nil
 		harness.Secrets = secrets
 	}
+	if o.shared.shared() {
+		// A session runs on the node that runs its sandbox; one without a
+		// sandbox yet, or whose sandbox row is unreadable, is woken here
+		// too (its stream lease decides who runs it).
+		harness.Owns = func(ctx context.Context, se meta.Session) bool {
+			if se.SandboxID == "" {
+				return true
+			}
+			sb, err := m.Get(ctx, se.SandboxID)
+			return err != nil || sb.Node == eng.NodeID()
+		}
+	}
 	sessions := session.NewManager(harness)
+	if node != nil {
+		node.SetSessions(sessions) // a takeover wakes the dead node's sessions here
+	}
 	eng.SetModelUsage(session.ModelUsage(tlog, m)) // model tokens in usage reports
 	// Closed before the engine (defers run last first).
 	defer sessions.Close()

@@ -43,6 +43,7 @@ import (
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/gateway"
 	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/session"
 )
 
 // LeaseTaker moves a stream's lease from a dead holder (stores/postgres).
@@ -79,12 +80,17 @@ type Options struct {
 // declared dead 4 s after its last renewal.
 const DefaultTTL = 4 * time.Second
 
+// Sessions wakes the agent sessions a takeover brought here
+// (session.Manager).
+type Sessions interface{ Adopt(id string) }
+
 // Node is this daemon's membership. It is a server.Router.
 type Node struct {
-	o     Options
-	id    string
-	epoch atomic.Uint64
-	lg    *slog.Logger
+	o        Options
+	id       string
+	epoch    atomic.Uint64
+	lg       *slog.Logger
+	sessions atomic.Pointer[Sessions]
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -159,14 +165,27 @@ func (n *Node) register(ctx context.Context) error {
 	return nil
 }
 
+// SetSessions makes takeovers wake the dead node's agent sessions here
+// (set once the session manager exists; a takeover before that leaves them
+// to the manager's Start, which wakes the sessions whose sandbox is here).
+func (n *Node) SetSessions(s Sessions) { n.sessions.Store(&s) }
+
 // Self implements server.Router.
 func (n *Node) Self() string { return n.id }
 
 // Epoch is this node's current registration epoch.
 func (n *Node) Epoch() uint64 { return n.epoch.Load() }
 
-// Owner implements server.Router.
+// Owner implements server.Router. A session (ses-…) runs on the node of
+// its sandbox; one without a sandbox yet is answered here.
 func (n *Node) Owner(ctx context.Context, id string) (string, error) {
+	if strings.HasPrefix(id, "ses-") {
+		se, err := n.o.Meta.GetSession(ctx, id)
+		if err != nil || se.SandboxID == "" {
+			return "", nil
+		}
+		id = se.SandboxID
+	}
 	sb, err := n.o.Meta.Get(ctx, id)
 	if err != nil || sb.Node == "" || sb.Node == n.id {
 		return "", nil // answered here (a missing sandbox is this node's 404)
@@ -327,9 +346,53 @@ func (n *Node) TakeOverNode(ctx context.Context, dead string) []engine.Adopted {
 			restored++
 		}
 	}
+	sessions := n.takeOverSessions(ctx, dead, out)
 	n.lg.Info("took over a dead node", "dead_node", dead, "sandboxes", len(rows), "restored", restored,
-		"took", time.Since(start).Round(time.Millisecond))
+		"sessions", sessions, "took", time.Since(start).Round(time.Millisecond))
 	return out
+}
+
+// takeOverSessions moves the agent sessions of the sandboxes this node
+// adopted from node dead: a session runs where its sandbox runs. For each
+// session not terminated whose sandbox is now here, in order: the lease of
+// its stream moves from the dead node to this one with the next epoch
+// (from then on the dead node's harness cannot append to it), then the
+// session is woken here and goes on where its log says (a step the dead
+// node had begun is re-issued as after a crash). It returns how many were
+// woken.
+func (n *Node) takeOverSessions(ctx context.Context, dead string, adopted []engine.Adopted) int {
+	here := map[string]bool{}
+	for _, a := range adopted {
+		if a.Sandbox.ID != "" && a.Sandbox.Node == n.id {
+			here[a.Sandbox.ID] = true
+		}
+	}
+	if len(here) == 0 {
+		return 0
+	}
+	ss, err := n.o.Meta.ListSessions(ctx, "", string(session.StatusRunning), string(session.StatusRecovering),
+		string(session.StatusIdle), string(session.StatusWaiting))
+	if err != nil {
+		n.lg.Error("list the dead node's sessions", "dead_node", dead, "err", err)
+		return 0
+	}
+	sp := n.sessions.Load()
+	woken := 0
+	for _, se := range ss {
+		if !here[se.SandboxID] {
+			continue
+		}
+		// A lease the dead node had released (an idle session) or that
+		// another node holds is left alone: the wake acquires or waits.
+		if _, err := n.o.Leases.TakeOver(ctx, session.Stream(se.ID), engine.LeaseHolder(dead), engine.LeaseHolder(n.id), n.o.StreamLeaseTTL); err != nil && !errdefs.IsConflict(err) {
+			n.lg.Warn("session lease not taken over", "session", se.ID, "dead_node", dead, "err", err)
+		}
+		if sp != nil {
+			(*sp).Adopt(se.ID)
+			woken++
+		}
+	}
+	return woken
 }
 
 // TakeOverSandbox fences sandbox id's streams away from node dead and

@@ -40,6 +40,8 @@ var anyNodeAnswers = map[string]bool{
 	"GET /v1/sandboxes/{id}/effects":     true,
 	"GET /v1/sandboxes/{id}/egress":      true,
 	"GET /v1/sandboxes/{id}/ports":       true,
+	"GET /v1/sessions/{id}":              true,
+	"GET /v1/sessions/{id}/events":       true,
 }
 
 // forward proxies r to the node that runs the sandbox it names, when that
@@ -47,7 +49,7 @@ var anyNodeAnswers = map[string]bool{
 // authorisation happen again on the owner (the key is in the shared
 // store), and so does the audit record.
 func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt Route) (bool, error) {
-	if s.router == nil || !strings.HasPrefix(rt.Path, "/v1/sandboxes/{id}") || anyNodeAnswers[rt.Method+" "+rt.Path] ||
+	if s.router == nil || !(strings.HasPrefix(rt.Path, "/v1/sandboxes/{id}") || strings.HasPrefix(rt.Path, "/v1/sessions/{id}")) || anyNodeAnswers[rt.Method+" "+rt.Path] ||
 		r.Header.Get(forwardedHeader) != "" {
 		return false, nil
 	}

@@ -94,6 +94,16 @@ func TestForwardToTheOwner(t *testing.T) {
 	}
 	got.path = ""
 	got.Unlock()
+	// A session's client events go to the node that runs it (its
+	// sandbox's), whose runner they wake.
+	rt.asked = nil
+	code, body = call("POST", "/v1/sessions/ses-a/events", `{"type":"user_message","payload":{"text":"hi"}}`, nil)
+	got.Lock()
+	if code != http.StatusTeapot || got.path != "/v1/sessions/ses-a/events" || len(rt.asked) != 1 || rt.asked[0] != "ses-a" {
+		t.Fatalf("forwarded session event: %d %q; the owner saw %s %s; router asked %v", code, body, got.method, got.path, rt.asked)
+	}
+	got.path = ""
+	got.Unlock()
 
 	// Already forwarded once: answered here, never forwarded again (the
 	// handler then refuses: there is no engine in this test, so any
@@ -119,7 +129,11 @@ func TestForwardToTheOwner(t *testing.T) {
 		}
 		func() {
 			defer func() { recover() }() // no engine here: only the routing matters
-			req, _ := http.NewRequest(method, ts.URL+strings.ReplaceAll(p, "{id}", "sbx-a"), nil)
+			id := "sbx-a"
+			if strings.HasPrefix(p, "/v1/sessions/") {
+				id = "ses-a"
+			}
+			req, _ := http.NewRequest(method, ts.URL+strings.ReplaceAll(p, "{id}", id), nil)
 			req.Header.Set("Authorization", "Bearer "+key)
 			if resp, err := http.DefaultClient.Do(req); err == nil {
 				resp.Body.Close()

@@ -73,6 +73,10 @@ type Harness struct {
 	OnDelta func(session, text string)
 	// Secrets resolves a definition's api_key_secret (nil: none can).
 	Secrets SecretSource
+	// Owns tells whether this daemon runs session se (nil: every
+	// session). Many nodes on shared stores: a session runs on the node
+	// that runs its sandbox (Manager.Start wakes only those).
+	Owns func(ctx context.Context, se meta.Session) bool
 }
 
 // ErrWaiting is not an error: Wake returns nil when the session waits.

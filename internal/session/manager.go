@@ -91,10 +91,17 @@ func (m *Manager) Start(ctx context.Context) error {
 		return err
 	}
 	for _, s := range ss {
-		m.kick(s.ID)
+		if m.h.Owns == nil || m.h.Owns(ctx, s) {
+			m.kick(s.ID)
+		}
 	}
 	return nil
 }
+
+// Adopt wakes session id here: its node died and this node took its
+// sandbox and the lease of its stream over (internal/cluster). The session
+// goes on where its log says, as after a restart.
+func (m *Manager) Adopt(id string) { m.kick(id) }
 
 // Close stops the runners (their sessions stay as the log says; the next
 // start wakes them) and waits for them.
