@@ -162,4 +162,3 @@ func lastStatus(evs []api.Event) string {
 	}
 	return status
 }
-
