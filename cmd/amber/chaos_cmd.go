@@ -140,10 +140,15 @@ type chaosRun struct {
 	Reconciliation  bool          `json:"needed_reconciliation"`
 	DaemonRestarts  int           `json:"daemon_restarts"`
 	Nudges          int           `json:"nudges"`
-	Diff            []string      `json:"diff,omitempty"`
-	Problem         string        `json:"problem,omitempty"`
-	Dir             string        `json:"dir,omitempty"`
-	outcome         chaosOutcome
+	// BroughtBack says the session's sandbox was not running when the
+	// session had finished (killed after its last tool call: the session
+	// restores it only at its next one) and was restored in place from
+	// the session's last checkpoint before its state was read.
+	BroughtBack string   `json:"brought_back,omitempty"`
+	Diff        []string `json:"diff,omitempty"`
+	Problem     string   `json:"problem,omitempty"`
+	Dir         string   `json:"dir,omitempty"`
+	outcome     chaosOutcome
 }
 
 type chaosReport struct {
@@ -155,6 +160,7 @@ type chaosReport struct {
 	Identical           int            `json:"identical_runs"`
 	LostEventRuns       int            `json:"lost_event_runs"`
 	DuplicateEffectRuns int            `json:"duplicated_effect_runs"`
+	BroughtBackRuns     int            `json:"brought_back_runs"`
 	ReconciliationRuns  int            `json:"reconciliation_runs"`
 	IncompleteRuns      int            `json:"incomplete_runs"`
 	NudgedRuns          int            `json:"nudged_runs"`
@@ -277,6 +283,10 @@ func runChaos(ctx context.Context, out io.Writer, o *chaosOptions) error {
 		if r.Nudges > 0 {
 			rep.NudgedRuns++
 		}
+		if r.BroughtBack != "" {
+			rep.BroughtBackRuns++
+			c.say("run %d (seed %d): %s", i+1, seed, r.BroughtBack)
+		}
 		verdict := "identical"
 		if !r.Identical {
 			verdict = "DIFFERENT: " + firstNonEmpty(r.Problem, strings.Join(r.Diff, "; "))
@@ -327,6 +337,7 @@ func writeChaosText(w io.Writer, r *chaosReport) {
 	fmt.Fprintf(w, "  needed reconciliation        %d\n", r.ReconciliationRuns)
 	fmt.Fprintf(w, "  did not complete             %d\n", r.IncompleteRuns)
 	fmt.Fprintf(w, "  woken by a daemon restart    %d (no progress for %s after a fault: the session's retries gave up)\n", r.NudgedRuns, chaosNudgeAfter)
+	fmt.Fprintf(w, "  sandbox brought back to read %d (killed after the session's last tool call)\n", r.BroughtBackRuns)
 	if r.StoppedByBudget {
 		fmt.Fprintf(w, "  stopped by --time-budget after %d of the faults asked for\n", r.FaultsPlanned)
 	}
@@ -790,7 +801,14 @@ func (c *chaos) runOnce(ctx context.Context, seed int64, plan []*chaosFault) (r 
 			r.Reconciliation = true
 		}
 	}
-	r.outcome = collectOutcome(ctx, cl, sessionSandbox(final, se.Sandbox), final, sh.items(), shopURL)
+	sbx := sessionSandbox(final, se.Sandbox)
+	note, err := bringBack(ctx, cl, sbx, final)
+	if err != nil {
+		r.Problem = err.Error()
+		return r
+	}
+	r.BroughtBack = note
+	r.outcome = collectOutcome(ctx, cl, sbx, final, sh.items(), shopURL)
 	if plan != nil {
 		r.Diff = diffOutcome(c.golden, r.outcome)
 		r.Identical = len(r.Diff) == 0 && len(r.LostEvents) == 0 && len(r.DuplicateEffect) == 0 && !r.Reconciliation
@@ -910,6 +928,37 @@ func countItems(items []string) map[string]int {
 // sessionSandbox is the session's current sandbox: the last one its log
 // says it created or restored into (a restore may bring the sandbox back
 // as a new one).
+// bringBack restores session sandbox sbx in place from the session's last
+// checkpoint when it is not running (see chaosRun.BroughtBack), as the
+// session's next tool call would; it says what it did ("" when nothing).
+func bringBack(ctx context.Context, cl *client.Client, sbx string, evs []api.Event) (string, error) {
+	sb, err := cl.GetSandbox(ctx, sbx)
+	if err != nil {
+		return "", fmt.Errorf("get the session's sandbox: %w", err)
+	}
+	if sb.State == "running" {
+		return "", nil
+	}
+	ckpt := ""
+	for _, ev := range evs {
+		if ev.Type == "session.checkpointed" {
+			var p struct {
+				Checkpoint string `json:"checkpoint"`
+			}
+			if json.Unmarshal(ev.Payload, &p) == nil && p.Checkpoint != "" {
+				ckpt = p.Checkpoint
+			}
+		}
+	}
+	if ckpt == "" {
+		return "", fmt.Errorf("the session's sandbox %s is %s and the session has no checkpoint to bring it back from", sbx, sb.State)
+	}
+	if _, err := cl.Restore(ctx, ckpt, api.RestoreRequest{}, nil); err != nil {
+		return "", fmt.Errorf("bring the session's sandbox %s (%s) back from %s: %w", sbx, sb.State, ckpt, err)
+	}
+	return fmt.Sprintf("sandbox %s was %s; restored from the session's checkpoint %s", sbx, sb.State, ckpt), nil
+}
+
 func sessionSandbox(evs []api.Event, dflt string) string {
 	for i := len(evs) - 1; i >= 0; i-- {
 		if evs[i].Type == "session.sandbox_created" || evs[i].Type == "session.sandbox_restored" {
