@@ -187,7 +187,7 @@ func TestKubernetesManifests(t *testing.T) {
 	for _, r := range s.Resources {
 		kinds[r.Kind] = true
 	}
-	for _, k := range []string{"DaemonSet", "Service", "Secret", "PodDisruptionBudget"} {
+	for _, k := range []string{"DaemonSet", "Deployment", "Service", "Secret", "PodDisruptionBudget"} {
 		if !kinds[k] {
 			t.Errorf("no %s among the manifests (%v)", k, kinds)
 		}

@@ -91,6 +91,7 @@ func newRoot() *cobra.Command {
 		newSessionCmd(g),
 		newUsageCmd(g),
 		newNodeCmd(g),
+		newAPICmd(g),
 	)
 	return root
 }

@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -10,25 +13,28 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/api"
+	"github.com/amber-run/amber/client"
 	"github.com/amber-run/amber/internal/enginetest"
 )
 
-// TestE2ENodesSessionFailover: an agent session runs on node a (its
-// sandbox there); a is killed (process and sandboxes) while a tool call
-// runs. The node that takes a over takes the session too: the session goes
-// on there from its log — the cut tool call re-issued against the sandbox
-// restored to the session's checkpoint, so its effect on the sandbox's
-// files happens once —, every event acknowledged before the kill is kept,
-// and a client event sent through the other live node reaches the session
-// (forwarded to the node that runs it) and starts another turn there.
+// TestE2ENodesSessionFailover: three nodes and a stateless API server
+// (amber api) in front of them. An agent session is created through the
+// API server (placed on a node with room: its sandbox runs there); that
+// node is killed (process and sandboxes) while a tool call runs. The node
+// that takes it over takes the session too: the session goes on there from
+// its log — the cut tool call re-issued against the sandbox restored to
+// the session's checkpoint, so its effect on the sandbox's files happens
+// once —, every event acknowledged before the kill is kept (read through
+// the API server), and client events sent through the other live node and
+// through the API server reach the session where it runs now.
 func TestE2ENodesSessionFailover(t *testing.T) {
 	bin, dir := e2eSetup(t)
 	shared, adminKey := sharedStores(t, dir)
-	a := startNode(t, bin, dir, "node-a", adminKey, shared)
-	nodes := map[string]*testNode{"node-a": a}
-	for _, id := range []string{"node-b", "node-c"} {
+	nodes := map[string]*testNode{}
+	for _, id := range []string{"node-a", "node-b", "node-c"} {
 		nodes[id] = startNode(t, bin, dir, id, adminKey, shared)
 	}
+	front := startAPIServer(t, bin, dir, adminKey, shared)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	call := func(name string, input map[string]any) map[string]any {
@@ -43,18 +49,18 @@ func TestE2ENodesSessionFailover(t *testing.T) {
 		{"tool_calls": []any{call("bash", map[string]any{"command": "cat /root/b.txt"})}},
 		{"text": "again"},
 	}
-	se, err := a.cl.CreateSession(ctx, map[string]any{"model": map[string]any{"adapter": "scripted", "script": script},
+	se, err := front.cl.CreateSession(ctx, map[string]any{"model": map[string]any{"adapter": "scripted", "script": script},
 		"template": "minimal", "policy": "strict"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.cl.PostSessionEvent(ctx, se.ID, api.PostSessionEventRequest{Type: "user_message", ID: "go", Payload: json.RawMessage(`{"text":"go"}`)}); err != nil {
+	if _, err := front.cl.PostSessionEvent(ctx, se.ID, api.PostSessionEventRequest{Type: "user_message", ID: "go", Payload: json.RawMessage(`{"text":"go"}`)}); err != nil {
 		t.Fatal(err)
 	}
-	// Wait until the bash call has started on a.
-	via := nodes["node-b"]
+	// Wait until the bash call has started.
+	via := front
 	var acked []api.Event
-	waitFor(t, 4*time.Minute, "the session's bash call to start on node-a", func() bool {
+	waitFor(t, 4*time.Minute, "the session's bash call to start", func() bool {
 		l, err := via.cl.SessionEvents(ctx, se.ID, 0, 1000)
 		if err != nil {
 			return false
@@ -71,19 +77,25 @@ func TestE2ENodesSessionFailover(t *testing.T) {
 	if err != nil || sess.Sandbox == "" {
 		t.Fatalf("session %s: %+v %v", se.ID, sess, err)
 	}
-	if sb, err := via.cl.GetSandbox(ctx, sess.Sandbox); err != nil || sb.Node != "node-a" {
-		t.Fatalf("the session's sandbox: %+v %v, want it on node-a", sb, err)
+	first, err := via.cl.GetSandbox(ctx, sess.Sandbox)
+	if err != nil || nodes[first.Node] == nil {
+		t.Fatalf("the session's sandbox: %+v %v", first, err)
 	}
+	victim := nodes[first.Node]
+	t.Logf("the API server placed the session on %s", victim.id)
 
 	killed := time.Now()
-	a.stop(syscall.SIGKILL)
-	destroyLeftovers(t, filepath.Join(a.dataDir, "drivers", enginetest.DriverName()))
-	sb := waitMoved(t, via, sess.Sandbox, "node-a", 0, 2*time.Minute)
-	winner, loser := nodes[sb.Node], nodes["node-b"]
-	if sb.Node == "node-b" {
-		loser = nodes["node-c"]
+	victim.stop(syscall.SIGKILL)
+	destroyLeftovers(t, filepath.Join(victim.dataDir, "drivers", enginetest.DriverName()))
+	sb := waitMoved(t, via, sess.Sandbox, victim.id, 0, 2*time.Minute)
+	winner := nodes[sb.Node]
+	var loser *testNode
+	for id, n := range nodes {
+		if id != victim.id && id != winner.id {
+			loser = n
+		}
 	}
-	t.Logf("the session's sandbox runs on %s %s after node-a was killed", sb.Node, time.Since(killed).Round(time.Millisecond))
+	t.Logf("the session's sandbox runs on %s %s after %s was killed", sb.Node, time.Since(killed).Round(time.Millisecond), victim.id)
 
 	// The session finishes on the winner, by itself.
 	finished := func(want int) func() bool {
@@ -126,6 +138,15 @@ func TestE2ENodesSessionFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitForOr(t, 3*time.Minute, "the next turn on "+winner.id, func() string { return tail(quiet(winner.log()), 60) }, finished(5))
+	// And one through the API server: the script has no more turns, so
+	// the model call fails on the winner and says so in the log.
+	if _, err := front.cl.PostSessionEvent(ctx, se.ID, api.PostSessionEventRequest{Type: "user_message", ID: "third", Payload: json.RawMessage(`{"text":"third"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	waitForOr(t, time.Minute, "the third message to be taken up on "+winner.id, func() string { return tail(quiet(winner.log()), 30) }, func() bool {
+		l, err := front.cl.SessionEvents(ctx, se.ID, 0, 1000)
+		return err == nil && countType(l.Events, "session.model_request_started") >= 6
+	})
 	l, _ = loser.cl.SessionEvents(ctx, se.ID, 0, 1000)
 	var last string
 	for _, ev := range l.Events {
@@ -161,4 +182,44 @@ func lastStatus(evs []api.Event) string {
 		}
 	}
 	return status
+}
+
+// startAPIServer runs `amber api` in front of the nodes whose shared flags
+// are shared; it is stopped when the test ends.
+func startAPIServer(t *testing.T, bin, dir, adminKey string, shared []string) *testNode {
+	t.Helper()
+	store := ""
+	for i, f := range shared {
+		if f == "--store" && i+1 < len(shared) {
+			store = shared[i+1]
+		}
+	}
+	addr := freeAddr(t)
+	logPath := filepath.Join(dir, "api.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(bin, "api", "--addr", addr, "--store", store, "--name", "front")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d := &daemon{t: t, bin: bin, dataDir: dir, addr: addr, cmd: cmd, pid: cmd.Process.Pid, exited: make(chan struct{}), logPath: logPath}
+	go func() { cmd.Wait(); close(d.exited) }()
+	t.Cleanup(func() { d.stop(syscall.SIGTERM) })
+	waitFor(t, 30*time.Second, "amber api to be ready", func() bool {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	cl, err := client.New(addr, adminKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testNode{daemon: d, id: "api", cl: cl}
 }

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/amber-run/amber/internal/apiproxy"
+	"github.com/amber-run/amber/internal/logging"
+	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/server"
+)
+
+type apiOptions struct {
+	addr, store, name, logFormat, logLevel string
+}
+
+func newAPICmd(g *globalFlags) *cobra.Command {
+	o := &apiOptions{}
+	c := &cobra.Command{
+		Use:   "api",
+		Short: "Run a stateless API server in front of the nodes of a deployment on shared stores",
+		Long: `Run an API-only server: no sandboxes, no failover claims, no data dir.
+It reads the shared metadata store (nodes, sandbox and session rows, API
+keys) and passes each call to a node agent (amber up --store …): a call
+for a sandbox or a session to the node that runs it (503 while that node is
+down and its sandboxes are restored elsewhere), a create to a live node that
+takes new sandboxes and has room (templates cached preferred), anything else
+to any live node. Run as many as you like behind one address (a Kubernetes
+Deployment and Service: deploy/kubernetes/api-deployment.yaml).`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error { return runAPI(cmd, o) },
+	}
+	f := c.Flags()
+	f.StringVar(&o.addr, "addr", "127.0.0.1:7780", "listen address")
+	f.StringVar(&o.store, "store", "", "the deployment's metadata store, postgres://… (default $AMBER_STORE)")
+	f.StringVar(&o.name, "name", "", "this server's name in the X-Amber-Forwarded-By header (default: the host name)")
+	f.StringVar(&o.logFormat, "log-format", "text", "text or json")
+	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	return c
+}
+
+func runAPI(cmd *cobra.Command, o *apiOptions) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return usageError{fmt.Errorf("--log-level %q: %v", o.logLevel, err)}
+	}
+	lg, err := logging.New(cmd.ErrOrStderr(), o.logFormat, level)
+	if err != nil {
+		return usageError{fmt.Errorf("--log-format: %v", err)}
+	}
+	if o.store == "" {
+		o.store = os.Getenv("AMBER_STORE")
+	}
+	if !meta.IsPostgres(o.store) {
+		return usageError{fmt.Errorf("--store %q: an API server fronts a deployment on shared stores; want postgres://… (the nodes' --store)", redactStore(o.store))}
+	}
+	if o.name == "" {
+		o.name, _ = os.Hostname()
+	}
+	m, err := meta.Open(o.store, meta.Options{})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	srv := &http.Server{
+		Handler:           apiproxy.New(apiproxy.Options{Meta: m, Name: o.name, Logger: lg}),
+		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    server.MaxHeaderBytes,
+	}
+	lg.Info("amber api is up", "addr", "http://"+ln.Addr().String(), "store", redactStore(o.store), "name", o.name)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	lg.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,286 @@
+// Package apiproxy is Amber's API-only server (`amber api`): a stateless
+// front for a deployment of many nodes on shared stores. It runs no
+// sandboxes and claims no dead nodes; it reads the shared metadata store
+// (nodes, sandbox and session rows, API keys) and passes every call on to
+// a node agent, which authorizes, audits and answers it:
+//
+//   - a call for a sandbox (/v1/sandboxes/{id}/…) goes to the node that runs
+//     it, and a call for a session (/v1/sessions/{id}/…) to the node of its
+//     sandbox; when that node is down (its sandboxes are being restored
+//     elsewhere) the answer is 503, retry;
+//   - a create (POST /v1/sandboxes, POST /v1/sessions) goes to the node
+//     Place chooses (a live node that takes new sandboxes, with room);
+//   - anything else (tenants, keys, templates, usage, nodes, the console)
+//     goes to any live node, in turn.
+//
+// The key is checked here first (401 before any lookup), so an anonymous
+// caller learns nothing about which sandboxes exist or where; a sandbox or
+// session of another tenant is passed on like an unknown one (its node
+// answers 404 after its own check). Calls are marked forwarded
+// (X-Amber-Forwarded-By: api/<name>), so a node answers them itself and
+// never forwards them again.
+package apiproxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/amber-run/amber/api"
+	"github.com/amber-run/amber/core/clock"
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/meta"
+)
+
+// ForwardedHeader is the header nodes honour (internal/server).
+const ForwardedHeader = "X-Amber-Forwarded-By"
+
+// Store is what the proxy reads from the shared metadata store.
+type Store interface {
+	ListNodes(ctx context.Context) ([]meta.Node, error)
+	Get(ctx context.Context, id string) (meta.Sandbox, error)
+	GetSession(ctx context.Context, id string) (meta.Session, error)
+	KeyByHash(ctx context.Context, hash string) (meta.APIKey, error)
+}
+
+// Options configure New.
+type Options struct {
+	Meta Store
+	// Name names this server in the forwarded header (api/<Name>).
+	Name string
+	// Place chooses the node for a new sandbox or session among nodes
+	// (template may be ""); default LeastLoaded.
+	Place  func(nodes []meta.Node, template string, now time.Time) (meta.Node, error)
+	Clock  clock.Clock
+	Logger *slog.Logger
+}
+
+// Proxy is the API-only server's handler.
+type Proxy struct {
+	o    Options
+	next atomic.Uint64 // round robin over live nodes
+}
+
+// New returns the proxy.
+func New(o Options) *Proxy {
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Place == nil {
+		o.Place = LeastLoaded
+	}
+	if o.Name == "" {
+		o.Name = "api"
+	}
+	return &Proxy{o: o}
+}
+
+// LeastLoaded places on the live, non-draining node with the fewest
+// sandboxes among those with room (below MaxSandboxes, memory used below
+// its memory), preferring one that has template cached.
+func LeastLoaded(nodes []meta.Node, template string, now time.Time) (meta.Node, error) {
+	var best meta.Node
+	bestScore := -1
+	for _, n := range nodes {
+		if n.State != meta.NodeLive || !n.Alive(now) {
+			continue
+		}
+		c := n.Capacity
+		if c.MaxSandboxes > 0 && c.Sandboxes >= c.MaxSandboxes || c.MemoryBytes > 0 && c.UsedMemoryBytes >= c.MemoryBytes {
+			continue
+		}
+		score := 1 << 20
+		score -= c.Sandboxes
+		for _, t := range c.Templates {
+			if template != "" && t == template {
+				score += 1 << 21
+			}
+		}
+		if score > bestScore {
+			best, bestScore = n, score
+		}
+	}
+	if bestScore < 0 {
+		return meta.Node{}, errdefs.Unavailablef("no live node takes new sandboxes (all draining, full or down); retry, or add a node")
+	}
+	return best, nil
+}
+
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/healthz":
+		w.Write([]byte("ok\n"))
+		return
+	case "/readyz":
+		if _, err := p.anyNode(r.Context()); err != nil {
+			writeError(w, err)
+			return
+		}
+		w.Write([]byte("ok\n"))
+		return
+	}
+	key, err := p.authenticate(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	target, err := p.route(r, key)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	p.forward(w, r, target)
+}
+
+// authenticate checks the caller's key (the node checks it again, with
+// the route's scope).
+func (p *Proxy) authenticate(r *http.Request) (meta.APIKey, error) {
+	if !strings.HasPrefix(r.URL.Path, "/v1/") || r.URL.Path == "/v1/openapi.json" {
+		return meta.APIKey{}, nil // public: the console's assets, the API description
+	}
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || strings.TrimSpace(token) == "" {
+		return meta.APIKey{}, fmt.Errorf("missing Authorization: Bearer <api key>: %w", errdefs.ErrUnauthenticated)
+	}
+	k, err := p.o.Meta.KeyByHash(r.Context(), meta.HashKey(strings.TrimSpace(token)))
+	if errdefs.IsNotFound(err) {
+		return meta.APIKey{}, fmt.Errorf("the API key is not valid: %w", errdefs.ErrUnauthenticated)
+	}
+	if err != nil {
+		return meta.APIKey{}, err
+	}
+	return k, k.Usable(p.o.Clock.Now())
+}
+
+// route returns the API address the call goes to.
+func (p *Proxy) route(r *http.Request, key meta.APIKey) (string, error) {
+	ctx := r.Context()
+	path := r.URL.Path
+	if r.Method == http.MethodPost && (path == "/v1/sandboxes" || path == "/v1/sessions") {
+		nodes, err := p.o.Meta.ListNodes(ctx)
+		if err != nil {
+			return "", err
+		}
+		n, err := p.o.Place(nodes, peekTemplate(r), p.o.Clock.Now())
+		if err != nil {
+			return "", err
+		}
+		return n.Addr, nil
+	}
+	for _, prefix := range []string{"/v1/sandboxes/", "/v1/sessions/"} {
+		rest, ok := strings.CutPrefix(path, prefix)
+		if !ok || rest == "" {
+			continue
+		}
+		id, _, _ := strings.Cut(rest, "/")
+		if addr, err := p.owner(ctx, id, key); addr != "" || err != nil {
+			return addr, err
+		}
+	}
+	n, err := p.anyNode(ctx)
+	return n.Addr, err
+}
+
+// owner returns the address of the live node that runs sandbox (or
+// session) id when key's tenant may know about it; "" when any node may
+// answer (unknown, another tenant's, on no node).
+func (p *Proxy) owner(ctx context.Context, id string, key meta.APIKey) (string, error) {
+	if strings.HasPrefix(id, "ses-") {
+		se, err := p.o.Meta.GetSession(ctx, id)
+		if err != nil || se.SandboxID == "" || se.Tenant != key.Tenant && !operator(key) {
+			return "", nil
+		}
+		id = se.SandboxID
+	}
+	sb, err := p.o.Meta.Get(ctx, id)
+	if err != nil || sb.Node == "" || sb.Tenant != key.Tenant && !operator(key) {
+		return "", nil
+	}
+	nodes, err := p.o.Meta.ListNodes(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, n := range nodes {
+		if n.ID == sb.Node {
+			if !n.Alive(p.o.Clock.Now()) {
+				return "", errdefs.Unavailablef("sandbox %s: its node %s is down; it is being restored on another node, retry", sb.ID, n.ID)
+			}
+			return n.Addr, nil
+		}
+	}
+	return "", nil
+}
+
+func operator(k meta.APIKey) bool { return k.Tenant == meta.DefaultTenant && k.Has(meta.ScopeAdmin) }
+
+// anyNode returns a live node, in turn.
+func (p *Proxy) anyNode(ctx context.Context) (meta.Node, error) {
+	nodes, err := p.o.Meta.ListNodes(ctx)
+	if err != nil {
+		return meta.Node{}, err
+	}
+	now := p.o.Clock.Now()
+	var live []meta.Node
+	for _, n := range nodes {
+		if n.Alive(now) {
+			live = append(live, n)
+		}
+	}
+	if len(live) == 0 {
+		return meta.Node{}, errdefs.Unavailablef("no node of this deployment is live; retry")
+	}
+	return live[int(p.next.Add(1)%uint64(len(live)))], nil
+}
+
+// peekTemplate reads the "template" of a create's JSON body (up to 1 MiB;
+// the node enforces its own limit) and puts the body back.
+func peekTemplate(r *http.Request) string {
+	if r.Body == nil {
+		return ""
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(b), r.Body))
+	if err != nil {
+		return ""
+	}
+	var v struct {
+		Template string `json:"template"`
+	}
+	json.Unmarshal(b, &v)
+	return v.Template
+}
+
+// forward proxies r to the node at addr.
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, addr string) {
+	target := &url.URL{Scheme: "http", Host: addr}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.Host = r.Host
+			pr.Out.Header.Set(ForwardedHeader, "api/"+p.o.Name)
+		},
+		FlushInterval: -1, // exec output, progress frames and event streams flow
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			writeError(w, errdefs.Unavailablef("node at %s: %v; retry", addr, err))
+		},
+	}
+	rp.ServeHTTP(w, r)
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(errdefs.HTTPStatus(err))
+	json.NewEncoder(w).Encode(api.Error{Error: api.ErrorBody{Kind: errdefs.Kind(err), Message: err.Error()}})
+}
