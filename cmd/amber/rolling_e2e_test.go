@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,7 +26,8 @@ import (
 // unreachable or answers 503) sees no failed request; no sandbox is taken
 // over or restored (a clean stop leaves its node "left", not dead, and the
 // restarted node reattaches its sandboxes): each keeps its generation and
-// its counter runs on from where it was.
+// its counter runs on from where it was. An exposed port of a sandbox on
+// one node is served through the other node's address, before and after.
 func TestE2ENodesRollingRestart(t *testing.T) {
 	bin, dir := e2eSetup(t)
 	shared, adminKey := sharedStores(t, dir)
@@ -45,6 +49,26 @@ func TestE2ENodesRollingRestart(t *testing.T) {
 			boxes = append(boxes, box{id: id, node: n.id, gen: sb.Generation})
 		}
 	}
+	// An exposed port of a sandbox on node-a, served through node-b's
+	// address (forwarded to node-a, the token in the path).
+	nodes[0].must("exec", boxes[0].id, "--", "sh", "-c", "mkdir -p /www && echo port-via-b > /www/index.html && httpd -p 127.0.0.1:8080 -h /www")
+	u, err := url.Parse(strings.TrimSpace(nodes[0].must("port", "expose", boxes[0].id, "8080")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	portVia := func(n *testNode) (int, string) {
+		resp, err := http.Get("http://" + n.addr + u.Path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	waitFor(t, 30*time.Second, "the exposed port through node-b", func() bool {
+		code, body := portVia(nodes[1])
+		return code == 200 && body == "port-via-b\n"
+	})
 	ctx := context.Background()
 	clients := make([]*client.Client, len(nodes))
 	for i, n := range nodes {
@@ -158,6 +182,9 @@ func TestE2ENodesRollingRestart(t *testing.T) {
 		if strings.Contains(out, "sandbox.restored") || strings.Contains(out, "sandbox.crashed") {
 			t.Fatalf("sandbox %s was crashed or restored by a rolling restart:\n%s", b.id, out)
 		}
+	}
+	if code, body := portVia(nodes[1]); code != 200 || body != "port-via-b\n" {
+		t.Fatalf("the exposed port through node-b after the restarts: %d %q", code, body)
 	}
 	t.Logf("%d requests through the rolling restart, none failed after retries", requests.Load())
 }

@@ -10,6 +10,8 @@
 //     elsewhere) the answer is 503, retry;
 //   - a create (POST /v1/sandboxes, POST /v1/sessions) goes to the node
 //     Place chooses (a live node that takes new sandboxes, with room);
+//   - an exposed port's URL (/p/{id}/…) goes to the node that runs the
+//     sandbox (no key: the token in the path is the credential);
 //   - anything else (tenants, keys, templates, usage, nodes, the console)
 //     goes to any live node, in turn.
 //
@@ -179,6 +181,17 @@ func (p *Proxy) route(r *http.Request, key meta.APIKey) (string, error) {
 		}
 		return n.Addr, nil
 	}
+	if rest, ok := strings.CutPrefix(path, "/p/"); ok {
+		// An exposed port's URL: no key (the token in the path is the
+		// credential, checked by the node that runs the sandbox).
+		id, _, _ := strings.Cut(rest, "/")
+		if addr, err := p.owner(ctx, id, meta.APIKey{}); addr != "" || err != nil {
+			if err != nil {
+				err = errdefs.Unavailablef("the node behind this URL is down; retry")
+			}
+			return addr, err
+		}
+	}
 	for _, prefix := range []string{"/v1/sandboxes/", "/v1/sessions/"} {
 		rest, ok := strings.CutPrefix(path, prefix)
 		if !ok || rest == "" {
@@ -205,7 +218,7 @@ func (p *Proxy) owner(ctx context.Context, id string, key meta.APIKey) (string, 
 		id = se.SandboxID
 	}
 	sb, err := p.o.Meta.Get(ctx, id)
-	if err != nil || sb.Node == "" || sb.Tenant != key.Tenant && !operator(key) {
+	if err != nil || sb.Node == "" || key.Tenant != "" && sb.Tenant != key.Tenant && !operator(key) {
 		return "", nil
 	}
 	nodes, err := p.o.Meta.ListNodes(ctx)

@@ -143,7 +143,16 @@ func TestProxyRoutes(t *testing.T) {
 	if code := call("GET", "/v1/sandboxes/sbx-other", "k-acme", ""); code != http.StatusTeapot {
 		t.Fatalf("another tenant's sandbox: %d, want it passed on like an unknown one (its node answers 404)", code)
 	}
-	a.take(); b.take(); c.take()
+	a.take()
+	b.take()
+	c.take()
+	// An exposed port's URL needs no key; it goes to the sandbox's node.
+	if code := call("GET", "/p/sbx-a/8080/tok/x", "", ""); code != http.StatusTeapot || len(a.take()) != 1 {
+		t.Fatalf("port URL: %d", code)
+	}
+	if code := call("GET", "/p/sbx-gone/8080/tok/x", "", ""); code != 503 {
+		t.Fatalf("port URL of a sandbox whose node is down: %d", code)
+	}
 
 	// Creates: b (fewest sandboxes) for any template; a for python (cached
 	// there; c has it too but drains).

@@ -57,6 +57,12 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt Route) (bool
 	if err != nil || addr == "" {
 		return false, err
 	}
+	s.forwardTo(w, r, addr)
+	return true, nil
+}
+
+// forwardTo proxies r to the node at addr, marked forwarded.
+func (s *Server) forwardTo(w http.ResponseWriter, r *http.Request, addr string) {
 	target := &url.URL{Scheme: "http", Host: addr}
 	p := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -70,7 +76,6 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt Route) (bool
 		},
 	}
 	p.ServeHTTP(w, r)
-	return true, nil
 }
 
 // listNodes answers GET /v1/nodes (the operator only).

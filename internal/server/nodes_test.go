@@ -105,6 +105,17 @@ func TestForwardToTheOwner(t *testing.T) {
 	got.path = ""
 	got.Unlock()
 
+	// An exposed port's URL (no API key: the token in the path is the
+	// credential) goes to the node that runs the sandbox, path intact.
+	rt.asked = nil
+	code, body = call("GET", "/p/sbx-a/8080/tok123/index.html?x=1", "", map[string]string{"Authorization": ""})
+	got.Lock()
+	if code != http.StatusTeapot || got.path != "/p/sbx-a/8080/tok123/index.html" || len(rt.asked) != 1 || rt.asked[0] != "sbx-a" {
+		t.Fatalf("forwarded port URL: %d %q; the owner saw %s %s; router asked %v", code, body, got.method, got.path, rt.asked)
+	}
+	got.path = ""
+	got.Unlock()
+
 	// Already forwarded once: answered here, never forwarded again (the
 	// handler then refuses: there is no engine in this test, so any
 	// answer but the owner's will do).

@@ -165,6 +165,19 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 	notFound := func() {
 		writeError(sw, errdefs.NotFoundf("not found"))
 	}
+	// Many nodes: the port is served by the node that runs the sandbox
+	// (the token goes along in the path; that node checks it).
+	if s.router != nil && r.Header.Get(forwardedHeader) == "" {
+		addr, err := s.router.Owner(r.Context(), id)
+		if err != nil {
+			writeError(sw, errdefs.Unavailablef("the node behind this URL is down; retry"))
+			return
+		}
+		if addr != "" {
+			s.forwardTo(sw, r, addr)
+			return
+		}
+	}
 	port, err := pathPort(r)
 	if err != nil {
 		notFound()
