@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -22,10 +23,10 @@ import (
 
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/amber-run/amber/client"
 	"github.com/amber-run/amber/internal/enginetest"
-	"github.com/amber-run/amber/internal/netns"
 )
 
 // A test network of namespaces, so that a node can be cut off as well as
@@ -88,7 +89,7 @@ func newTestNet(t *testing.T) *testNet {
 		t.Fatal(err)
 	}
 	n.hub = filepath.Join("/run/netns", "amber-e2e-"+n.tag+"-hub")
-	if err := netns.Create(n.hub); err != nil {
+	if err := nsCreate(n.hub); err != nil {
 		t.Fatalf("this test needs root to make network namespaces: %v", err)
 	}
 	t.Cleanup(n.close)
@@ -135,7 +136,7 @@ func (n *testNet) addNode(name string) *netNode {
 	i := len(n.nodes) + 1
 	nn := &netNode{name: name, ns: filepath.Join("/run/netns", fmt.Sprintf("amber-e2e-%s-%d", n.tag, i)),
 		ip: netip.MustParseAddr(fmt.Sprintf("%s.%d", testNetPrefix, 10+i)), hub: fmt.Sprintf("vh-%d", i)}
-	if err := netns.Create(nn.ns); err != nil {
+	if err := nsCreate(nn.ns); err != nil {
 		t.Fatalf("namespace of %s: %v", name, err)
 	}
 	n.nodes = append(n.nodes, nn)
@@ -205,7 +206,7 @@ func (n *testNet) Heal(nn *netNode) { n.setLink(nn, true) }
 func (n *testNet) forwardToHost(target string) string {
 	n.t.Helper()
 	var ln net.Listener
-	err := netns.Do(n.hub, func() (err error) {
+	err := nsDo(n.hub, func() (err error) {
 		ln, err = net.Listen("tcp", net.JoinHostPort(n.hubIP.String(), "0"))
 		return err
 	})
@@ -226,7 +227,7 @@ func (n *testNet) forwardToNode(addr string) string {
 		n.t.Fatal(err)
 	}
 	n.serve(ln, func() (c net.Conn, err error) {
-		err = netns.Do(n.hub, func() (err error) {
+		err = nsDo(n.hub, func() (err error) {
 			c, err = net.DialTimeout("tcp", addr, 10*time.Second)
 			return err
 		})
@@ -256,6 +257,11 @@ func (n *testNet) pipe(c net.Conn, dial func() (net.Conn, error)) {
 	up, err := dial()
 	if err != nil {
 		c.Close()
+		n.mu.Lock()
+		if !n.closed && !errors.Is(err, syscall.ECONNREFUSED) { // refused: a node not up yet
+			n.t.Logf("test network: forward %s: %v", c.LocalAddr(), err)
+		}
+		n.mu.Unlock()
 		return
 	}
 	if !n.track(c, up) {
@@ -328,13 +334,79 @@ func (n *testNet) close() {
 		n.t.Errorf("delete the test network's links: %v", err)
 	}
 	for _, nn := range n.nodes {
-		if err := netns.Remove(nn.ns); err != nil {
+		if err := nsRemove(nn.ns); err != nil {
 			n.t.Errorf("remove namespace %s: %v", nn.ns, err)
 		}
 	}
-	if err := netns.Remove(n.hub); err != nil {
+	if err := nsRemove(n.hub); err != nil {
 		n.t.Errorf("remove namespace %s: %v", n.hub, err)
 	}
+}
+
+// The test moves threads between namespaces and back, and never lets one
+// end (internal/netns, made for the daemon, lets its threads die instead):
+// a child started with Pdeathsig — miniotest's MinIO — is killed when the
+// thread that forked it exits, and any thread of the test may be that one.
+
+// nsCreate makes a network namespace pinned at path (in /run/netns, so
+// `ip netns` lists it), with loopback up.
+func nsCreate(path string) error {
+	name := filepath.Base(path)
+	if filepath.Dir(path) != "/run/netns" {
+		return fmt.Errorf("namespace %s: the test pins namespaces in /run/netns", path)
+	}
+	for _, args := range [][]string{{"netns", "add", name}, {"-n", name, "link", "set", "lo", "up"}} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	return nil
+}
+
+// nsRemove unpins the namespace at path.
+func nsRemove(path string) error {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if out, err := exec.Command("ip", "netns", "del", filepath.Base(path)).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip netns del: %v: %s", err, out)
+	}
+	return nil
+}
+
+// nsDo runs fn on a thread inside the namespace pinned at path, then moves
+// the thread back to the test's namespace. Sockets fn opens stay in the
+// namespace for their whole life; a process fn starts is born there.
+func nsDo(path string, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		self, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer self.Close()
+		target, err := os.Open(path)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer target.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("enter %s: %w", path, err)
+			return
+		}
+		err = fn()
+		if unix.Setns(int(self.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		} // else the thread stays locked and ends with this goroutine
+		errc <- err
+	}()
+	return <-errc
 }
 
 // reach rewrites the shared flags (sharedStores) so that --store and
@@ -393,7 +465,7 @@ func (n *testNet) startNode(bin, dir, id, adminKey string, shared, env []string)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	// Started from a thread inside the node's namespace: the child is
 	// born there (and nothing else of it changes: same mounts, cgroups).
-	if err := netns.Do(nn.ns, d.cmd.Start); err != nil {
+	if err := nsDo(nn.ns, d.cmd.Start); err != nil {
 		t.Fatalf("start %s in its namespace: %v", id, err)
 	}
 	d.pid, d.exited = d.cmd.Process.Pid, make(chan struct{})
@@ -460,12 +532,12 @@ func TestNetnsForwarding(t *testing.T) {
 		hostSrv := echoServer(t, func() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") })
 		viaHub := n.forwardToHost(hostSrv)
 		aSrv := echoServer(t, func() (ln net.Listener, err error) {
-			err = netns.Do(a.ns, func() error { ln, err = net.Listen("tcp", net.JoinHostPort(a.ip.String(), "7070")); return err })
+			err = nsDo(a.ns, func() error { ln, err = net.Listen("tcp", net.JoinHostPort(a.ip.String(), "7070")); return err })
 			return ln, err
 		})
 		toA := n.forwardToNode(aSrv)
 		dialIn := func(nn *netNode, addr string) error {
-			return netns.Do(nn.ns, func() error { return echo(addr) })
+			return nsDo(nn.ns, func() error { return echo(addr) })
 		}
 		if err := dialIn(a, viaHub); err != nil {
 			t.Fatalf("node a to the host's loopback through the hub: %v", err)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -33,9 +34,10 @@ import (
 // again: in between, nothing a could write counts — each stream's events,
 // its lease (b's, at the takeover epoch), the committed checkpoints and the
 // sandbox rows are unchanged; the held checkpoint, which woke after the
-// heal, was refused as fenced (its caller gets 409) and its row is failed.
-// Node a, its heartbeat refused, has destroyed its stale copies (its driver
-// has no state for either sandbox) and runs again at epoch 2, live; the
+// heal, was refused as fenced (its caller gets 409), its row is failed and
+// it left no commit pointer. Node a, its heartbeat refused, destroys its
+// stale copies — the free one at once, the one the held checkpoint still
+// locks when the checkpoint gives up — and runs again at epoch 2, live; the
 // sandboxes still run on b, with their file and a running counter.
 func TestE2ENodesPartition(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -61,12 +63,18 @@ func TestE2ENodesPartition(t *testing.T) {
 	}
 
 	var ids []string
+	file := map[string]string{}
 	for i := range 2 {
 		id := strings.TrimSpace(a.must("sandbox", "create", "--template", "minimal"))
-		a.must("exec", id, "--", "sh", "-c", fmt.Sprintf("echo before-cut-%d > /root/f", i))
+		file[id] = fmt.Sprintf("before-cut-%d\n", i)
+		a.must("exec", id, "--", "sh", "-c", "printf '"+file[id]+"' > /root/f")
 		a.must("exec", "-d", id, "--", "sh", "-c", `i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done`)
 		ids = append(ids, id)
 	}
+	// The held checkpoint is of ids[0], the first in id order, which is
+	// the order the driver lists its sandboxes in: the copy a discard that
+	// waited for each sandbox's lock in turn would be stuck on first.
+	sort.Strings(ids)
 	time.Sleep(300 * time.Millisecond)
 	atCkpt := map[string]int{}
 	for _, id := range ids {
@@ -105,14 +113,14 @@ func TestE2ENodesPartition(t *testing.T) {
 	tn.Cut(na)
 	cut := time.Now()
 	gens := map[string]int{}
-	for i, id := range ids {
+	for _, id := range ids {
 		sb := waitMoved(t, b, id, "node-a", 0, 90*time.Second)
 		if sb.Node != "node-b" {
 			t.Fatalf("sandbox %s went to %s", id, sb.Node)
 		}
 		gens[id] = sb.Generation
 		t.Logf("sandbox %s runs on node-b at generation %d %s after the cut", id, sb.Generation, time.Since(cut).Round(time.Millisecond))
-		if out := b.must("exec", id, "--", "cat", "/root/f"); out != fmt.Sprintf("before-cut-%d\n", i) {
+		if out := b.must("exec", id, "--", "cat", "/root/f"); out != file[id] {
 			t.Fatalf("file of %s on node-b: %q", id, out)
 		}
 		if n := readCount(t, b, id); n < atCkpt[id] {
@@ -146,9 +154,25 @@ func TestE2ENodesPartition(t *testing.T) {
 	tn.Heal(na)
 	healed := time.Now()
 
-	// a learns it was declared dead, discards its stale copies and
-	// registers again at epoch 2.
-	deadline := time.Now().Add(holdFor + time.Minute)
+	// a learns it was declared dead and discards its stale copies: the
+	// second sandbox's at once, though the held checkpoint still holds the
+	// first one's lock (a stuck operation on one copy does not keep the
+	// others running); then the first's, once its checkpoint was refused.
+	deadline := time.Now().Add(time.Minute)
+	for driverHas(t, a, ids[1]) {
+		if time.Now().After(deadline) {
+			t.Fatalf("node-a still runs its stale copy of %s a minute after the heal\n%s", ids[1], tail(a.log(), 30))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	select {
+	case r := <-held:
+		t.Fatalf("node-a discarded its free stale copy of %s only once the held checkpoint of %s ended (%v): one stuck operation kept every stale copy running", ids[1], ids[0], r.err)
+	default:
+	}
+	t.Logf("node-a discarded its free stale copy %s after the heal", time.Since(healed).Round(time.Millisecond))
+	// Then it registers again at epoch 2.
+	deadline = time.Now().Add(holdFor + time.Minute)
 	for !strings.Contains(a.log(), "declared dead") || !strings.Contains(a.log(), "epoch=2") {
 		if time.Now().After(deadline) {
 			t.Fatalf("node-a never learnt it was declared dead, or did not register again:\n%s", tail(a.log(), 40))
@@ -226,9 +250,9 @@ func TestE2ENodesPartition(t *testing.T) {
 	}
 
 	// The sandboxes run on b, unchanged, reached through either node.
-	for i, id := range ids {
+	for _, id := range ids {
 		for _, via := range []*testNode{a, b} {
-			if out := via.must("exec", id, "--", "cat", "/root/f"); out != fmt.Sprintf("before-cut-%d\n", i) {
+			if out := via.must("exec", id, "--", "cat", "/root/f"); out != file[id] {
 				t.Fatalf("file of %s through %s after the heal: %q", id, via.id, out)
 			}
 		}
