@@ -55,9 +55,11 @@ func TestE2ENodesPartition(t *testing.T) {
 	// 4th evaluation (the third checkpoint) sleeps holdFor.
 	const holdFor = 75 * time.Second
 	fpLog := filepath.Join(dir, "failpoints-a.log")
-	a, na := tn.startNode(bin, dir, "node-a", adminKey, flags, []string{
+	a, na := tn.startNode(bin, dir, "node-a-"+tn.tag, adminKey, flags, []string{
 		"AMBER_TEST_FAILPOINTS=chunkstore.publish=4:slow/1s@" + holdFor.String(), "AMBER_TEST_FAILPOINT_LOG=" + fpLog})
-	b, _ := tn.startNode(bin, dir, "node-b", adminKey, flags, nil)
+	b, _ := tn.startNode(bin, dir, "node-b-"+tn.tag, adminKey, flags, nil)
+	// (Node ids of this run's own: a node's cgroups are named after its
+	// id, and another test's node-a must not meet this one's.)
 	if out := b.must("node", "ls"); strings.Count(out, " live ") != 2 {
 		t.Fatalf("amber node ls: want 2 live nodes:\n%s", out)
 	}
@@ -114,8 +116,8 @@ func TestE2ENodesPartition(t *testing.T) {
 	cut := time.Now()
 	gens := map[string]int{}
 	for _, id := range ids {
-		sb := waitMoved(t, b, id, "node-a", 0, 90*time.Second)
-		if sb.Node != "node-b" {
+		sb := waitMoved(t, b, id, a.id, 0, 90*time.Second)
+		if sb.Node != b.id {
 			t.Fatalf("sandbox %s went to %s", id, sb.Node)
 		}
 		gens[id] = sb.Generation
@@ -132,7 +134,7 @@ func TestE2ENodesPartition(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range nodes {
-		if n.ID == "node-a" && (n.State != "dead" || n.TakenBy != "node-b" || n.Alive) {
+		if n.ID == a.id && (n.State != "dead" || n.TakenBy != b.id || n.Alive) {
 			t.Fatalf("node-a while cut off: %+v (want dead, taken by node-b)", n)
 		}
 	}
@@ -141,14 +143,14 @@ func TestE2ENodesPartition(t *testing.T) {
 	}
 	atTakeover := snapshotStores(t, db, ids)
 	for _, id := range ids {
-		if l := atTakeover[id].lease; l.holder != engine.LeaseHolder("node-b") || l.epoch < 2 {
+		if l := atTakeover[id].lease; l.holder != engine.LeaseHolder(b.id) || l.epoch < 2 {
 			t.Fatalf("stream lease of %s after the takeover: %+v (want node-b's, at a new epoch)", id, l)
 		}
 	}
 
 	// Heal while the held checkpoint still sleeps: its commit wakes on a
 	// connected, fenced node.
-	if since := time.Since(fired); since > holdFor-15*time.Second {
+	if since := time.Since(fired); since > holdFor-30*time.Second {
 		t.Fatalf("the takeover took %s after the failpoint fired: too close to its %s hold to test a stale write after the heal", since, holdFor)
 	}
 	tn.Heal(na)
@@ -199,7 +201,7 @@ func TestE2ENodesPartition(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range nodes {
-		if n.ID == "node-a" && (n.State != "live" || n.Epoch != 2 || !n.Alive) {
+		if n.ID == a.id && (n.State != "live" || n.Epoch != 2 || !n.Alive) {
 			t.Fatalf("node-a after the heal: %+v (want live at epoch 2)", n)
 		}
 	}
@@ -217,7 +219,7 @@ func TestE2ENodesPartition(t *testing.T) {
 		if was.lease != is.lease || was.row != is.row || !reflect.DeepEqual(was.committed, is.committed) {
 			t.Fatalf("%s changed while node-a was fenced:\n at the takeover %+v\n after the heal  %+v", id, was, is)
 		}
-		if is.row.node != "node-b" || is.row.generation != gens[id] || is.row.state != "running" {
+		if is.row.node != b.id || is.row.generation != gens[id] || is.row.state != "running" {
 			t.Fatalf("row of %s after the heal: %+v (want running on node-b at generation %d)", id, is.row, gens[id])
 		}
 	}
@@ -262,7 +264,7 @@ func TestE2ENodesPartition(t *testing.T) {
 			t.Fatalf("counter of %s does not run after the heal: %d then %d", id, n, n2)
 		}
 		sb, err := a.cl.GetSandbox(context.Background(), id)
-		if err != nil || sb.Node != "node-b" || sb.Generation != gens[id] {
+		if err != nil || sb.Node != b.id || sb.Generation != gens[id] {
 			t.Fatalf("sandbox %s after the heal: %+v %v (want on node-b at generation %d)", id, sb, err, gens[id])
 		}
 	}
