@@ -78,10 +78,10 @@ func TestE2ENodesPartition(t *testing.T) {
 	// waited for each sandbox's lock in turn would be stuck on first.
 	sort.Strings(ids)
 	time.Sleep(300 * time.Millisecond)
-	atCkpt := map[string]int{}
+	atCkpt := map[string]int{} // read before the checkpoint: at most its value at the cut
 	for _, id := range ids {
-		a.must("checkpoint", id)
 		atCkpt[id] = readCount(t, a, id)
+		a.must("checkpoint", id)
 	}
 	if b, _ := os.ReadFile(fpLog); len(b) > 0 {
 		t.Fatalf("the failpoint fired before the held checkpoint (a checkpoint evaluates chunkstore.publish more often than this test counts):\n%s", b)
