@@ -521,6 +521,9 @@ func lingering(tag string) []string {
 // reaches nothing and nothing reaches it, until healed; cleanup leaves no
 // namespace behind.
 func TestNetnsForwarding(t *testing.T) {
+	if testing.Short() {
+		t.Skip("makes network namespaces; skipped with -short")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (network namespaces)")
 	}
