@@ -13,7 +13,7 @@ BIN := bin/amber
 
 -include mk/setup.mk
 
-.PHONY: build test test-unit test-extended test-fencing bench bench-failover fuzz chaos demo vet clean console
+.PHONY: build test test-unit test-extended test-fencing test-partition bench bench-failover fuzz chaos demo vet clean console
 
 build:
 	$(GO) build -tags $(GOTAGS) -o $(BIN) ./cmd/amber
@@ -67,6 +67,11 @@ test-extended: setup setup-extended
 # over); `make test` runs it too.
 test-fencing: setup-test build
 	AMBER_BIN=$(abspath $(BIN)) $(GO) test -tags $(GOTAGS) -count=1 -timeout 20m -run '^TestE2EFencingPausedDaemon$$' -v ./cmd/amber
+
+# The partition test alone (two nodes in network namespaces of their own,
+# one cut off and healed; docs/reliability.md); `make test` runs it too.
+test-partition: setup-test build
+	AMBER_BIN=$(abspath $(BIN)) $(GO) test -tags $(GOTAGS) -count=1 -timeout 20m -run '^(TestNetnsForwarding|TestE2ENodesPartition)$$' -v ./cmd/amber
 
 bench: setup-test build
 	scripts/bench.sh

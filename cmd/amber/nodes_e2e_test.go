@@ -26,8 +26,8 @@ import (
 )
 
 // Nodes on shared stores, as separate `amber up` processes on loopback
-// (distinct ports and data dirs; not yet in network namespaces of their
-// own, see docs/deploy.md): PostgreSQL (`make setup-test`'s, a schema of
+// (distinct ports and data dirs; TestE2ENodesPartition runs them in network
+// namespaces of their own, netns_e2e_test.go): PostgreSQL (`make setup-test`'s, a schema of
 // this test's own) for the log, metadata and leases, a MinIO started by the
 // test for checkpoints, one master key file and one admin key for all.
 

@@ -299,6 +299,17 @@ func (e *Engine) lock(id string) func() {
 	return mu.Unlock
 }
 
+// tryLock is lock without waiting: ok is false when another operation holds
+// sandbox id's lock.
+func (e *Engine) tryLock(id string) (unlock func(), ok bool) {
+	m, _ := e.locks.LoadOrStore(id, &sync.Mutex{})
+	mu := m.(*sync.Mutex)
+	if !mu.TryLock() {
+		return nil, false
+	}
+	return mu.Unlock, true
+}
+
 var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 
 // newID returns a fresh sandbox id: "sbx-" and 16 random base32 characters.

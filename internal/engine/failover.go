@@ -76,6 +76,11 @@ func (e *Engine) unknownSandbox(ctx context.Context, id string) {
 // another node now).
 func (e *Engine) dropLocal(ctx context.Context, id string) {
 	defer e.lock(id)()
+	e.dropLocked(ctx, id)
+}
+
+// dropLocked is dropLocal under sandbox id's lock, which the caller holds.
+func (e *Engine) dropLocked(ctx context.Context, id string) {
 	e.resetEgress(id, "the sandbox moved to another node")
 	if err := e.drv.Destroy(ctx, id); err != nil && !errdefs.IsNotFound(err) {
 		e.lg.Error("destroy stale copy", "sandbox_id", id, "err", err)
@@ -89,19 +94,37 @@ func (e *Engine) dropLocal(ctx context.Context, id string) {
 // DiscardStale destroys every sandbox this node's driver runs whose row
 // is no longer this node's. The cluster calls it when the node learns it
 // was declared dead (its heartbeat was fenced), before it registers again.
+//
+// A copy busy with an operation of this node (a checkpoint whose commit
+// hangs on a store that was out of reach holds the sandbox's lock until
+// its fenced append fails) is destroyed last, once the operation lets go:
+// the free copies are destroyed first, so one stuck operation does not
+// keep every other stale copy running.
 func (e *Engine) DiscardStale(ctx context.Context) (int, error) {
 	infos, err := e.drv.List(ctx)
 	if err != nil {
 		return 0, err
 	}
 	n := 0
+	var busy []meta.Sandbox
 	for _, in := range infos {
 		sb, err := e.meta.Get(ctx, in.ID)
 		if err != nil || sb.Node == e.nodeID {
 			continue
 		}
+		unlock, ok := e.tryLock(in.ID)
+		if !ok {
+			busy = append(busy, sb)
+			continue
+		}
 		e.lg.Warn("destroying a stale copy: the sandbox now runs on another node", "sandbox_id", in.ID, "node", sb.Node)
-		e.dropLocal(ctx, in.ID)
+		e.dropLocked(ctx, in.ID)
+		unlock()
+		n++
+	}
+	for _, sb := range busy {
+		e.lg.Warn("destroying a stale copy once the operation in flight on it ends: the sandbox now runs on another node", "sandbox_id", sb.ID, "node", sb.Node)
+		e.dropLocal(ctx, sb.ID)
 		n++
 	}
 	return n, nil
