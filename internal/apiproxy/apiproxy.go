@@ -8,6 +8,8 @@
 //     it, and a call for a session (/v1/sessions/{id}/…) to the node of its
 //     sandbox; when that node is down (its sandboxes are being restored
 //     elsewhere) the answer is 503, retry;
+//   - a checkpoint's restore goes to the node of the sandbox it was cut
+//     from (which can restore it in place);
 //   - a create (POST /v1/sandboxes, POST /v1/sessions) goes to the node
 //     Place chooses (a live node that takes new sandboxes, with room);
 //   - an exposed port's URL (/p/{id}/…) goes to the node that runs the
@@ -51,6 +53,7 @@ type Store interface {
 	ListNodes(ctx context.Context) ([]meta.Node, error)
 	Get(ctx context.Context, id string) (meta.Sandbox, error)
 	GetSession(ctx context.Context, id string) (meta.Session, error)
+	Checkpoint(ctx context.Context, id string) (meta.Checkpoint, error)
 	KeyByHash(ctx context.Context, hash string) (meta.APIKey, error)
 }
 
@@ -192,6 +195,14 @@ func (p *Proxy) route(r *http.Request, key meta.APIKey) (string, error) {
 			return addr, err
 		}
 	}
+	if rest, ok := strings.CutPrefix(path, "/v1/checkpoints/"); ok && r.Method == http.MethodPost && strings.HasSuffix(rest, "/restore") {
+		// Restored on the node of the sandbox it was cut from (in place).
+		if ck, err := p.o.Meta.Checkpoint(ctx, strings.TrimSuffix(rest, "/restore")); err == nil && (ck.Tenant == key.Tenant || operator(key)) {
+			if addr, err := p.owner(ctx, ck.SandboxID, key); addr != "" || err != nil {
+				return addr, err
+			}
+		}
+	}
 	for _, prefix := range []string{"/v1/sandboxes/", "/v1/sessions/"} {
 		rest, ok := strings.CutPrefix(path, prefix)
 		if !ok || rest == "" {
@@ -218,7 +229,7 @@ func (p *Proxy) owner(ctx context.Context, id string, key meta.APIKey) (string, 
 		id = se.SandboxID
 	}
 	sb, err := p.o.Meta.Get(ctx, id)
-	if err != nil || sb.Node == "" || key.Tenant != "" && sb.Tenant != key.Tenant && !operator(key) {
+	if err != nil || sb.Node == "" || sb.State == meta.StateDestroyed || key.Tenant != "" && sb.Tenant != key.Tenant && !operator(key) {
 		return "", nil
 	}
 	nodes, err := p.o.Meta.ListNodes(ctx)

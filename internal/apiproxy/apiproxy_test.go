@@ -35,6 +35,12 @@ func (f *fakeStore) GetSession(_ context.Context, id string) (meta.Session, erro
 	}
 	return meta.Session{}, errdefs.NotFoundf("session %s", id)
 }
+func (f *fakeStore) Checkpoint(_ context.Context, id string) (meta.Checkpoint, error) {
+	if id == "ckpt-a" {
+		return meta.Checkpoint{ID: id, Tenant: "acme", SandboxID: "sbx-a"}, nil
+	}
+	return meta.Checkpoint{}, errdefs.NotFoundf("checkpoint %s", id)
+}
 func (f *fakeStore) KeyByHash(_ context.Context, h string) (meta.APIKey, error) {
 	if k, ok := f.keys[h]; ok {
 		return k, nil
@@ -146,6 +152,9 @@ func TestProxyRoutes(t *testing.T) {
 	a.take()
 	b.take()
 	c.take()
+	if code := call("POST", "/v1/checkpoints/ckpt-a/restore", "k-acme", `{}`); code != http.StatusTeapot || len(a.take()) != 1 {
+		t.Fatalf("a checkpoint's restore did not reach its sandbox's node: %d", code)
+	}
 	// An exposed port's URL needs no key; it goes to the sandbox's node.
 	if code := call("GET", "/p/sbx-a/8080/tok/x", "", ""); code != http.StatusTeapot || len(a.take()) != 1 {
 		t.Fatalf("port URL: %d", code)

@@ -177,17 +177,26 @@ func (n *Node) Self() string { return n.id }
 func (n *Node) Epoch() uint64 { return n.epoch.Load() }
 
 // Owner implements server.Router. A session (ses-…) runs on the node of
-// its sandbox; one without a sandbox yet is answered here.
+// its sandbox (one without a sandbox yet is answered here); a checkpoint
+// (ckpt-…) is restored on the node of the sandbox it was cut from (a
+// destroyed one's, or an unknown one's: here).
 func (n *Node) Owner(ctx context.Context, id string) (string, error) {
-	if strings.HasPrefix(id, "ses-") {
+	switch {
+	case strings.HasPrefix(id, "ses-"):
 		se, err := n.o.Meta.GetSession(ctx, id)
 		if err != nil || se.SandboxID == "" {
 			return "", nil
 		}
 		id = se.SandboxID
+	case strings.HasPrefix(id, "ckpt-"):
+		ck, err := n.o.Meta.Checkpoint(ctx, id)
+		if err != nil {
+			return "", nil
+		}
+		id = ck.SandboxID
 	}
 	sb, err := n.o.Meta.Get(ctx, id)
-	if err != nil || sb.Node == "" || sb.Node == n.id {
+	if err != nil || sb.Node == "" || sb.Node == n.id || sb.State == meta.StateDestroyed {
 		return "", nil // answered here (a missing sandbox is this node's 404)
 	}
 	node, err := n.o.Meta.GetNode(ctx, sb.Node)

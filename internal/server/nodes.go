@@ -44,12 +44,15 @@ var anyNodeAnswers = map[string]bool{
 	"GET /v1/sessions/{id}/events":       true,
 }
 
-// forward proxies r to the node that runs the sandbox it names, when that
-// is another node. It returns true when it answered. Authentication and
+// forward proxies r to the node that runs the sandbox it names (a
+// session's: its sandbox's; a checkpoint's restore: the checkpointed
+// sandbox's, whose node can restore it in place), when that is another
+// node. It returns true when it answered. Authentication and
 // authorisation happen again on the owner (the key is in the shared
 // store), and so does the audit record.
 func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt Route) (bool, error) {
-	if s.router == nil || !(strings.HasPrefix(rt.Path, "/v1/sandboxes/{id}") || strings.HasPrefix(rt.Path, "/v1/sessions/{id}")) || anyNodeAnswers[rt.Method+" "+rt.Path] ||
+	if s.router == nil || !(strings.HasPrefix(rt.Path, "/v1/sandboxes/{id}") || strings.HasPrefix(rt.Path, "/v1/sessions/{id}") ||
+		rt.Method+" "+rt.Path == "POST /v1/checkpoints/{id}/restore") || anyNodeAnswers[rt.Method+" "+rt.Path] ||
 		r.Header.Get(forwardedHeader) != "" {
 		return false, nil
 	}

@@ -105,6 +105,15 @@ func TestForwardToTheOwner(t *testing.T) {
 	got.path = ""
 	got.Unlock()
 
+	// A checkpoint's restore goes to the node of its sandbox (in place).
+	rt.asked = nil
+	code, _ = call("POST", "/v1/checkpoints/ckpt-a/restore", `{}`, nil)
+	got.Lock()
+	if code != http.StatusTeapot || got.path != "/v1/checkpoints/ckpt-a/restore" || len(rt.asked) != 1 || rt.asked[0] != "ckpt-a" {
+		t.Fatalf("forwarded restore: %d; the owner saw %s; router asked %v", code, got.path, rt.asked)
+	}
+	got.path = ""
+	got.Unlock()
 	// An exposed port's URL (no API key: the token in the path is the
 	// credential) goes to the node that runs the sandbox, path intact.
 	rt.asked = nil
