@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -84,18 +82,5 @@ func runAPI(cmd *cobra.Command, o *apiOptions) error {
 		MaxHeaderBytes:    server.MaxHeaderBytes,
 	}
 	lg.Info("amber api is up", "addr", "http://"+ln.Addr().String(), "store", redactStore(o.store), "name", o.name)
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	lg.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return err
-	}
-	return nil
+	return serve(ctx, srv, ln, lg)
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -446,20 +445,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	srv.RegisterOnShutdown(api.CloseStreams)
 	lg.Info("amber is up", "addr", "http://"+ln.Addr().String(), "driver", drv.Name(), "data_dir", dataDir,
 		"templates", strings.Join(cat.Names(), ","), "admin_key", keyPath)
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	lg.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return err
-	}
-	return nil
+	return serve(ctx, srv, ln, lg)
 }
 
 // openCheckpointStore opens the chunk store of checkpoints on the blob

@@ -33,8 +33,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httputil"
-	"net/url"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -42,6 +40,7 @@ import (
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/httpx"
 	"github.com/amber-run/amber/internal/meta"
 )
 
@@ -288,19 +287,9 @@ func peekTemplate(r *http.Request) string {
 
 // forward proxies r to the node at addr.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, addr string) {
-	target := &url.URL{Scheme: "http", Host: addr}
-	rp := &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(target)
-			pr.Out.Host = r.Host
-			pr.Out.Header.Set(ForwardedHeader, "api/"+p.o.Name)
-		},
-		FlushInterval: -1, // exec output, progress frames and event streams flow
-		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
-			writeError(w, errdefs.Unavailablef("node at %s: %v; retry", addr, err))
-		},
-	}
-	rp.ServeHTTP(w, r)
+	httpx.Forward(w, r, addr, ForwardedHeader, "api/"+p.o.Name, func(w http.ResponseWriter, err error) {
+		writeError(w, errdefs.Unavailablef("node at %s: %v; retry", addr, err))
+	})
 }
 
 func writeError(w http.ResponseWriter, err error) {

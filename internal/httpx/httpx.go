@@ -1,8 +1,12 @@
-// Package httpx holds small net/http helpers shared by the API server and
-// the egress gateway.
+// Package httpx holds small net/http helpers shared by the API server, the
+// API-only server and the egress gateway.
 package httpx
 
-import "net/http"
+import (
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+)
 
 // StatusWriter remembers the status a handler wrote (200 when it wrote a
 // body without one), for access logs and spans.
@@ -28,3 +32,22 @@ func (w *StatusWriter) Write(b []byte) (int, error) {
 // Unwrap lets http.ResponseController reach Flush, Hijack and
 // EnableFullDuplex of the writer underneath.
 func (w *StatusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Forward proxies r to the HTTP server at addr (host:port) with header hdr
+// set to by — how a node passes a call to the node that should answer it
+// (X-Amber-Forwarded-By). Bodies stream both ways unbuffered (exec output,
+// progress frames, event streams) and an Upgrade becomes a byte copy. When
+// addr cannot be reached, fail answers instead.
+func Forward(w http.ResponseWriter, r *http.Request, addr, hdr, by string, fail func(http.ResponseWriter, error)) {
+	target := &url.URL{Scheme: "http", Host: addr}
+	p := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.Host = r.Host
+			pr.Out.Header.Set(hdr, by)
+		},
+		FlushInterval: -1,
+		ErrorHandler:  func(w http.ResponseWriter, _ *http.Request, err error) { fail(w, err) },
+	}
+	p.ServeHTTP(w, r)
+}

@@ -3,12 +3,11 @@ package server
 import (
 	"context"
 	"net/http"
-	"net/http/httputil"
-	"net/url"
 	"strings"
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/httpx"
 	"github.com/amber-run/amber/internal/meta"
 )
 
@@ -66,19 +65,9 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt Route) (bool
 
 // forwardTo proxies r to the node at addr, marked forwarded.
 func (s *Server) forwardTo(w http.ResponseWriter, r *http.Request, addr string) {
-	target := &url.URL{Scheme: "http", Host: addr}
-	p := &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(target)
-			pr.Out.Host = r.Host
-			pr.Out.Header.Set(forwardedHeader, s.router.Self())
-		},
-		FlushInterval: -1, // exec output and progress frames stream
-		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
-			writeError(w, errdefs.Unavailablef("forward to node at %s: %v; retry", addr, err))
-		},
-	}
-	p.ServeHTTP(w, r)
+	httpx.Forward(w, r, addr, forwardedHeader, s.router.Self(), func(w http.ResponseWriter, err error) {
+		writeError(w, errdefs.Unavailablef("forward to node at %s: %v; retry", addr, err))
+	})
 }
 
 // listNodes answers GET /v1/nodes (the operator only).
