@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -222,4 +223,90 @@ func startAPIServer(t *testing.T, bin, dir, adminKey string, shared []string) *t
 		t.Fatal(err)
 	}
 	return &testNode{daemon: d, id: "api", cl: cl}
+}
+
+// TestE2ENodesEffectFailover: an agent session on node a places an order
+// through a's egress gateway (strict policy, the order's intent in the
+// effect journal); the shop books it and holds its answer, and a is killed
+// while the request is in flight. The node that takes a over takes the
+// session and the sandbox's effect journal: the cut tool call is re-issued
+// and its request re-sent with the same Idempotency-Key, so the shop books
+// the order once and answers the repeat from its record.
+func TestE2ENodesEffectFailover(t *testing.T) {
+	bin, dir := e2eSetup(t)
+	if enginetest.DriverName() != "gvisor" {
+		t.Skip("effects go through the egress gateway (gvisor driver)")
+	}
+	if !hasTemplate("python") {
+		t.Skip("no python template (the http tool runs python in the sandbox)")
+	}
+	sh, err := startShop("book")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.close()
+	shared, adminKey := sharedStores(t, dir)
+	var flags []string
+	for _, f := range shared {
+		if f != "--egress=false" {
+			flags = append(flags, f)
+		}
+	}
+	flags = append(flags, "--egress-host", "shop.test=127.0.0.1", "--egress-allow", fmt.Sprintf("shop.test:%d", sh.port))
+	a := startNode(t, bin, dir, "node-a", adminKey, flags)
+	b := startNode(t, bin, dir, "node-b", adminKey, flags)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	script := []map[string]any{
+		{"tool_calls": []any{map[string]any{"name": "http", "input": map[string]any{"method": "POST",
+			"url": fmt.Sprintf("http://shop.test:%d/orders", sh.port), "headers": map[string]string{"Content-Type": "application/json"},
+			"body": `{"item":"book","qty":1}`}}}},
+		{"text": "ordered"},
+	}
+	se, err := a.cl.CreateSession(ctx, map[string]any{"model": map[string]any{"adapter": "scripted", "script": script},
+		"template": "python", "policy": "strict"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.cl.PostSessionEvent(ctx, se.ID, api.PostSessionEventRequest{Type: "user_message", ID: "go", Payload: json.RawMessage(`{"text":"go"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sh.arrived:
+	case <-time.After(4 * time.Minute):
+		t.Fatalf("the order never reached the shop\n%s", tail(quiet(a.log()), 40))
+	}
+	// The shop has booked it and holds the answer: a dies now.
+	a.stop(syscall.SIGKILL)
+	destroyLeftovers(t, filepath.Join(a.dataDir, "drivers", enginetest.DriverName()))
+	close(sh.release)
+	waitForOr(t, 4*time.Minute, "the session to finish on node-b", func() string { return tail(quiet(b.log()), 60) }, func() bool {
+		l, err := b.cl.SessionEvents(ctx, se.ID, 0, 1000)
+		return err == nil && countType(l.Events, "session.assistant_message") >= 2 && lastStatus(l.Events) == "idle"
+	})
+	l, err := b.cl.SessionEvents(ctx, se.ID, 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if items, dedup := sh.items(), sh.deduplicated(); len(items) != 1 || dedup != 1 {
+		var evs []string
+		for _, ev := range l.Events {
+			p := string(ev.Payload)
+			if len(p) > 160 {
+				p = p[:160]
+			}
+			evs = append(evs, fmt.Sprintf("%d %s %s", ev.Seq, ev.Type, p))
+		}
+		t.Fatalf("the shop booked %v and answered %d repeats from its record; want one booking and one repeat (the same key re-sent by node-b)\nsession log:\n%s",
+			items, dedup, strings.Join(evs, "\n"))
+	}
+	var result string
+	for _, ev := range l.Events {
+		if ev.Type == "session.tool_result" {
+			result = string(ev.Payload)
+		}
+	}
+	if !strings.Contains(result, `order`) || !strings.Contains(result, `book`) {
+		t.Fatalf("the order's tool result on node-b: %s", result)
+	}
 }
