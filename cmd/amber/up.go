@@ -367,7 +367,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	var node *cluster.Node
 	if o.shared.shared() {
 		node, err = cluster.Join(ctx, cluster.Options{Meta: m, Engine: eng, Leases: pgLog, Addr: o.shared.advertise,
-			TTL: o.shared.ttl, Heartbeat: o.shared.heartbeat, Capacity: nodeCapacity(m, eng, cat.Names()),
+			TTL: o.shared.ttl, Heartbeat: o.shared.heartbeat, Capacity: nodeCapacity(m, eng, cat.Names(), o.shared.maxSandboxes),
 			Logger: lg.With("component", "cluster")})
 		if err != nil {
 			return err

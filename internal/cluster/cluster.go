@@ -368,3 +368,35 @@ func HostMemory() int64 {
 	}
 	return 0
 }
+
+// Place implements server.Placer: "" when this node takes a new sandbox of
+// template itself (it is live, not draining, and has room by its capacity
+// now), else the API address of the node that should (meta.Place over the
+// others' last heartbeats). With no node that has room it fails naming
+// every node and why.
+func (n *Node) Place(ctx context.Context, template string) (string, error) {
+	nodes, err := n.o.Meta.ListNodes(ctx)
+	if err != nil {
+		return "", fmt.Errorf("place a new sandbox: %w", err)
+	}
+	self := meta.Node{ID: n.id, State: meta.NodeLive}
+	for _, nd := range nodes {
+		if nd.ID == n.id {
+			self = nd
+		}
+	}
+	c := n.o.Capacity(ctx)
+	if self.State == meta.NodeLive && c.HasRoom() {
+		return "", nil
+	}
+	why := "draining"
+	if self.State == meta.NodeLive {
+		why = c.Full()
+	}
+	to, err := meta.Place(nodes, n.id, template, n.o.Clock.Now())
+	if err != nil {
+		return "", fmt.Errorf("this node (%s) is %s and %w", n.id, why, err)
+	}
+	n.lg.Info("new sandbox placed on another node", "template", template, "node", to.ID, "because", "this node is "+why)
+	return to.Addr, nil
+}

@@ -1,7 +1,10 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -23,6 +26,23 @@ type Router interface {
 	Owner(ctx context.Context, id string) (string, error)
 	// Self is this node's id (the X-Amber-Forwarded-By header names it).
 	Self() string
+}
+
+// Placer is a Router that also chooses where a new sandbox goes
+// (internal/cluster implements it): a create arriving at a node that is
+// draining or full is forwarded to the best other node with room.
+type Placer interface {
+	// Place returns "" when this node takes a new sandbox of template,
+	// else the API address of the node that should. It fails (ErrUnavailable
+	// or ErrResourceExhausted, naming every node and why) when no node has
+	// room.
+	Place(ctx context.Context, template string) (string, error)
+}
+
+// placedRoutes are the routes that make a new sandbox on the node that
+// answers them, with the field of their body that names its template.
+var placedRoutes = map[string]bool{
+	"POST /v1/sandboxes": true,
 }
 
 // forwardedHeader marks a call one node forwarded to another: it is
@@ -47,14 +67,50 @@ var anyNodeAnswers = map[string]bool{
 // authorisation happen again on the owner (the key is in the shared
 // store), and so does the audit record.
 func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt Route) (bool, error) {
-	if s.router == nil || !strings.HasPrefix(rt.Path, "/v1/sandboxes/{id}") || anyNodeAnswers[rt.Method+" "+rt.Path] ||
-		r.Header.Get(forwardedHeader) != "" {
+	if s.router == nil || r.Header.Get(forwardedHeader) != "" {
+		return false, nil
+	}
+	if placedRoutes[rt.Method+" "+rt.Path] {
+		return s.place(w, r)
+	}
+	if !strings.HasPrefix(rt.Path, "/v1/sandboxes/{id}") || anyNodeAnswers[rt.Method+" "+rt.Path] {
 		return false, nil
 	}
 	addr, err := s.router.Owner(r.Context(), r.PathValue("id"))
 	if err != nil || addr == "" {
 		return false, err
 	}
+	s.proxyTo(w, r, addr)
+	return true, nil
+}
+
+// place forwards a create to the node placement chooses when this node is
+// draining or full (Placer); the body is read (bounded) to learn the
+// template and sent on unchanged.
+func (s *Server) place(w http.ResponseWriter, r *http.Request) (bool, error) {
+	pl, ok := s.router.(Placer)
+	if !ok {
+		return false, nil
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, s.limits.MaxBodyBytes+1))
+	if err != nil {
+		return false, errdefs.InvalidArgumentf("read the request body: %v", err)
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	var req struct {
+		Template string `json:"template"`
+	}
+	_ = json.Unmarshal(body, &req) // a bad body is the handler's 400, here or there
+	addr, err := pl.Place(r.Context(), req.Template)
+	if err != nil || addr == "" {
+		return false, err
+	}
+	s.proxyTo(w, r, addr)
+	return true, nil
+}
+
+// proxyTo sends r to the node at addr, marked as forwarded by this node.
+func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, addr string) {
 	target := &url.URL{Scheme: "http", Host: addr}
 	p := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -68,7 +124,6 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt Route) (bool
 		},
 	}
 	p.ServeHTTP(w, r)
-	return true, nil
 }
 
 // listNodes answers GET /v1/nodes (the operator only).
