@@ -41,13 +41,15 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/gateway"
 	"github.com/amber-run/amber/internal/meta"
 )
 
 // LeaseTaker moves a stream's lease from a dead holder (stores/postgres).
 type LeaseTaker interface {
 	TakeOver(ctx context.Context, stream, from, to string, ttl time.Duration) (eventlog.Lease, error)
+	// CurrentLease returns stream's lease (a move's leases are taken from
+	// whoever holds them: drain.go).
+	CurrentLease(ctx context.Context, stream string) (eventlog.Lease, error)
 }
 
 // Options configure Start.
@@ -181,13 +183,18 @@ func (n *Node) Owner(ctx context.Context, id string) (string, error) {
 	return node.Addr, nil
 }
 
-// Run starts the heartbeat and scan loop; Close stops it.
+// Run starts the heartbeat, scan and drain loops (drain.go); Close stops
+// them.
 func (n *Node) Run(ctx context.Context) {
 	ctx, n.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	n.wg.Add(2)
+	n.wg.Add(3)
 	go func() {
 		defer n.wg.Done()
 		n.heartbeatLoop(ctx)
+	}()
+	go func() {
+		defer n.wg.Done()
+		n.drainLoop(ctx)
 	}()
 	go func() {
 		defer n.wg.Done()
@@ -337,17 +344,14 @@ func (n *Node) TakeOverNode(ctx context.Context, dead string) []engine.Adopted {
 // taking over the same sandbox succeeds; the others get ErrFenced or
 // ErrConflict and change nothing.
 func (n *Node) TakeOverSandbox(ctx context.Context, id, dead string) (engine.Adopted, error) {
-	from, to := engine.LeaseHolder(dead), engine.LeaseHolder(n.id)
-	leases := map[string]eventlog.Lease{}
-	l, err := n.o.Leases.TakeOver(ctx, engine.Stream(id), from, to, n.o.StreamLeaseTTL)
+	// A sandbox stopped for a move whose row the dead node (its target)
+	// had moved to itself may still have its leases on the draining node
+	// (drain.go): taken from whoever holds them.
+	sb, err := n.o.Meta.Get(ctx, id)
+	_, moving := engine.MovingTo(sb)
+	leases, err := n.takeStreams(ctx, id, dead, err == nil && moving && sb.Node == dead)
 	if err != nil {
-		return engine.Adopted{}, fmt.Errorf("take over the stream of %s: %w", id, err)
-	}
-	leases["sandbox"] = l
-	if l, err := n.o.Leases.TakeOver(ctx, gateway.Stream(id), from, to, n.o.StreamLeaseTTL); err == nil {
-		leases["effects"] = l
-	} else {
-		return engine.Adopted{}, fmt.Errorf("take over the effect journal of %s: %w", id, err)
+		return engine.Adopted{}, err
 	}
 	return n.o.Engine.Adopt(ctx, id, dead, leases)
 }

@@ -4,14 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/meta"
 )
 
@@ -138,10 +141,7 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request, c *call) erro
 	out := api.NodeList{Nodes: []api.Node{}}
 	now := s.clock.Now()
 	for _, n := range nodes {
-		out.Nodes = append(out.Nodes, api.Node{ID: n.ID, Addr: n.Addr, Epoch: n.Epoch, State: string(n.State), Alive: n.Alive(now),
-			Capacity: api.NodeCapacity{MemoryBytes: n.Capacity.MemoryBytes, MaxSandboxes: n.Capacity.MaxSandboxes, Sandboxes: n.Capacity.Sandboxes,
-				UsedMemoryBytes: n.Capacity.UsedMemoryBytes, Templates: nonNilStrings(n.Capacity.Templates), Driver: n.Capacity.Driver},
-			Started: n.Started, Heartbeat: n.Heartbeat, Expires: n.Expires, TakenBy: n.TakenBy})
+		out.Nodes = append(out.Nodes, toAPINode(n, now))
 	}
 	return writeJSON(w, http.StatusOK, out)
 }
@@ -151,4 +151,210 @@ func nonNilStrings(s []string) []string {
 		return []string{}
 	}
 	return s
+}
+
+// nodeSandboxes lists the tenants' sandboxes on node id (every state but
+// destroyed; not the warm pool's).
+func (s *Server) nodeSandboxes(ctx context.Context, id string) ([]meta.Sandbox, error) {
+	no := false
+	return s.meta.List(ctx, meta.Filter{Node: &id, Pooled: &no})
+}
+
+// drainNode answers POST /v1/nodes/{id}/drain (the operator only): node id
+// becomes draining — it keeps its lease, takes no new sandboxes, and its
+// sandboxes move to other nodes (internal/cluster, drain.go, does the
+// moves; this handler only marks the node and, with wait=true, follows the
+// moves in the metadata store until the node holds none). It is refused,
+// and the node left as it is, when the node is unknown or down, or when
+// it holds sandboxes and no other node has room.
+func (s *Server) drainNode(w http.ResponseWriter, r *http.Request, c *call) error {
+	if !c.operator() {
+		return errdefs.PermissionDeniedf("draining a node needs the operator's key (an admin-scoped key of tenant %s)", meta.DefaultTenant)
+	}
+	ctx, id := r.Context(), r.PathValue("id")
+	n, err := s.meta.GetNode(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return errdefs.NotFoundf("node %s is not registered (amber node ls lists the nodes)", id)
+	}
+	if err != nil {
+		return err
+	}
+	now := s.clock.Now()
+	if !n.Alive(now) {
+		return errdefs.FailedPreconditionf("node %s is %s and its lease does not run: there is nothing to drain (the live nodes take a dead node's sandboxes over)", id, n.State)
+	}
+	rows, err := s.nodeSandboxes(ctx, id)
+	if err != nil {
+		return err
+	}
+	if len(rows) > 0 {
+		nodes, err := s.meta.ListNodes(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := meta.Place(nodes, id, "", now); err != nil {
+			return fmt.Errorf("drain node %s, which holds %d sandboxes: %w", id, len(rows), err)
+		}
+	}
+	if n.State == meta.NodeLive {
+		if err := s.meta.SetNodeState(ctx, id, n.Epoch, meta.NodeDraining); err != nil {
+			return fmt.Errorf("drain node %s: %w", id, err)
+		}
+	}
+	c.lg.InfoContext(ctx, "node draining", "node", id, "sandboxes", len(rows))
+	first := api.DrainFrame{Node: id, State: string(meta.NodeDraining), Sandboxes: len(rows)}
+	if r.URL.Query().Get("wait") != "true" {
+		return writeJSON(w, http.StatusOK, first)
+	}
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	write := func(f api.DrainFrame) error {
+		if err := enc.Encode(f); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
+	if err := write(first); err != nil {
+		return err
+	}
+	return s.followDrain(ctx, id, write)
+}
+
+// noRoomPatience is how long a drain waits for room on another node
+// before it tells the client that it is stuck.
+const noRoomPatience = 30 * time.Second
+
+// followDrain writes a frame per sandbox that leaves node id (once it runs,
+// or rests, on its new node) and a last one when the node holds none.
+func (s *Server) followDrain(ctx context.Context, id string, write func(api.DrainFrame) error) error {
+	type track struct {
+		sb      meta.Sandbox
+		stopped time.Time // seen stopped for its move
+	}
+	start := time.Now()
+	tracked := map[string]*track{}
+	var noRoom time.Time
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	fail := func(err error) error {
+		eb := errBody(err)
+		return write(api.DrainFrame{Node: id, Error: &eb})
+	}
+	for {
+		rows, err := s.nodeSandboxes(ctx, id)
+		if err != nil {
+			return fail(err)
+		}
+		on, running := map[string]bool{}, 0
+		for _, sb := range rows {
+			on[sb.ID] = true
+			t := tracked[sb.ID]
+			if t == nil {
+				t = &track{sb: sb}
+				tracked[sb.ID] = t
+			}
+			if _, moving := engine.MovingTo(sb); moving && t.stopped.IsZero() {
+				t.stopped = time.Now()
+			}
+			if sb.State == meta.StateRunning {
+				running++
+			}
+		}
+		for sid, t := range tracked {
+			if on[sid] {
+				continue
+			}
+			cur, err := s.meta.Get(ctx, sid)
+			if err != nil || cur.State == meta.StateDestroyed {
+				delete(tracked, sid) // destroyed meanwhile
+				continue
+			}
+			if _, moving := engine.MovingTo(cur); moving || cur.State == meta.StateRestoring || cur.Node == id {
+				continue // on its new node, not restored yet
+			}
+			from := t.stopped
+			if from.IsZero() {
+				from = start
+			}
+			delete(tracked, sid)
+			if err := write(api.DrainFrame{Node: id, Sandboxes: len(rows), Moved: &api.DrainMove{Sandbox: sid, Tenant: cur.Tenant, To: cur.Node,
+				State: string(cur.State), Generation: cur.Generation, Checkpoint: cur.Origin, TookMS: time.Since(from).Milliseconds()}}); err != nil {
+				return err
+			}
+		}
+		if len(rows) == 0 && len(tracked) == 0 {
+			n, err := s.meta.GetNode(ctx, id)
+			if err != nil {
+				return fail(err)
+			}
+			return write(api.DrainFrame{Node: id, State: string(n.State), Done: true})
+		}
+		// Sandboxes that still run here and no node with room: say so
+		// after a while rather than wait for ever.
+		if running > 0 {
+			nodes, err := s.meta.ListNodes(ctx)
+			if err != nil {
+				return fail(err)
+			}
+			if _, err := meta.Place(nodes, id, "", s.clock.Now()); err != nil {
+				if noRoom.IsZero() {
+					noRoom = time.Now()
+				} else if time.Since(noRoom) > noRoomPatience {
+					return fail(fmt.Errorf("node %s still holds %d running sandboxes and has been waiting %s for room: %w (the node stays draining; it goes on when room appears)",
+						id, running, noRoomPatience, err))
+				}
+			} else {
+				noRoom = time.Time{}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// undrainNode answers POST /v1/nodes/{id}/undrain (the operator only): a
+// draining node is live again and takes new sandboxes (the ones it moved
+// stay where they went).
+func (s *Server) undrainNode(w http.ResponseWriter, r *http.Request, c *call) error {
+	if !c.operator() {
+		return errdefs.PermissionDeniedf("undraining a node needs the operator's key (an admin-scoped key of tenant %s)", meta.DefaultTenant)
+	}
+	ctx, id := r.Context(), r.PathValue("id")
+	n, err := s.meta.GetNode(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return errdefs.NotFoundf("node %s is not registered (amber node ls lists the nodes)", id)
+	}
+	if err != nil {
+		return err
+	}
+	if n.State != meta.NodeDraining || !n.Alive(s.clock.Now()) {
+		return errdefs.FailedPreconditionf("node %s is %s, not draining", id, n.State)
+	}
+	if err := s.meta.SetNodeState(ctx, id, n.Epoch, meta.NodeLive); err != nil {
+		return fmt.Errorf("undrain node %s: %w", id, err)
+	}
+	c.lg.InfoContext(ctx, "node live again", "node", id)
+	return s.listNode(w, r, id)
+}
+
+// listNode writes node id as GET /v1/nodes lists it.
+func (s *Server) listNode(w http.ResponseWriter, r *http.Request, id string) error {
+	n, err := s.meta.GetNode(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, toAPINode(n, s.clock.Now()))
+}
+
+func toAPINode(n meta.Node, now time.Time) api.Node {
+	return api.Node{ID: n.ID, Addr: n.Addr, Epoch: n.Epoch, State: string(n.State), Alive: n.Alive(now),
+		Capacity: api.NodeCapacity{MemoryBytes: n.Capacity.MemoryBytes, MaxSandboxes: n.Capacity.MaxSandboxes, Sandboxes: n.Capacity.Sandboxes,
+			UsedMemoryBytes: n.Capacity.UsedMemoryBytes, Templates: nonNilStrings(n.Capacity.Templates), Driver: n.Capacity.Driver},
+		Started: n.Started, Heartbeat: n.Heartbeat, Expires: n.Expires, TakenBy: n.TakenBy}
 }
