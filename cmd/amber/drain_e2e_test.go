@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/amber-run/amber/api"
+)
+
+// TestE2ENodesDrain drains a node of a two-node deployment on shared stores
+// with the CLI and checks that nothing its sandboxes held is lost.
+//
+// Node a runs three sandboxes, each with a file and a counter living in a
+// process's memory. `amber node drain node-a --wait` (through a's API)
+// prints a move per sandbox and returns once a holds none. Then: each
+// sandbox runs on b one generation on, with its file, and its counter goes
+// on from where it was (the process came back from the checkpoint cut at
+// the move; a restart would have no counter at all); a move is not a crash
+// (no sandbox.crashed); calls through a's API reach the sandboxes on b; a
+// client following a sandbox's events through b saw the move; a's driver
+// no longer has them; a create through a's API lands on b (placement); and
+// `amber node ls` shows a draining, alive, with 0 sandboxes. Draining b
+// then is refused (a is draining: no node has room) and leaves b live; a
+// drain of an unknown node names it; undrain makes a live again.
+func TestE2ENodesDrain(t *testing.T) {
+	bin, dir := e2eSetup(t)
+	shared, adminKey := sharedStores(t, dir)
+	a := startNode(t, bin, dir, "node-a", adminKey, shared)
+	b := startNode(t, bin, dir, "node-b", adminKey, shared)
+	ctx := context.Background()
+
+	const n = 3
+	var ids []string
+	gen := map[string]int{}
+	for i := range n {
+		id := strings.TrimSpace(a.must("sandbox", "create", "--template", "minimal"))
+		a.must("exec", id, "--", "sh", "-c", fmt.Sprintf("echo drained-%d > /root/f", i))
+		a.must("exec", "-d", id, "--", "sh", "-c", `i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done`)
+		sb, err := a.cl.GetSandbox(ctx, id)
+		if err != nil || sb.Node != "node-a" || sb.State != "running" {
+			t.Fatalf("sandbox %s created through node-a: %+v %v (want running on node-a)", id, sb, err)
+		}
+		ids, gen[id] = append(ids, id), sb.Generation
+	}
+	time.Sleep(500 * time.Millisecond)
+	before := map[string]int{}
+	for _, id := range ids {
+		before[id] = readCount(t, a, id)
+		if before[id] < 3 {
+			t.Fatalf("counter of %s is %d: it does not run", id, before[id])
+		}
+	}
+	followed := followEvents(t, b, ids[0], adminKey)
+
+	start := time.Now()
+	out := a.must("node", "drain", "node-a", "--wait")
+	took := time.Since(start)
+	t.Logf("amber node drain node-a --wait (%s):\n%s", took.Round(time.Millisecond), out)
+	for _, id := range ids {
+		if !strings.Contains(out, id+" checkpointed → restored on node node-b (") {
+			t.Fatalf("drain output names no move of %s to node-b:\n%s", id, out)
+		}
+	}
+	if !strings.Contains(out, "node node-a is draining and holds no sandboxes") {
+		t.Fatalf("drain --wait returned without saying node-a is empty:\n%s", out)
+	}
+
+	for i, id := range ids {
+		// Through a's API: forwarded to b.
+		sb, err := a.cl.GetSandbox(ctx, id)
+		if err != nil || sb.Node != "node-b" || sb.State != "running" || sb.Generation != gen[id]+1 {
+			t.Fatalf("sandbox %s after the drain: %+v %v (want running on node-b, generation %d)", id, sb, err, gen[id]+1)
+		}
+		if got := a.must("exec", id, "--", "cat", "/root/f"); got != fmt.Sprintf("drained-%d\n", i) {
+			t.Fatalf("file of %s after the drain, through node-a: %q", id, got)
+		}
+		c1 := readCount(t, a, id)
+		if c1 < before[id] {
+			t.Fatalf("counter of %s went back from %d to %d: the process did not come back from the checkpoint", id, before[id], c1)
+		}
+		time.Sleep(300 * time.Millisecond)
+		if c2 := readCount(t, a, id); c2 <= c1 {
+			t.Fatalf("counter of %s does not run on node-b: %d then %d", id, c1, c2)
+		}
+		_, types := eventIDs(t, a, id)
+		if count(types, "sandbox.restored") != 1 || count(types, "sandbox.crashed") != 0 {
+			t.Fatalf("events of %s: want one restore and no crash for a move: %v", id, types)
+		}
+		if !driverHas(t, b, id) {
+			t.Fatalf("node-b's driver does not have %s", id)
+		}
+	}
+	// a destroys its stopped copies once their rows are on b (its scan).
+	deadline := time.Now().Add(60 * time.Second)
+	for _, id := range ids {
+		for driverHas(t, a, id) {
+			if time.Now().After(deadline) {
+				t.Fatalf("node-a's driver still has %s 60s after the drain\n%s", id, tail(a.log(), 30))
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	}
+
+	// The follower through b saw the stop and the restore, in order.
+	var seen []api.Event
+	for timeout := time.After(30 * time.Second); count(eventTypes(seen), "sandbox.restored") == 0; {
+		select {
+		case ev, ok := <-followed:
+			if !ok {
+				t.Fatalf("the event stream through node-b ended after %v", eventTypes(seen))
+			}
+			seen = append(seen, ev)
+		case <-timeout:
+			t.Fatalf("the event stream through node-b did not carry the restore within 30s: %v", eventTypes(seen))
+		}
+	}
+	for i, ev := range seen {
+		if ev.Seq != uint64(i+1) {
+			t.Fatalf("followed event %d has seq %d: a gap or a repeat: %v", i, ev.Seq, eventTypes(seen))
+		}
+	}
+
+	// Placement: a create through a (draining) lands on b.
+	created := strings.TrimSpace(a.must("sandbox", "create", "--template", "minimal"))
+	if sb, err := b.cl.GetSandbox(ctx, created); err != nil || sb.Node != "node-b" {
+		t.Fatalf("sandbox created through draining node-a: %+v %v (want it on node-b)", sb, err)
+	}
+
+	// a: draining, alive, 0 sandboxes (at its next heartbeat).
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		var na api.Node
+		nodes, err := a.cl.Nodes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, nd := range nodes {
+			if nd.ID == "node-a" {
+				na = nd
+			}
+		}
+		if na.State == "draining" && na.Alive && na.Capacity.Sandboxes == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node-a after the drain: %+v (want draining, alive, 0 sandboxes)", na)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	ls := a.must("node", "ls")
+	var row string
+	for _, l := range strings.Split(ls, "\n") {
+		if strings.HasPrefix(l, "node-a ") {
+			row = l
+		}
+	}
+	if f := strings.Fields(row); len(f) < 6 || f[3] != "draining" || f[4] != "true" || !strings.HasPrefix(f[5], "0/") {
+		t.Fatalf("amber node ls: want node-a draining, alive, 0 sandboxes:\n%s", ls)
+	}
+
+	// Draining b now: nowhere to go (a is draining), refused, b stays live.
+	if _, errs, code := a.amber("node", "drain", "node-b"); code == 0 || !strings.Contains(errs, "node-a is draining") {
+		t.Fatalf("drain node-b with node-a draining: exit %d, stderr %q (want refused, naming node-a draining)", code, errs)
+	}
+	if _, errs, code := a.amber("node", "drain", "node-z"); code == 0 || !strings.Contains(errs, "node node-z is not registered") {
+		t.Fatalf("drain of an unknown node: exit %d, stderr %q", code, errs)
+	}
+	nodes, err := b.cl.Nodes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range nodes {
+		if nd.ID == "node-b" && nd.State != "live" {
+			t.Fatalf("node-b after a refused drain: %+v (want live)", nd)
+		}
+	}
+	if got := a.must("node", "undrain", "node-a"); !strings.Contains(got, "node node-a is live") {
+		t.Fatalf("amber node undrain node-a: %q", got)
+	}
+}
+
+func eventTypes(evs []api.Event) []string {
+	var out []string
+	for _, e := range evs {
+		out = append(out, e.Type)
+	}
+	return out
+}
