@@ -45,7 +45,10 @@ func MovingTo(sb meta.Sandbox) (string, bool) {
 		return "", false
 	}
 	to, ok := strings.CutSuffix(rest, movingSuffix)
-	return to, ok && to != ""
+	if !ok || to == "" {
+		return "", false
+	}
+	return to, true
 }
 
 func isMoving(sb meta.Sandbox) bool { _, ok := MovingTo(sb); return ok }

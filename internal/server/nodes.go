@@ -43,9 +43,24 @@ type Placer interface {
 }
 
 // placedRoutes are the routes that make a new sandbox on the node that
-// answers them, with the field of their body that names its template.
-var placedRoutes = map[string]bool{
-	"POST /v1/sandboxes": true,
+// answers them: given the request's body, whether this call does (a
+// restore makes a new sandbox only as_new) and of which template ("":
+// not known here).
+var placedRoutes = map[string]func(body []byte) (bool, string){
+	"POST /v1/sandboxes": func(body []byte) (bool, string) {
+		var req struct {
+			Template string `json:"template"`
+		}
+		_ = json.Unmarshal(body, &req) // a bad body is the handler's 400, here or there
+		return true, req.Template
+	},
+	"POST /v1/checkpoints/{id}/restore": func(body []byte) (bool, string) {
+		var req struct {
+			AsNew bool `json:"as_new"`
+		}
+		_ = json.Unmarshal(body, &req)
+		return req.AsNew, ""
+	},
 }
 
 // forwardedHeader marks a call one node forwarded to another: it is
@@ -73,8 +88,8 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt Route) (bool
 	if s.router == nil || r.Header.Get(forwardedHeader) != "" {
 		return false, nil
 	}
-	if placedRoutes[rt.Method+" "+rt.Path] {
-		return s.place(w, r)
+	if placed := placedRoutes[rt.Method+" "+rt.Path]; placed != nil {
+		return s.place(w, r, placed)
 	}
 	if !strings.HasPrefix(rt.Path, "/v1/sandboxes/{id}") || anyNodeAnswers[rt.Method+" "+rt.Path] {
 		return false, nil
@@ -87,10 +102,10 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt Route) (bool
 	return true, nil
 }
 
-// place forwards a create to the node placement chooses when this node is
-// draining or full (Placer); the body is read (bounded) to learn the
-// template and sent on unchanged.
-func (s *Server) place(w http.ResponseWriter, r *http.Request) (bool, error) {
+// place forwards a call that makes a new sandbox to the node placement
+// chooses when this node is draining or full (Placer); the body is read
+// (bounded) to learn the template and sent on unchanged.
+func (s *Server) place(w http.ResponseWriter, r *http.Request, placed func([]byte) (bool, string)) (bool, error) {
 	pl, ok := s.router.(Placer)
 	if !ok {
 		return false, nil
@@ -100,11 +115,11 @@ func (s *Server) place(w http.ResponseWriter, r *http.Request) (bool, error) {
 		return false, errdefs.InvalidArgumentf("read the request body: %v", err)
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	var req struct {
-		Template string `json:"template"`
+	makesOne, template := placed(body)
+	if !makesOne {
+		return false, nil
 	}
-	_ = json.Unmarshal(body, &req) // a bad body is the handler's 400, here or there
-	addr, err := pl.Place(r.Context(), req.Template)
+	addr, err := pl.Place(r.Context(), template)
 	if err != nil || addr == "" {
 		return false, err
 	}
