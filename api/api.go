@@ -712,6 +712,7 @@ type NodeCapacity struct {
 type NodeList struct {
 	Nodes []Node `json:"nodes"`
 }
+
 // DrainFrame is the answer of POST /v1/nodes/{id}/drain: without wait, one
 // frame (the node marked draining, how many sandboxes it holds); with
 // wait=true, newline-delimited frames — that first one, one per sandbox
