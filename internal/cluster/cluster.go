@@ -41,6 +41,7 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/failpoint"
 	"github.com/amber-run/amber/internal/meta"
 )
 
@@ -75,6 +76,11 @@ type Options struct {
 	Capacity func(ctx context.Context) meta.NodeCapacity
 	Clock    clock.Clock
 	Logger   *slog.Logger
+	// Failpoints, for tests, names points of a move (drain.go):
+	// cluster.move-out (a draining node committed a move's checkpoint),
+	// cluster.move-in.row (a target moved the row to itself, before the
+	// stream leases). Nil in production.
+	Failpoints *failpoint.Set
 }
 
 // DefaultTTL is the node lease: with heartbeats every second, a node is

@@ -153,6 +153,9 @@ func (n *Node) drainStep(ctx context.Context) error {
 			lg.Warn("checkpoint for a move", "to", t.ID, "err", err)
 			continue
 		}
+		if err := n.o.Failpoints.EvalFor("cluster.move-out", sb.ID); err != nil {
+			return err
+		}
 		lg.Info("sandbox checkpointed and stopped to move off this draining node", "to", t.ID, "checkpoint_id", ck.ID,
 			"took", time.Since(start).Round(time.Millisecond))
 	}
@@ -232,6 +235,9 @@ func (n *Node) MoveIn(ctx context.Context, id, from string) (meta.Sandbox, error
 	if from != n.id {
 		if sb, err := n.o.Meta.MoveSandbox(ctx, id, from, n.id); err != nil {
 			return sb, err
+		}
+		if err := n.o.Failpoints.EvalFor("cluster.move-in.row", id); err != nil {
+			return meta.Sandbox{}, err
 		}
 	}
 	leases, err := n.takeStreams(ctx, id, from, true)
