@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,7 +24,8 @@ import (
 // sandbox runs on b one generation on, with its file, and its counter goes
 // on from where it was (the process came back from the checkpoint cut at
 // the move; a restart would have no counter at all); a move is not a crash
-// (no sandbox.crashed); calls through a's API reach the sandboxes on b; a
+// (no sandbox.crashed); calls through a's API reach the sandboxes on b,
+// and one sent straight to a (marked forwarded) is refused as fenced; a
 // client following a sandbox's events through b saw the move; a's driver
 // no longer has them; a create through a's API lands on b (placement); and
 // `amber node ls` shows a draining, alive, with 0 sandboxes. Draining b
@@ -101,6 +103,20 @@ func TestE2ENodesDrain(t *testing.T) {
 			t.Fatalf("drain-b's driver does not have %s", id)
 		}
 	}
+	// Straight to a (not forwarded): refused as fenced, the sandbox is b's.
+	req, _ := http.NewRequest("POST", "http://"+a.addr+"/v1/sandboxes/"+ids[0]+"/checkpoints", strings.NewReader(`{}`))
+	req.Header.Set("Authorization", "Bearer "+adminKey)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Amber-Forwarded-By", "test")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict {
+		t.Fatalf("checkpoint of a moved sandbox sent straight to drain-a: status %d, want 409 (fenced)", resp.StatusCode)
+	}
+
 	// a destroys its stopped copies once their rows are on b (its scan).
 	deadline := time.Now().Add(60 * time.Second)
 	for _, id := range ids {

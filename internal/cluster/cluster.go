@@ -3,7 +3,9 @@
 // it registers the node with a lease, renews it by heartbeats, notices
 // nodes whose lease expired, takes one over (exactly one live node wins
 // each dead node), fences its sandboxes' streams and restores them here,
-// and tells the API where a sandbox runs (server.Router).
+// tells the API where a sandbox runs (server.Router) and where a new one
+// goes (server.Placer), and moves a draining node's sandboxes to the
+// others (drain.go).
 //
 // # Order of a failover (node D died, this node is N)
 //
