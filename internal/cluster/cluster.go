@@ -98,6 +98,7 @@ type Node struct {
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	warned sync.Map // sandbox id → when a move of it was last warned about (drain.go)
 }
 
 // Join registers this node (the engine's node id) and returns; Run starts

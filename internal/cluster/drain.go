@@ -49,6 +49,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -126,7 +127,7 @@ func (n *Node) drainStep(ctx context.Context) error {
 			}
 			t, err := place(sb)
 			if err != nil {
-				lg.Warn("sandbox stopped for a move to a node that is down; no other node has room", "to", to, "err", err)
+				n.warnEvery(sb.ID, lg, "sandbox stopped for a move to a node that is down; no other node has room", "to", to, "err", err)
 				continue
 			}
 			if _, err := n.o.Engine.Redirect(ctx, sb.ID, t.ID); err != nil {
@@ -138,24 +139,25 @@ func (n *Node) drainStep(ctx context.Context) error {
 		}
 		t, err := place(sb)
 		if err != nil {
-			lg.Warn("no node can take this draining node's sandbox", "err", err)
+			n.warnEvery(sb.ID, lg, "no node can take this draining node's sandbox", "err", err)
 			continue
 		}
 		start := time.Now()
 		if sb.State != meta.StateRunning {
 			if err := n.pushRow(ctx, sb.ID, t.ID); err != nil {
-				lg.Warn("move a sandbox that does not run", "to", t.ID, "err", err)
+				n.warnEvery(sb.ID, lg, "move a sandbox that does not run", "to", t.ID, "err", err)
 			}
 			continue
 		}
 		ck, err := n.o.Engine.MoveOut(ctx, sb, t.ID)
 		if err != nil {
-			lg.Warn("checkpoint for a move", "to", t.ID, "err", err)
+			n.warnEvery(sb.ID, lg, "checkpoint for a move", "to", t.ID, "err", err)
 			continue
 		}
 		if err := n.o.Failpoints.EvalFor("cluster.move-out", sb.ID); err != nil {
 			return err
 		}
+		n.warned.Delete(sb.ID)
 		lg.Info("sandbox checkpointed and stopped to move off this draining node", "to", t.ID, "checkpoint_id", ck.ID,
 			"took", time.Since(start).Round(time.Millisecond))
 	}
@@ -218,8 +220,9 @@ func (n *Node) pullMoves(ctx context.Context) error {
 			case errdefs.IsFenced(err):
 				lg.Info("sandbox moving here was taken by another node", "err", err)
 			case err != nil:
-				lg.Warn("sandbox moving here not restored; retried", "err", err)
+				n.warnEvery(m.id, lg, "sandbox moving here not restored; retried", "err", err)
 			default:
+				n.warned.Delete(m.id)
 				lg.Info("sandbox moved here from a draining node", "generation", sb.Generation, "took", time.Since(start).Round(time.Millisecond))
 			}
 		}()
@@ -270,4 +273,18 @@ func (n *Node) takeStreams(ctx context.Context, id, from string, moving bool) (m
 		out[key] = l
 	}
 	return out, nil
+}
+
+// warnQuiet is how often warnEvery repeats a warning about one sandbox (a
+// move retried at every tick that fails for the same reason).
+const warnQuiet = 30 * time.Second
+
+// warnEvery logs a warning about sandbox id at most every warnQuiet.
+func (n *Node) warnEvery(id string, lg *slog.Logger, msg string, args ...any) {
+	now := time.Now()
+	if last, ok := n.warned.Load(id); ok && now.Sub(last.(time.Time)) < warnQuiet {
+		return
+	}
+	n.warned.Store(id, now)
+	lg.Warn(msg, args...)
 }
