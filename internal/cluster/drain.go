@@ -45,6 +45,9 @@ package cluster
 //     move, or restoring: crashed, then restored).
 //   - T restarts or its restore fails (2c): its loop retries the restore of
 //     its own rows stopped for a move.
+//   - D stops cleanly (left) mid-drain: T still pulls the rows stopped for
+//     a move to it. D undrained (or restarted: live) before T pulled a row:
+//     D restores it itself.
 
 import (
 	"context"
@@ -180,9 +183,12 @@ func (n *Node) pushRow(ctx context.Context, id, to string) error {
 	return nil
 }
 
-// pullMoves takes the sandboxes that draining nodes stopped for a move to
-// this node, and retries the restore of its own rows stopped for a move
-// (step 2), up to Parallel at once.
+// pullMoves takes the sandboxes that draining nodes (or nodes that then
+// stopped cleanly: left) stopped for a move to this node, and restores its
+// own rows stopped for a move: those moving here (a retry of step 2c), and,
+// while this node is live, those it stopped for a move to another node
+// before it was undrained or restarted (nobody pulls from a live node).
+// Up to Parallel at once.
 func (n *Node) pullMoves(ctx context.Context) error {
 	nodes, err := n.o.Meta.ListNodes(ctx)
 	if err != nil {
@@ -192,7 +198,8 @@ func (n *Node) pullMoves(ctx context.Context) error {
 	var moves []move
 	now := n.o.Clock.Now()
 	for _, d := range nodes {
-		if d.State != meta.NodeDraining && d.ID != n.id || !d.Alive(now) {
+		self := d.ID == n.id
+		if !(self || d.State == meta.NodeLeft || d.State == meta.NodeDraining && d.Alive(now)) {
 			continue
 		}
 		rows, err := n.o.Meta.List(ctx, meta.Filter{Node: &d.ID, States: []meta.State{meta.StateStopped}})
@@ -200,7 +207,8 @@ func (n *Node) pullMoves(ctx context.Context) error {
 			return err
 		}
 		for _, sb := range rows {
-			if to, ok := engine.MovingTo(sb); ok && to == n.id {
+			to, ok := engine.MovingTo(sb)
+			if ok && (to == n.id || self && d.State == meta.NodeLive && d.Epoch == n.epoch.Load()) {
 				moves = append(moves, move{sb.ID, d.ID})
 			}
 		}
@@ -233,9 +241,19 @@ func (n *Node) pullMoves(ctx context.Context) error {
 
 // MoveIn makes this node the owner of sandbox id, stopped on node from for
 // a move here, and restores it (step 2: the row, then the leases, then the
-// restore). from == id's current node (this one) retries the restore.
+// restore). from == this node restores a row of its own stopped for a move
+// (see pullMoves).
 func (n *Node) MoveIn(ctx context.Context, id, from string) (meta.Sandbox, error) {
-	if from != n.id {
+	if from == n.id {
+		// The row must be this node's before its leases are taken from
+		// whoever holds them (a target may have pulled it meanwhile).
+		if sb, err := n.o.Meta.Get(ctx, id); err != nil || sb.Node != n.id {
+			if err == nil {
+				err = errdefs.Fencedf("sandbox %s moved to node %s", id, sb.Node)
+			}
+			return sb, err
+		}
+	} else {
 		if sb, err := n.o.Meta.MoveSandbox(ctx, id, from, n.id); err != nil {
 			return sb, err
 		}
