@@ -30,7 +30,8 @@ import (
 // no longer has them; a create through a's API lands on b (placement); and
 // `amber node ls` shows a draining, alive, with 0 sandboxes. Draining b
 // then is refused (a is draining: no node has room) and leaves b live; a
-// drain of an unknown node names it; undrain makes a live again.
+// drain of an unknown node names it; undrain makes a live again; the
+// drains are in the audit trail.
 //
 // The node ids are drain-a and drain-b, not node-a…: a node's cgroup parent
 // is named after its id, and other multi-node tests may run at the same
@@ -203,6 +204,25 @@ func TestE2ENodesDrain(t *testing.T) {
 	}
 	if got := a.must("node", "undrain", "drain-a"); !strings.Contains(got, "node drain-a is live") {
 		t.Fatalf("amber node undrain drain-a: %q", got)
+	}
+
+	// The drains are in the operator's audit trail: the one that moved
+	// everything, and the refused one with its reason.
+	recs, err := a.cl.Audit(ctx, "", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var okDrain, refused bool
+	for _, r := range recs {
+		if r.Action == "POST /v1/nodes/{id}/drain" && r.Resource == "/v1/nodes/drain-a/drain" && r.Outcome == "ok" {
+			okDrain = true
+		}
+		if r.Action == "POST /v1/nodes/{id}/drain" && r.Resource == "/v1/nodes/drain-b/drain" && r.Outcome != "ok" && strings.Contains(r.Detail, "drain-a is draining") {
+			refused = true
+		}
+	}
+	if !okDrain || !refused {
+		t.Fatalf("audit trail: drain of drain-a recorded %t, refused drain of drain-b recorded %t: %+v", okDrain, refused, recs)
 	}
 }
 
