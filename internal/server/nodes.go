@@ -128,7 +128,12 @@ func (s *Server) place(w http.ResponseWriter, r *http.Request, placed func([]byt
 }
 
 // proxyTo sends r to the node at addr, marked as forwarded by this node.
+// The answer streams back as it comes while the request's body is still
+// being sent (HTTP/1.1 full duplex): without it, net/http ends the body
+// once the answer's headers are out, and the connection to the other node
+// breaks mid-answer (an exec's output, whose headers come first).
 func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, addr string) {
+	_ = http.NewResponseController(w).EnableFullDuplex() // HTTP/2 is full duplex anyway
 	target := &url.URL{Scheme: "http", Host: addr}
 	p := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {

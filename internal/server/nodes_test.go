@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/internal/meta"
@@ -245,5 +247,65 @@ func TestPlaceCreates(t *testing.T) {
 	defer got.Unlock()
 	if got.path != "" {
 		t.Fatalf("calls answered here reached the other node: %q", got.path)
+	}
+}
+
+// TestForwardFullDuplex: a forwarded call whose answer starts before its
+// body has been sent (an exec streams its output; stdin may still come)
+// reaches the owner whole: the proxy keeps sending the body after the
+// answer's headers went back to the client.
+func TestForwardFullDuplex(t *testing.T) {
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		rc.EnableFullDuplex()
+		w.WriteHeader(http.StatusOK)
+		rc.Flush() // the answer starts before the body is read
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			io.WriteString(w, "read error: "+err.Error())
+			return
+		}
+		io.WriteString(w, "got "+string(b))
+	}))
+	t.Cleanup(owner.Close)
+	u, _ := url.Parse(owner.URL)
+	m, err := meta.Open(filepath.Join(t.TempDir(), "meta.db"), meta.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	key := "amber_test_duplex_key_0123456789abcdef"
+	if err := m.PutKey(context.Background(), meta.APIKey{Tenant: "default", Name: "admin", Hash: meta.HashKey(key), Scopes: meta.AllScopes}); err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(New(Options{Meta: m, Router: &fakeRouter{owner: u.Host}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	t.Cleanup(ts.Close)
+	t.Cleanup(func() { // a stuck proxy must not hang the Closes
+		ts.CloseClientConnections()
+		owner.CloseClientConnections()
+	})
+
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequest("POST", ts.URL+"/v1/sandboxes/sbx-a/exec?arg=cat", pr)
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/octet-stream")
+	go io.WriteString(pw, "first ")
+	// A proxy that waits for the whole body before it answers fails here
+	// after 20 s rather than hang.
+	stop := time.AfterFunc(20*time.Second, func() { pw.CloseWithError(errors.New("no answer before the body ended")) })
+	defer stop.Stop()
+	resp, err := http.DefaultClient.Do(req) // returns once the headers are back
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	// The rest of the body goes after the answer started.
+	go func() {
+		io.WriteString(pw, "second")
+		pw.Close()
+	}()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || string(b) != "got first second" {
+		t.Fatalf("forwarded full-duplex call: answer %q, %v; want the owner to get the whole body", b, err)
 	}
 }
