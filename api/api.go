@@ -712,3 +712,28 @@ type NodeCapacity struct {
 type NodeList struct {
 	Nodes []Node `json:"nodes"`
 }
+
+// DrainFrame is the answer of POST /v1/nodes/{id}/drain: without wait, one
+// frame (the node marked draining, how many sandboxes it holds); with
+// wait=true, newline-delimited frames — that first one, one per sandbox
+// moved (Moved), and a last one with Done (the node holds no sandboxes)
+// or Error.
+type DrainFrame struct {
+	Node      string     `json:"node"`
+	State     string     `json:"state,omitempty"` // the node's state
+	Sandboxes int        `json:"sandboxes"`       // still on the node
+	Moved     *DrainMove `json:"moved,omitempty"`
+	Done      bool       `json:"done,omitempty"`
+	Error     *ErrorBody `json:"error,omitempty"`
+}
+
+// DrainMove is one sandbox moved off a draining node.
+type DrainMove struct {
+	Sandbox    string `json:"sandbox"`
+	Tenant     string `json:"tenant"`
+	To         string `json:"to"`         // the node it runs on now
+	State      string `json:"state"`      // running (stopped and crashed ones move as they are)
+	Generation int    `json:"generation"` // one on for a restored sandbox
+	Checkpoint string `json:"checkpoint,omitempty"`
+	TookMS     int64  `json:"took_ms"` // from its stop on the draining node to running on To
+}

@@ -28,6 +28,7 @@ type sharedOptions struct {
 	masterKeyFile string
 	ttl           time.Duration
 	heartbeat     time.Duration
+	maxSandboxes  int // 0: no limit
 }
 
 func (o *sharedOptions) register(f *pflag.FlagSet) {
@@ -37,6 +38,7 @@ func (o *sharedOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.masterKeyFile, "master-key-file", "", "the checkpoint and secrets master key (hex), the same file on every node (required with --store postgres://; default without: DATA_DIR/master.key, created on first start)")
 	f.DurationVar(&o.ttl, "node-ttl", cluster.DefaultTTL, "node lease: a node silent this long is declared dead and its sandboxes are restored elsewhere")
 	f.DurationVar(&o.heartbeat, "heartbeat", 0, "how often the node lease is renewed (default: --node-ttl / 4)")
+	f.IntVar(&o.maxSandboxes, "node-max-sandboxes", 0, "sandboxes this node runs at most (0: no limit); a create arriving at a full node goes to another node with room")
 }
 
 // resolve fills the defaults and checks the combination.
@@ -64,6 +66,9 @@ func (o *sharedOptions) resolve(listen string) error {
 	}
 	if host, port, err := net.SplitHostPort(o.advertise); err != nil || port == "0" || host == "" || host == "0.0.0.0" || host == "::" {
 		return usageError{fmt.Errorf("--advertise-addr %q: the other nodes need a host:port that reaches this node (set --advertise-addr when --addr listens on all interfaces or on port 0)", o.advertise)}
+	}
+	if o.maxSandboxes < 0 {
+		return usageError{fmt.Errorf("--node-max-sandboxes %d: want 0 (no limit) or more", o.maxSandboxes)}
 	}
 	if o.ttl <= 0 || (o.heartbeat != 0 && (o.heartbeat < 0 || o.heartbeat >= o.ttl)) {
 		return usageError{fmt.Errorf("--node-ttl %s / --heartbeat %s: want 0 < heartbeat < node-ttl", o.ttl, o.heartbeat)}
@@ -120,10 +125,10 @@ func loadMasterKey(dataDir, keyFile string, size int) ([]byte, error) {
 }
 
 // nodeCapacity reports what this node runs, for its heartbeat.
-func nodeCapacity(m *meta.Store, eng *engine.Engine, templates []string) func(context.Context) meta.NodeCapacity {
+func nodeCapacity(m *meta.Store, eng *engine.Engine, templates []string, maxSandboxes int) func(context.Context) meta.NodeCapacity {
 	mem := cluster.HostMemory()
 	return func(ctx context.Context) meta.NodeCapacity {
-		c := meta.NodeCapacity{MemoryBytes: mem, Templates: templates, Driver: eng.Driver().Name()}
+		c := meta.NodeCapacity{MemoryBytes: mem, MaxSandboxes: maxSandboxes, Templates: templates, Driver: eng.Driver().Name()}
 		id := eng.NodeID()
 		rows, err := m.List(ctx, meta.Filter{Node: &id, States: []meta.State{meta.StateRunning}})
 		if err == nil {

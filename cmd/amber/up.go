@@ -366,8 +366,8 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	var node *cluster.Node
 	if o.shared.shared() {
 		node, err = cluster.Join(ctx, cluster.Options{Meta: m, Engine: eng, Leases: pgLog, Addr: o.shared.advertise,
-			TTL: o.shared.ttl, Heartbeat: o.shared.heartbeat, Capacity: nodeCapacity(m, eng, cat.Names()),
-			Logger: lg.With("component", "cluster")})
+			TTL: o.shared.ttl, Heartbeat: o.shared.heartbeat, Capacity: nodeCapacity(m, eng, cat.Names(), o.shared.maxSandboxes),
+			Logger: lg.With("component", "cluster"), Failpoints: fps})
 		if err != nil {
 			return err
 		}

@@ -91,35 +91,11 @@ func New(o Options) *Proxy {
 	return &Proxy{o: o}
 }
 
-// LeastLoaded places on the live, non-draining node with the fewest
-// sandboxes among those with room (below MaxSandboxes, memory used below
-// its memory), preferring one that has template cached.
+// LeastLoaded places as the nodes do (meta.Place): a live node that is not
+// draining and has room; the template cached first, then the fewest
+// sandboxes, the most free memory, the smallest id.
 func LeastLoaded(nodes []meta.Node, template string, now time.Time) (meta.Node, error) {
-	var best meta.Node
-	bestScore := -1
-	for _, n := range nodes {
-		if n.State != meta.NodeLive || !n.Alive(now) {
-			continue
-		}
-		c := n.Capacity
-		if c.MaxSandboxes > 0 && c.Sandboxes >= c.MaxSandboxes || c.MemoryBytes > 0 && c.UsedMemoryBytes >= c.MemoryBytes {
-			continue
-		}
-		score := 1 << 20
-		score -= c.Sandboxes
-		for _, t := range c.Templates {
-			if template != "" && t == template {
-				score += 1 << 21
-			}
-		}
-		if score > bestScore {
-			best, bestScore = n, score
-		}
-	}
-	if bestScore < 0 {
-		return meta.Node{}, errdefs.Unavailablef("no live node takes new sandboxes (all draining, full or down); retry, or add a node")
-	}
-	return best, nil
+	return meta.Place(nodes, "", template, now)
 }
 
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {

@@ -175,9 +175,9 @@ func TestProxyRoutes(t *testing.T) {
 	if g := a.take(); len(g) != 1 || !strings.Contains(g[0], `"template":"python"`) {
 		t.Fatalf("create python: a got %v (b %v, c %v)", g, b.take(), c.take())
 	}
-	// Everything full or draining: 503, nothing passed on.
+	// Everything full or draining: 429 (live nodes, all full), nothing passed on.
 	fs.nodes[0].Capacity.Sandboxes, fs.nodes[1].Capacity.Sandboxes = 10, 10
-	if code := call("POST", "/v1/sandboxes", "k-acme", `{"template":"minimal"}`); code != 503 {
+	if code := call("POST", "/v1/sandboxes", "k-acme", `{"template":"minimal"}`); code != 429 {
 		t.Fatalf("create with every node full: %d", code)
 	}
 	none("create with every node full")
@@ -201,7 +201,7 @@ func TestProxyRoutes(t *testing.T) {
 	}
 }
 
-func TestLeastLoadedNoNode(t *testing.T) {
+func TestLeastLoadedNoNode(t *testing.T) { // no live node: 503
 	_, err := LeastLoaded(nil, "", time.Now())
 	if !errdefs.IsUnavailable(err) {
 		t.Fatalf("no nodes: %v", err)

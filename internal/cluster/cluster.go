@@ -3,7 +3,9 @@
 // it registers the node with a lease, renews it by heartbeats, notices
 // nodes whose lease expired, takes one over (exactly one live node wins
 // each dead node), fences its sandboxes' streams and restores them here,
-// and tells the API where a sandbox runs (server.Router).
+// tells the API where a sandbox runs (server.Router) and where a new one
+// goes (server.Placer), and moves a draining node's sandboxes to the
+// others (drain.go).
 //
 // # Order of a failover (node D died, this node is N)
 //
@@ -41,7 +43,7 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/gateway"
+	"github.com/amber-run/amber/internal/failpoint"
 	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/session"
 )
@@ -49,6 +51,9 @@ import (
 // LeaseTaker moves a stream's lease from a dead holder (stores/postgres).
 type LeaseTaker interface {
 	TakeOver(ctx context.Context, stream, from, to string, ttl time.Duration) (eventlog.Lease, error)
+	// CurrentLease returns stream's lease (a move's leases are taken from
+	// whoever holds them: drain.go).
+	CurrentLease(ctx context.Context, stream string) (eventlog.Lease, error)
 }
 
 // Options configure Start.
@@ -74,6 +79,11 @@ type Options struct {
 	Capacity func(ctx context.Context) meta.NodeCapacity
 	Clock    clock.Clock
 	Logger   *slog.Logger
+	// Failpoints, for tests, names points of a move (drain.go):
+	// cluster.move-out (a draining node committed a move's checkpoint),
+	// cluster.move-in.row (a target moved the row to itself, before the
+	// stream leases). Nil in production.
+	Failpoints *failpoint.Set
 }
 
 // DefaultTTL is the node lease: with heartbeats every second, a node is
@@ -94,6 +104,7 @@ type Node struct {
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	warned sync.Map // sandbox id → when a move of it was last warned about (drain.go)
 }
 
 // Join registers this node (the engine's node id) and returns; Run starts
@@ -209,13 +220,18 @@ func (n *Node) Owner(ctx context.Context, id string) (string, error) {
 	return node.Addr, nil
 }
 
-// Run starts the heartbeat and scan loop; Close stops it.
+// Run starts the heartbeat, scan and drain loops (drain.go); Close stops
+// them.
 func (n *Node) Run(ctx context.Context) {
 	ctx, n.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	n.wg.Add(2)
+	n.wg.Add(3)
 	go func() {
 		defer n.wg.Done()
 		n.heartbeatLoop(ctx)
+	}()
+	go func() {
+		defer n.wg.Done()
+		n.drainLoop(ctx)
 	}()
 	go func() {
 		defer n.wg.Done()
@@ -409,17 +425,14 @@ func (n *Node) takeOverSessions(ctx context.Context, dead string, adopted []engi
 // taking over the same sandbox succeeds; the others get ErrFenced or
 // ErrConflict and change nothing.
 func (n *Node) TakeOverSandbox(ctx context.Context, id, dead string) (engine.Adopted, error) {
-	from, to := engine.LeaseHolder(dead), engine.LeaseHolder(n.id)
-	leases := map[string]eventlog.Lease{}
-	l, err := n.o.Leases.TakeOver(ctx, engine.Stream(id), from, to, n.o.StreamLeaseTTL)
+	// A sandbox stopped for a move whose row the dead node (its target)
+	// had moved to itself may still have its leases on the draining node
+	// (drain.go): taken from whoever holds them.
+	sb, err := n.o.Meta.Get(ctx, id)
+	_, moving := engine.MovingTo(sb)
+	leases, err := n.takeStreams(ctx, id, dead, err == nil && moving && sb.Node == dead)
 	if err != nil {
-		return engine.Adopted{}, fmt.Errorf("take over the stream of %s: %w", id, err)
-	}
-	leases["sandbox"] = l
-	if l, err := n.o.Leases.TakeOver(ctx, gateway.Stream(id), from, to, n.o.StreamLeaseTTL); err == nil {
-		leases["effects"] = l
-	} else {
-		return engine.Adopted{}, fmt.Errorf("take over the effect journal of %s: %w", id, err)
+		return engine.Adopted{}, err
 	}
 	return n.o.Engine.Adopt(ctx, id, dead, leases)
 }
@@ -439,4 +452,36 @@ func HostMemory() int64 {
 		}
 	}
 	return 0
+}
+
+// Place implements server.Placer: "" when this node takes a new sandbox of
+// template itself (it is live, not draining, and has room by its capacity
+// now), else the API address of the node that should (meta.Place over the
+// others' last heartbeats). With no node that has room it fails naming
+// every node and why.
+func (n *Node) Place(ctx context.Context, template string) (string, error) {
+	nodes, err := n.o.Meta.ListNodes(ctx)
+	if err != nil {
+		return "", fmt.Errorf("place a new sandbox: %w", err)
+	}
+	self := meta.Node{ID: n.id, State: meta.NodeLive}
+	for _, nd := range nodes {
+		if nd.ID == n.id {
+			self = nd
+		}
+	}
+	c := n.o.Capacity(ctx)
+	if self.State == meta.NodeLive && c.HasRoom() {
+		return "", nil
+	}
+	why := "draining"
+	if self.State == meta.NodeLive {
+		why = c.Full()
+	}
+	to, err := meta.Place(nodes, n.id, template, n.o.Clock.Now())
+	if err != nil {
+		return "", fmt.Errorf("this node (%s) is %s and %w", n.id, why, err)
+	}
+	n.lg.Info("new sandbox placed on another node", "template", template, "node", to.ID, "because", "this node is "+why)
+	return to.Addr, nil
 }

@@ -28,6 +28,9 @@ import (
 //     the new epoch) and restored in place from its latest committed
 //     checkpoint (Recover): the same id, one generation on.
 //
+// A sandbox stopped to move off a draining node (move.go) is restored the
+// same way, without being recorded crashed (it stopped at its checkpoint).
+//
 // A dead node that comes back finds its rows gone: its driver's copies of
 // sandboxes that now run elsewhere are stale and destroyed (DiscardStale,
 // and reconcile at start).
@@ -166,6 +169,9 @@ func (e *Engine) Adopt(ctx context.Context, id, from string, leases map[string]e
 	case sb.Pooled:
 		_, err := e.meta.SetState(ctx, id, meta.StateDestroyed, "pooled on node "+from+", which died")
 		return Adopted{Sandbox: sb, Reason: "pooled"}, err
+	case isMoving(sb):
+		// Stopped cleanly at a fresh checkpoint to move off a draining
+		// node (move.go): restored from it, not crashed.
 	case sb.State == meta.StateRunning || sb.State == meta.StateCreating || sb.State == meta.StateRestoring:
 		reason := fmt.Sprintf("its node %s died", from)
 		unlock := e.lock(id)

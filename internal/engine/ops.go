@@ -49,6 +49,9 @@ func (e *Engine) enter(ctx context.Context, tenant, id string) (meta.Sandbox, fu
 			e.lock(id)()
 			continue
 		}
+		if to, ok := MovingTo(sb); ok {
+			return sb, nil, errdefs.Unavailablef("sandbox %s is moving to node %s (its node is draining); retry in a few seconds", id, to)
+		}
 		if sb.State != meta.StateRunning {
 			return sb, nil, errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
 		}

@@ -38,7 +38,13 @@ func (w *StatusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // (X-Amber-Forwarded-By). Bodies stream both ways unbuffered (exec output,
 // progress frames, event streams) and an Upgrade becomes a byte copy. When
 // addr cannot be reached, fail answers instead.
+//
+// The answer streams back as it comes while the request's body is still
+// being sent (HTTP/1.1 full duplex): without it, net/http ends the body
+// once the answer's headers are out, and the connection to the other node
+// breaks mid-answer (an exec's output, whose headers come first).
 func Forward(w http.ResponseWriter, r *http.Request, addr, hdr, by string, fail func(http.ResponseWriter, error)) {
+	_ = http.NewResponseController(w).EnableFullDuplex() // HTTP/2 is full duplex anyway
 	target := &url.URL{Scheme: "http", Host: addr}
 	p := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {

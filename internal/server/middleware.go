@@ -43,6 +43,8 @@ func pathIDs(r *http.Request) ([]any, []attribute.KeyValue) {
 		return nil, nil
 	case strings.HasPrefix(r.URL.Path, "/v1/checkpoints/"):
 		return []any{logging.CheckpointID, id}, []attribute.KeyValue{tracing.CheckpointID.String(id)}
+	case strings.HasPrefix(r.URL.Path, "/v1/nodes/"):
+		return []any{"node", id}, nil
 	default:
 		return []any{logging.SandboxID, id}, []attribute.KeyValue{tracing.SandboxID.String(id)}
 	}

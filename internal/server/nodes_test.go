@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/internal/meta"
@@ -164,5 +166,180 @@ func TestForwardToTheOwner(t *testing.T) {
 	defer got.Unlock()
 	if len(rt.asked) != 0 || got.path != "" {
 		t.Fatalf("reads answered from the shared stores were routed: asked %v, owner saw %q", rt.asked, got.path)
+	}
+}
+
+// fakePlacer is a fakeRouter that places new sandboxes at place (or fails
+// with placeErr) and records the templates it was asked about.
+type fakePlacer struct {
+	fakeRouter
+	place     string
+	placeErr  error
+	templates []string
+}
+
+func (f *fakePlacer) Place(_ context.Context, template string) (string, error) {
+	f.mu.Lock()
+	f.templates = append(f.templates, template)
+	f.mu.Unlock()
+	return f.place, f.placeErr
+}
+
+// TestPlaceCreates: a create (or a restore as new) that this node should
+// not take is proxied once to the node placement picks, with its body and
+// the forwarded-by header; placement learns the template from the body; a
+// create already forwarded is not placed again; no node with room answers
+// the placer's error (429 naming why); a restore in place is not placed.
+func TestPlaceCreates(t *testing.T) {
+	var got struct {
+		sync.Mutex
+		path, by, body string
+	}
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got.Lock()
+		got.path, got.by, got.body = r.URL.Path, r.Header.Get(forwardedHeader), string(b)
+		got.Unlock()
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "from the other node")
+	}))
+	t.Cleanup(other.Close)
+	u, _ := url.Parse(other.URL)
+	m, err := meta.Open(filepath.Join(t.TempDir(), "meta.db"), meta.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	key := "amber_test_placement_key_0123456789abcdef"
+	if err := m.PutKey(context.Background(), meta.APIKey{Tenant: "default", Name: "admin", Hash: meta.HashKey(key), Scopes: meta.AllScopes}); err != nil {
+		t.Fatal(err)
+	}
+	pl := &fakePlacer{place: u.Host}
+	ts := httptest.NewServer(New(Options{Meta: m, Router: pl, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	t.Cleanup(ts.Close)
+	call := func(path, body string, hdr map[string]string) (int, string) {
+		t.Helper()
+		var code int
+		var out string
+		func() {
+			defer func() { recover() }() // no engine here: only the routing matters
+			req, _ := http.NewRequest("POST", ts.URL+path, strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+key)
+			req.Header.Set("Content-Type", "application/json")
+			for k, v := range hdr {
+				req.Header.Set(k, v)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			code, out = resp.StatusCode, string(b)
+		}()
+		return code, out
+	}
+
+	const create = `{"template":"python"}`
+	code, body := call("/v1/sandboxes", create, nil)
+	got.Lock()
+	if code != http.StatusCreated || body != "from the other node" || got.path != "/v1/sandboxes" || got.by != "node-here" || got.body != create {
+		t.Fatalf("placed create: %d %q; the other node saw %q by %q body %q", code, body, got.path, got.by, got.body)
+	}
+	got.path = ""
+	got.Unlock()
+	if len(pl.templates) != 1 || pl.templates[0] != "python" {
+		t.Fatalf("placement was asked about %v, want [python]", pl.templates)
+	}
+
+	code, _ = call("/v1/checkpoints/ckpt-x/restore", `{"as_new":true}`, nil)
+	got.Lock()
+	if code != http.StatusCreated || got.path != "/v1/checkpoints/ckpt-x/restore" {
+		t.Fatalf("restore as new: %d; the other node saw %q", code, got.path)
+	}
+	got.path = ""
+	got.Unlock()
+
+	// Forwarded already, or a restore in place: answered here.
+	pl.templates = nil
+	if code, body := call("/v1/sandboxes", create, map[string]string{forwardedHeader: "node-x"}); code == http.StatusCreated || body == "from the other node" {
+		t.Fatalf("a forwarded create was placed again: %d %q", code, body)
+	}
+	if code, body := call("/v1/checkpoints/ckpt-x/restore", `{}`, nil); code == http.StatusCreated || body == "from the other node" {
+		t.Fatalf("a restore in place was placed: %d %q", code, body)
+	}
+	if len(pl.templates) != 0 {
+		t.Fatalf("placement was asked about calls it must not place: %v", pl.templates)
+	}
+
+	// No node with room: the placer's error, as its status.
+	pl.placeErr = errdefs.ResourceExhaustedf("no node can take a new sandbox: node-b is full (2 of 2 sandboxes)")
+	if code, body := call("/v1/sandboxes", create, nil); code != http.StatusTooManyRequests || !strings.Contains(body, "node-b is full") {
+		t.Fatalf("create with no node with room: %d %q, want 429 naming node-b", code, body)
+	}
+	got.Lock()
+	defer got.Unlock()
+	if got.path != "" {
+		t.Fatalf("calls answered here reached the other node: %q", got.path)
+	}
+}
+
+// TestForwardFullDuplex: a forwarded call whose answer starts before its
+// body has been sent (an exec streams its output; stdin may still come)
+// reaches the owner whole: the proxy keeps sending the body after the
+// answer's headers went back to the client.
+func TestForwardFullDuplex(t *testing.T) {
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		rc.EnableFullDuplex()
+		w.WriteHeader(http.StatusOK)
+		rc.Flush() // the answer starts before the body is read
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			io.WriteString(w, "read error: "+err.Error())
+			return
+		}
+		io.WriteString(w, "got "+string(b))
+	}))
+	t.Cleanup(owner.Close)
+	u, _ := url.Parse(owner.URL)
+	m, err := meta.Open(filepath.Join(t.TempDir(), "meta.db"), meta.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	key := "amber_test_duplex_key_0123456789abcdef"
+	if err := m.PutKey(context.Background(), meta.APIKey{Tenant: "default", Name: "admin", Hash: meta.HashKey(key), Scopes: meta.AllScopes}); err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(New(Options{Meta: m, Router: &fakeRouter{owner: u.Host}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	t.Cleanup(ts.Close)
+	t.Cleanup(func() { // a stuck proxy must not hang the Closes
+		ts.CloseClientConnections()
+		owner.CloseClientConnections()
+	})
+
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequest("POST", ts.URL+"/v1/sandboxes/sbx-a/exec?arg=cat", pr)
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/octet-stream")
+	go io.WriteString(pw, "first ")
+	// A proxy that waits for the whole body before it answers fails here
+	// after 20 s rather than hang.
+	stop := time.AfterFunc(20*time.Second, func() { pw.CloseWithError(errors.New("no answer before the body ended")) })
+	defer stop.Stop()
+	resp, err := http.DefaultClient.Do(req) // returns once the headers are back
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	// The rest of the body goes after the answer started.
+	go func() {
+		io.WriteString(pw, "second")
+		pw.Close()
+	}()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || string(b) != "got first second" {
+		t.Fatalf("forwarded full-duplex call: answer %q, %v; want the owner to get the whole body", b, err)
 	}
 }

@@ -197,6 +197,8 @@ func (s *Server) routes() []Route {
 		{Method: "GET", Path: "/v1/audit/verify", Scope: read, h: s.verifyAudit},
 		{Method: "GET", Path: "/v1/usage", Scope: read, h: s.getUsage},
 		{Method: "GET", Path: "/v1/nodes", Scope: admin, h: s.listNodes},
+		{Method: "POST", Path: "/v1/nodes/{id}/drain", Scope: admin, h: s.drainNode},
+		{Method: "POST", Path: "/v1/nodes/{id}/undrain", Scope: admin, h: s.undrainNode},
 		{Method: "PUT", Path: "/v1/tenants/{tenant}/policy", Scope: admin, h: s.putTenantPolicy},
 		{Method: "POST", Path: "/v1/sessions", Scope: write, h: s.createSession},
 		{Method: "GET", Path: "/v1/sessions", Scope: read, h: s.listSessions},

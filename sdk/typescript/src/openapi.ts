@@ -864,6 +864,40 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/nodes/{id}/drain": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Mark a live node draining: it keeps its lease, takes no new sandboxes, and each of its sandboxes moves to another live node with room (checkpointed and stopped, then restored there from that checkpoint). Refused (and the node left as it is) when the node is unknown (404), down (412), or holds sandboxes and no other node has room (429 or 503, naming each node and why). With wait=true the answer is a stream of DrainFrames (application/x-ndjson): the first, one per sandbox moved, then one with done once the node holds no sandboxes, or one with error. The operator only. */
+        post: operations["drainNode"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/nodes/{id}/undrain": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Make a draining node live again: it takes new sandboxes (those it moved stay where they went). The operator only. */
+        post: operations["undrainNode"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1468,6 +1502,36 @@ export interface components {
         };
         NodeList: {
             nodes: components["schemas"]["Node"][];
+        };
+        /** @description One sandbox moved off a draining node. */
+        DrainMove: {
+            sandbox: string;
+            tenant: string;
+            /** @description The node it runs on now */
+            to: string;
+            /** @description running (stopped and crashed sandboxes move as they are) */
+            state: string;
+            /** @description One on for a restored sandbox */
+            generation: number;
+            /** @description The checkpoint it was restored from */
+            checkpoint?: string;
+            /**
+             * Format: int64
+             * @description From its stop on the draining node to running on the new one
+             */
+            took_ms: number;
+        };
+        /** @description An answer of POST /v1/nodes/{id}/drain, or one line of its stream (wait=true). */
+        DrainFrame: {
+            node: string;
+            /** @description The node's state */
+            state?: string;
+            /** @description Sandboxes still on the node */
+            sandboxes: number;
+            moved?: components["schemas"]["DrainMove"];
+            /** @description The node holds no sandboxes (the last frame) */
+            done?: boolean;
+            error?: components["schemas"]["ErrorBody"];
         };
     };
     responses: never;
@@ -3767,6 +3831,74 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["NodeList"];
+                };
+            };
+            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            default: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    drainNode: {
+        parameters: {
+            query?: {
+                /** @description Follow the moves until the node holds no sandboxes */
+                wait?: boolean;
+            };
+            header?: never;
+            path: {
+                /** @description Node id (amber up --node-id) */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The node is draining (one DrainFrame; with wait=true a stream of them) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DrainFrame"];
+                    "application/x-ndjson": components["schemas"]["DrainFrame"];
+                };
+            };
+            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            default: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    undrainNode: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Node id (amber up --node-id) */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The node, live */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Node"];
                 };
             };
             /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
