@@ -50,6 +50,7 @@ const ForwardedHeader = "X-Amber-Forwarded-By"
 // Store is what the proxy reads from the shared metadata store.
 type Store interface {
 	ListNodes(ctx context.Context) ([]meta.Node, error)
+	GetNode(ctx context.Context, id string) (meta.Node, error)
 	Get(ctx context.Context, id string) (meta.Sandbox, error)
 	GetSession(ctx context.Context, id string) (meta.Session, error)
 	Checkpoint(ctx context.Context, id string) (meta.Checkpoint, error)
@@ -207,19 +208,17 @@ func (p *Proxy) owner(ctx context.Context, id string, key meta.APIKey) (string, 
 	if err != nil || sb.Node == "" || sb.State == meta.StateDestroyed || key.Tenant != "" && sb.Tenant != key.Tenant && !operator(key) {
 		return "", nil
 	}
-	nodes, err := p.o.Meta.ListNodes(ctx)
+	n, err := p.o.Meta.GetNode(ctx, sb.Node)
+	if errdefs.IsNotFound(err) {
+		return "", nil
+	}
 	if err != nil {
 		return "", err
 	}
-	for _, n := range nodes {
-		if n.ID == sb.Node {
-			if !n.Alive(p.o.Clock.Now()) {
-				return "", errdefs.Unavailablef("sandbox %s: its node %s is down; it is being restored on another node, retry", sb.ID, n.ID)
-			}
-			return n.Addr, nil
-		}
+	if !n.Alive(p.o.Clock.Now()) {
+		return "", errdefs.Unavailablef("sandbox %s: its node %s is down; it is being restored on another node, retry", sb.ID, n.ID)
 	}
-	return "", nil
+	return n.Addr, nil
 }
 
 func operator(k meta.APIKey) bool { return k.Tenant == meta.DefaultTenant && k.Has(meta.ScopeAdmin) }

@@ -23,6 +23,14 @@ type fakeStore struct {
 }
 
 func (f *fakeStore) ListNodes(context.Context) ([]meta.Node, error) { return f.nodes, nil }
+func (f *fakeStore) GetNode(_ context.Context, id string) (meta.Node, error) {
+	for _, n := range f.nodes {
+		if n.ID == id {
+			return n, nil
+		}
+	}
+	return meta.Node{}, errdefs.NotFoundf("node %s", id)
+}
 func (f *fakeStore) Get(_ context.Context, id string) (meta.Sandbox, error) {
 	if sb, ok := f.sbs[id]; ok {
 		return sb, nil

@@ -175,6 +175,19 @@ func (s *Server) nodeSandboxes(ctx context.Context, id string) ([]meta.Sandbox, 
 	return s.meta.List(ctx, meta.Filter{Node: &id, Pooled: &no})
 }
 
+// operatorNode returns node id's row for an operator's call (what names
+// the call in the refusal of anyone else's key).
+func (s *Server) operatorNode(ctx context.Context, c *call, what, id string) (meta.Node, error) {
+	if !c.operator() {
+		return meta.Node{}, errdefs.PermissionDeniedf("%s needs the operator's key (an admin-scoped key of tenant %s)", what, meta.DefaultTenant)
+	}
+	n, err := s.meta.GetNode(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return n, errdefs.NotFoundf("node %s is not registered (amber node ls lists the nodes)", id)
+	}
+	return n, err
+}
+
 // drainNode answers POST /v1/nodes/{id}/drain (the operator only): node id
 // becomes draining — it keeps its lease, takes no new sandboxes, and its
 // sandboxes move to other nodes (internal/cluster, drain.go, does the
@@ -183,14 +196,8 @@ func (s *Server) nodeSandboxes(ctx context.Context, id string) ([]meta.Sandbox, 
 // and the node left as it is, when the node is unknown or down, or when
 // it holds sandboxes and no other node has room.
 func (s *Server) drainNode(w http.ResponseWriter, r *http.Request, c *call) error {
-	if !c.operator() {
-		return errdefs.PermissionDeniedf("draining a node needs the operator's key (an admin-scoped key of tenant %s)", meta.DefaultTenant)
-	}
 	ctx, id := r.Context(), r.PathValue("id")
-	n, err := s.meta.GetNode(ctx, id)
-	if errdefs.IsNotFound(err) {
-		return errdefs.NotFoundf("node %s is not registered (amber node ls lists the nodes)", id)
-	}
+	n, err := s.operatorNode(ctx, c, "draining a node", id)
 	if err != nil {
 		return err
 	}
@@ -337,14 +344,8 @@ func (s *Server) followDrain(ctx context.Context, id string, write func(api.Drai
 // draining node is live again and takes new sandboxes (the ones it moved
 // stay where they went).
 func (s *Server) undrainNode(w http.ResponseWriter, r *http.Request, c *call) error {
-	if !c.operator() {
-		return errdefs.PermissionDeniedf("undraining a node needs the operator's key (an admin-scoped key of tenant %s)", meta.DefaultTenant)
-	}
 	ctx, id := r.Context(), r.PathValue("id")
-	n, err := s.meta.GetNode(ctx, id)
-	if errdefs.IsNotFound(err) {
-		return errdefs.NotFoundf("node %s is not registered (amber node ls lists the nodes)", id)
-	}
+	n, err := s.operatorNode(ctx, c, "undraining a node", id)
 	if err != nil {
 		return err
 	}
