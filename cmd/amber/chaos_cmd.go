@@ -669,10 +669,17 @@ func (c *chaos) runOnce(ctx context.Context, seed int64, plan []*chaosFault) (r 
 	shopURL := fmt.Sprintf("http://shop.test:%d", sh.port)
 	script := chaosScript(shopURL, effects)
 	wantAnswers := len(script)
-	se, err := cl.CreateSession(ctx, map[string]any{
-		"model":    map[string]any{"adapter": "scripted", "script": script},
-		"template": "python", "policy": "strict",
-		"system": "You run errands from a sandbox and count every step.",
+	// A client of a store that fails for a while tries again, as any
+	// would: a session made twice is harmless (the other one stays idle),
+	// and the message's event id makes its post idempotent.
+	var se api.Session
+	err = retryServerErrors(ctx, func() (err error) {
+		se, err = cl.CreateSession(ctx, map[string]any{
+			"model":    map[string]any{"adapter": "scripted", "script": script},
+			"template": "python", "policy": "strict",
+			"system": "You run errands from a sandbox and count every step.",
+		})
+		return err
 	})
 	if err != nil {
 		r.Problem = "create session: " + err.Error()
@@ -683,7 +690,11 @@ func (c *chaos) runOnce(ctx context.Context, seed int64, plan []*chaosFault) (r 
 	st := &chaosStream{seen: map[uint64]string{}}
 	go st.follow(sctx, cl, se.ID)
 	msg := api.PostSessionEventRequest{Type: "user_message", ID: "chaos-go", Payload: json.RawMessage(`{"text":"Run the errands."}`)}
-	ack, err := cl.PostSessionEvent(ctx, se.ID, msg)
+	var ack api.Event
+	err = retryServerErrors(ctx, func() (err error) {
+		ack, err = cl.PostSessionEvent(ctx, se.ID, msg)
+		return err
+	})
 	if err != nil {
 		r.Problem = "post: " + err.Error()
 		return r
@@ -971,4 +982,24 @@ func sessionSandbox(evs []api.Event, dflt string) string {
 		}
 	}
 	return dflt
+}
+
+// retryServerErrors calls f until it succeeds, fails with a client error
+// (4xx: trying again would not help) or a minute has passed: a store
+// fault injected into the daemon makes its calls fail with 5xx for a few
+// seconds, and a client of a real service tries again.
+func retryServerErrors(ctx context.Context, f func() error) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := f()
+		var ae *client.Error
+		if err == nil || errors.As(err, &ae) && ae.Status < 500 || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }

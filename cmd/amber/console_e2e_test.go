@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -308,18 +309,34 @@ func TestE2EConsole(t *testing.T) {
 		}
 	}
 
-	// Restore to an earlier event: the sandbox's first checkpoint cut
-	// (after step one). Its files come back as they were then.
+	// Restore to an earlier event: the cut after step one. The session cut
+	// its new sandbox once before its first tool call (so a loss is always
+	// restored in place), then after each step: the sandbox's checkpoints
+	// in cut order are [before step one, after step one, ...]. The button
+	// restores the newest committed checkpoint cut at or before its event;
+	// clicked on the second cut's own event, that is the second cut. Its
+	// files come back as they were then.
 	se, _ = cl.GetSession(ctx, sid)
 	sbx = se.Sandbox
+	cks, err := cl.ListCheckpoints(ctx, sbx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Slice(cks, func(i, j int) bool { return cks[i].Seq < cks[j].Seq })
+	if len(cks) < 3 {
+		t.Fatalf("sandbox %s has %d committed checkpoints, want the first cut, one after each step: %+v", sbx, len(cks), cks)
+	}
+	cut := cks[1]
 	evs, err := cl.Events(ctx, sbx, 1, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var firstCut api.Event
+	var firstCut api.Event // the sandbox.checkpointed event of cut
 	restoresBefore := 0
 	for _, ev := range evs.Events {
-		if ev.Type == "sandbox.checkpointed" && firstCut.Seq == 0 {
+		var p struct{ Checkpoint string }
+		json.Unmarshal(ev.Payload, &p)
+		if ev.Type == "sandbox.checkpointed" && p.Checkpoint == cut.ID {
 			firstCut = ev
 		}
 		if ev.Type == "sandbox.restored" {
@@ -327,10 +344,13 @@ func TestE2EConsole(t *testing.T) {
 		}
 	}
 	if firstCut.Seq == 0 {
-		t.Fatalf("sandbox %s has no checkpoint event: %+v", sbx, evs.Events)
+		t.Fatalf("sandbox %s has no checkpoint event for %s: %+v", sbx, cut.ID, evs.Events)
 	}
-	var cut struct{ Checkpoint string }
-	json.Unmarshal(firstCut.Payload, &cut)
+	for _, c := range cks[2:] {
+		if c.Seq <= firstCut.Seq {
+			t.Fatalf("checkpoint %s was cut at event %d, at or before the event %d of the cut after step one", c.ID, c.Seq, firstCut.Seq)
+		}
+	}
 	b.open("/sandboxes/" + sbx + "/checkpoints")
 	b.wait("the checkpoint tree", `document.querySelectorAll('[data-testid=checkpoint]').length >= 2 && document.querySelectorAll('[data-testid=restore-report]').length >= 1`, time.Minute)
 	b.shot("05-checkpoints")
@@ -350,8 +370,8 @@ func TestE2EConsole(t *testing.T) {
 	}
 	var rp struct{ Checkpoint string }
 	json.Unmarshal(last.Payload, &rp)
-	if restoresAfter != restoresBefore+1 || rp.Checkpoint != cut.Checkpoint {
-		t.Fatalf("after restore to event %d: %d restores (were %d), the last from %q, want %q", firstCut.Seq, restoresAfter, restoresBefore, rp.Checkpoint, cut.Checkpoint)
+	if restoresAfter != restoresBefore+1 || rp.Checkpoint != cut.ID {
+		t.Fatalf("after restore to event %d: %d restores (were %d), the last from %q, want %q", firstCut.Seq, restoresAfter, restoresBefore, rp.Checkpoint, cut.ID)
 	}
 	if got := strings.TrimSpace(as(keyA, "exec", sbx, "--", "cat", "/tmp/step")); got != "one" {
 		t.Fatalf("/tmp/step after restoring to event %d = %q, want \"one\" (as it was at that cut)", firstCut.Seq, got)
@@ -361,12 +381,12 @@ func TestE2EConsole(t *testing.T) {
 
 	// Fork the first checkpoint: a new sandbox, whose page says where it
 	// came from; the original is untouched.
-	b.click(fmt.Sprintf(`[data-testid=checkpoint][data-id=%q] > .ck-line [data-testid=fork]`, cut.Checkpoint))
+	b.click(fmt.Sprintf(`[data-testid=checkpoint][data-id=%q] > .ck-line [data-testid=fork]`, cut.ID))
 	b.wait("the fork's page", fmt.Sprintf(`!location.hash.includes(%q) && [...document.querySelectorAll('.fork')].some(e => e.innerText.includes('a fork of %s'))`, sbx, sbx), 3*time.Minute)
 	forkID := evalAs[string](b, `decodeURIComponent(location.hash.split('/')[2])`)
 	fork, err := cl.GetSandbox(ctx, forkID)
-	if err != nil || fork.Origin != cut.Checkpoint || fork.State != "running" {
-		t.Fatalf("fork %s: %+v %v, want running from %s", forkID, fork, err, cut.Checkpoint)
+	if err != nil || fork.Origin != cut.ID || fork.State != "running" {
+		t.Fatalf("fork %s: %+v %v, want running from %s", forkID, fork, err, cut.ID)
 	}
 	if got := strings.TrimSpace(as(keyA, "exec", forkID, "--", "cat", "/tmp/step")); got != "one" {
 		t.Fatalf("/tmp/step in the fork = %q, want \"one\"", got)
@@ -441,7 +461,7 @@ func TestE2EConsole(t *testing.T) {
 	b.open("/sandboxes/" + sbx + "/checkpoints")
 	b.wait("acme's sandbox not found", `(document.querySelector('[data-testid=error]')?.innerText || '').includes('not found')`, 30*time.Second)
 	page := evalAs[string](b, `document.body.innerText`)
-	if strings.Contains(page, cut.Checkpoint) || strings.Contains(page, "step one") || strings.Contains(page, "acme") {
+	if strings.Contains(page, cut.ID) || strings.Contains(page, "step one") || strings.Contains(page, "acme") {
 		t.Fatalf("globex's console shows acme's data:\n%s", page)
 	}
 	if evalAs[bool](b, `!!document.querySelector('[data-testid=nav-admin]')`) {

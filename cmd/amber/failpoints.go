@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
 	"sort"
 	"strings"
 	"sync"
@@ -110,7 +111,7 @@ func testFailpoints(drv sandbox.Driver, lg *slog.Logger) (*failpoint.Set, error)
 				// file's write lock, and no other daemon could open the log
 				// until it resumes (see docs/ARCHITECTURE.md, fencing).
 				time.Sleep(stopSelfQuiesce)
-				syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+				stopUntilContinued()
 				return nil // SIGCONTed: go on as if nothing happened
 			})
 		case "error":
@@ -144,6 +145,23 @@ func testFailpoints(drv sandbox.Driver, lg *slog.Logger) (*failpoint.Set, error)
 
 // stopSelfQuiesce is how long stop-self lets in-flight writes finish.
 const stopSelfQuiesce = 500 * time.Millisecond
+
+// stopUntilContinued SIGSTOPs this process and returns only once it was
+// continued. kill(2) of one's own process with SIGSTOP is not synchronous
+// for the caller: the group stop reaches the calling thread some time after
+// kill returns, and the goroutine that evaluated the point could meanwhile
+// go on past it (a fencing check passed, a request sent) — exactly what the
+// point is there to prevent. So the caller waits for the SIGCONT itself.
+func stopUntilContinued() {
+	cont := make(chan os.Signal, 1)
+	signal.Notify(cont, syscall.SIGCONT)
+	defer signal.Stop(cont)
+	syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	select {
+	case <-cont:
+	case <-time.After(time.Hour): // nobody continued it: a test gave up on this process
+	}
+}
 
 // writeFailpointCounts appends every point's evaluation count to
 // AMBER_TEST_FAILPOINT_LOG as "#hits point N" (after a clean shutdown).

@@ -116,6 +116,9 @@ func fencingCase(t *testing.T, spec string, forwardOnly bool) {
 	}
 	clB := fencingClient(t, dir, b.addr)
 	if forwardOnly {
+		if o := strings.Join(sh.items(), ","); o != "" {
+			t.Fatalf("the shop saw orders %q before A resumed (A stopped before sending)", o)
+		}
 		resume(t, a)
 		select {
 		case <-a.exited:
@@ -125,7 +128,7 @@ func fencingCase(t *testing.T, spec string, forwardOnly bool) {
 		orders, dedup := strings.Join(sh.items(), ","), sh.deduplicated()
 		checkFencedExit(t, a, b)
 		if orders != "" || dedup != 0 {
-			t.Fatalf("the shop saw orders %q (%d repeated keys) when A exited: A forwarded after it was fenced", orders, dedup)
+			t.Fatalf("the shop saw orders %q (%d repeated keys) when A exited: A forwarded after it was fenced\nA:\n%s\nB:\n%s", orders, dedup, tail(quiet(a.log()), 40), tail(quiet(b.log()), 40))
 		}
 		return
 	}

@@ -233,17 +233,11 @@ func startAPIServer(t *testing.T, bin, dir, adminKey string, shared []string) *t
 // and its request re-sent with the same Idempotency-Key, so the shop books
 // the order once and answers the repeat from its record.
 //
-// It fails today (an open defect, so it runs only with
-// AMBER_TEST_EFFECT_FAILOVER=1): the session's sandbox has no checkpoint
-// before its first tool call, so the node taking over makes a new sandbox,
-// whose requests are new effects (the order is booked twice). Checkpointing
-// a new session sandbox before its first tool call fixes it, but changes
-// which checkpoint a session restores to, and the console and fencing
-// tests need to follow; see docs/deploy.md.
+// It failed (the order booked twice) while a new session sandbox had no
+// checkpoint before its first tool call: the node taking over made a new
+// sandbox, whose requests were new effects. The session now cuts a new
+// sandbox before its first tool call (session.firstCut).
 func TestE2ENodesEffectFailover(t *testing.T) {
-	if os.Getenv("AMBER_TEST_EFFECT_FAILOVER") == "" {
-		t.Skip("set AMBER_TEST_EFFECT_FAILOVER=1: an open defect (a session's sandbox lost before its first checkpoint is made anew: its effects are new)")
-	}
 	bin, dir := e2eSetup(t)
 	if enginetest.DriverName() != "gvisor" {
 		t.Skip("effects go through the egress gateway (gvisor driver)")

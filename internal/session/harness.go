@@ -436,6 +436,27 @@ func (r *run) tool(ctx context.Context, c ToolCall) (wait string, err error) {
 	return "", nil
 }
 
+// firstCut checkpoints a new sandbox before its first tool call and records
+// it as the session's cut, so that a lost sandbox is always brought back
+// in place (the same id, from this cut) rather than made anew. That keeps
+// its effects exact: the egress gateway keys a request by the sandbox and
+// the cut its run started from, so a tool call cut off before any other
+// checkpoint re-sends its request under the same key (and the same
+// Idempotency-Key) instead of as a new effect of a new sandbox. A failure
+// is recorded and the session goes on (a loss before the next cut then
+// makes a new sandbox, as before).
+func (r *run) firstCut(ctx context.Context, sbx string) {
+	after := r.st.Head
+	ck, err := r.h.Boxes.Checkpoint(ctx, r.st.Tenant, sbx)
+	if err != nil {
+		r.recordError(ctx, "first checkpoint", err)
+		return
+	}
+	if _, err := r.appendEvents(ctx, r.event(fmt.Sprintf("ckpt.%d", after), EventCheckpointed, Checkpointed{Checkpoint: ck, Sandbox: sbx, AfterSeq: after})); err != nil {
+		r.h.Logger.WarnContext(ctx, "record the first checkpoint", "session", r.id, "err", err)
+	}
+}
+
 // fastCheckpoint cuts a checkpoint at this step boundary (fast policy). A
 // failure is recorded and the session goes on: the next one covers more.
 func (r *run) fastCheckpoint(ctx context.Context, sbx string) {
@@ -468,6 +489,7 @@ func (r *run) sandbox(ctx context.Context) (string, error) {
 		if r.h.Meta != nil {
 			_ = r.h.Meta.SetSessionSandbox(ctx, r.id, id)
 		}
+		r.firstCut(ctx, id)
 		return id, nil
 	}
 	if r.recovered {
@@ -475,6 +497,12 @@ func (r *run) sandbox(ctx context.Context) (string, error) {
 	}
 	if err := r.recover(ctx); err != nil {
 		if errors.Is(err, failpoint.ErrCrash) || ctx.Err() != nil {
+			return "", err
+		}
+		if errdefs.IsUnavailable(err) {
+			// A store down for a while, a runtime slow to let a sandbox
+			// go: the Wake is retried with backoff (Manager), and the
+			// session stays recovering rather than waiting for a person.
 			return "", err
 		}
 		r.recordError(ctx, "recover sandbox", err)

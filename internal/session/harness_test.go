@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/internal/failpoint"
 	"github.com/amber-run/amber/internal/meta"
@@ -305,8 +306,8 @@ func TestFastSandboxLost(t *testing.T) {
 	if _, err := e.harness(fp).Wake(context.Background(), id); !errors.Is(err, failpoint.ErrCrash) {
 		t.Fatal(err)
 	}
-	if n := len(e.events(id, EventCheckpointed)); n != 1 {
-		t.Fatalf("%d fast checkpoints before the loss, want 1", n)
+	if n := len(e.events(id, EventCheckpointed)); n != 2 {
+		t.Fatalf("%d checkpoints recorded before the loss, want 2 (the new sandbox's first cut, one fast)", n)
 	}
 	e.boxes.lose()
 	if _, err := e.harness(nil).Wake(context.Background(), id); err != nil {
@@ -341,7 +342,7 @@ func TestFastDivergenceReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.boxes.lose()
-	// The fresh sandbox starts its counter at 10: the re-run prints another number.
+	// The restored sandbox starts its counter at 10: the re-run prints another number.
 	h := e.harness(nil)
 	h.Boxes = &skewedBoxes{fakeBoxes: e.boxes}
 	if _, err := h.Wake(context.Background(), id); err != nil {
@@ -358,8 +359,18 @@ func TestFastDivergenceReported(t *testing.T) {
 	}
 }
 
-// skewedBoxes makes fresh sandboxes start their counter at 10.
+// skewedBoxes makes fresh and restored sandboxes start their counter at 10.
 type skewedBoxes struct{ *fakeBoxes }
+
+func (s *skewedBoxes) Restore(ctx context.Context, tenant, id, ckpt string) error {
+	err := s.fakeBoxes.Restore(ctx, tenant, id, ckpt)
+	s.mu.Lock()
+	if b := s.boxes[id]; b != nil {
+		b.counter = 10
+	}
+	s.mu.Unlock()
+	return err
+}
 
 func (s *skewedBoxes) Create(ctx context.Context, tenant, template string) (string, error) {
 	id, err := s.fakeBoxes.Create(ctx, tenant, template)
@@ -367,4 +378,53 @@ func (s *skewedBoxes) Create(ctx context.Context, tenant, template string) (stri
 	s.boxes[id].counter = 10
 	s.mu.Unlock()
 	return id, err
+}
+
+// flakyRestoreBoxes fails every restore with an error that passes (the
+// runtime slow to let a killed sandbox go) until healed.
+type flakyRestoreBoxes struct {
+	*fakeBoxes
+	failing bool
+}
+
+func (f *flakyRestoreBoxes) Restore(ctx context.Context, tenant, id, ckpt string) error {
+	if f.failing {
+		return errdefs.Unavailablef("sandbox %s: runsc still reports it running 10s after the kill", id)
+	}
+	return f.fakeBoxes.Restore(ctx, tenant, id, ckpt)
+}
+
+// TestRecoverRetriedWhileUnavailable: a restore that fails for a passing
+// reason leaves the session recovering (its Wake fails and is retried by
+// the manager), not needs-reconciliation; once the restore works, the
+// session ends as an uninterrupted run does.
+func TestRecoverRetriedWhileUnavailable(t *testing.T) {
+	wantConv, wantBox := baseline(t, PolicyStrict)
+	e := newTestEnv(t, script)
+	id := e.create(Definition{Model: ModelConfig{Adapter: "scripted"}, Policy: PolicyStrict})
+	e.post(id, EventUserMessage, UserMessage{Text: "go"})
+	fp := failpoint.New()
+	fp.Arm(FPToolBeforeRecord, 3, failpoint.ErrCrash)
+	if _, err := e.harness(fp).Wake(context.Background(), id); !errors.Is(err, failpoint.ErrCrash) {
+		t.Fatal(err)
+	}
+	boxes := &flakyRestoreBoxes{fakeBoxes: e.boxes, failing: true}
+	h := e.harness(nil)
+	h.Boxes = boxes
+	if _, err := h.Wake(context.Background(), id); !errdefs.IsUnavailable(err) {
+		t.Fatalf("wake while restores fail: %v, want the unavailable error back (to be retried)", err)
+	}
+	if st := e.state(id); st.Status == StatusNeedsReconciliation {
+		t.Fatalf("status %s after a restore that failed for a passing reason (%s)", st.Status, st.StatusReason)
+	}
+	boxes.failing = false
+	if st, err := h.Wake(context.Background(), id); err != nil || st != StatusIdle {
+		t.Fatalf("wake once restores work: %v %v", st, err)
+	}
+	if got := conversation(t, e.state(id)); got != wantConv {
+		t.Fatalf("conversation differs from the uninterrupted run:\n%s\nwant\n%s", got, wantConv)
+	}
+	if got := e.sandboxState(id); got != wantBox {
+		t.Fatalf("sandbox differs from the uninterrupted run:\n%s\nwant\n%s", got, wantBox)
+	}
 }
