@@ -97,7 +97,8 @@ func TestE2EFailoverTime(t *testing.T) {
 		}
 	}
 	for _, l := range strings.Split(b.log(), "\n") {
-		if strings.Contains(l, "took over a dead node") || strings.Contains(l, "adopted sandbox restored") {
+		if strings.Contains(l, "took over a dead node") || strings.Contains(l, "adopted sandbox restored") ||
+			strings.Contains(l, `msg="sandbox restored"`) || strings.Contains(l, "node lease expired") {
 			t.Log(l)
 		}
 	}
