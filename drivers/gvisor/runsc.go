@@ -133,7 +133,44 @@ func (d *Driver) state(ctx context.Context, rec *record, id string) (st containe
 	if err := json.Unmarshal(out, &st); err != nil {
 		return st, false, fmt.Errorf("runsc state %s: %w", id, err)
 	}
+	st = deadIfZombie(st)
 	return st, true, nil
+}
+
+// deadIfZombie corrects runsc's "running" for a sandbox whose process has
+// exited but not been reaped: runsc tells a live sandbox by kill(pid, 0),
+// which a zombie answers too. A sandbox process outlives the runsc call
+// that forked it, so its parent is whoever adopts orphans — an init that
+// does not reap (a container's PID 1, this machine's) leaves it a zombie
+// for good, and a killed sandbox would never be seen stopped (Kill and
+// Restore waited 10 s, then failed as unavailable). It is reaped here if
+// it is this process's child (a daemon run as a subreaper or as PID 1).
+func deadIfZombie(st containerState) containerState {
+	if st.Pid <= 0 || st.Status != "running" && st.Status != "paused" && st.Status != "created" {
+		return st
+	}
+	if !zombieOrGone(st.Pid) {
+		return st
+	}
+	var ws syscall.WaitStatus
+	_, _ = syscall.Wait4(st.Pid, &ws, syscall.WNOHANG, nil) // ECHILD unless ours
+	st.Status = "stopped"
+	return st
+}
+
+// zombieOrGone tells whether pid has exited (a zombie, or no such process).
+func zombieOrGone(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist)
+	}
+	// The state follows the command, which is in parentheses and may hold
+	// any byte: take the field after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return false
+	}
+	return b[i+2] == 'Z' || b[i+2] == 'X'
 }
 
 // list returns runsc's view of every container under our root, by id.
@@ -151,7 +188,7 @@ func (d *Driver) list(ctx context.Context) (map[string]containerState, error) {
 	m := make(map[string]containerState, len(sts))
 	for _, s := range sts {
 		if id, ok := strings.CutSuffix(s.ID, runtimeIDSuffix); ok {
-			m[id] = s
+			m[id] = deadIfZombie(s)
 		}
 	}
 	return m, nil
