@@ -250,6 +250,10 @@ func runChaos(ctx context.Context, out io.Writer, o *chaosOptions) error {
 		k := min(o.perRun, o.faults-rep.FaultsPlanned)
 		plan := c.plan(seed, k)
 		r := c.runOnce(ctx, seed, plan)
+		if ctx.Err() != nil && !r.Completed {
+			c.say("run %d (seed %d) interrupted: not counted", i+1, seed)
+			break
+		}
 		rep.RunList = append(rep.RunList, r)
 		rep.Runs++
 		rep.SeedRange = [2]int64{o.seed, seed}
@@ -630,7 +634,7 @@ func (c *chaos) runOnce(ctx context.Context, seed int64, plan []*chaosFault) (r 
 	arm()
 	keep := false
 	defer func() {
-		if !r.Identical && c.o.keep && plan != nil {
+		if !r.Identical && c.o.keep && plan != nil && ctx.Err() == nil { // an interrupted run is not kept
 			keep = true
 		}
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
