@@ -268,14 +268,7 @@ func TestCrashAtEveryStepBoundary(t *testing.T) {
 // the conversation would differ from the uninterrupted run.
 func TestNoRestoreMeansDuplicates(t *testing.T) {
 	wantConv, _ := baseline(t, PolicyStrict)
-	e := newTestEnv(t, script)
-	id := e.create(Definition{Model: ModelConfig{Adapter: "scripted"}, Policy: PolicyStrict})
-	e.post(id, EventUserMessage, UserMessage{Text: "go"})
-	fp := failpoint.New()
-	fp.Arm(FPToolBeforeRecord, 3, failpoint.ErrCrash)
-	if _, err := e.harness(fp).Wake(context.Background(), id); !errors.Is(err, failpoint.ErrCrash) {
-		t.Fatal(err)
-	}
+	e, id := crashedAtThirdTool(t)
 	// Forget the checkpoint the last acknowledged step named, as a harness
 	// without recovery would: the re-run meets the half-done sandbox.
 	e.boxes.mu.Lock()
@@ -400,14 +393,7 @@ func (f *flakyRestoreBoxes) Restore(ctx context.Context, tenant, id, ckpt string
 // session ends as an uninterrupted run does.
 func TestRecoverRetriedWhileUnavailable(t *testing.T) {
 	wantConv, wantBox := baseline(t, PolicyStrict)
-	e := newTestEnv(t, script)
-	id := e.create(Definition{Model: ModelConfig{Adapter: "scripted"}, Policy: PolicyStrict})
-	e.post(id, EventUserMessage, UserMessage{Text: "go"})
-	fp := failpoint.New()
-	fp.Arm(FPToolBeforeRecord, 3, failpoint.ErrCrash)
-	if _, err := e.harness(fp).Wake(context.Background(), id); !errors.Is(err, failpoint.ErrCrash) {
-		t.Fatal(err)
-	}
+	e, id := crashedAtThirdTool(t)
 	boxes := &flakyRestoreBoxes{fakeBoxes: e.boxes, failing: true}
 	h := e.harness(nil)
 	h.Boxes = boxes
@@ -427,4 +413,19 @@ func TestRecoverRetriedWhileUnavailable(t *testing.T) {
 	if got := e.sandboxState(id); got != wantBox {
 		t.Fatalf("sandbox differs from the uninterrupted run:\n%s\nwant\n%s", got, wantBox)
 	}
+}
+
+// crashedAtThirdTool runs a strict session until the harness crashes
+// before recording its third tool result (the call ran, cut off).
+func crashedAtThirdTool(t *testing.T) (*testEnv, string) {
+	t.Helper()
+	e := newTestEnv(t, script)
+	id := e.create(Definition{Model: ModelConfig{Adapter: "scripted"}, Policy: PolicyStrict})
+	e.post(id, EventUserMessage, UserMessage{Text: "go"})
+	fp := failpoint.New()
+	fp.Arm(FPToolBeforeRecord, 3, failpoint.ErrCrash)
+	if _, err := e.harness(fp).Wake(context.Background(), id); !errors.Is(err, failpoint.ErrCrash) {
+		t.Fatal(err)
+	}
+	return e, id
 }
