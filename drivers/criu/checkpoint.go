@@ -116,6 +116,10 @@ func (d *Driver) withCriuPath() error {
 	return os.Setenv("PATH", filepath.Dir(d.opts.CriuPath)+":"+os.Getenv("PATH"))
 }
 
+// freezeAttempts is how many times a checkpoint tries to freeze its
+// sandbox before it fails.
+const freezeAttempts = 4
+
 // Checkpoint implements sandbox.Checkpointer.
 func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandbox.CheckpointOptions) (stats sandbox.CheckpointStats, err error) {
 	start := time.Now()
@@ -161,10 +165,28 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		initPid = s.InitProcessPid
 	}
 
-	// The cut.
+	// The cut. The v1 freezer gives up ("unable to freeze") when a task
+	// keeps it FREEZING past libcontainer's retries — seen on a loaded
+	// host: thaw, and try again a few times before failing the checkpoint.
 	frozenAt := time.Now()
-	if err := cm.Freeze(cgroups.Frozen); err != nil {
-		return stats, recordErr(id, fmt.Errorf("freeze: %w", err))
+	for attempt := 1; ; attempt++ {
+		err := cm.Freeze(cgroups.Frozen)
+		if err == nil {
+			break
+		}
+		if attempt == freezeAttempts {
+			return stats, recordErr(id, fmt.Errorf("freeze (%d attempts): %w", attempt, err))
+		}
+		d.log.Warn("freeze failed; thawing and trying again", "sandbox", id, "attempt", attempt, "err", err)
+		if terr := cm.Freeze(cgroups.Thawed); terr != nil {
+			return stats, recordErr(id, fmt.Errorf("freeze: %v; thaw: %w", err, terr))
+		}
+		select {
+		case <-ctx.Done():
+			return stats, ctx.Err()
+		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
+		}
+		frozenAt = time.Now()
 	}
 	thawed := false
 	thaw := func() {
