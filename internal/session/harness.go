@@ -442,19 +442,35 @@ func (r *run) tool(ctx context.Context, c ToolCall) (wait string, err error) {
 // its effects exact: the egress gateway keys a request by the sandbox and
 // the cut its run started from, so a tool call cut off before any other
 // checkpoint re-sends its request under the same key (and the same
-// Idempotency-Key) instead of as a new effect of a new sandbox. A failure
-// is recorded and the session goes on (a loss before the next cut then
-// makes a new sandbox, as before).
-func (r *run) firstCut(ctx context.Context, sbx string) {
+// Idempotency-Key) instead of as a new effect of a new sandbox.
+//
+// Under the strict policy a failure fails the Wake (the manager retries it
+// with backoff, and the next Wake cuts again before any tool runs): strict
+// needs a cut after every changing step anyway, and a tool call made
+// without one could be repeated as a new effect. Under fast it is recorded
+// and the session goes on (a loss before the next cut then makes a new
+// sandbox).
+func (r *run) firstCut(ctx context.Context, sbx string) error {
+	strict := r.st.Def.Policy == PolicyStrict
 	after := r.st.Head
 	ck, err := r.h.Boxes.Checkpoint(ctx, r.st.Tenant, sbx)
 	if err != nil {
+		if errors.Is(err, failpoint.ErrCrash) || ctx.Err() != nil {
+			return err
+		}
 		r.recordError(ctx, "first checkpoint", err)
-		return
+		if strict {
+			return fmt.Errorf("first checkpoint of %s: %w", sbx, err)
+		}
+		return nil
 	}
 	if _, err := r.appendEvents(ctx, r.event(fmt.Sprintf("ckpt.%d", after), EventCheckpointed, Checkpointed{Checkpoint: ck, Sandbox: sbx, AfterSeq: after})); err != nil {
+		if strict {
+			return err
+		}
 		r.h.Logger.WarnContext(ctx, "record the first checkpoint", "session", r.id, "err", err)
 	}
+	return nil
 }
 
 // fastCheckpoint cuts a checkpoint at this step boundary (fast policy). A
@@ -489,7 +505,9 @@ func (r *run) sandbox(ctx context.Context) (string, error) {
 		if r.h.Meta != nil {
 			_ = r.h.Meta.SetSessionSandbox(ctx, r.id, id)
 		}
-		r.firstCut(ctx, id)
+		if err := r.firstCut(ctx, id); err != nil {
+			return "", err
+		}
 		return id, nil
 	}
 	if r.recovered {
@@ -512,6 +530,13 @@ func (r *run) sandbox(ctx context.Context) (string, error) {
 		return "", nil
 	}
 	r.recovered = true
+	if r.st.Def.Policy == PolicyStrict && r.st.Cut.Checkpoint == "" {
+		// The first cut failed before (or the sandbox was made anew
+		// without one): no tool runs before it.
+		if err := r.firstCut(ctx, r.st.Sandbox); err != nil {
+			return "", err
+		}
+	}
 	return r.st.Sandbox, nil
 }
 

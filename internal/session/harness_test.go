@@ -429,3 +429,58 @@ func crashedAtThirdTool(t *testing.T) (*testEnv, string) {
 	}
 	return e, id
 }
+
+// failingCutBoxes fails the next n checkpoints as a blob store that is down.
+type failingCutBoxes struct {
+	*fakeBoxes
+	n       int
+	creates int
+}
+
+func (f *failingCutBoxes) Checkpoint(ctx context.Context, tenant, id string) (string, error) {
+	if f.n > 0 {
+		f.n--
+		return "", errdefs.Unavailablef("put checkpoint: blob store down")
+	}
+	return f.fakeBoxes.Checkpoint(ctx, tenant, id)
+}
+
+func (f *failingCutBoxes) Create(ctx context.Context, tenant, template string) (string, error) {
+	f.creates++
+	return f.fakeBoxes.Create(ctx, tenant, template)
+}
+
+// TestStrictFirstCutBeforeAnyTool: under the strict policy a new sandbox's
+// first cut that fails stops the Wake before any tool runs (so a tool call
+// is never made by a sandbox without a cut, which a loss would replace by a
+// new one making its effects anew); the next Wake cuts the same sandbox and
+// the session ends as an uninterrupted run does, with one sandbox.
+func TestStrictFirstCutBeforeAnyTool(t *testing.T) {
+	wantConv, wantBox := baseline(t, PolicyStrict)
+	e := newTestEnv(t, script)
+	id := e.create(Definition{Model: ModelConfig{Adapter: "scripted"}, Policy: PolicyStrict})
+	e.post(id, EventUserMessage, UserMessage{Text: "go"})
+	boxes := &failingCutBoxes{fakeBoxes: e.boxes, n: 2}
+	h := e.harness(nil)
+	h.Boxes = boxes
+	for i := 0; i < 2; i++ {
+		if _, err := h.Wake(context.Background(), id); !errdefs.IsUnavailable(err) {
+			t.Fatalf("wake %d while checkpoints fail: %v, want the unavailable error back", i+1, err)
+		}
+		if execs, _, _ := e.boxes.counts(); execs != 0 {
+			t.Fatalf("%d sandbox operations ran before the first cut", execs)
+		}
+	}
+	if st, err := h.Wake(context.Background(), id); err != nil || st != StatusIdle {
+		t.Fatalf("wake once checkpoints work: %v %v", st, err)
+	}
+	if boxes.creates != 1 {
+		t.Fatalf("%d sandboxes made, want 1 (the first one, cut on a later Wake)", boxes.creates)
+	}
+	if got := conversation(t, e.state(id)); got != wantConv {
+		t.Fatalf("conversation differs from the uninterrupted run:\n%s\nwant\n%s", got, wantConv)
+	}
+	if got := e.sandboxState(id); got != wantBox {
+		t.Fatalf("sandbox differs from the uninterrupted run:\n%s\nwant\n%s", got, wantBox)
+	}
+}
