@@ -595,6 +595,10 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 		}
 		switch sb.State {
 		case meta.StateRunning, meta.StateStopped, meta.StateCrashed:
+		case meta.StateRestoring:
+			// Under its lock, so no restore of it is under way: one that
+			// failed or died half-way left the row so (and maybe the
+			// sandbox running). It is restored again.
 		case meta.StateDestroyed:
 			return sb, errdefs.FailedPreconditionf("sandbox %s is destroyed; restore checkpoint %s as a new sandbox", sb.ID, ck.ID)
 		default:
@@ -605,9 +609,9 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 			return sb, err
 		}
 		keepConns = e.restoreKeepsConnections(ctx, sb, ck)
-		if sb.State == meta.StateRunning {
-			replaced = true
-			if err := e.killAndWait(ctx, sb.ID); err != nil {
+		if sb.State == meta.StateRunning || sb.State == meta.StateRestoring {
+			replaced = sb.State == meta.StateRunning
+			if err := e.killAndWait(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
 				return sb, err
 			}
 		}
@@ -624,11 +628,14 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 	}
 	// The re-run's requests are numbered from the cut restored from; the
 	// run starts before the sandbox does.
-	if err := e.startRun(ctx, sb, ck.ID, false); err != nil {
-		return sb, err
+	err = e.startRun(ctx, sb, ck.ID, false)
+	var rs sandbox.RestoreStats
+	if err == nil {
+		rs, err = cp.Restore(ctx, sandbox.Spec{ID: sb.ID, Tenant: sb.Tenant, Template: tmpl, Limits: sb.Limits, Env: sb.Env}, dir, sandbox.RestoreOptions{})
 	}
-	rs, err := cp.Restore(ctx, sandbox.Spec{ID: sb.ID, Tenant: sb.Tenant, Template: tmpl, Limits: sb.Limits, Env: sb.Env}, dir, sandbox.RestoreOptions{})
 	if err != nil {
+		// The row leaves "restoring": a new sandbox is destroyed, one
+		// restored in place is crashed (and can be restored again).
 		cleanup := context.WithoutCancel(ctx)
 		reason := fmt.Sprintf("restore from %s failed: %v", ck.ID, err)
 		if target == "" {

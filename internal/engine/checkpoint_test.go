@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -465,5 +466,45 @@ func TestCheckpointRetention(t *testing.T) {
 	// The oldest kept checkpoint still restores.
 	if _, err := e.Restore(ctx, engine.RestoreRequest{Tenant: "default", Checkpoint: ids[1]}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRestoreAfterHalfRestore: a restore in place that failed half-way (or
+// died with its daemon) leaves the row "restoring", maybe with the sandbox
+// running; a later Recover restores it again instead of refusing it as
+// busy (chaos seed 4015 ended needs-reconciliation on that refusal).
+func TestRestoreAfterHalfRestore(t *testing.T) {
+	env := enginetest.NewFor(t, "gvisor", engine.Options{})
+	e := env.Engine
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Cold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Exec(ctx, "default", sb.ID, sandbox.ExecSpec{Args: []string{"sh", "-c", "echo cut > /tmp/at"}}); err != nil {
+		t.Fatal(err)
+	}
+	ck, err := e.Checkpoint(ctx, engine.CheckpointRequest{Tenant: "default", Sandbox: sb.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Exec(ctx, "default", sb.ID, sandbox.ExecSpec{Args: []string{"sh", "-c", "echo later > /tmp/at"}}); err != nil {
+		t.Fatal(err)
+	}
+	// The sandbox still runs; its row says a restore was under way.
+	if _, err := env.Meta.SetState(ctx, sb.ID, meta.StateRestoring, "restoring from "+ck.ID, meta.StateRunning); err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.Recover(ctx, "default", sb.ID, nil)
+	if err != nil {
+		t.Fatalf("recover a sandbox left restoring: %v", err)
+	}
+	if got.State != meta.StateRunning || got.Origin != ck.ID {
+		t.Fatalf("after recover: %s from %s, want running from %s", got.State, got.Origin, ck.ID)
+	}
+	var out bytes.Buffer
+	if _, err := e.Exec(ctx, "default", sb.ID, sandbox.ExecSpec{Args: []string{"cat", "/tmp/at"}, Stdout: &out}); err != nil || strings.TrimSpace(out.String()) != "cut" {
+		t.Fatalf("/tmp/at after recover: %q %v, want \"cut\"", out.String(), err)
 	}
 }
