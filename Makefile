@@ -83,14 +83,16 @@ bench-failover: setup-test build
 	AMBER_BIN=$(abspath $(BIN)) AMBER_FAILOVER_SANDBOXES=$(FAILOVER_SANDBOXES) \
 	  $(GO) test -tags $(GOTAGS) -count=1 -timeout 30m -run '^TestE2EFailoverTime$$' -v ./cmd/amber
 
-# The long chaos run: N faults (4 per run of the reference workload) from
-# seed SEED on CHAOS_DRIVER; the report in chaos-report.json (see
-# docs/reliability.md). The default test run has a short one (TestE2EChaosShort).
+# The long chaos run: N faults (PER_RUN per run of the reference workload)
+# from seed SEED on CHAOS_DRIVER; the report in chaos-report.json, the data
+# dirs of runs that differ kept (see docs/reliability.md). The default test
+# run has a short one (TestE2EChaosShort).
 N ?= 100
 SEED ?= 1
+PER_RUN ?= 10
 CHAOS_DRIVER ?= gvisor
 chaos: setup-test build
-	$(BIN) chaos --driver $(CHAOS_DRIVER) --faults $(N) --seed $(SEED) --report chaos-report.json
+	$(BIN) chaos --driver $(CHAOS_DRIVER) --faults $(N) --faults-per-run $(PER_RUN) --seed $(SEED) --keep --report chaos-report.json
 
 demo: setup build
 	scripts/demo.sh
