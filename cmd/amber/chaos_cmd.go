@@ -786,14 +786,23 @@ func (c *chaos) runOnce(ctx context.Context, seed int64, plan []*chaosFault) (r 
 	}
 	time.Sleep(300 * time.Millisecond) // let the stream catch up with the last events
 	stopStream()
-	se, err = cl.GetSession(ctx, se.ID)
+	// A store fault's window may still be open: the reads are retried as
+	// the client's calls are.
+	err = retryServerErrors(ctx, func() (err error) {
+		se, err = cl.GetSession(ctx, se.ID)
+		return err
+	})
 	if err != nil {
 		r.Problem = "get session: " + err.Error()
 		return r
 	}
 	var final []api.Event
 	for after := uint64(0); ; {
-		l, err := cl.SessionEvents(ctx, se.ID, after, 1000)
+		var l api.EventList
+		err := retryServerErrors(ctx, func() (err error) {
+			l, err = cl.SessionEvents(ctx, se.ID, after, 1000)
+			return err
+		})
 		if err != nil {
 			r.Problem = "read log: " + err.Error()
 			return r
