@@ -1,7 +1,9 @@
 package chunkstore_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -43,6 +45,7 @@ var (
 		{"LostMarker", testLostMarker},
 		{"ConcurrentGC", testConcurrentGC},
 		{"StalledCollector", testStalledCollector},
+		{"DeadCollector", testDeadCollector},
 		{"Progress", testProgress},
 		{"Validation", testValidation},
 		{"MissingAndMovedObjects", testMissingAndMovedObjects},
@@ -810,4 +813,47 @@ func testStalledCollector(t *testing.T, b backend) {
 	if gc, err := e.store.GC(ctx(t), "acme"); err != nil || gc.DeletedChunks != len(before) {
 		t.Fatalf("next gc: %+v, %v", gc, err)
 	}
+}
+
+// A collector that dies holding gc.lock blocks the tenant's writers only
+// until its lock expires, GCLockTTL (30 s) after it last renewed it — with
+// the writers' hour (the old shared TTL), a daemon killed during GC stopped
+// the tenant's checkpoints for an hour (chaos seed 4033).
+func testDeadCollector(t *testing.T, b backend) {
+	e := newEnv(t, b)
+	src := sampleTree(t, 7)
+	e.put("acme", "ck1", src, chunkstore.PutOptions{})
+	// The collector dies right after taking its lock (nothing released).
+	var lock []byte
+	dying := e.reopen(func(step string) error {
+		if step == "marked" {
+			b, err := blob.ReadAll(context.Background(), e.blobs, "tenants/acme/gc.lock", 1<<10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lock = b
+			return errors.New("simulated death")
+		}
+		return nil
+	})
+	if _, err := dying.GC(ctx(t), "acme"); err == nil {
+		t.Fatal("gc went on past its death")
+	}
+	var m struct{ Expires time.Time }
+	if err := json.Unmarshal(lock, &m); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := m.Expires.Sub(e.clock.Now()); ttl <= 0 || ttl > 30*time.Second {
+		t.Fatalf("gc.lock lives %s without renewal, want at most 30 s (writers wait for it)", ttl)
+	}
+	// Its lock is back, as a dead process leaves it.
+	must(t, e.faulty.Put(context.Background(), "tenants/acme/gc.lock", bytes.NewReader(lock), int64(len(lock))))
+	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := e.store.Put(short, "acme", "ck2", src, chunkstore.PutOptions{}); err == nil {
+		t.Fatal("a writer did not wait for a live gc.lock")
+	}
+	e.clock.Advance(31 * time.Second)
+	e.put("acme", "ck2", src, chunkstore.PutOptions{})
+	e.restoreEqual(e.store, "acme", "ck2", src)
 }

@@ -89,16 +89,17 @@
 //     lists pending markers; if any live one exists it stops without
 //     deleting anything (Deferred) and a later run collects.
 //
-// Markers carry an expiry (Config.PendingTTL, default one hour) so that a
-// crashed writer or collector blocks the other side only until then. Both
-// renew theirs while they work. A writer checks its marker still exists
+// Markers carry an expiry (a writer's Config.PendingTTL, default one hour;
+// gc.lock's Config.GCLockTTL, default 30 s, since writers wait for it) so
+// that a crashed writer or collector blocks the other side only until then.
+// Both renew theirs while they work (a collector at every step). A writer checks its marker still exists
 // (and is not about to expire) right before it publishes, so a writer whose
 // marker was declared dead (expired, removed by a collector) aborts with
 // errdefs.ErrConflict instead of committing a checkpoint whose chunks may
 // have been collected; a collector whose lock is about to expire stops
 // deleting. Expiry is judged by the
 // Config.Clock of the process that reads a marker, so clocks across nodes
-// must agree to well within PendingTTL.
+// must agree to well within GCLockTTL.
 //
 // DeleteCheckpoint removes the pointer first (the checkpoint is invisible
 // from then on), then its manifests, then collects. DeleteTenant removes

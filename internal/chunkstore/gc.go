@@ -200,6 +200,9 @@ func (s *Store) GC(ctx context.Context, tenant string) (res GCResult, err error)
 		if err != nil {
 			return res, err
 		}
+		if err := lock.renew(ctx); err != nil {
+			return res, err
+		}
 		m, err := s.readMarker(ctx, info.Key)
 		if errdefs.IsNotFound(err) {
 			continue
@@ -225,6 +228,9 @@ func (s *Store) GC(ctx context.Context, tenant string) (res GCResult, err error)
 		if err != nil {
 			return res, err
 		}
+		if err := lock.renew(ctx); err != nil {
+			return res, err
+		}
 		ckptKeys = append(ckptKeys, info.Key)
 	}
 	committed := map[string]string{} // id → manifest digest
@@ -248,6 +254,9 @@ func (s *Store) GC(ctx context.Context, tenant string) (res GCResult, err error)
 	}
 	referenced := map[string]bool{}
 	for id, digest := range committed {
+		if err := lock.renew(ctx); err != nil {
+			return res, err
+		}
 		m, err := s.readManifest(ctx, tenant, id, digest)
 		if err != nil {
 			return res, err
@@ -279,12 +288,12 @@ func (s *Store) GC(ctx context.Context, tenant string) (res GCResult, err error)
 		if err != nil {
 			return res, err
 		}
+		if err := lock.renew(ctx); err != nil {
+			return res, err
+		}
 		name := chunkNameFromKey(tenant, info.Key)
 		if name != "" && referenced[name] {
 			continue
-		}
-		if err := lock.renew(ctx); err != nil {
-			return res, err
 		}
 		if err := s.cfg.Blobs.Delete(ctx, info.Key); err != nil {
 			return res, err
@@ -309,8 +318,8 @@ type gcLock struct {
 func (s *Store) lockGC(ctx context.Context, tenant string) (*gcLock, error) {
 	now := s.cfg.Clock.Now()
 	l := &gcLock{s: s, key: gcLockKey(tenant),
-		m:       marker{Kind: "gc", Holder: holder(), Expires: now.Add(s.cfg.PendingTTL)},
-		renewAt: now.Add(s.cfg.PendingTTL / 4)}
+		m:       marker{Kind: "gc", Holder: holder(), Expires: now.Add(s.cfg.GCLockTTL)},
+		renewAt: now.Add(s.cfg.GCLockTTL / 4)}
 	for attempt := 0; ; attempt++ {
 		err := s.putMarker(ctx, l.key, l.m, true)
 		if err == nil {
@@ -332,19 +341,19 @@ func (s *Store) lockGC(ctx context.Context, tenant string) (*gcLock, error) {
 	}
 }
 
-// renew extends the lock when a quarter of PendingTTL has passed, so writers
+// renew extends the lock when a quarter of GCLockTTL has passed, so writers
 // keep waiting for a long collection; a collector that stalled past its
-// expiry stops (writers may be running).
+// expiry stops (writers may be running). It is called at every step.
 func (l *gcLock) renew(ctx context.Context) error {
 	now := l.s.cfg.Clock.Now()
 	if now.Before(l.renewAt) {
 		return nil
 	}
-	if !now.Before(l.m.Expires.Add(-l.s.cfg.PendingTTL / 8)) {
+	if !now.Before(l.m.Expires.Add(-l.s.cfg.GCLockTTL / 8)) {
 		return errdefs.Conflictf("%s expired while collecting: stopping (writers may be running)", l.key)
 	}
-	l.m.Expires = now.Add(l.s.cfg.PendingTTL)
-	l.renewAt = now.Add(l.s.cfg.PendingTTL / 4)
+	l.m.Expires = now.Add(l.s.cfg.GCLockTTL)
+	l.renewAt = now.Add(l.s.cfg.GCLockTTL / 4)
 	return l.s.putMarker(ctx, l.key, l.m, false)
 }
 

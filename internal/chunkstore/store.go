@@ -41,9 +41,15 @@ type Config struct {
 	Clock clock.Clock
 	// Concurrency is the number of chunk transfers in flight (default 8).
 	Concurrency int
-	// PendingTTL is how long a writer's or collector's marker stays live
-	// without renewal (default one hour); see the package comment.
+	// PendingTTL is how long a writer's marker stays live without
+	// renewal (default one hour); see the package comment.
 	PendingTTL time.Duration
+	// GCLockTTL is how long a collector's gc.lock stays live without
+	// renewal (default 30 s; renewed at every step of a collection). It
+	// bounds how long writers wait after a collector died: they wait for
+	// gc.lock, so with an hour a crash during GC stopped the tenant's
+	// checkpoints for an hour (found by the chaos harness).
+	GCLockTTL time.Duration
 	// PollInterval is how often a writer waiting for a collector looks
 	// again (default 200 ms).
 	PollInterval time.Duration
@@ -81,6 +87,9 @@ func New(cfg Config) (*Store, error) {
 	}
 	if cfg.PendingTTL <= 0 {
 		cfg.PendingTTL = time.Hour
+	}
+	if cfg.GCLockTTL <= 0 {
+		cfg.GCLockTTL = 30 * time.Second
 	}
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = 200 * time.Millisecond
