@@ -65,8 +65,19 @@ func TestE2EFailoverTime(t *testing.T) {
 				if _, ok := run("exec", "-d", id, "--", "sh", "-c", `i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done`); !ok {
 					continue
 				}
-				if _, ok := run("checkpoint", id); ok {
-					ids[i] = id
+				// A checkpoint is tried again on a passing store error
+				// (MinIO on loopback broke a pipe now and then).
+				for attempt := 1; attempt <= 3; attempt++ {
+					out, errs, code := a.amber("checkpoint", id)
+					if code == 0 {
+						ids[i] = id
+						break
+					}
+					if attempt == 3 || !strings.Contains(errs, "unavailable") {
+						t.Errorf("amber checkpoint %s: exit %d: %s%s", id, code, out, errs)
+						break
+					}
+					time.Sleep(time.Second)
 				}
 			}
 		}()
