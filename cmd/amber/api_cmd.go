@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -13,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amber-run/amber/internal/apiproxy"
-	"github.com/amber-run/amber/internal/logging"
 	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/server"
 )
@@ -48,13 +46,9 @@ Deployment and Service: deploy/kubernetes/api-deployment.yaml).`,
 }
 
 func runAPI(cmd *cobra.Command, o *apiOptions) error {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return usageError{fmt.Errorf("--log-level %q: %v", o.logLevel, err)}
-	}
-	lg, err := logging.New(cmd.ErrOrStderr(), o.logFormat, level)
+	lg, err := newLogger(cmd, o.logFormat, o.logLevel)
 	if err != nil {
-		return usageError{fmt.Errorf("--log-format: %v", err)}
+		return err
 	}
 	if o.store == "" {
 		o.store = os.Getenv("AMBER_STORE")

@@ -12,7 +12,6 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/client"
-	"github.com/amber-run/amber/internal/enginetest"
 )
 
 // TestE2ENodesDrain drains a node of a two-node deployment on shared stores
@@ -331,17 +330,7 @@ func TestE2ENodesDrainInterrupted(t *testing.T) {
 // startNodeEnv is startNode with env added to the daemon's environment.
 func startNodeEnv(t *testing.T, bin, dir, id, adminKey string, shared, env []string) *testNode {
 	t.Helper()
-	ndir := filepath.Join(dir, id)
-	if err := os.MkdirAll(ndir, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(ndir, "admin.key"), []byte(adminKey+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		destroyLeftovers(t, filepath.Join(ndir, "drivers", enginetest.DriverName()))
-		removeCgroups(t, "amber/"+enginetest.DriverName()+"-"+id)
-	})
+	ndir := nodeDir(t, dir, id, adminKey)
 	addr := freeAddr(t)
 	d := startDaemonEnv(t, bin, ndir, addr, env, append(append([]string{}, shared...), "--node-id", id)...)
 	t.Cleanup(func() {

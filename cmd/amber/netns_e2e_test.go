@@ -441,17 +441,7 @@ func (n *testNet) startNode(bin, dir, id, adminKey string, shared, env []string)
 	t := n.t
 	t.Helper()
 	nn := n.addNode(id)
-	ndir := filepath.Join(dir, id)
-	if err := os.MkdirAll(ndir, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(ndir, "admin.key"), []byte(adminKey+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		destroyLeftovers(t, filepath.Join(ndir, "drivers", enginetest.DriverName()))
-		removeCgroups(t, "amber/"+enginetest.DriverName()+"-"+id)
-	})
+	ndir := nodeDir(t, dir, id, adminKey)
 	listen := net.JoinHostPort(nn.ip.String(), "7070")
 	d := &daemon{t: t, bin: bin, dataDir: ndir, addr: n.forwardToNode(listen), logPath: filepath.Join(ndir, fmt.Sprintf("up-%d.log", time.Now().UnixNano()))}
 	logf, err := os.Create(d.logPath)

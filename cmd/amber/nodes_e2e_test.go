@@ -91,10 +91,10 @@ func sharedStores(t *testing.T, dir string) (flags []string, adminKey string) {
 		"--blobs", "s3://" + cfg.Endpoint + "/" + cfg.Bucket + "/nodes?secure=false&create=true"}, adminKey
 }
 
-// startNode starts node id in dir/id with the shared flags (on addr, when
-// given: a restart). Its sandboxes are destroyed when the test ends,
+// nodeDir makes node id's data dir under dir with the shared admin key and
+// registers the destruction of its sandboxes and cgroups at the test's end,
 // whatever happened to the node.
-func startNode(t *testing.T, bin, dir, id, adminKey string, shared []string, addr ...string) *testNode {
+func nodeDir(t *testing.T, dir, id, adminKey string) string {
 	t.Helper()
 	ndir := filepath.Join(dir, id)
 	if err := os.MkdirAll(ndir, 0o711); err != nil {
@@ -107,6 +107,15 @@ func startNode(t *testing.T, bin, dir, id, adminKey string, shared []string, add
 		destroyLeftovers(t, filepath.Join(ndir, "drivers", enginetest.DriverName()))
 		removeCgroups(t, "amber/"+enginetest.DriverName()+"-"+id)
 	})
+	return ndir
+}
+
+// startNode starts node id in dir/id with the shared flags (on addr, when
+// given: a restart). Its sandboxes are destroyed when the test ends,
+// whatever happened to the node.
+func startNode(t *testing.T, bin, dir, id, adminKey string, shared []string, addr ...string) *testNode {
+	t.Helper()
+	ndir := nodeDir(t, dir, id, adminKey)
 	at := freeAddr(t)
 	if len(addr) > 0 {
 		at = addr[0]

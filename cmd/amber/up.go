@@ -131,14 +131,24 @@ func parsePool(s string, names []string) (map[string]int, error) {
 	return out, nil
 }
 
-func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
+// newLogger is the daemon's and the API server's logger from their
+// --log-format and --log-level flags (a bad value is a usage error).
+func newLogger(cmd *cobra.Command, format, levelName string) (*slog.Logger, error) {
 	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return usageError{fmt.Errorf("--log-level %q: %v", o.logLevel, err)}
+	if err := level.UnmarshalText([]byte(levelName)); err != nil {
+		return nil, usageError{fmt.Errorf("--log-level %q: %v", levelName, err)}
 	}
-	lg, err := logging.New(cmd.ErrOrStderr(), o.logFormat, level)
+	lg, err := logging.New(cmd.ErrOrStderr(), format, level)
 	if err != nil {
-		return usageError{fmt.Errorf("--log-format: %v", err)}
+		return nil, usageError{fmt.Errorf("--log-format: %v", err)}
+	}
+	return lg, nil
+}
+
+func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
+	lg, err := newLogger(cmd, o.logFormat, o.logLevel)
+	if err != nil {
+		return err
 	}
 	tp, err := tracing.Setup(cmd.Context(), tracing.Config{Endpoint: o.otlpEndpoint, Version: version})
 	if err != nil {
