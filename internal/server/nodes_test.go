@@ -323,21 +323,26 @@ func TestForwardFullDuplex(t *testing.T) {
 	req, _ := http.NewRequest("POST", ts.URL+"/v1/sandboxes/sbx-a/exec?arg=cat", pr)
 	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set("Content-Type", "application/octet-stream")
-	go io.WriteString(pw, "first ")
+	// One writer, in order: "first " now, "second" once the answer's
+	// headers are back (two writers raced, and "first " could land after
+	// the pipe was closed).
+	answered := make(chan struct{})
+	go func() {
+		io.WriteString(pw, "first ")
+		<-answered
+		io.WriteString(pw, "second")
+		pw.Close()
+	}()
 	// A proxy that waits for the whole body before it answers fails here
 	// after 20 s rather than hang.
 	stop := time.AfterFunc(20*time.Second, func() { pw.CloseWithError(errors.New("no answer before the body ended")) })
 	defer stop.Stop()
 	resp, err := http.DefaultClient.Do(req) // returns once the headers are back
+	close(answered)                         // the rest of the body goes after the answer started
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	// The rest of the body goes after the answer started.
-	go func() {
-		io.WriteString(pw, "second")
-		pw.Close()
-	}()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil || string(b) != "got first second" {
 		t.Fatalf("forwarded full-duplex call: answer %q, %v; want the owner to get the whole body", b, err)
