@@ -170,10 +170,16 @@ func TestE2ENodesRollingRestart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(300 * time.Millisecond)
-		n2, err := readCounter(clients[0], b.id)
-		if err != nil {
-			t.Fatal(err)
+		// The counter must move on: one step every 0.1 s when the machine
+		// is quiet, but a step is three process starts in gVisor, so on a
+		// loaded host one step can outlast a fixed pause (CI saw 72 and 72
+		// 300 ms apart); wait for the next step, 10 s at most.
+		n2 := n
+		for deadline := time.Now().Add(10 * time.Second); n2 <= n && time.Now().Before(deadline); {
+			time.Sleep(300 * time.Millisecond)
+			if n2, err = readCounter(clients[0], b.id); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if n <= before[b.id] || n2 <= n {
 			t.Fatalf("counter of %s: %d before the restarts, then %d and %d: it must run on, never restart", b.id, before[b.id], n, n2)
