@@ -199,20 +199,23 @@ func count(xs []string, x string) int {
 //
 // Kill: node a runs two sandboxes, each with a file and a counter living in
 // a process's memory, checkpointed. Node a's process is SIGKILLed and its
-// sandboxes destroyed. Nodes b and c both see its lease expire and race to
-// take it over: exactly one wins (a's row: dead, taken by the winner); each
-// sandbox runs again on the winner from its checkpoint (the counter goes on
-// from its value at the cut, the file is there), and every event
-// acknowledged before the kill is still in its stream, read through the
-// other node, and a client that followed its event stream through node b
-// from before the kill saw every event once, in order, through the restore.
-// Calls through the loser reach the winner (forwarded).
+// sandboxes destroyed. Nodes b and c both see it gone (its liveness lock
+// free and a heartbeat missed, before its lease expires) and race to claim
+// it: exactly one wins (a's row: dead, taken by the claimer), which
+// spreads a's sandboxes over b and c: one each. Each sandbox runs again
+// from its checkpoint (the counter goes on from its value at the cut, the
+// file is there), on one node only; every event acknowledged before the
+// kill is still in its stream, read through the other node (forwarded),
+// and a client that followed its event stream through node b from before
+// the kill saw every event once, in order, through the restore.
 //
-// Partition: the winner's process is then SIGSTOPped (its sandboxes run on:
-// a stale copy, as behind a cut link). The last node takes over. A call
-// sent straight to the stopped node once it runs again (SIGCONT) is refused
-// as fenced, its heartbeat is refused, and it discards its stale copy; the
-// sandbox runs once, on the last node, with its state.
+// Partition: the node running the first sandbox is then SIGSTOPped (its
+// sandboxes run on: a stale copy, as behind a cut link). The last node
+// takes over when the stopped node's lease expires (a stopped process
+// keeps its lock). A call sent straight to the stopped node once it runs
+// again (SIGCONT) is refused as fenced, its heartbeat is refused, and it
+// discards its stale copy; the sandbox runs once, on the last node, with
+// its state.
 func TestE2ENodesFailover(t *testing.T) {
 	bin, dir := e2eSetup(t)
 	shared, adminKey := sharedStores(t, dir)
@@ -261,35 +264,45 @@ func TestE2ENodesFailover(t *testing.T) {
 	killed := time.Now()
 	a.stop(syscall.SIGKILL)
 	destroyLeftovers(t, filepath.Join(a.dataDir, "drivers", enginetest.DriverName()))
-	var winner string
+	on := map[string]string{} // sandbox → the node it runs on now
 	for _, id := range ids {
 		sb := waitMoved(t, nodes["node-b"], id, "node-a", 0, 90*time.Second)
 		t.Logf("sandbox %s runs on %s again %s after node-a was killed", id, sb.Node, time.Since(killed).Round(time.Millisecond))
-		if winner == "" {
-			winner = sb.Node
-		} else if sb.Node != winner {
-			t.Fatalf("node-a's sandboxes went to %s and %s: one node must take a dead node over", winner, sb.Node)
+		on[id] = sb.Node
+	}
+	if on[ids[0]] == on[ids[1]] {
+		t.Fatalf("node-a's two sandboxes both went to %s: a dead node's sandboxes are spread over the live nodes (b and c both had room)", on[ids[0]])
+	}
+	survivor := func(not string) string {
+		if not == "node-b" {
+			return "node-c"
 		}
+		return "node-b"
 	}
-	loser := "node-b"
-	if winner == "node-b" {
-		loser = "node-c"
-	}
-	w, l := nodes[winner], nodes[loser]
-	nl, err := l.cl.Nodes(context.Background())
+	nl, err := nodes["node-b"].cl.Nodes(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
+	var claimer string
 	for _, n := range nl {
-		if n.ID == "node-a" && (n.State != "dead" || n.TakenBy != winner || n.Alive) {
-			t.Fatalf("node-a after the kill: %+v (want dead, taken by %s)", n, winner)
+		if n.ID == "node-a" {
+			if n.State != "dead" || (n.TakenBy != "node-b" && n.TakenBy != "node-c") || n.Alive {
+				t.Fatalf("node-a after the kill: %+v (want dead, taken by b or c)", n)
+			}
+			claimer = n.TakenBy
 		}
 	}
+	// A killed process ends its database session and frees its liveness
+	// lock: node-a was claimed as gone, not at its lease's end.
+	if !hasLogLine(nodes[claimer].log(), "node process gone", "dead_node=node-a") {
+		t.Fatalf("%s did not claim node-a by its free liveness lock:\n%s", claimer, tail(nodes[claimer].log(), 30))
+	}
 	for i, id := range ids {
+		l := nodes[survivor(on[id])]
 		if driverHas(t, l, id) {
-			t.Fatalf("the loser %s also runs %s", loser, id)
+			t.Fatalf("%s also runs %s, which runs on %s", l.id, id, on[id])
 		}
-		// Through the loser: forwarded to the winner.
+		// Through the other node: forwarded to the one running it.
 		if out := l.must("exec", id, "--", "cat", "/root/f"); out != fmt.Sprintf("before-cut-%d\n", i) {
 			t.Fatalf("file of %s after failover: %q", id, out)
 		}
@@ -318,7 +331,7 @@ func TestE2ENodesFailover(t *testing.T) {
 
 	// The follower saw every event, in order, without a gap, up to the
 	// restore on the winner.
-	want, _ := eventIDs(t, l, ids[0])
+	want, _ := eventIDs(t, nodes["node-c"], ids[0])
 	var seen []api.Event
 	for timeout := time.After(60 * time.Second); len(seen) < len(want); {
 		select {
@@ -344,8 +357,11 @@ func TestE2ENodesFailover(t *testing.T) {
 		t.Fatalf("the followed stream did not carry the restore on the winner: %v", seenTypes)
 	}
 
-	// Partition the winner: SIGSTOP its process, its sandboxes run on.
+	// Partition the node running the first sandbox: SIGSTOP its process,
+	// its sandboxes run on.
 	id := ids[0]
+	winner, loser := on[id], survivor(on[id])
+	w, l := nodes[winner], nodes[loser]
 	sb, _ := w.cl.GetSandbox(context.Background(), id)
 	if err := w.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -354,6 +370,11 @@ func TestE2ENodesFailover(t *testing.T) {
 	moved := waitMoved(t, l, id, winner, sb.Generation, 90*time.Second)
 	if moved.Node != loser {
 		t.Fatalf("after %s stopped, %s runs on %s", winner, id, moved.Node)
+	}
+	// A stopped process keeps its session and its lock: it was claimed
+	// when its lease expired, not before.
+	if !hasLogLine(l.log(), "node lease expired", "dead_node="+winner) || hasLogLine(l.log(), "node process gone", "dead_node="+winner) {
+		t.Fatalf("%s claimed the stopped %s other than by its lease:\n%s", loser, winner, tail(l.log(), 30))
 	}
 	if err := w.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
@@ -405,6 +426,20 @@ func TestE2ENodesFailover(t *testing.T) {
 	if count(types, "sandbox.restored") != 2 {
 		t.Fatalf("events of %s: want two restores: %v", id, types)
 	}
+}
+
+// hasLogLine reports whether one line of log holds every part.
+func hasLogLine(log string, parts ...string) bool {
+	for line := range strings.Lines(log) {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
 }
 
 // removeCgroups removes the (empty, once its sandboxes are destroyed)

@@ -9,16 +9,30 @@
 //
 // # Order of a failover (node D died, this node is N)
 //
-//  1. D's lease expires (no heartbeat for TTL).
-//  2. N claims D: meta.ClaimDeadNode(D, D's epoch) — a compare-and-set on
-//     D's row; of every node scanning, one wins.
-//  3. For each of D's sandbox rows: the leases of its streams move from D
-//     to N with the next epoch (TakeOver): from here on every write D
-//     could still make for it (log appends, the append that commits a
-//     checkpoint, gateway journal records) is refused as fenced.
-//  4. engine.Adopt: the row moves to N (compare-and-set on its node), the
+//  1. D's lease expires (no heartbeat for TTL), or, on PostgreSQL, D's
+//     process is gone: its liveness lock is free (its database session
+//     ended with the process) and it missed a heartbeat (meta.NodeLock).
+//  2. N claims D: meta.ClaimDeadNode(D, D's epoch), or ClaimLostNode(D,
+//     D's epoch, the heartbeat N saw) — a compare-and-set on D's row; of
+//     every node scanning, one wins.
+//  3. N spreads D's sandbox rows over the live nodes, itself included
+//     (the placement of a drain: template held, fewest sandboxes, most
+//     free memory, each assignment counted): the plan, made before the
+//     claim and recorded in the claim's transaction. Each target T — N for its own share — finds
+//     its assignments in its scan and, for each, at most Parallel at once:
+//  4. the leases of the sandbox's streams move from D to T with the next
+//     epoch (TakeOver): from here on every write D could still make for
+//     it (log appends, the append that commits a checkpoint, gateway
+//     journal records) is refused as fenced;
+//  5. engine.Adopt: the row moves to T (compare-and-set on its node), the
 //     sandbox is recorded crashed and restored in place from its latest
-//     committed checkpoint.
+//     committed checkpoint; T wakes its agent sessions.
+//
+// The plan says who tries first, not who wins: steps 4 and 5 have one
+// winner whoever runs them. An assignment whose target is down is taken by
+// the node that notices (meta.ReassignFailover), which also covers N dying
+// right after its claim; without a plan (it could not be made) N restores
+// every row itself.
 //
 // A node that was declared dead but still runs (a partition, a paused
 // process) finds its heartbeat refused (ErrFenced): it destroys its copies
@@ -107,6 +121,13 @@ type Node struct {
 	epoch    atomic.Uint64
 	lg       *slog.Logger
 	sessions atomic.Pointer[Sessions]
+	lock     *meta.NodeLock
+	locked   atomic.Bool   // lock held at the last check
+	restores chan struct{} // a slot per failover restore running (Parallel)
+	adopting sync.Map      // sandbox id → time its takeover here started or may be retried
+	// hadPending: the last scan found assignments not done (once none
+	// are left, the plan's rows are dropped).
+	hadPending atomic.Bool
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -149,7 +170,11 @@ func Join(ctx context.Context, o Options) (*Node, error) {
 	if o.Capacity == nil {
 		o.Capacity = func(context.Context) meta.NodeCapacity { return meta.NodeCapacity{} }
 	}
-	n := &Node{o: o, id: o.Engine.NodeID(), lg: o.Logger}
+	n := &Node{o: o, id: o.Engine.NodeID(), lg: o.Logger, restores: make(chan struct{}, o.Parallel)}
+	// The liveness lock before the row: from the moment the row is live,
+	// the others can tell a dead process from a slow one.
+	n.lock = o.Meta.NodeLock(n.id)
+	n.ensureLock(ctx)
 	// A node restarted within its lease finds its previous run's lease
 	// still live: it waits for it to expire (the other nodes may take its
 	// sandboxes over meanwhile, as for any dead node) rather than share
@@ -168,6 +193,22 @@ func Join(ctx context.Context, o Options) (*Node, error) {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(o.Heartbeat):
+		}
+	}
+}
+
+// ensureLock takes or checks this node's liveness lock and logs when that
+// changes (without it the others judge this node by its lease only).
+func (n *Node) ensureLock(ctx context.Context) {
+	held, err := n.lock.Ensure(ctx)
+	if was := n.locked.Swap(held); was != held || err != nil {
+		switch {
+		case held:
+			n.lg.Info("node liveness lock held", "node", n.id)
+		case err != nil:
+			n.lg.Warn("node liveness lock not held; the other nodes will wait for this node's lease to expire if it dies", "node", n.id, "err", err)
+		case was:
+			n.lg.Warn("node liveness lock lost (its database session ended); taking it again at the next heartbeat", "node", n.id)
 		}
 	}
 }
@@ -258,6 +299,9 @@ func (n *Node) Close(ctx context.Context, leave bool) {
 			n.lg.Warn("mark node left", "err", err)
 		}
 	}
+	// After the row: a node that stops cleanly is left first, so that its
+	// free lock never reads as a dead process.
+	n.lock.Release()
 }
 
 // every calls fn every d until ctx ends.
@@ -282,6 +326,7 @@ func (n *Node) heartbeatLoop(ctx context.Context) { every(ctx, n.o.Heartbeat, fu
 func (n *Node) beat(ctx context.Context) {
 	hctx, cancel := context.WithTimeout(ctx, n.o.TTL)
 	defer cancel()
+	n.ensureLock(hctx)
 	err := n.o.Meta.HeartbeatNode(hctx, n.id, n.epoch.Load(), n.o.TTL, n.o.Capacity(hctx))
 	switch {
 	case err == nil:
@@ -309,6 +354,9 @@ func (n *Node) scanLoop(ctx context.Context) {
 		if err := n.scan(ctx); err != nil && ctx.Err() == nil {
 			n.lg.Warn("scan nodes", "err", err)
 		}
+		if err := n.takeAssigned(ctx); err != nil && ctx.Err() == nil {
+			n.lg.Warn("take over the sandboxes assigned here", "err", err)
+		}
 		// A restart that raced a takeover may have reattached a
 		// sandbox that runs elsewhere now.
 		if _, err := n.o.Engine.DiscardStale(ctx); err != nil && ctx.Err() == nil {
@@ -317,7 +365,8 @@ func (n *Node) scanLoop(ctx context.Context) {
 	})
 }
 
-// scan claims every node whose lease expired and takes its sandboxes over.
+// scan claims every node whose lease expired, or whose process is gone
+// (lost), and takes its sandboxes over.
 func (n *Node) scan(ctx context.Context) error {
 	nodes, err := n.o.Meta.ListNodes(ctx)
 	if err != nil {
@@ -325,36 +374,172 @@ func (n *Node) scan(ctx context.Context) error {
 	}
 	now := n.o.Clock.Now()
 	for _, d := range nodes {
-		if d.ID == n.id || d.Alive(now) || (d.State != meta.NodeLive && d.State != meta.NodeDraining) {
+		if d.ID == n.id || (d.State != meta.NodeLive && d.State != meta.NodeDraining) {
 			continue
 		}
-		won, err := n.o.Meta.ClaimDeadNode(ctx, d.ID, d.Epoch, n.id)
+		lost := d.Alive(now) && n.lost(ctx, d, now)
+		if d.Alive(now) && !lost {
+			continue
+		}
+		// The plan is made before the claim and recorded with it (one
+		// transaction): a claimer that dies right after leaves a plan
+		// whose assignments the others take over (takeAssigned).
+		plan, per, perr := n.planFailover(ctx, d.ID)
+		if perr != nil {
+			n.lg.Warn("the dead node's sandboxes could not be spread; if this node claims it, it restores them all", "dead_node", d.ID, "err", perr)
+		}
+		var won bool
+		why := "node lease expired"
+		if lost {
+			why = "node process gone (its liveness lock is free and it missed a heartbeat)"
+			won, err = n.o.Meta.ClaimLostNode(ctx, d.ID, d.Epoch, d.Heartbeat, n.id, plan...)
+		} else {
+			won, err = n.o.Meta.ClaimDeadNode(ctx, d.ID, d.Epoch, n.id, plan...)
+		}
 		if err != nil {
 			return err
 		}
 		if !won {
 			continue
 		}
-		n.lg.Warn("node lease expired; taking its sandboxes over", "dead_node", d.ID, "epoch", d.Epoch,
+		n.lg.Warn(why+"; taking its sandboxes over", "dead_node", d.ID, "epoch", d.Epoch,
 			"silent_for", now.Sub(d.Heartbeat).Round(time.Millisecond))
-		n.TakeOverNode(ctx, d.ID)
+		if perr != nil {
+			n.TakeOverNode(ctx, d.ID)
+			continue
+		}
+		n.lg.Info("the dead node's sandboxes spread over the live nodes", "dead_node", d.ID, "sandboxes", len(plan), "per_node", fmt.Sprint(per))
 	}
 	return nil
 }
 
+// planFailover spreads the sandboxes of node dead over the live nodes
+// (step 3 of the package comment): each target, this node included, takes
+// its share over in its scan (takeAssigned). A sandbox no node has room
+// for stays with this node. per counts the sandboxes per target.
+func (n *Node) planFailover(ctx context.Context, dead string) (plan []meta.FailoverAssignment, per map[string]int, err error) {
+	rows, err := n.o.Meta.List(ctx, meta.Filter{Node: &dead, States: failoverStates})
+	if err != nil {
+		return nil, nil, err
+	}
+	nodes, err := n.o.Meta.ListNodes(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	pl := planner{nodes: nodes, now: n.o.Clock.Now()}
+	per = map[string]int{}
+	for _, sb := range rows {
+		to := n.id
+		if t, err := pl.place(sb, dead); err == nil {
+			to = t.ID
+		}
+		plan = append(plan, meta.FailoverAssignment{SandboxID: sb.ID, DeadNode: dead, Target: to})
+		per[to]++
+	}
+	return plan, per, nil
+}
+
+// failoverStates are the states of a dead node's rows that are taken over.
+var failoverStates = []meta.State{meta.StateCreating, meta.StateRestoring, meta.StateRunning, meta.StateStopped, meta.StateCrashed}
+
+// takeAssigned takes over the dead nodes' sandboxes assigned to this node
+// (steps 4 and 5), at most Parallel at once across every dead node, each
+// in the background; and takes for itself the assignments of targets that
+// are down. A takeover that failed short of moving the row is retried
+// after a pause. Assignments already done are dropped.
+func (n *Node) takeAssigned(ctx context.Context) error {
+	pending, err := n.o.Meta.PendingFailovers(ctx)
+	if err != nil {
+		return err
+	}
+	if len(pending) == 0 {
+		if n.hadPending.Swap(false) {
+			return n.o.Meta.DropDoneFailovers(ctx)
+		}
+		return nil
+	}
+	n.hadPending.Store(true)
+	nodes, err := n.o.Meta.ListNodes(ctx)
+	if err != nil {
+		return err
+	}
+	now := n.o.Clock.Now()
+	up := map[string]bool{}
+	for _, nd := range nodes {
+		up[nd.ID] = nd.Alive(now)
+	}
+	for _, a := range pending {
+		if a.Target != n.id {
+			if up[a.Target] {
+				continue // its target's
+			}
+			won, err := n.o.Meta.ReassignFailover(ctx, a, n.id)
+			if err != nil || !won {
+				continue
+			}
+			n.lg.Warn("the node a dead node's sandbox was assigned to is down; taking it over here", "sandbox_id", a.SandboxID,
+				"dead_node", a.DeadNode, "was", a.Target)
+		}
+		if v, ok := n.adopting.Load(a.SandboxID); ok && now.Before(v.(time.Time)) {
+			continue // running, or failed and waiting for its retry
+		}
+		n.adopting.Store(a.SandboxID, now.Add(24*time.Hour))
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			select {
+			case n.restores <- struct{}{}:
+			case <-ctx.Done():
+				n.adopting.Delete(a.SandboxID)
+				return
+			}
+			defer func() { <-n.restores }()
+			ad, err := n.TakeOverSandbox(ctx, a.SandboxID, a.DeadNode)
+			if err != nil {
+				n.lg.Warn("sandbox not taken over; retrying", "sandbox_id", a.SandboxID, "dead_node", a.DeadNode, "err", err)
+				n.adopting.Store(a.SandboxID, n.o.Clock.Now().Add(failoverRetry))
+				return
+			}
+			n.adopting.Delete(a.SandboxID)
+			n.takeOverSessions(ctx, a.DeadNode, []engine.Adopted{ad})
+		}()
+	}
+	return nil
+}
+
+// failoverRetry is the pause before a failed takeover of an assigned
+// sandbox is tried again.
+const failoverRetry = 5 * time.Second
+
+// lost reports whether live node d's process is gone before its lease
+// expired: a heartbeat is overdue (none for a heartbeat interval plus a
+// scan's) and nobody holds its liveness lock (meta.NodeLock: only the
+// process holds it, and its death ends the database session that did).
+func (n *Node) lost(ctx context.Context, d meta.Node, now time.Time) bool {
+	if now.Sub(d.Heartbeat) <= n.o.Heartbeat+n.o.Scan {
+		return false
+	}
+	held, supported, err := n.o.Meta.NodeLockHeld(ctx, d.ID)
+	if err != nil {
+		n.lg.Warn("read a node's liveness lock", "node", d.ID, "err", err)
+		return false
+	}
+	return supported && !held
+}
+
 // TakeOverNode takes over every sandbox row of node dead (which this node
-// claimed), restoring up to Parallel at once, and returns what happened to
-// each. Sandboxes whose stream another node took first are skipped.
+// claimed) here, restoring up to Parallel at once, and returns what
+// happened to each: the path when the plan that spreads them cannot be
+// recorded. Sandboxes whose stream another node took first are skipped.
 func (n *Node) TakeOverNode(ctx context.Context, dead string) []engine.Adopted {
-	rows, err := n.o.Meta.List(ctx, meta.Filter{Node: &dead, States: []meta.State{
-		meta.StateCreating, meta.StateRestoring, meta.StateRunning, meta.StateStopped, meta.StateCrashed}})
+	rows, err := n.o.Meta.List(ctx, meta.Filter{Node: &dead, States: failoverStates})
 	if err != nil {
 		n.lg.Error("list the dead node's sandboxes", "dead_node", dead, "err", err)
 		return nil
 	}
 	start := time.Now()
 	out := make([]engine.Adopted, len(rows))
-	sem := make(chan struct{}, n.o.Parallel)
+	sem := n.restores
 	var wg sync.WaitGroup
 	for i, sb := range rows {
 		wg.Add(1)

@@ -93,21 +93,8 @@ func (n *Node) drainStep(ctx context.Context) error {
 		return err
 	}
 	now := n.o.Clock.Now()
-	// place picks a target and counts the sandbox on it, so that one pass
-	// does not send everything to the node that looked emptiest.
-	place := func(sb meta.Sandbox) (meta.Node, error) {
-		to, err := meta.Place(nodes, n.id, sb.Template, now)
-		if err != nil {
-			return to, err
-		}
-		for i := range nodes {
-			if nodes[i].ID == to.ID {
-				nodes[i].Capacity.Sandboxes++
-				nodes[i].Capacity.UsedMemoryBytes += sb.Limits.MemoryBytes
-			}
-		}
-		return to, nil
-	}
+	pl := planner{nodes: nodes, now: now}
+	place := func(sb meta.Sandbox) (meta.Node, error) { return pl.place(sb, n.id) }
 	alive := func(id string) bool {
 		for _, nd := range nodes {
 			if nd.ID == id {
@@ -165,6 +152,30 @@ func (n *Node) drainStep(ctx context.Context) error {
 			"took", time.Since(start).Round(time.Millisecond))
 	}
 	return nil
+}
+
+// planner places sandboxes one after another over nodes (their last
+// heartbeats), counting each on its target, so that one pass does not
+// send everything to the node that looked emptiest.
+type planner struct {
+	nodes []meta.Node
+	now   time.Time
+}
+
+// place picks the node for sb (meta.Place, leaving out node exclude) and
+// counts sb on it.
+func (p *planner) place(sb meta.Sandbox, exclude string) (meta.Node, error) {
+	to, err := meta.Place(p.nodes, exclude, sb.Template, p.now)
+	if err != nil {
+		return to, err
+	}
+	for i := range p.nodes {
+		if p.nodes[i].ID == to.ID {
+			p.nodes[i].Capacity.Sandboxes++
+			p.nodes[i].Capacity.UsedMemoryBytes += sb.Limits.MemoryBytes
+		}
+	}
+	return to, nil
 }
 
 // pushRow moves the row of sandbox id, which does not run, to node to:

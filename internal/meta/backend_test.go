@@ -5,10 +5,12 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -231,5 +233,205 @@ func TestNodeLeases(t *testing.T) {
 	}
 	if l, err := s.ListNodes(ctx); err != nil || len(l) != 1 || l[0].Capacity.Sandboxes != 0 {
 		t.Fatalf("nodes: %+v %v", l, err)
+	}
+}
+
+// TestNodeLivenessLock: a node's liveness lock is held while the store
+// that took it is open, by one store at a time, and free once that store's
+// connection is gone (its process died) or released; a node is claimed
+// before its lease expires only with the heartbeat the claimer saw. On
+// SQLite there is no lock and no early claim.
+func TestNodeLivenessLock(t *testing.T) {
+	ctx := context.Background()
+	spec := newSpec(t)
+	s, err := Open(spec, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	id := "node-lock-" + fmt.Sprint(time.Now().UnixNano())
+	if backend == "sqlite" {
+		if held, err := s.NodeLock(id).Ensure(ctx); held || err != nil {
+			t.Fatalf("sqlite: lock held %v, %v", held, err)
+		}
+		if _, supported, _ := s.NodeLockHeld(ctx, id); supported {
+			t.Fatal("sqlite reports a liveness lock")
+		}
+		if _, err := s.ClaimLostNode(ctx, id, 1, time.Now(), "x"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+			t.Fatalf("sqlite: claim lost node: %v", err)
+		}
+		return
+	}
+	heldBy := func(s *Store) bool {
+		t.Helper()
+		held, supported, err := s.NodeLockHeld(ctx, id)
+		if err != nil || !supported {
+			t.Fatalf("lock held? %v %v", supported, err)
+		}
+		return held
+	}
+	if heldBy(s) {
+		t.Fatal("lock held before anyone took it")
+	}
+	// Another process of the node: a second store on the same schema,
+	// whose session is then ended without a release (as the server ends a
+	// killed process's session when its connection closes).
+	other, err := Open(spec, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if held, err := other.NodeLock(id).Ensure(ctx); !held || err != nil {
+		t.Fatalf("first take: %v %v", held, err)
+	}
+	if !heldBy(s) {
+		t.Fatal("lock taken, but not seen held")
+	}
+	mine := s.NodeLock(id)
+	if held, err := mine.Ensure(ctx); held || err != nil {
+		t.Fatalf("a second holder took the lock: %v %v", held, err)
+	}
+	var ended bool
+	if err := s.db.DB.QueryRowContext(ctx, `SELECT bool_and(pg_terminate_backend(pid)) FROM pg_locks
+		WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND objsubid = 2 AND granted`,
+		uint32(nodeLockClass), uint32(nodeLockKey(s.db.scope, id))).Scan(&ended); err != nil || !ended {
+		t.Fatalf("end the holder's session: %v %v", ended, err)
+	}
+	free := false
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if free = !heldBy(s); free {
+			break
+		}
+	}
+	if !free {
+		t.Fatal("the lock outlived its holder's connection")
+	}
+	if held, err := mine.Ensure(ctx); !held || err != nil {
+		t.Fatalf("take after the holder died: %v %v", held, err)
+	}
+	if held, err := mine.Ensure(ctx); !held || err != nil {
+		t.Fatalf("check of a held lock: %v %v", held, err)
+	}
+	// Another schema (another deployment) does not see this one's lock.
+	if s2, err := Open(newSpec(t), Options{}); err != nil {
+		t.Fatal(err)
+	} else {
+		held, _, err := s2.NodeLockHeld(ctx, id)
+		s2.Close()
+		if held || err != nil {
+			t.Fatalf("another schema sees the lock: %v %v", held, err)
+		}
+	}
+	mine.Release()
+	if heldBy(s) {
+		t.Fatal("lock held after Release")
+	}
+
+	// Claims before the lease expires go by the heartbeat the claimer saw.
+	n, err := s.RegisterNode(ctx, Node{ID: id, Addr: "127.0.0.1:1"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.ClaimLostNode(ctx, id, n.Epoch, n.Heartbeat.Add(-time.Second), "n2"); err != nil || ok {
+		t.Fatalf("claimed with a heartbeat the row no longer has: %v %v", ok, err)
+	}
+	got := 0
+	for _, by := range []string{"n2", "n3"} {
+		if ok, err := s.ClaimLostNode(ctx, id, n.Epoch, n.Heartbeat, by); err != nil {
+			t.Fatal(err)
+		} else if ok {
+			got++
+		}
+	}
+	if got != 1 {
+		t.Fatalf("%d claims of a lost node won, want 1", got)
+	}
+	if err := s.HeartbeatNode(ctx, id, n.Epoch, time.Minute, NodeCapacity{}); !errdefs.IsFenced(err) {
+		t.Fatalf("heartbeat of a claimed node: %v", err)
+	}
+}
+
+// TestFailoverPlan: assignments of a dead node's sandboxes are pending
+// while the sandbox is still on the dead node (and not destroyed), move to
+// another target only from the target they have (one of two reassigners
+// wins), and are dropped once done.
+func TestFailoverPlan(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(newSpec(t), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, id := range []string{"sbx-f1", "sbx-f2", "sbx-f3"} {
+		sb := row(id, false)
+		sb.Node = "dead"
+		if _, err := s.Insert(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plan := []FailoverAssignment{{"sbx-f1", "dead", "n1"}, {"sbx-f2", "dead", "n2"}, {"sbx-f3", "dead", "n2"}}
+	if err := s.PlanFailover(ctx, plan); err != nil {
+		t.Fatal(err)
+	}
+	pending := func() []FailoverAssignment {
+		t.Helper()
+		p, err := s.PendingFailovers(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if got := pending(); !slices.Equal(got, plan) {
+		t.Fatalf("pending: %+v, want %+v", got, plan)
+	}
+	// n2 is down: two nodes race to take sbx-f2 over; one wins.
+	wins := 0
+	for _, to := range []string{"n1", "n3"} {
+		if ok, err := s.ReassignFailover(ctx, plan[1], to); err != nil {
+			t.Fatal(err)
+		} else if ok {
+			wins++
+		}
+	}
+	if got := pending(); wins != 1 || got[1].Target != "n1" {
+		t.Fatalf("reassign: %d wins, pending %+v", wins, got)
+	}
+	// sbx-f1 taken over (its row moved), sbx-f3 destroyed: not pending.
+	if _, err := s.MoveSandbox(ctx, "sbx-f1", "dead", "n1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SetState(ctx, "sbx-f3", StateDestroyed, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if got := pending(); len(got) != 1 || got[0].SandboxID != "sbx-f2" {
+		t.Fatalf("pending after one takeover and one destroy: %+v", got)
+	}
+	if err := s.DropDoneFailovers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var left int
+	if err := s.db.QueryRow(`SELECT COUNT(*) FROM failover_plan`).Scan(&left); err != nil || left != 1 {
+		t.Fatalf("plan rows after dropping the done ones: %d %v", left, err)
+	}
+
+	// A claim records its plan with it; a losing claim records nothing.
+	sb := row("sbx-f4", false)
+	sb.Node = "gone"
+	if _, err := s.Insert(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.RegisterNode(ctx, Node{ID: "gone", Addr: "127.0.0.1:1"}, time.Nanosecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Millisecond)
+	if ok, err := s.ClaimDeadNode(ctx, "gone", n.Epoch, "n1", FailoverAssignment{"sbx-f4", "gone", "n3"}); err != nil || !ok {
+		t.Fatalf("claim with a plan: %v %v", ok, err)
+	}
+	if ok, err := s.ClaimDeadNode(ctx, "gone", n.Epoch, "n2", FailoverAssignment{"sbx-f4", "gone", "n2"}); err != nil || ok {
+		t.Fatalf("second claim: %v %v", ok, err)
+	}
+	if got := pending(); len(got) != 2 || got[1] != (FailoverAssignment{"sbx-f4", "gone", "n3"}) {
+		t.Fatalf("pending after a claim with a plan and a losing one: %+v", got)
 	}
 }

@@ -28,6 +28,9 @@ type db struct {
 	*sql.DB
 	pg      bool
 	rewrite sync.Map // query → rewritten query (PostgreSQL only)
+	// scope is the schema the store lives in (PostgreSQL only): it keys
+	// node locks, which the server keeps per database, not per schema.
+	scope string
 }
 
 func (d *db) q(query string) string {

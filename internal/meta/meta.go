@@ -131,7 +131,7 @@ CREATE TABLE IF NOT EXISTS exposures (
 	created_ns INTEGER NOT NULL,
 	PRIMARY KEY (sandbox_id, port)
 ) STRICT;
-` + checkpointSchema + tenantsSchema + tenantPolicySchema + idempotencySchema + quotaSchema + sandboxEgressSchema + secretsSchema + sessionsSchema + nodesSchema
+` + checkpointSchema + tenantsSchema + tenantPolicySchema + idempotencySchema + quotaSchema + sandboxEgressSchema + secretsSchema + sessionsSchema + nodesSchema + failoverSchema
 
 // apiKeysSchema is the api_keys table since schema version 3. Times are
 // Unix nanoseconds; 0 in expires_ns or revoked_ns means never. scopes is

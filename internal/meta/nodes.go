@@ -137,17 +137,38 @@ func (s *Store) SetNodeState(ctx context.Context, id string, epoch uint64, state
 }
 
 // ClaimDeadNode marks node id (at epoch) dead and claimed by by, provided
-// its lease expired before now. Of several nodes claiming the same dead
-// node, exactly one gets true.
-func (s *Store) ClaimDeadNode(ctx context.Context, id string, epoch uint64, by string) (bool, error) {
-	res, err := s.db.ExecContext(ctx, `UPDATE nodes SET state = ?, taken_by = ?
+// its lease expired before now, and records plan (the spread of its
+// sandboxes: failover.go) in the same transaction, so that a claimer that
+// dies right after its claim leaves a plan the others can finish. Of
+// several nodes claiming the same dead node, exactly one gets true.
+func (s *Store) ClaimDeadNode(ctx context.Context, id string, epoch uint64, by string, plan ...FailoverAssignment) (bool, error) {
+	return s.claimNode(ctx, id, plan, `UPDATE nodes SET state = ?, taken_by = ?
 		WHERE id = ? AND epoch = ? AND state IN ('live', 'draining') AND expires_ns <= ?`,
 		string(NodeDead), by, id, int64(epoch), s.clock.Now().UnixNano())
+}
+
+// claimNode runs claim (an UPDATE of node id's row) and, when it claimed
+// the row, records plan, in one transaction.
+func (s *Store) claimNode(ctx context.Context, id string, plan []FailoverAssignment, claim string, args ...any) (bool, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return false, fmt.Errorf("claim node %s: %w", id, err)
 	}
-	k, _ := res.RowsAffected()
-	return k == 1, nil
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, claim, args...)
+	if err != nil {
+		return false, fmt.Errorf("claim node %s: %w", id, err)
+	}
+	if k, _ := res.RowsAffected(); k != 1 {
+		return false, nil
+	}
+	if err := planFailover(ctx, tx, s.clock.Now().UnixNano(), plan); err != nil {
+		return false, err
+	}
+	if err := tx.Commit(); err != nil {
+		return false, fmt.Errorf("claim node %s: %w", id, err)
+	}
+	return true, nil
 }
 
 // GetNode returns node id's row.

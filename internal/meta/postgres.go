@@ -26,11 +26,15 @@ func openPostgres(dsn string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open meta on postgres: %w", err)
 	}
-	sqldb.SetMaxOpenConns(8)
+	sqldb.SetMaxOpenConns(9) // 8 for queries, 1 held by a node's liveness lock (NodeLock)
 	s := &Store{db: &db{DB: sqldb, pg: true}, clock: opts.Clock}
 	if err := s.migratePostgres(context.Background()); err != nil {
 		sqldb.Close()
 		return nil, fmt.Errorf("open meta on postgres %s: %w", redactDSN(dsn), err)
+	}
+	if err := sqldb.QueryRow(`SELECT current_schema()`).Scan(&s.db.scope); err != nil {
+		sqldb.Close()
+		return nil, fmt.Errorf("open meta on postgres %s: current schema: %w", redactDSN(dsn), err)
 	}
 	return s, nil
 }
