@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"syscall"
 )
 
 // The kinds. Each is a sentinel; wrap it, never compare strings.
@@ -155,8 +156,17 @@ func HTTPStatus(err error) int {
 			return s.status
 		}
 	}
+	if noSpace(err) {
+		return http.StatusServiceUnavailable
+	}
 	return http.StatusInternalServerError
 }
+
+// noSpace reports whether err, of no kind, is a full disk (ENOSPC from
+// any store or file under the call): unavailable for now — retried by
+// clients as they retry a 503 (a full data dir frees up as checkpoints are
+// collected, or when an operator adds room) — rather than an internal error.
+func noSpace(err error) bool { return errors.Is(err, syscall.ENOSPC) }
 
 // Kind returns the short name of err's kind ("not found", "conflict", …) or
 // "internal" when it has none. It is the machine-readable code in API errors.
@@ -165,6 +175,9 @@ func Kind(err error) string {
 		if errors.Is(err, s.kind) {
 			return s.kind.Error()
 		}
+	}
+	if noSpace(err) {
+		return ErrUnavailable.Error()
 	}
 	return "internal"
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"syscall"
 	"testing"
 )
 
@@ -42,5 +44,21 @@ func TestKindsSurviveWrapping(t *testing.T) {
 	}
 	if IsNotFound(Conflictf("x")) || !IsDataLoss(DataLossf("x")) {
 		t.Errorf("Is helpers confuse kinds")
+	}
+}
+
+// TestNoSpaceIsUnavailable: a full disk under a call (ENOSPC, wrapped as
+// stores wrap it) is a 503 "unavailable" that clients retry, not a 500;
+// a kind given to it explicitly still wins; other errno values stay 500.
+func TestNoSpaceIsUnavailable(t *testing.T) {
+	full := fmt.Errorf("checkpoint sbx-1: write chunk: %w", &os.PathError{Op: "write", Path: "/data/chunks/x", Err: syscall.ENOSPC})
+	if got := HTTPStatus(full); got != http.StatusServiceUnavailable || Kind(full) != "unavailable" {
+		t.Fatalf("ENOSPC: status %d kind %q, want 503 unavailable", got, Kind(full))
+	}
+	if got := HTTPStatus(fmt.Errorf("%w: %w", ErrDataLoss, full)); got != http.StatusInternalServerError {
+		t.Fatalf("data loss with ENOSPC under it: %d, want the kind's 500", got)
+	}
+	if got := HTTPStatus(&os.PathError{Op: "open", Path: "/x", Err: syscall.EIO}); got != http.StatusInternalServerError {
+		t.Fatalf("EIO: %d, want 500", got)
 	}
 }
