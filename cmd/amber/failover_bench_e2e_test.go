@@ -37,6 +37,14 @@ func TestE2EFailoverTime(t *testing.T) {
 			break
 		}
 	}
+	// The counter's step (AMBER_FAILOVER_TICK seconds, default 0.1): each
+	// step starts three processes in the sandbox, so restored sandboxes
+	// compete with the restores still running for the CPU; 1 is closer
+	// to an agent's sandbox, idle between tool calls.
+	tick := os.Getenv("AMBER_FAILOVER_TICK")
+	if _, err := strconv.ParseFloat(tick, 64); err != nil {
+		tick = "0.1"
+	}
 	a := startNode(t, bin, dir, "node-a", adminKey, shared)
 	b := startNode(t, bin, dir, "node-b", adminKey, shared)
 	// Four at a time (100 one by one took most of the run).
@@ -62,7 +70,7 @@ func TestE2EFailoverTime(t *testing.T) {
 				if !ok {
 					continue
 				}
-				if _, ok := run("exec", "-d", id, "--", "sh", "-c", `i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done`); !ok {
+				if _, ok := run("exec", "-d", id, "--", "sh", "-c", `i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep `+tick+`; done`); !ok {
 					continue
 				}
 				// A checkpoint is tried again on a passing store error
@@ -137,8 +145,8 @@ func TestE2EFailoverTime(t *testing.T) {
 	}
 	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 	pct := func(p float64) time.Duration { return ds[int(p*float64(len(ds)-1)+0.5)] }
-	line := fmt.Sprintf("failover %d sandboxes (node-ttl default, minimal template, node-b takes over): p50 %s p99 %s max %s",
-		n, pct(0.5).Round(10*time.Millisecond), pct(0.99).Round(10*time.Millisecond), ds[len(ds)-1].Round(10*time.Millisecond))
+	line := fmt.Sprintf("failover %d sandboxes (node-ttl default, minimal template, counter step %ss, node-b takes over): p50 %s p99 %s max %s",
+		n, tick, pct(0.5).Round(10*time.Millisecond), pct(0.99).Round(10*time.Millisecond), ds[len(ds)-1].Round(10*time.Millisecond))
 	t.Log(line)
 	if out := os.Getenv("AMBER_BENCH_OUT"); out != "" {
 		f, err := os.OpenFile(out, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)

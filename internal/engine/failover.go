@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
@@ -160,6 +161,7 @@ func (e *Engine) Adopt(ctx context.Context, id, from string, leases map[string]e
 		e.leases["effects:"+id] = l
 	}
 	e.leasesMu.Unlock()
+	start := time.Now()
 	sb, err := e.meta.MoveSandbox(ctx, id, from, e.nodeID)
 	if err != nil {
 		return Adopted{Sandbox: sb}, err
@@ -184,6 +186,7 @@ func (e *Engine) Adopt(ctx context.Context, id, from string, leases map[string]e
 		// Stopped or destroyed: nothing ran; it stays as it is, here.
 		return Adopted{Sandbox: sb, Reason: "not running"}, nil
 	}
+	tRecover := time.Now()
 	restored, err := e.Recover(ctx, sb.Tenant, id, nil)
 	if err != nil {
 		lg.Warn("adopted sandbox not restored", "err", err)
@@ -193,6 +196,7 @@ func (e *Engine) Adopt(ctx context.Context, id, from string, leases map[string]e
 		cur, _ := e.meta.Get(ctx, id)
 		return Adopted{Sandbox: cur, Reason: err.Error()}, nil
 	}
-	lg.Info("adopted sandbox restored from its latest checkpoint", "generation", restored.Generation, "origin", restored.Origin)
+	lg.Info("adopted sandbox restored from its latest checkpoint", "generation", restored.Generation, "origin", restored.Origin,
+		"took", time.Since(start).Round(time.Millisecond), "recover", time.Since(tRecover).Round(time.Millisecond))
 	return Adopted{Sandbox: restored, Restored: true}, nil
 }
