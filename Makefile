@@ -79,8 +79,10 @@ bench: setup-test build
 # Time from a node's death to its sandboxes running on another node
 # (docs/deploy.md): FAILOVER_SANDBOXES sandboxes, default lease settings.
 FAILOVER_SANDBOXES ?= 10
+# The sandboxes' counter step in seconds (0.1: busy; 1: mostly idle, as an agent's).
+FAILOVER_TICK ?= 0.1
 bench-failover: setup-test build
-	AMBER_BIN=$(abspath $(BIN)) AMBER_FAILOVER_SANDBOXES=$(FAILOVER_SANDBOXES) \
+	AMBER_BIN=$(abspath $(BIN)) AMBER_FAILOVER_SANDBOXES=$(FAILOVER_SANDBOXES) AMBER_FAILOVER_TICK=$(FAILOVER_TICK) \
 	  $(GO) test -tags $(GOTAGS) -count=1 -timeout 30m -run '^TestE2EFailoverTime$$' -v ./cmd/amber
 
 # The long chaos run: N faults (PER_RUN per run of the reference workload)
