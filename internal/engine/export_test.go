@@ -19,3 +19,6 @@ func (e *Engine) EnforceBudgets(ctx context.Context) { e.enforceBudgets(ctx) }
 func (e *Engine) SetUnsentUsage(tenant string, evs []eventlog.Event) {
 	e.meter.unsent[tenant] = evs
 }
+
+// DropLocal is the stale-copy sweep's destroy of sandbox id (failover.go).
+func (e *Engine) DropLocal(ctx context.Context, id string) { e.dropLocal(ctx, id) }

@@ -84,7 +84,15 @@ func (e *Engine) dropLocal(ctx context.Context, id string) {
 }
 
 // dropLocked is dropLocal under sandbox id's lock, which the caller holds.
+// The row is read again under the lock: the caller saw it on another
+// node, but this node may have adopted the sandbox since (a failover or a
+// move back, which hold the lock while they move the row here) — then the
+// copy is this node's own and stays.
 func (e *Engine) dropLocked(ctx context.Context, id string) {
+	if sb, err := e.meta.Get(ctx, id); err == nil && sb.Node == e.nodeID {
+		e.lg.Info("not a stale copy any more: the sandbox was moved back to this node", "sandbox_id", id)
+		return
+	}
 	e.resetEgress(id, "the sandbox moved to another node")
 	if err := e.drv.Destroy(ctx, id); err != nil && !errdefs.IsNotFound(err) {
 		e.lg.Error("destroy stale copy", "sandbox_id", id, "err", err)
@@ -153,6 +161,12 @@ func (e *Engine) Adopt(ctx context.Context, id, from string, leases map[string]e
 			return Adopted{}, errdefs.InvalidArgumentf("adopt %s: lease %s held by %s is not this node's lease on its stream", id, l.Stream, l.Holder)
 		}
 	}
+	// Under the sandbox's lock from the leases to the crash record: this
+	// node's stale-copy sweep (DiscardStale) may have seen the row on the
+	// dead node a moment ago and reads it again under the lock before it
+	// destroys anything (CI saw a sandbox a drain's failover had just
+	// restored destroyed as a "stale copy").
+	unlock := e.lock(id)
 	e.leasesMu.Lock()
 	if l, ok := leases["sandbox"]; ok {
 		e.leases[id] = l
@@ -164,19 +178,21 @@ func (e *Engine) Adopt(ctx context.Context, id, from string, leases map[string]e
 	start := time.Now()
 	sb, err := e.meta.MoveSandbox(ctx, id, from, e.nodeID)
 	if err != nil {
+		unlock()
 		return Adopted{Sandbox: sb}, err
 	}
 	lg := e.lg.With("sandbox_id", id, "tenant_id", sb.Tenant, "from_node", from)
 	switch {
 	case sb.Pooled:
+		unlock()
 		_, err := e.meta.SetState(ctx, id, meta.StateDestroyed, "pooled on node "+from+", which died")
 		return Adopted{Sandbox: sb, Reason: "pooled"}, err
 	case isMoving(sb):
 		// Stopped cleanly at a fresh checkpoint to move off a draining
 		// node (move.go): restored from it, not crashed.
+		unlock()
 	case sb.State == meta.StateRunning || sb.State == meta.StateCreating || sb.State == meta.StateRestoring:
 		reason := fmt.Sprintf("its node %s died", from)
-		unlock := e.lock(id)
 		err := e.markCrashed(ctx, sb, EventCrashed, reason)
 		unlock()
 		if err != nil {
@@ -184,7 +200,10 @@ func (e *Engine) Adopt(ctx context.Context, id, from string, leases map[string]e
 		}
 	case sb.State != meta.StateCrashed:
 		// Stopped or destroyed: nothing ran; it stays as it is, here.
+		unlock()
 		return Adopted{Sandbox: sb, Reason: "not running"}, nil
+	default:
+		unlock()
 	}
 	tRecover := time.Now()
 	restored, err := e.Recover(ctx, sb.Tenant, id, nil)
