@@ -122,9 +122,12 @@ type Node struct {
 	lg       *slog.Logger
 	sessions atomic.Pointer[Sessions]
 	lock     *meta.NodeLock
-	locked   atomic.Bool   // lock held at the last check
-	restores chan struct{} // a slot per failover restore running (Parallel)
-	adopting sync.Map      // sandbox id → time its takeover here started or may be retried
+	locked   atomic.Bool // lock held at the last check
+	// lockedSince is when this node last took its lock (Unix ns): it
+	// judges others by theirs only once it has held its own for a while.
+	lockedSince atomic.Int64
+	restores    chan struct{} // a slot per failover restore running (Parallel)
+	adopting    sync.Map      // sandbox id → time its takeover here started or may be retried
 	// hadPending: the last scan found assignments not done (once none
 	// are left, the plan's rows are dropped).
 	hadPending atomic.Bool
@@ -201,7 +204,11 @@ func Join(ctx context.Context, o Options) (*Node, error) {
 // changes (without it the others judge this node by its lease only).
 func (n *Node) ensureLock(ctx context.Context) {
 	held, err := n.lock.Ensure(ctx)
-	if was := n.locked.Swap(held); was != held || err != nil {
+	was := n.locked.Swap(held)
+	if held && !was {
+		n.lockedSince.Store(n.o.Clock.Now().UnixNano())
+	}
+	if was != held || err != nil {
 		switch {
 		case held:
 			n.lg.Info("node liveness lock held", "node", n.id)
@@ -515,8 +522,16 @@ const failoverRetry = 5 * time.Second
 // expired: a heartbeat is overdue (none for a heartbeat interval plus a
 // scan's) and nobody holds its liveness lock (meta.NodeLock: only the
 // process holds it, and its death ends the database session that did).
+//
+// Only a node that has held its own lock for two heartbeats judges: after
+// the database restarted (every session, hence every lock, gone at once,
+// and heartbeats missed meanwhile) each node takes its lock again at its
+// next heartbeat, and none is claimed for a lock it had no time to take.
 func (n *Node) lost(ctx context.Context, d meta.Node, now time.Time) bool {
 	if now.Sub(d.Heartbeat) <= n.o.Heartbeat+n.o.Scan {
+		return false
+	}
+	if !n.locked.Load() || now.Sub(time.Unix(0, n.lockedSince.Load())) < 2*n.o.Heartbeat {
 		return false
 	}
 	held, supported, err := n.o.Meta.NodeLockHeld(ctx, d.ID)
