@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,7 +28,8 @@ import (
 // and one sent straight to a (marked forwarded) is refused as fenced; a
 // client following a sandbox's events through b saw the move; a's driver
 // no longer has them; a create through a's API lands on b (placement); and
-// `amber node ls` shows a draining, alive, with 0 sandboxes. Draining b
+// `amber node ls` shows a draining, alive, with 0 sandboxes; stopped and
+// started again, a registers draining (it stays drained). Draining b
 // then is refused (a is draining: no node has room) and leaves b live; a
 // drain of an unknown node names it; undrain makes a live again; the
 // drains are in the audit trail.
@@ -183,6 +185,26 @@ func TestE2ENodesDrain(t *testing.T) {
 	}
 	if f := strings.Fields(row); len(f) < 6 || f[3] != "draining" || f[4] != "true" || !strings.HasPrefix(f[5], "0/") {
 		t.Fatalf("amber node ls: want drain-a draining, alive, 0 sandboxes:\n%s", ls)
+	}
+
+	// A drained node stays drained: stopped and started again, it
+	// registers draining (a new epoch), and creates through it still land
+	// on b.
+	a.stop(syscall.SIGTERM)
+	a = startNode(t, bin, dir, "drain-a", adminKey, shared, a.addr)
+	if nl, err := b.cl.Nodes(ctx); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, nd := range nl {
+			if nd.ID == "drain-a" && (nd.State != "draining" || nd.Epoch != 2 || !nd.Alive) {
+				t.Fatalf("drain-a started again after its drain: %+v (want draining, alive, epoch 2)", nd)
+			}
+		}
+	}
+	if id := strings.TrimSpace(a.must("sandbox", "create", "--template", "minimal")); id == "" {
+		t.Fatal("create through the restarted drained node")
+	} else if sb, err := a.cl.GetSandbox(ctx, id); err != nil || sb.Node != "drain-b" {
+		t.Fatalf("a create through the restarted drained node: %+v %v (want it on drain-b)", sb, err)
 	}
 
 	// Draining b now: nowhere to go (a is draining), refused, b stays live.

@@ -46,8 +46,9 @@ package cluster
 //   - T restarts or its restore fails (2c): its loop retries the restore of
 //     its own rows stopped for a move.
 //   - D stops cleanly (left) mid-drain: T still pulls the rows stopped for
-//     a move to it. D undrained (or restarted: live) before T pulled a row:
-//     D restores it itself.
+//     a move to it. D restarted: it registers draining again (its cordon,
+//     meta.SetNodeState) and T still pulls them. D undrained before T
+//     pulled a row: D restores it itself.
 
 import (
 	"context"

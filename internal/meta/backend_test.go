@@ -435,3 +435,46 @@ func TestFailoverPlan(t *testing.T) {
 		t.Fatalf("pending after a claim with a plan and a losing one: %+v", got)
 	}
 }
+
+// TestDrainedNodeStaysDrained: a node drained and then stopped (cleanly
+// or not) registers draining when it starts again; once undrained (live)
+// it registers live.
+func TestDrainedNodeStaysDrained(t *testing.T) {
+	ctx := context.Background()
+	fc := clock.NewFake(time.Unix(1700000000, 0))
+	s, err := Open(newSpec(t), Options{Clock: fc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	n, err := s.RegisterNode(ctx, Node{ID: "c1", Addr: "127.0.0.1:1"}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetNodeState(ctx, "c1", n.Epoch, NodeDraining); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetNodeState(ctx, "c1", n.Epoch, NodeLeft); err != nil {
+		t.Fatal(err)
+	}
+	if n, err = s.RegisterNode(ctx, Node{ID: "c1", Addr: "127.0.0.1:1"}, 5*time.Second); err != nil || n.State != NodeDraining {
+		t.Fatalf("a drained node started again after a clean stop: %+v %v (want draining)", n, err)
+	}
+	// Crashed while draining (lease expired, claimed): still draining.
+	fc.Advance(6 * time.Second)
+	if ok, err := s.ClaimDeadNode(ctx, "c1", n.Epoch, "c2"); err != nil || !ok {
+		t.Fatalf("claim: %v %v", ok, err)
+	}
+	if n, err = s.RegisterNode(ctx, Node{ID: "c1", Addr: "127.0.0.1:1"}, 5*time.Second); err != nil || n.State != NodeDraining {
+		t.Fatalf("a drained node started again after a takeover: %+v %v (want draining)", n, err)
+	}
+	if err := s.SetNodeState(ctx, "c1", n.Epoch, NodeLive); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetNodeState(ctx, "c1", n.Epoch, NodeLeft); err != nil {
+		t.Fatal(err)
+	}
+	if n, err = s.RegisterNode(ctx, Node{ID: "c1", Addr: "127.0.0.1:1"}, 5*time.Second); err != nil || n.State != NodeLive {
+		t.Fatalf("an undrained node started again: %+v %v (want live)", n, err)
+	}
+}

@@ -33,7 +33,17 @@ CREATE TABLE IF NOT EXISTS nodes (
 	heartbeat_ns INTEGER NOT NULL,
 	expires_ns   INTEGER NOT NULL,
 	taken_by     TEXT NOT NULL DEFAULT ''
+) STRICT;
+CREATE TABLE IF NOT EXISTS node_cordons (
+	id       TEXT PRIMARY KEY,
+	since_ns INTEGER NOT NULL
 ) STRICT;`
+
+// A drained node stays drained: a node marked draining is also cordoned
+// (node_cordons), and a cordoned node registers draining when it starts
+// again — after a clean stop (left), a crash or a takeover — until it is
+// undrained (SetNodeState live). An operator drains a node to take it out
+// of service; a restart must not put it back.
 
 // NodeState is a node row's state.
 type NodeState string
@@ -86,12 +96,20 @@ func (s *Store) RegisterNode(ctx context.Context, n Node, ttl time.Duration) (No
 	}
 	now := s.clock.Now()
 	capb, _ := json.Marshal(n.Capacity)
+	state := NodeLive
+	var cordoned int
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM node_cordons WHERE id = ?`, n.ID).Scan(&cordoned); err != nil {
+		return n, fmt.Errorf("register node %s: %w", n.ID, err)
+	}
+	if cordoned > 0 {
+		state = NodeDraining
+	}
 	res, err := s.db.ExecContext(ctx, `INSERT INTO nodes (`+nodeCols+`) VALUES (?,?,1,?,?,?,?,?,'')
 		ON CONFLICT(id) DO UPDATE SET addr = excluded.addr, epoch = nodes.epoch + 1, state = excluded.state,
 		  capacity = excluded.capacity, started_ns = excluded.started_ns, heartbeat_ns = excluded.heartbeat_ns,
 		  expires_ns = excluded.expires_ns, taken_by = ''
 		WHERE nodes.state NOT IN ('live', 'draining') OR nodes.expires_ns <= ?`,
-		n.ID, n.Addr, string(NodeLive), string(capb), now.UnixNano(), now.UnixNano(), now.Add(ttl).UnixNano(), now.UnixNano())
+		n.ID, n.Addr, string(state), string(capb), now.UnixNano(), now.UnixNano(), now.Add(ttl).UnixNano(), now.UnixNano())
 	if err != nil {
 		return n, fmt.Errorf("register node %s: %w", n.ID, err)
 	}
@@ -123,15 +141,33 @@ func (s *Store) HeartbeatNode(ctx context.Context, id string, epoch uint64, ttl 
 }
 
 // SetNodeState moves node id at epoch to state (draining, live, or left
-// when it stops cleanly).
+// when it stops cleanly). Draining cordons the node and live uncordons it
+// (above), in the same transaction.
 func (s *Store) SetNodeState(ctx context.Context, id string, epoch uint64, state NodeState) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE nodes SET state = ? WHERE id = ? AND epoch = ? AND state IN ('live', 'draining')`,
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("node %s: %w", id, err)
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, `UPDATE nodes SET state = ? WHERE id = ? AND epoch = ? AND state IN ('live', 'draining')`,
 		string(state), id, int64(epoch))
 	if err != nil {
 		return fmt.Errorf("node %s: %w", id, err)
 	}
 	if k, _ := res.RowsAffected(); k == 0 {
 		return errdefs.Fencedf("node %s epoch %d is no longer live", id, epoch)
+	}
+	switch state {
+	case NodeDraining:
+		_, err = tx.ExecContext(ctx, `INSERT INTO node_cordons (id, since_ns) VALUES (?, ?) ON CONFLICT(id) DO NOTHING`, id, s.clock.Now().UnixNano())
+	case NodeLive:
+		_, err = tx.ExecContext(ctx, `DELETE FROM node_cordons WHERE id = ?`, id)
+	}
+	if err != nil {
+		return fmt.Errorf("node %s: cordon: %w", id, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("node %s: %w", id, err)
 	}
 	return nil
 }
