@@ -79,8 +79,17 @@ func (n *Node) drainLoop(ctx context.Context) {
 // (steps 1 and, for rows that do not run, the whole move; see above).
 func (n *Node) drainStep(ctx context.Context) error {
 	me, err := n.o.Meta.GetNode(ctx, n.id)
-	if err != nil || me.State != meta.NodeDraining || me.Epoch != n.epoch.Load() {
+	if err != nil {
 		return err
+	}
+	draining := me.State == meta.NodeDraining && me.Epoch == n.epoch.Load()
+	// A draining node's warm pool would only hold memory: nothing is
+	// created here while it drains.
+	if err := n.o.Engine.PausePool(ctx, draining); err != nil {
+		n.lg.Warn("pause the warm pool of this draining node", "err", err)
+	}
+	if !draining {
+		return nil
 	}
 	rows, err := n.o.Meta.List(ctx, meta.Filter{Node: &n.id, States: []meta.State{meta.StateRunning, meta.StateStopped, meta.StateCrashed}})
 	if err != nil {

@@ -185,6 +185,44 @@ func TestWarmPoolClaim(t *testing.T) {
 	}
 }
 
+// TestWarmPoolPaused: a paused pool (its node is draining) destroys its
+// ready sandboxes, creates none and hands none out (a create is cold);
+// resumed, it refills.
+func TestWarmPoolPaused(t *testing.T) {
+	env := enginetest.New(t, engine.Options{Pool: map[string]int{"minimal": 1}})
+	e, ctx := env.Engine, ctxT(t)
+	waitPool(t, e, "minimal", 1)
+	pooled := true
+	rows, err := env.Meta.List(ctx, meta.Filter{Pooled: &pooled})
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("pooled rows: %+v %v", rows, err)
+	}
+	if err := e.PausePool(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, ready := e.PoolSize("minimal"); ready != 0 {
+		t.Fatalf("paused pool has %d ready", ready)
+	}
+	if left, _ := env.Meta.List(ctx, meta.Filter{Pooled: &pooled}); len(left) != 0 {
+		t.Fatalf("pooled sandboxes left after the pause: %+v", left)
+	}
+	if in, err := env.Driver.Inspect(ctx, rows[0].ID); err == nil && in.State == sandbox.StateRunning {
+		t.Fatalf("the pooled sandbox still runs after the pause: %+v", in)
+	}
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal"})
+	if err != nil || sb.FromPool {
+		t.Fatalf("create while paused: %+v %v (want a cold create)", sb, err)
+	}
+	time.Sleep(2 * time.Second)
+	if _, ready := e.PoolSize("minimal"); ready != 0 {
+		t.Fatalf("paused pool refilled: %d ready", ready)
+	}
+	if err := e.PausePool(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	waitPool(t, e, "minimal", 1)
+}
+
 // TestRestartReconciles: a sandbox that still runs is reattached; one that
 // died while the daemon was down is marked crashed, with an event.
 func TestRestartReconciles(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
@@ -35,14 +36,17 @@ import (
 //     the pool waits for that one rather than starting a second, parallel
 //     create on a busy host; if the pool create fails, the claim falls back
 //     to a cold create.
+//   - Paused (PausePool: the node is draining, so it takes no new sandbox),
+//     the pool destroys its ready sandboxes and creates none until resumed.
 //   - Shutdown (Engine.Close) destroys the pooled sandboxes: they belong to
 //     nobody and would hold memory while no daemon can hand them out. After
 //     a daemon crash, pooled sandboxes that still run and whose template
 //     version is current rejoin the pool (reconcile); the others are
 //     destroyed.
 type pool struct {
-	e    *Engine
-	want map[string]int
+	e      *Engine
+	want   map[string]int
+	paused atomic.Bool
 
 	mu      sync.Mutex
 	ready   map[string][]string // template → pooled ids, oldest first
@@ -105,7 +109,7 @@ func (p *pool) fill(ctx context.Context, name string) {
 		p.mu.Lock()
 		need := p.want[name] - len(p.ready[name])
 		p.mu.Unlock()
-		if need <= 0 {
+		if need <= 0 || p.paused.Load() {
 			p.setFilling(name, false, "")
 			select {
 			case <-ctx.Done():
@@ -187,7 +191,7 @@ func (p *pool) popOrWait(ctx context.Context, name string) (string, bool) {
 // claim hands a ready pooled sandbox of t to tenant. ok is false when none
 // fits (the caller creates one cold).
 func (p *pool) claim(ctx context.Context, t sandbox.Template, tenant string, limits sandbox.Limits, env []string) (meta.Sandbox, bool, error) {
-	if p.want[t.Name] == 0 {
+	if p.want[t.Name] == 0 || p.paused.Load() {
 		return meta.Sandbox{}, false, nil
 	}
 	upd, canUpdate := p.e.drv.(LimitUpdater)
@@ -278,6 +282,55 @@ func (p *pool) adopt(ctx context.Context, sb meta.Sandbox) {
 	if err := p.e.destroy(ctx, sb, "pooled sandbox not reusable after restart"); err != nil {
 		p.e.lg.Error("destroy stale pooled sandbox", "sandbox_id", sb.ID, "err", err)
 	}
+}
+
+// PausePool pauses (true) or resumes (false) the warm pool. Paused, it
+// destroys the pooled sandboxes it holds and creates none: a draining node
+// takes no new sandbox, so its pool would only hold memory. The cluster
+// calls it at every drain-loop pass (pausing again destroys any sandbox a
+// create in flight added since). Resumed, it refills.
+func (e *Engine) PausePool(ctx context.Context, paused bool) error {
+	p := e.pool
+	was := p.paused.Swap(paused)
+	if !paused {
+		if was {
+			e.lg.Info("warm pool resumed")
+			for name := range p.want {
+				p.kick(name)
+			}
+		}
+		return nil
+	}
+	if !was {
+		e.lg.Info("warm pool paused: this node is draining")
+	}
+	p.mu.Lock()
+	n := 0
+	for _, ids := range p.ready {
+		n += len(ids)
+	}
+	p.ready = map[string][]string{}
+	p.mu.Unlock()
+	if n == 0 && was {
+		return nil
+	}
+	pooled := true
+	rows, err := e.meta.List(ctx, e.mine(meta.Filter{Pooled: &pooled}))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, sb := range rows {
+		unlock := e.lock(sb.ID)
+		// Read again under the lock: a claim may have made it a tenant's.
+		if cur, err := e.meta.Get(ctx, sb.ID); err == nil && cur.Pooled && cur.State != meta.StateDestroyed {
+			if err := e.destroy(ctx, cur, "warm pool paused: the node is draining"); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		unlock()
+	}
+	return errors.Join(errs...)
 }
 
 // drain destroys every pooled sandbox (at shutdown).
