@@ -156,7 +156,7 @@ func TestE2EFailoverTime(t *testing.T) {
 		}
 	}
 	for _, l := range strings.Split(b.log(), "\n") {
-		if strings.Contains(l, "took over a dead node") || strings.Contains(l, "adopted sandbox restored") ||
+		if strings.Contains(l, "adopted sandbox restored") ||
 			strings.Contains(l, `msg="sandbox restored"`) || strings.Contains(l, "node lease expired") ||
 			strings.Contains(l, "node process gone") || strings.Contains(l, "spread over") {
 			t.Log(l)

@@ -1,8 +1,9 @@
 // Package cluster runs a node of a deployment of many nodes on shared
 // stores (PostgreSQL for the log, metadata and leases; S3 for checkpoints):
 // it registers the node with a lease, renews it by heartbeats, notices
-// nodes whose lease expired, takes one over (exactly one live node wins
-// each dead node), fences its sandboxes' streams and restores them here,
+// nodes that died, claims one (exactly one live node wins each dead node)
+// and spreads its sandboxes over the live nodes, each of which fences the
+// streams of its share and restores them,
 // tells the API where a sandbox runs (server.Router) and where a new one
 // goes (server.Placer), and moves a draining node's sandboxes to the
 // others (drain.go).
@@ -18,8 +19,9 @@
 //  3. N spreads D's sandbox rows over the live nodes, itself included
 //     (the placement of a drain: template held, fewest sandboxes, most
 //     free memory, each assignment counted): the plan, made before the
-//     claim and recorded in the claim's transaction. Each target T — N for its own share — finds
-//     its assignments in its scan and, for each, at most Parallel at once:
+//     claim and recorded in the claim's transaction. Each target T — N
+//     for its own share — finds its assignments in its scan and, for
+//     each, at most Parallel at once:
 //  4. the leases of the sandbox's streams move from D to T with the next
 //     epoch (TakeOver): from here on every write D could still make for
 //     it (log appends, the append that commits a checkpoint, gateway
@@ -31,8 +33,8 @@
 // The plan says who tries first, not who wins: steps 4 and 5 have one
 // winner whoever runs them. An assignment whose target is down is taken by
 // the node that notices (meta.ReassignFailover), which also covers N dying
-// right after its claim; without a plan (it could not be made) N restores
-// every row itself.
+// right after its claim. A node that cannot make the plan (the metadata
+// store failed) does not claim: it tries again at its next scan.
 //
 // A node that was declared dead but still runs (a partition, a paused
 // process) finds its heartbeat refused (ErrFenced): it destroys its copies
@@ -87,7 +89,7 @@ type Options struct {
 	// StreamLeaseTTL is the lease taken over on a dead node's sandbox
 	// streams (default: the engine's, 30s; renewed at each checkpoint).
 	StreamLeaseTTL time.Duration
-	// Parallel is how many of a dead node's sandboxes are restored at
+	// Parallel is how many dead nodes' sandboxes this node restores at
 	// once (default 4).
 	Parallel int
 	// Capacity reports the node's capacity at each heartbeat.
@@ -391,9 +393,9 @@ func (n *Node) scan(ctx context.Context) error {
 		// The plan is made before the claim and recorded with it (one
 		// transaction): a claimer that dies right after leaves a plan
 		// whose assignments the others take over (takeAssigned).
-		plan, per, perr := n.planFailover(ctx, d.ID)
-		if perr != nil {
-			n.lg.Warn("the dead node's sandboxes could not be spread; if this node claims it, it restores them all", "dead_node", d.ID, "err", perr)
+		plan, per, err := n.planFailover(ctx, d.ID)
+		if err != nil {
+			return fmt.Errorf("plan the failover of node %s: %w", d.ID, err)
 		}
 		var won bool
 		why := "node lease expired"
@@ -411,10 +413,6 @@ func (n *Node) scan(ctx context.Context) error {
 		}
 		n.lg.Warn(why+"; taking its sandboxes over", "dead_node", d.ID, "epoch", d.Epoch,
 			"silent_for", now.Sub(d.Heartbeat).Round(time.Millisecond))
-		if perr != nil {
-			n.TakeOverNode(ctx, d.ID)
-			continue
-		}
 		n.lg.Info("the dead node's sandboxes spread over the live nodes", "dead_node", d.ID, "sandboxes", len(plan), "per_node", fmt.Sprint(per))
 	}
 	return nil
@@ -508,7 +506,7 @@ func (n *Node) takeAssigned(ctx context.Context) error {
 				return
 			}
 			n.adopting.Delete(a.SandboxID)
-			n.takeOverSessions(ctx, a.DeadNode, []engine.Adopted{ad})
+			n.takeOverSessions(ctx, a.DeadNode, ad.Sandbox)
 		}()
 	}
 	return nil
@@ -542,77 +540,25 @@ func (n *Node) lost(ctx context.Context, d meta.Node, now time.Time) bool {
 	return supported && !held
 }
 
-// TakeOverNode takes over every sandbox row of node dead (which this node
-// claimed) here, restoring up to Parallel at once, and returns what
-// happened to each: the path when the plan that spreads them cannot be
-// recorded. Sandboxes whose stream another node took first are skipped.
-func (n *Node) TakeOverNode(ctx context.Context, dead string) []engine.Adopted {
-	rows, err := n.o.Meta.List(ctx, meta.Filter{Node: &dead, States: failoverStates})
-	if err != nil {
-		n.lg.Error("list the dead node's sandboxes", "dead_node", dead, "err", err)
-		return nil
-	}
-	start := time.Now()
-	out := make([]engine.Adopted, len(rows))
-	sem := n.restores
-	var wg sync.WaitGroup
-	for i, sb := range rows {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			a, err := n.TakeOverSandbox(ctx, sb.ID, dead)
-			if err != nil {
-				n.lg.Warn("sandbox not taken over", "sandbox_id", sb.ID, "dead_node", dead, "err", err)
-				a.Reason = err.Error()
-			}
-			out[i] = a
-		}()
-	}
-	wg.Wait()
-	restored := 0
-	for _, a := range out {
-		if a.Restored {
-			restored++
-		}
-	}
-	sessions := n.takeOverSessions(ctx, dead, out)
-	n.lg.Info("took over a dead node", "dead_node", dead, "sandboxes", len(rows), "restored", restored,
-		"sessions", sessions, "took", time.Since(start).Round(time.Millisecond))
-	return out
-}
-
-// takeOverSessions moves the agent sessions of the sandboxes this node
+// takeOverSessions moves the agent sessions of sandbox sb, which this node
 // adopted from node dead: a session runs where its sandbox runs. For each
-// session not terminated whose sandbox is now here, in order: the lease of
-// its stream moves from the dead node to this one with the next epoch
-// (from then on the dead node's harness cannot append to it), then the
-// session is woken here and goes on where its log says (a step the dead
-// node had begun is re-issued as after a crash). It returns how many were
-// woken.
-func (n *Node) takeOverSessions(ctx context.Context, dead string, adopted []engine.Adopted) int {
-	here := map[string]bool{}
-	for _, a := range adopted {
-		if a.Sandbox.ID != "" && a.Sandbox.Node == n.id {
-			here[a.Sandbox.ID] = true
-		}
+// session of sb not terminated, in order: the lease of its stream moves
+// from the dead node to this one with the next epoch (from then on the dead
+// node's harness cannot append to it), then the session is woken here and
+// goes on where its log says (a step the dead node had begun is re-issued
+// as after a crash).
+func (n *Node) takeOverSessions(ctx context.Context, dead string, sb meta.Sandbox) {
+	if sb.ID == "" || sb.Node != n.id {
+		return
 	}
-	if len(here) == 0 {
-		return 0
-	}
-	ss, err := n.o.Meta.ListSessions(ctx, "", string(session.StatusRunning), string(session.StatusRecovering),
+	ss, err := n.o.Meta.SandboxSessions(ctx, sb.ID, string(session.StatusRunning), string(session.StatusRecovering),
 		string(session.StatusIdle), string(session.StatusWaiting))
 	if err != nil {
-		n.lg.Error("list the dead node's sessions", "dead_node", dead, "err", err)
-		return 0
+		n.lg.Error("list the sessions of an adopted sandbox", "sandbox_id", sb.ID, "dead_node", dead, "err", err)
+		return
 	}
 	sp := n.sessions.Load()
-	woken := 0
 	for _, se := range ss {
-		if !here[se.SandboxID] {
-			continue
-		}
 		// A lease the dead node had released (an idle session) or that
 		// another node holds is left alone: the wake acquires or waits.
 		if _, err := n.o.Leases.TakeOver(ctx, session.Stream(se.ID), engine.LeaseHolder(dead), engine.LeaseHolder(n.id), n.o.StreamLeaseTTL); err != nil && !errdefs.IsConflict(err) {
@@ -620,10 +566,8 @@ func (n *Node) takeOverSessions(ctx context.Context, dead string, adopted []engi
 		}
 		if sp != nil {
 			(*sp).Adopt(se.ID)
-			woken++
 		}
 	}
-	return woken
 }
 
 // TakeOverSandbox fences sandbox id's streams away from node dead and

@@ -289,7 +289,7 @@ func (e *Engine) Close(ctx context.Context) error {
 		e.cancel()
 	}
 	e.wg.Wait()
-	return e.pool.drain(ctx)
+	return e.pool.drain(ctx, "warm pool drained at shutdown")
 }
 
 func (e *Engine) lock(id string) func() {

@@ -161,50 +161,13 @@ func (e *Engine) Adopt(ctx context.Context, id, from string, leases map[string]e
 			return Adopted{}, errdefs.InvalidArgumentf("adopt %s: lease %s held by %s is not this node's lease on its stream", id, l.Stream, l.Holder)
 		}
 	}
-	// Under the sandbox's lock from the leases to the crash record: this
-	// node's stale-copy sweep (DiscardStale) may have seen the row on the
-	// dead node a moment ago and reads it again under the lock before it
-	// destroys anything (CI saw a sandbox a drain's failover had just
-	// restored destroyed as a "stale copy").
-	unlock := e.lock(id)
-	e.leasesMu.Lock()
-	if l, ok := leases["sandbox"]; ok {
-		e.leases[id] = l
-	}
-	if l, ok := leases["effects"]; ok && l.Stream == gateway.Stream(id) {
-		e.leases["effects:"+id] = l
-	}
-	e.leasesMu.Unlock()
 	start := time.Now()
-	sb, err := e.meta.MoveSandbox(ctx, id, from, e.nodeID)
-	if err != nil {
-		unlock()
-		return Adopted{Sandbox: sb}, err
+	ad, restore, err := e.adoptRow(ctx, id, from, leases)
+	if err != nil || !restore {
+		return ad, err
 	}
+	sb := ad.Sandbox
 	lg := e.lg.With("sandbox_id", id, "tenant_id", sb.Tenant, "from_node", from)
-	switch {
-	case sb.Pooled:
-		unlock()
-		_, err := e.meta.SetState(ctx, id, meta.StateDestroyed, "pooled on node "+from+", which died")
-		return Adopted{Sandbox: sb, Reason: "pooled"}, err
-	case isMoving(sb):
-		// Stopped cleanly at a fresh checkpoint to move off a draining
-		// node (move.go): restored from it, not crashed.
-		unlock()
-	case sb.State == meta.StateRunning || sb.State == meta.StateCreating || sb.State == meta.StateRestoring:
-		reason := fmt.Sprintf("its node %s died", from)
-		err := e.markCrashed(ctx, sb, EventCrashed, reason)
-		unlock()
-		if err != nil {
-			return Adopted{Sandbox: sb}, fmt.Errorf("adopt %s: %w", id, err)
-		}
-	case sb.State != meta.StateCrashed:
-		// Stopped or destroyed: nothing ran; it stays as it is, here.
-		unlock()
-		return Adopted{Sandbox: sb, Reason: "not running"}, nil
-	default:
-		unlock()
-	}
 	tRecover := time.Now()
 	restored, err := e.Recover(ctx, sb.Tenant, id, nil)
 	if err != nil {
@@ -218,4 +181,44 @@ func (e *Engine) Adopt(ctx context.Context, id, from string, leases map[string]e
 	lg.Info("adopted sandbox restored from its latest checkpoint", "generation", restored.Generation, "origin", restored.Origin,
 		"took", time.Since(start).Round(time.Millisecond), "recover", time.Since(tRecover).Round(time.Millisecond))
 	return Adopted{Sandbox: restored, Restored: true}, nil
+}
+
+// adoptRow is Adopt's part under sandbox id's lock, from the leases to the
+// crash record: this node's stale-copy sweep (DiscardStale) may have seen
+// the row on the dead node a moment ago, and reads it again under the lock
+// before it destroys anything (CI saw a sandbox a drain's failover had
+// just restored destroyed as a "stale copy"). It installs the leases,
+// moves the row here and records what the death did to it; restore says
+// whether the sandbox is to be restored from its checkpoint.
+func (e *Engine) adoptRow(ctx context.Context, id, from string, leases map[string]eventlog.Lease) (ad Adopted, restore bool, err error) {
+	defer e.lock(id)()
+	e.leasesMu.Lock()
+	if l, ok := leases["sandbox"]; ok {
+		e.leases[id] = l
+	}
+	if l, ok := leases["effects"]; ok && l.Stream == gateway.Stream(id) {
+		e.leases["effects:"+id] = l
+	}
+	e.leasesMu.Unlock()
+	sb, err := e.meta.MoveSandbox(ctx, id, from, e.nodeID)
+	if err != nil {
+		return Adopted{Sandbox: sb}, false, err
+	}
+	switch {
+	case sb.Pooled:
+		_, err := e.meta.SetState(ctx, id, meta.StateDestroyed, "pooled on node "+from+", which died")
+		return Adopted{Sandbox: sb, Reason: "pooled"}, false, err
+	case isMoving(sb), sb.State == meta.StateCrashed:
+		// Stopped cleanly at a fresh checkpoint to move off a draining
+		// node (move.go): restored from it, not crashed. Or crashed
+		// already: restored.
+	case sb.State == meta.StateRunning || sb.State == meta.StateCreating || sb.State == meta.StateRestoring:
+		if err := e.markCrashed(ctx, sb, EventCrashed, fmt.Sprintf("its node %s died", from)); err != nil {
+			return Adopted{Sandbox: sb}, false, fmt.Errorf("adopt %s: %w", id, err)
+		}
+	default:
+		// Stopped or destroyed: nothing ran; it stays as it is, here.
+		return Adopted{Sandbox: sb, Reason: "not running"}, false, nil
+	}
+	return Adopted{Sandbox: sb}, true, nil
 }

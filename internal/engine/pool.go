@@ -305,36 +305,21 @@ func (e *Engine) PausePool(ctx context.Context, paused bool) error {
 		e.lg.Info("warm pool paused: this node is draining")
 	}
 	p.mu.Lock()
-	n := 0
+	held := 0
 	for _, ids := range p.ready {
-		n += len(ids)
+		held += len(ids)
 	}
-	p.ready = map[string][]string{}
 	p.mu.Unlock()
-	if n == 0 && was {
+	if held == 0 && was {
 		return nil
 	}
-	pooled := true
-	rows, err := e.meta.List(ctx, e.mine(meta.Filter{Pooled: &pooled}))
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, sb := range rows {
-		unlock := e.lock(sb.ID)
-		// Read again under the lock: a claim may have made it a tenant's.
-		if cur, err := e.meta.Get(ctx, sb.ID); err == nil && cur.Pooled && cur.State != meta.StateDestroyed {
-			if err := e.destroy(ctx, cur, "warm pool paused: the node is draining"); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		unlock()
-	}
-	return errors.Join(errs...)
+	return p.drain(ctx, "warm pool paused: the node is draining")
 }
 
-// drain destroys every pooled sandbox (at shutdown).
-func (p *pool) drain(ctx context.Context) error {
+// drain destroys every pooled sandbox of this node (at shutdown, or when
+// the pool is paused), each read again under its lock: a claim may have
+// made it a tenant's since the list.
+func (p *pool) drain(ctx context.Context, reason string) error {
 	p.mu.Lock()
 	p.ready = map[string][]string{}
 	p.mu.Unlock()
@@ -346,8 +331,10 @@ func (p *pool) drain(ctx context.Context) error {
 	var errs []error
 	for _, sb := range rows {
 		unlock := p.e.lock(sb.ID)
-		if err := p.e.destroy(ctx, sb, "warm pool drained at shutdown"); err != nil {
-			errs = append(errs, err)
+		if cur, err := p.e.meta.Get(ctx, sb.ID); err == nil && cur.Pooled && cur.State != meta.StateDestroyed {
+			if err := p.e.destroy(ctx, cur, reason); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		unlock()
 	}

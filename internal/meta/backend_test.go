@@ -369,9 +369,24 @@ func TestFailoverPlan(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// claim registers node id with a lease that has already run out and
+	// claims it for by with plan.
+	claim := func(id, by string, plan ...FailoverAssignment) bool {
+		t.Helper()
+		n, err := s.RegisterNode(ctx, Node{ID: id, Addr: "127.0.0.1:1"}, time.Nanosecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond)
+		ok, err := s.ClaimDeadNode(ctx, id, n.Epoch, by, plan...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
 	plan := []FailoverAssignment{{"sbx-f1", "dead", "n1"}, {"sbx-f2", "dead", "n2"}, {"sbx-f3", "dead", "n2"}}
-	if err := s.PlanFailover(ctx, plan); err != nil {
-		t.Fatal(err)
+	if !claim("dead", "n1", plan...) {
+		t.Fatal("claim of a dead node with a plan lost")
 	}
 	pending := func() []FailoverAssignment {
 		t.Helper()
@@ -420,15 +435,14 @@ func TestFailoverPlan(t *testing.T) {
 	if _, err := s.Insert(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
-	n, err := s.RegisterNode(ctx, Node{ID: "gone", Addr: "127.0.0.1:1"}, time.Nanosecond)
+	if !claim("gone", "n1", FailoverAssignment{"sbx-f4", "gone", "n3"}) {
+		t.Fatal("claim with a plan lost")
+	}
+	g, err := s.GetNode(ctx, "gone")
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Millisecond)
-	if ok, err := s.ClaimDeadNode(ctx, "gone", n.Epoch, "n1", FailoverAssignment{"sbx-f4", "gone", "n3"}); err != nil || !ok {
-		t.Fatalf("claim with a plan: %v %v", ok, err)
-	}
-	if ok, err := s.ClaimDeadNode(ctx, "gone", n.Epoch, "n2", FailoverAssignment{"sbx-f4", "gone", "n2"}); err != nil || ok {
+	if ok, err := s.ClaimDeadNode(ctx, "gone", g.Epoch, "n2", FailoverAssignment{"sbx-f4", "gone", "n2"}); err != nil || ok {
 		t.Fatalf("second claim: %v %v", ok, err)
 	}
 	if got := pending(); len(got) != 2 || got[1] != (FailoverAssignment{"sbx-f4", "gone", "n3"}) {

@@ -8,9 +8,10 @@ import (
 // Failover plans: the node that claims a dead node (ClaimDeadNode or
 // ClaimLostNode) spreads the dead node's sandboxes over the live nodes
 // (Place, counting each assignment) rather than restoring them all
-// itself, and records the plan in the claim's transaction. An assignment is a row here; the target finds it in its scan
-// and takes the sandbox over exactly as the claimer would (its streams'
-// leases, then the row's compare-and-set from the dead node). The plan
+// itself, and records the plan in the claim's transaction. An assignment
+// is a row here; the target finds it in its scan and takes the sandbox
+// over exactly as the claimer would (its streams' leases, then the row's
+// compare-and-set from the dead node). The plan
 // only says who should try first: the takeover itself stays one winner
 // by the leases and the row, so a stale, lost or duplicated assignment can
 // delay a restore but never run a sandbox twice. An assignment whose
@@ -29,21 +30,8 @@ type FailoverAssignment struct {
 	SandboxID, DeadNode, Target string
 }
 
-// PlanFailover records the assignments (one per sandbox; a sandbox
-// planned before is re-planned). The claimer records its plan with its
-// claim (ClaimDeadNode); this is for a plan made apart from one.
-func (s *Store) PlanFailover(ctx context.Context, plan []FailoverAssignment) error {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("plan a failover: %w", err)
-	}
-	defer tx.Rollback()
-	if err := planFailover(ctx, tx, s.clock.Now().UnixNano(), plan); err != nil {
-		return err
-	}
-	return tx.Commit()
-}
-
+// planFailover records plan in transaction t (ClaimDeadNode,
+// ClaimLostNode): one row per sandbox, a sandbox planned before re-planned.
 func planFailover(ctx context.Context, t *tx, now int64, plan []FailoverAssignment) error {
 	for _, a := range plan {
 		if _, err := t.ExecContext(ctx, `INSERT INTO failover_plan (sandbox_id, dead_node, target, planned_ns) VALUES (?,?,?,?)

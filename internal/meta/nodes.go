@@ -96,20 +96,14 @@ func (s *Store) RegisterNode(ctx context.Context, n Node, ttl time.Duration) (No
 	}
 	now := s.clock.Now()
 	capb, _ := json.Marshal(n.Capacity)
-	state := NodeLive
-	var cordoned int
-	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM node_cordons WHERE id = ?`, n.ID).Scan(&cordoned); err != nil {
-		return n, fmt.Errorf("register node %s: %w", n.ID, err)
-	}
-	if cordoned > 0 {
-		state = NodeDraining
-	}
-	res, err := s.db.ExecContext(ctx, `INSERT INTO nodes (`+nodeCols+`) VALUES (?,?,1,?,?,?,?,?,'')
+	// Live, or draining when the node is cordoned (above).
+	res, err := s.db.ExecContext(ctx, `INSERT INTO nodes (`+nodeCols+`) VALUES (?,?,1,
+		  CASE WHEN EXISTS (SELECT 1 FROM node_cordons WHERE id = ?) THEN ? ELSE ? END, ?,?,?,?,'')
 		ON CONFLICT(id) DO UPDATE SET addr = excluded.addr, epoch = nodes.epoch + 1, state = excluded.state,
 		  capacity = excluded.capacity, started_ns = excluded.started_ns, heartbeat_ns = excluded.heartbeat_ns,
 		  expires_ns = excluded.expires_ns, taken_by = ''
 		WHERE nodes.state NOT IN ('live', 'draining') OR nodes.expires_ns <= ?`,
-		n.ID, n.Addr, string(state), string(capb), now.UnixNano(), now.UnixNano(), now.Add(ttl).UnixNano(), now.UnixNano())
+		n.ID, n.Addr, n.ID, string(NodeDraining), string(NodeLive), string(capb), now.UnixNano(), now.UnixNano(), now.Add(ttl).UnixNano(), now.UnixNano())
 	if err != nil {
 		return n, fmt.Errorf("register node %s: %w", n.ID, err)
 	}

@@ -41,7 +41,8 @@ CREATE TABLE IF NOT EXISTS sessions (
 	updated_ns INTEGER NOT NULL
 ) STRICT;
 CREATE INDEX IF NOT EXISTS sessions_tenant ON sessions(tenant, created_ns);
-CREATE INDEX IF NOT EXISTS sessions_status ON sessions(status);`
+CREATE INDEX IF NOT EXISTS sessions_status ON sessions(status);
+CREATE INDEX IF NOT EXISTS sessions_sandbox ON sessions(sandbox_id);`
 
 const sessionCols = `id, tenant, definition, status, reason, sandbox_id, created_ns, updated_ns`
 
@@ -75,12 +76,19 @@ func (s *Store) GetSession(ctx context.Context, id string) (Session, error) {
 // ListSessions returns tenant's sessions oldest first (every tenant's when
 // tenant is ""), optionally only those in one of statuses.
 func (s *Store) ListSessions(ctx context.Context, tenant string, statuses ...string) ([]Session, error) {
-	var where []string
-	var args []any
-	if tenant != "" {
-		where = append(where, "tenant = ?")
-		args = append(args, tenant)
+	if tenant == "" {
+		return s.listSessions(ctx, nil, nil, statuses)
 	}
+	return s.listSessions(ctx, []string{"tenant = ?"}, []any{tenant}, statuses)
+}
+
+// SandboxSessions returns the sessions whose sandbox is sandboxID, those
+// with one of statuses when any is given.
+func (s *Store) SandboxSessions(ctx context.Context, sandboxID string, statuses ...string) ([]Session, error) {
+	return s.listSessions(ctx, []string{"sandbox_id = ?"}, []any{sandboxID}, statuses)
+}
+
+func (s *Store) listSessions(ctx context.Context, where []string, args []any, statuses []string) ([]Session, error) {
 	if len(statuses) > 0 {
 		where = append(where, "status IN ("+strings.TrimSuffix(strings.Repeat("?,", len(statuses)), ",")+")")
 		for _, st := range statuses {
