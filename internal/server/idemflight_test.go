@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -94,5 +95,30 @@ func TestIdempotentRetryWaitsForRunningCall(t *testing.T) {
 	}
 	if runs != 3 {
 		t.Fatalf("handler ran %d times, want 3", runs)
+	}
+
+	// The client reads the last frame and hangs up (its request's context
+	// ends) before the handler returns: the answer is still recorded and
+	// the retry gets it — the TypeScript SDK's checkpoint retry in CI.
+	written, release = make(chan struct{}), make(chan struct{})
+	ctx, hangUp := context.WithCancel(context.Background())
+	go func() {
+		r := httptest.NewRequest("POST", "/v1/sandboxes/sbx-1/checkpoints", strings.NewReader("")).WithContext(ctx)
+		r.Header.Set(idemHeader, "k3")
+		w := httptest.NewRecorder()
+		if err := s.idempotent(w, r, c, h); err != nil {
+			w.Code = 0
+		}
+		first <- w
+	}()
+	<-written
+	hangUp()
+	close(release)
+	<-first
+	if w := serve("k3"); w.Code != http.StatusCreated || w.Header().Get(idemReplayed) != "true" {
+		t.Fatalf("retry after the client hung up: %d %q replayed=%q, want the first answer replayed", w.Code, w.Body, w.Header().Get(idemReplayed))
+	}
+	if runs != 4 {
+		t.Fatalf("handler ran %d times, want 4", runs)
 	}
 }

@@ -182,10 +182,16 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, c *call, h h
 	defer done()
 	rec := &recorder{ResponseWriter: w}
 	herr := h(rec, r, c)
+	// The answer is recorded even when the client has gone: a client that
+	// read a streamed answer's last frame closes the connection (which
+	// cancels r's context) and may retry at once; a record lost to that
+	// cancel left the claim running, and the retry a 409.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 30*time.Second)
+	defer cancel()
 	if herr == nil && rec.succeeded() {
-		err = s.meta.FinishIdempotent(r.Context(), c.tenant, key, rec.status, rec.Header().Get("Content-Type"), rec.buf.Bytes())
+		err = s.meta.FinishIdempotent(rctx, c.tenant, key, rec.status, rec.Header().Get("Content-Type"), rec.buf.Bytes())
 	} else {
-		err = s.meta.AbandonIdempotent(r.Context(), c.tenant, key)
+		err = s.meta.AbandonIdempotent(rctx, c.tenant, key)
 	}
 	if err != nil {
 		c.lg.ErrorContext(r.Context(), "record idempotency key", "idempotency_key", key, "err", err)
