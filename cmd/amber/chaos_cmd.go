@@ -457,13 +457,13 @@ func (c *chaos) plan(seed int64, k int) []*chaosFault {
 			p := pick("blob.write", "blob.read")
 			f.point, f.Spec = p, fmt.Sprintf("%s=%d:error/%s", p, n(p), dur(500, 4000))
 		case fcDBErrors:
-			p := pick("eventlog.append", "eventlog.read")
+			p := pick("eventlog.append", "eventlog.read", "meta.write")
 			f.point, f.Spec = p, fmt.Sprintf("%s=%d:error/%s", p, n(p), dur(300, 3000))
 		case fcDiskFull:
-			p := pick("blob.write", "eventlog.append")
+			p := pick("blob.write", "eventlog.append", "meta.write")
 			f.point, f.Spec = p, fmt.Sprintf("%s=%d:enospc/%s", p, n(p), dur(500, 4000))
 		case fcSlowDisk:
-			p := pick("blob.write", "eventlog.append")
+			p := pick("blob.write", "eventlog.append", "meta.write")
 			f.point, f.Spec = p, fmt.Sprintf("%s=%d:slow/%s@%dms", p, n(p), dur(1000, 5000), 20+rng.Intn(180))
 		}
 		if f.Spec != "" {

@@ -242,7 +242,10 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		}
 	}
 	var m *meta.Store
-	if err := openDB("meta.db")(func() (err error) { m, err = meta.Open(o.shared.metaSpec(dataDir), meta.Options{}); return err }); err != nil {
+	if err := openDB("meta.db")(func() (err error) {
+		m, err = meta.Open(o.shared.metaSpec(dataDir), meta.Options{Failpoints: fps})
+		return err
+	}); err != nil {
 		return err
 	}
 	defer m.Close()

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/amber-run/amber/internal/failpoint"
 	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 )
@@ -31,6 +32,21 @@ type db struct {
 	// scope is the schema the store lives in (PostgreSQL only): it keys
 	// node locks, which the server keeps per database, not per schema.
 	scope string
+	fps   *failpoint.Set // Options.Failpoints
+}
+
+// WritePoint is the failpoint evaluated before a statement outside a
+// transaction and before a transaction begins (Options.Failpoints).
+const WritePoint = "meta.write"
+
+// fault evaluates WritePoint (nil without failpoints); the subject is the
+// statement's first word, or "begin".
+func (d *db) fault(query string) error {
+	if d.fps == nil {
+		return nil
+	}
+	verb, _, _ := strings.Cut(strings.TrimSpace(query), " ")
+	return d.fps.EvalFor(WritePoint, strings.ToLower(verb))
 }
 
 func (d *db) q(query string) string {
@@ -62,6 +78,9 @@ func (d *db) args(args []any) []any {
 }
 
 func (d *db) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if err := d.fault(query); err != nil {
+		return nil, err
+	}
 	return d.DB.ExecContext(ctx, d.q(query), d.args(args)...)
 }
 
@@ -84,6 +103,9 @@ func (d *db) QueryRow(query string, args ...any) *sql.Row {
 // BeginTx starts a transaction whose statements are rewritten like the
 // store's.
 func (d *db) BeginTx(ctx context.Context, opts *sql.TxOptions) (*tx, error) {
+	if err := d.fault("begin"); err != nil {
+		return nil, err
+	}
 	t, err := d.DB.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, err

@@ -26,6 +26,7 @@ import (
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/failpoint"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 )
@@ -89,6 +90,13 @@ type Sandbox struct {
 // Options configure Open.
 type Options struct {
 	Clock clock.Clock // default clock.Real
+	// Failpoints, when set (tests and `amber chaos` only), are evaluated
+	// as the point "meta.write" before every statement run outside a
+	// transaction and before every transaction begins: an error there
+	// fails the call before the database is touched, as a database that
+	// refuses writes for a while would. Reads through QueryRow are not
+	// affected. Nil in production: one nil check per call.
+	Failpoints *failpoint.Set
 }
 
 // Store is the metadata database. It is safe for concurrent use.
@@ -201,6 +209,7 @@ func Open(path string, opts Options) (*Store, error) {
 		sqldb.Close()
 		return nil, fmt.Errorf("open meta %s: %w", path, err)
 	}
+	s.db.fps = opts.Failpoints // after the migration: a failed Open is not the fault
 	return s, nil
 }
 

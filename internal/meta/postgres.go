@@ -36,6 +36,7 @@ func openPostgres(dsn string, opts Options) (*Store, error) {
 		sqldb.Close()
 		return nil, fmt.Errorf("open meta on postgres %s: current schema: %w", redactDSN(dsn), err)
 	}
+	s.db.fps = opts.Failpoints
 	return s, nil
 }
 
