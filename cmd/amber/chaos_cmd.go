@@ -457,7 +457,7 @@ func (c *chaos) plan(seed int64, k int) []*chaosFault {
 			p := pick("blob.write", "blob.read")
 			f.point, f.Spec = p, fmt.Sprintf("%s=%d:error/%s", p, n(p), dur(500, 4000))
 		case fcDBErrors:
-			p := pick("eventlog.append", "eventlog.read", "meta.write")
+			p := pick("eventlog.append", "eventlog.read", "meta.write", "meta.read")
 			f.point, f.Spec = p, fmt.Sprintf("%s=%d:error/%s", p, n(p), dur(300, 3000))
 		case fcDiskFull:
 			p := pick("blob.write", "eventlog.append", "meta.write")

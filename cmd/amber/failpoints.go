@@ -24,8 +24,9 @@ import (
 // session harness's (session.*), the chunk store's steps of a Put
 // (chunkstore.chunks, .manifest, .publish, .committed) and the store
 // wrappers' (internal/faults: blob.write, blob.read, eventlog.append,
-// eventlog.read, eventlog.lease), the metadata store's (meta.write) and a
-// drain's moves (cluster.move-out, cluster.move-in.row). Actions, at the N-th evaluation:
+// eventlog.read, eventlog.lease), the metadata store's (meta.write,
+// meta.read) and a drain's moves (cluster.move-out, cluster.move-in.row).
+// Actions, at the N-th evaluation:
 //
 //	kill-daemon      SIGKILL this process
 //	kill-sandbox     SIGKILL the sandbox the point was reached for, and go on

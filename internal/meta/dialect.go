@@ -35,18 +35,45 @@ type db struct {
 	fps   *failpoint.Set // Options.Failpoints
 }
 
-// WritePoint is the failpoint evaluated before a statement outside a
-// transaction and before a transaction begins (Options.Failpoints).
-const WritePoint = "meta.write"
+// The failpoints of Options.Failpoints: WritePoint is evaluated before a
+// statement outside a transaction (Exec) and before a transaction begins,
+// ReadPoint before a query outside a transaction (Query, QueryRow).
+// Statements inside a transaction that began are not failed: the database
+// is down at the begin or not at all.
+const (
+	WritePoint = "meta.write"
+	ReadPoint  = "meta.read"
+)
 
-// fault evaluates WritePoint (nil without failpoints); the subject is the
+// fault evaluates point (nil without failpoints); the subject is the
 // statement's first word, or "begin".
-func (d *db) fault(query string) error {
+func (d *db) fault(point, query string) error {
 	if d.fps == nil {
 		return nil
 	}
 	verb, _, _ := strings.Cut(strings.TrimSpace(query), " ")
-	return d.fps.EvalFor(WritePoint, strings.ToLower(verb))
+	return d.fps.EvalFor(point, strings.ToLower(verb))
+}
+
+// faultyRow is a *sql.Row that may carry an injected error instead (ReadPoint):
+// Scan and Err return it.
+type faultyRow struct {
+	*sql.Row
+	err error
+}
+
+func (r *faultyRow) Scan(dest ...any) error {
+	if r.err != nil {
+		return r.err
+	}
+	return r.Row.Scan(dest...)
+}
+
+func (r *faultyRow) Err() error {
+	if r.err != nil {
+		return r.err
+	}
+	return r.Row.Err()
 }
 
 func (d *db) q(query string) string {
@@ -78,32 +105,38 @@ func (d *db) args(args []any) []any {
 }
 
 func (d *db) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	if err := d.fault(query); err != nil {
+	if err := d.fault(WritePoint, query); err != nil {
 		return nil, err
 	}
 	return d.DB.ExecContext(ctx, d.q(query), d.args(args)...)
 }
 
 func (d *db) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if err := d.fault(ReadPoint, query); err != nil {
+		return nil, err
+	}
 	return d.DB.QueryContext(ctx, d.q(query), d.args(args)...)
 }
 
-func (d *db) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	return d.DB.QueryRowContext(ctx, d.q(query), d.args(args)...)
+func (d *db) QueryRowContext(ctx context.Context, query string, args ...any) *faultyRow {
+	if err := d.fault(ReadPoint, query); err != nil {
+		return &faultyRow{err: err}
+	}
+	return &faultyRow{Row: d.DB.QueryRowContext(ctx, d.q(query), d.args(args)...)}
 }
 
 func (d *db) Exec(query string, args ...any) (sql.Result, error) {
 	return d.ExecContext(context.Background(), query, args...)
 }
 
-func (d *db) QueryRow(query string, args ...any) *sql.Row {
+func (d *db) QueryRow(query string, args ...any) *faultyRow {
 	return d.QueryRowContext(context.Background(), query, args...)
 }
 
 // BeginTx starts a transaction whose statements are rewritten like the
 // store's.
 func (d *db) BeginTx(ctx context.Context, opts *sql.TxOptions) (*tx, error) {
-	if err := d.fault("begin"); err != nil {
+	if err := d.fault(WritePoint, "begin"); err != nil {
 		return nil, err
 	}
 	t, err := d.DB.BeginTx(ctx, opts)
@@ -129,8 +162,8 @@ func (t *tx) QueryContext(ctx context.Context, query string, args ...any) (*sql.
 	return t.Tx.QueryContext(ctx, t.d.q(query), t.d.args(args)...)
 }
 
-func (t *tx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	return t.Tx.QueryRowContext(ctx, t.d.q(query), t.d.args(args)...)
+func (t *tx) QueryRowContext(ctx context.Context, query string, args ...any) *faultyRow {
+	return &faultyRow{Row: t.Tx.QueryRowContext(ctx, t.d.q(query), t.d.args(args)...)}
 }
 
 func (t *tx) Exec(query string, args ...any) (sql.Result, error) {

@@ -10,11 +10,12 @@ import (
 	"github.com/amber-run/amber/internal/failpoint"
 )
 
-// TestWriteFailpoint: with Options.Failpoints, "meta.write" is evaluated
+// TestStoreFailpoints: with Options.Failpoints, "meta.write" is evaluated
 // before a statement and before a transaction; an armed point fails the
 // call and the database is not touched (the claim it would have written is
-// absent afterwards). Without failpoints nothing is evaluated.
-func TestWriteFailpoint(t *testing.T) {
+// absent afterwards). "meta.read" fails queries the same way. Without
+// failpoints nothing is evaluated.
+func TestStoreFailpoints(t *testing.T) {
 	ctx := context.Background()
 	fps := failpoint.New()
 	s, err := Open(filepath.Join(t.TempDir(), "meta.db"), Options{Failpoints: fps})
@@ -41,6 +42,26 @@ func TestWriteFailpoint(t *testing.T) {
 	}
 	if n := fps.Hits(WritePoint); n < 3 {
 		t.Fatalf("point hit %d times, want at least 3", n)
+	}
+
+	// Reads: a query and a single-row query fail with the injected error
+	// (not "no rows"), and work again once disarmed.
+	if _, err := s.CreateTenant(ctx, Tenant{ID: "acme"}); err != nil {
+		t.Fatal(err)
+	}
+	fps.Arm(ReadPoint, 1, boom)
+	if _, err := s.ListTenants(ctx); !errors.Is(err, boom) {
+		t.Fatalf("list with meta.read armed: %v, want the injected error", err)
+	}
+	if _, err := s.GetTenant(ctx, "acme"); !errors.Is(err, boom) {
+		t.Fatalf("get with meta.read armed: %v, want the injected error", err)
+	}
+	fps.Disarm(ReadPoint)
+	if got, err := s.GetTenant(ctx, "acme"); err != nil || got.ID != "acme" {
+		t.Fatalf("get after the window: %+v %v", got, err)
+	}
+	if n := fps.Hits(ReadPoint); n < 3 {
+		t.Fatalf("meta.read hit %d times, want at least 3", n)
 	}
 
 	// Production: no failpoints, nothing evaluated (and nothing fails).

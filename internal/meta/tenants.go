@@ -82,7 +82,7 @@ func (s *Store) GetTenant(ctx context.Context, id string) (Tenant, error) {
 }
 
 type querier interface {
-	QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row
+	QueryRowContext(ctx context.Context, q string, args ...any) *faultyRow
 }
 
 func getTenant(ctx context.Context, q querier, id string) (Tenant, error) {
