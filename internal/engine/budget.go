@@ -106,7 +106,7 @@ func (e *Engine) MonthToDate(ctx context.Context, tenant string) (map[string]flo
 		if ev.Type != EventUsageRecorded || json.Unmarshal(ev.Payload, &r) != nil {
 			return nil
 		}
-		k := r.Start.UTC().Format("2006-01")
+		k := r.At().Format("2006-01") // the month it ended in (UsageRecord)
 		if ms.sums[k] == nil {
 			ms.sums[k] = map[string]float64{}
 		}

@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/enginetest"
@@ -20,8 +22,27 @@ import (
 // running sandbox is checkpointed and stopped (its state kept), a call
 // into it is refused rather than resuming it; raising the budget lets the
 // next call resume it from that checkpoint with its files.
+//
+// It runs on several calendars (the wall clock moved, running at its pace):
+// today, seconds after midnight of the 1st (the 24 h interval closed by hand
+// began in the previous month: its CPU is still this month's), a leap day
+// and the night of a DST change (UTC has none; a local zone must not leak in).
 func TestUsageBudget(t *testing.T) {
-	env := enginetest.New(t, engine.Options{MeterInterval: 24 * time.Hour}) // intervals closed by hand
+	for _, c := range []struct {
+		name string
+		at   time.Time
+	}{
+		{"today", time.Now()},
+		{"first-of-month", time.Date(2027, 1, 1, 0, 0, 3, 0, time.UTC)},
+		{"leap-day", time.Date(2028, 2, 29, 23, 59, 58, 0, time.UTC)},
+		{"dst-change", time.Date(2027, 3, 28, 0, 59, 58, 0, time.UTC)}, // 01:00 UTC: Europe springs forward
+	} {
+		t.Run(c.name, func(t *testing.T) { testUsageBudget(t, clock.NewShifted(c.at)) })
+	}
+}
+
+func testUsageBudget(t *testing.T, clk clock.Clock) {
+	env := enginetest.New(t, engine.Options{MeterInterval: 24 * time.Hour, Clock: clk}) // intervals closed by hand
 	e := env.Engine
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -47,7 +68,7 @@ func TestUsageBudget(t *testing.T) {
 	if _, err := exec("echo kept > /root/state; end=$(($(date +%s)+2)); while [ $(date +%s) -lt $end ]; do :; done"); err != nil {
 		t.Fatalf("exec under the budget: %v", err)
 	}
-	end := time.Now()
+	end := clk.Now()
 	if err := e.MeterTick(ctx, end); err != nil {
 		t.Fatal(err)
 	}
@@ -101,5 +122,73 @@ func TestUsageBudget(t *testing.T) {
 	}
 	if got, _ := e.Get(ctx, tenant, sb.ID); got.State != meta.StateRunning {
 		t.Errorf("after the call: %s, want running (resumed)", got.State)
+	}
+}
+
+// TestUsageMonthBoundary: a usage record counts in the month (and day) of
+// its last instant, in UTC, whatever zone its times were written in: an
+// interval that ends after midnight of the 1st charges the new month's
+// budget (charged to the month it began in, it escaped it), one that ends
+// exactly at midnight is the old month's, and a leap day is a day.
+func TestUsageMonthBoundary(t *testing.T) {
+	clk := clock.NewFake(time.Date(2027, 3, 1, 0, 0, 30, 0, time.UTC))
+	env := enginetest.New(t, engine.Options{MeterInterval: 24 * time.Hour, Clock: clk})
+	e := env.Engine
+	ctx := context.Background()
+	const tenant = "default"
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Skipf("no zoneinfo: %v", err) // Debian's tzdata is on every machine of this kind
+	}
+	mar1 := time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC)
+	recs := []engine.UsageRecord{
+		// Ends exactly at midnight: February's (its last instant is Feb 28 23:59:59.999…).
+		{Sandbox: "sbx-a", Meter: engine.MeterCPUSeconds, Start: mar1.Add(-10 * time.Second), End: mar1, Quantity: 1},
+		// Spans midnight: March's.
+		{Sandbox: "sbx-a", Meter: engine.MeterCPUSeconds, Start: mar1.Add(-23 * time.Hour), End: mar1.Add(time.Hour), Quantity: 2},
+		// Written in a zone with DST (the night New York springs forward), still UTC's March.
+		{Sandbox: "sbx-b", Meter: engine.MeterCPUSeconds, Start: time.Date(2027, 3, 14, 1, 59, 0, 0, ny), End: time.Date(2027, 3, 14, 3, 1, 0, 0, ny), Quantity: 4},
+		// A leap day, a year later.
+		{Sandbox: "sbx-c", Meter: engine.MeterCPUSeconds, Start: time.Date(2028, 2, 29, 10, 0, 0, 0, time.UTC), End: time.Date(2028, 2, 29, 10, 0, 10, 0, time.UTC), Quantity: 8},
+	}
+	var evs []eventlog.Event
+	for _, r := range recs {
+		evs = append(evs, engine.UsageEvent(tenant, r))
+	}
+	if _, err := env.Log.Append(ctx, engine.UsageStream(tenant), 0, eventlog.Any, evs...); err != nil {
+		t.Fatal(err)
+	}
+	mtd, err := e.MonthToDate(ctx, tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := mtd[engine.MeterCPUSeconds]; got != 6 {
+		t.Errorf("March 2027 to date: %v CPU-seconds, want 6 (the interval across midnight and the DST night; not the one that ended at midnight)", got)
+	}
+	rows, err := e.Usage(ctx, engine.UsageQuery{Tenant: tenant, GroupBy: "day"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	days := map[string]float64{}
+	for _, r := range rows {
+		days[r.Day] += r.Quantity
+	}
+	want := map[string]float64{"2027-02-28": 1, "2027-03-01": 2, "2027-03-14": 4, "2028-02-29": 8}
+	for d, q := range want {
+		if days[d] != q {
+			t.Errorf("day %s: %v, want %v (all days: %v)", d, days[d], q, days)
+		}
+	}
+	feb, err := e.UsageRecords(ctx, tenant, time.Date(2027, 2, 1, 0, 0, 0, 0, time.UTC), mar1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(feb) != 1 || feb[0].Quantity != 1 {
+		t.Errorf("February's records: %+v, want only the one that ended at midnight", feb)
+	}
+	// A month later the leap day is the month's.
+	clk.Advance(time.Date(2028, 2, 29, 12, 0, 0, 0, time.UTC).Sub(clk.Now()))
+	if mtd, err = e.MonthToDate(ctx, tenant); err != nil || mtd[engine.MeterCPUSeconds] != 8 {
+		t.Errorf("February 2028 to date: %v %v, want 8", mtd, err)
 	}
 }

@@ -22,3 +22,6 @@ func (e *Engine) SetUnsentUsage(tenant string, evs []eventlog.Event) {
 
 // DropLocal is the stale-copy sweep's destroy of sandbox id (failover.go).
 func (e *Engine) DropLocal(ctx context.Context, id string) { e.dropLocal(ctx, id) }
+
+// UsageEvent is the usage.recorded event the metering loop appends for r.
+func UsageEvent(tenant string, r UsageRecord) eventlog.Event { return usageEvent(tenant, r) }

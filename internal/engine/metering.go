@@ -114,6 +114,13 @@ func UsageStream(tenant string) string { return "usage/" + tenant }
 // [Start, End) — including what the sandbox used since its previous record
 // that no record holds yet (before a kill, while the daemon was down).
 // Start is the interval's start, part of the event id; End its end.
+//
+// A record counts in the day and the calendar month (UTC) of its last
+// instant (At), never of its start: the counter behind it is read at End,
+// so what it holds was used by then, and an interval that spans midnight
+// of the 1st (a 24 h interval, the first record after a restart) charges
+// the month it ended in. Charging it to the month it began in would let
+// usage recorded after the month closed escape the new month's budget.
 type UsageRecord struct {
 	Sandbox  string    `json:"sandbox,omitempty"`
 	Meter    string    `json:"meter"`
@@ -130,6 +137,15 @@ type UsageRecord struct {
 	Cursors    bool   `json:"cursors,omitempty"`
 	SandboxSeq uint64 `json:"sandbox_seq,omitempty"`
 	EffectsSeq uint64 `json:"effects_seq,omitempty"`
+}
+
+// At is the instant a record is attributed to: the last instant of
+// [Start, End), or Start for a record of an instant (model tokens).
+func (r UsageRecord) At() time.Time {
+	if r.End.After(r.Start) {
+		return r.End.Add(-time.Nanosecond).UTC()
+	}
+	return r.Start.UTC()
 }
 
 // UsageObserver is an Observer that also counts recorded usage per tenant
@@ -568,7 +584,7 @@ func (e *Engine) appendUsage(ctx context.Context, tenant string, evs []eventlog.
 // UsageQuery selects usage records of one tenant.
 type UsageQuery struct {
 	Tenant   string
-	From, To time.Time // records whose interval starts in [From, To); zero: unbounded
+	From, To time.Time // records attributed (UsageRecord.At) to [From, To); zero: unbounded
 	// GroupBy: "meter" (default), "sandbox" (sandbox and meter) or "day"
 	// (UTC day and meter).
 	GroupBy string
@@ -605,7 +621,7 @@ func (e *Engine) Usage(ctx context.Context, q UsageQuery) ([]UsageRow, error) {
 		case "sandbox":
 			k.sbx = r.Sandbox
 		case "day":
-			k.day = r.Start.UTC().Format("2006-01-02")
+			k.day = r.At().Format("2006-01-02")
 		}
 		row := sums[k]
 		if row == nil {
@@ -637,7 +653,7 @@ func (e *Engine) Usage(ctx context.Context, q UsageQuery) ([]UsageRow, error) {
 	return out, nil
 }
 
-// UsageRecords returns tenant's usage records whose interval starts in
+// UsageRecords returns tenant's usage records attributed (At) to
 // [from, to) (zero bounds: unbounded), in log order.
 func (e *Engine) UsageRecords(ctx context.Context, tenant string, from, to time.Time) ([]UsageRecord, error) {
 	if tenant == "" {
@@ -656,7 +672,7 @@ func (e *Engine) UsageRecords(ctx context.Context, tenant string, from, to time.
 		if err := json.Unmarshal(ev.Payload, &r); err != nil {
 			return errdefs.DataLossf("usage record %s/%d: %v", UsageStream(tenant), ev.Seq, err)
 		}
-		if (from.IsZero() || !r.Start.Before(from)) && (to.IsZero() || r.Start.Before(to)) {
+		if at := r.At(); (from.IsZero() || !at.Before(from)) && (to.IsZero() || at.Before(to)) {
 			out = append(out, r)
 		}
 		return nil
