@@ -37,4 +37,3 @@ func GuardedDialer(p *Policy, timeout time.Duration) *net.Dialer {
 
 // AddrDenied reports whether ip is refused by the default deny list.
 func AddrDenied(ip netip.Addr) bool { return (&Policy{}).addrDenied(ip) }
-
