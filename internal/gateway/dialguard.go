@@ -27,13 +27,16 @@ func GuardedDialer(p *Policy, timeout time.Duration) *net.Dialer {
 			if err != nil {
 				return errdefs.PermissionDeniedf("egress: refusing to dial %q: not an address", address)
 			}
-			if p.addrDenied(ap.Addr()) {
-				return errdefs.PermissionDeniedf("egress: refusing to dial %s: a denied network", ap)
+			if why := p.denyReason(ap.Addr()); why != "" {
+				return errdefs.PermissionDeniedf("egress: refusing to dial %s: %s", ap, why)
 			}
 			return nil
 		},
 	}
 }
 
-// AddrDenied reports whether ip is refused by the default deny list.
+// AddrDenied reports whether ip is refused by the default deny list: a
+// zoned address, one in DefaultDeniedNets, an IPv6 address embedding a
+// denied IPv4 address (NAT64, 6to4, IPv4-compatible; IPv4-mapped is its
+// IPv4 address), or one of the host's own addresses (see Policy.denyReason).
 func AddrDenied(ip netip.Addr) bool { return (&Policy{}).addrDenied(ip) }

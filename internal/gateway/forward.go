@@ -11,7 +11,6 @@ import (
 	"github.com/amber-run/amber/internal/tracing"
 	"go.opentelemetry.io/otel/attribute"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
@@ -70,12 +69,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	run := h.st.run
 	h.st.mu.Unlock()
 
-	host := r.Host
-	if hh, _, err := net.SplitHostPort(host); err == nil {
-		host = hh
-	}
-	host = strings.ToLower(strings.TrimSuffix(host, "."))
-	if a, err := netip.ParseAddr(host); host == "" || err == nil && a.Unmap() == h.origDst.Addr() && h.origHost != "" {
+	// The Host (for an absolute-form request or an HTTP/2 CONNECT, the
+	// URL's authority: net/http puts it in r.Host) is parsed once, here; a
+	// zone or a name no DNS could hold is refused before any decision.
+	host, herr := parseRequestHost(r.Host)
+	if a, err := netip.ParseAddr(host); herr == nil && (host == "" || err == nil && a == h.origDst.Addr() && h.origHost != "") {
 		// No Host, or the stand-in address the sandbox dialled by literal:
 		// the request is for the name the address stands for.
 		host = h.origHost
@@ -98,6 +96,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	q := &request{r: r, run: run, host: host, port: port}
 	q.d = Decision{Dest: joinHostPort(host, port), Method: r.Method}
+	if herr != nil {
+		h.fail(w, q, http.StatusBadRequest, "bad-request", "deny", herr.Error())
+		return
+	}
 	nurl, err := NormalizeURL(h.scheme + "://" + q.d.Dest + r.URL.RequestURI())
 	if err != nil {
 		h.fail(w, q, http.StatusBadRequest, "bad-request", "error", "request URL does not parse")
@@ -121,8 +123,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, q, http.StatusBadGateway, "resolve", "error", "cannot resolve "+host)
 		return
 	}
-	if !named && run.Policy.addrDenied(ip) {
-		h.fail(w, q, http.StatusForbidden, "denied", "deny", "destination resolves into a denied network")
+	if why := run.Policy.denyReason(ip); !named && why != "" {
+		h.fail(w, q, http.StatusForbidden, "denied", "deny", "destination resolves into a denied network ("+why+")")
 		return
 	}
 	q.upstream = netip.AddrPortFrom(ip, port)

@@ -68,6 +68,10 @@ type Options struct {
 	Hosts map[string]netip.Addr
 	// DialTimeout bounds a dial upstream; default 10s.
 	DialTimeout time.Duration
+	// Dial opens every upstream connection (HTTP and streams), always to
+	// an IP address the policy checked ("ip:port"); default a net.Dialer
+	// with DialTimeout. Tests record here what would have been dialled.
+	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 	// SniffTimeout is how long ServeConn waits for the client's first bytes
 	// to tell HTTP from other TCP before treating the connection as a stream
 	// (protocols where the server speaks first); default 300ms.
@@ -194,7 +198,11 @@ func New(opts Options) *Gateway {
 	if opts.MaxJournaledBody <= 0 {
 		opts.MaxJournaledBody = 256 << 10
 	}
-	d := &net.Dialer{Timeout: opts.DialTimeout, KeepAlive: 30 * time.Second}
+	if opts.Dial == nil {
+		d := &net.Dialer{Timeout: opts.DialTimeout, KeepAlive: 30 * time.Second}
+		opts.Dial = d.DialContext
+	}
+	dial := opts.Dial
 	return &Gateway{
 		opts: opts,
 		log:  opts.Logger.With("component", "gateway"),
@@ -207,7 +215,7 @@ func New(opts Options) *Gateway {
 				if !ok {
 					return nil, errdefs.FailedPreconditionf("gateway: dial without a checked address")
 				}
-				return d.DialContext(ctx, network, to.String())
+				return dial(ctx, network, to.String())
 			},
 			TLSClientConfig:     &tls.Config{RootCAs: opts.UpstreamRoots, MinVersion: tls.VersionTLS12},
 			MaxIdleConnsPerHost: 16,
@@ -504,8 +512,9 @@ func (g *Gateway) serveStream(ctx context.Context, c net.Conn, origDst netip.Add
 		g.report(run, d)
 		return nil
 	}
-	dialer := net.Dialer{Timeout: g.opts.DialTimeout}
-	up, err := dialer.DialContext(ctx, "tcp", target.String())
+	dctx, cancel := context.WithTimeout(ctx, g.opts.DialTimeout)
+	up, err := g.opts.Dial(dctx, "tcp", target.String())
+	cancel()
 	if err != nil {
 		d.Kind, d.Reason = "error", "dial: "+err.Error()
 		g.report(run, d)
@@ -564,8 +573,8 @@ func (g *Gateway) checkStream(ctx context.Context, st *sandboxState, run Run, ds
 			return netip.AddrPort{}, "cannot resolve " + host
 		}
 	}
-	if !named && run.Policy.addrDenied(ip) {
-		return netip.AddrPort{}, "destination in a denied network"
+	if why := run.Policy.denyReason(ip); !named && why != "" {
+		return netip.AddrPort{}, "destination in a denied network (" + why + ")"
 	}
 	return netip.AddrPortFrom(ip, dst.Port()), ""
 }

@@ -78,12 +78,24 @@ type Policy struct {
 	OnDivergence DivergencePolicy
 }
 
-// DefaultDeniedNets are the private, loopback, link-local, CGNAT, multicast
-// and unspecified ranges, IPv4 and IPv6.
+// DefaultDeniedNets are the private, loopback, link-local, CGNAT,
+// documentation, multicast and unspecified ranges, IPv4 and IPv6. IPv6
+// addresses that embed an IPv4 address are also checked by that address
+// (see embeddedIPv4), and the host's own addresses are always denied (see
+// hostAddrs).
 var DefaultDeniedNets = mustPrefixes(
 	"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
-	"172.16.0.0/12", "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4",
-	"::/128", "::1/128", "fc00::/7", "fe80::/10", "ff00::/8", "64:ff9b:1::/48",
+	"172.16.0.0/12", "192.0.0.0/24", "192.0.2.0/24", "192.168.0.0/16", "198.18.0.0/15",
+	"198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
+	"::/128", "::1/128", "fc00::/7", "fe80::/10", "fec0::/10", "ff00::/8",
+	"64:ff9b:1::/48", // local-use NAT64 (RFC 8215): a translator of the site's own
+	"100::/64",       // discard-only
+	"2001:db8::/32",  // documentation
+	// Teredo (RFC 4380) embeds a server's IPv4 address and, obfuscated, the
+	// client's; a relay the operator does not run forwards it. No sandbox
+	// needs it and decoding it proves nothing about where the relay goes,
+	// so the whole prefix is denied.
+	"2001::/32",
 )
 
 func mustPrefixes(ss ...string) []netip.Prefix {
@@ -104,13 +116,63 @@ func (p *Policy) allowed(host string, port uint16) bool {
 	return false
 }
 
-// addrDenied reports whether ip is in a denied range not exempted.
-func (p *Policy) addrDenied(ip netip.Addr) bool {
+// addrDenied reports whether ip is refused (see denyReason).
+func (p *Policy) addrDenied(ip netip.Addr) bool { return p.denyReason(ip) != "" }
+
+// denyReason says why ip may not be dialled, "" if it may. The decision is
+// made on the address the gateway dials, never on a name:
+//
+//   - an address with a zone (fe80::1%eth0, ::1%x) is refused outright: a
+//     zone names an interface of the host, which means nothing for a
+//     destination a sandbox asks for (and netip.Prefix.Contains never
+//     matches a zoned address, so it would pass every range check);
+//   - an IPv4-mapped address (::ffff:a.b.c.d) is its IPv4 address;
+//   - an IPv6 address that embeds an IPv4 address — NAT64 64:ff9b::/96,
+//     6to4 2002::/16, IPv4-compatible ::a.b.c.d — is refused if either
+//     address is (NAT64 to a public IPv4 address works);
+//   - the host's own addresses (every interface's, see hostAddrs) are
+//     refused: a service bound to one of them is the host's, not the
+//     internet's.
+//
+// AllowNets exempts an address (and an embedded one) from all of it but
+// the zone rule.
+func (p *Policy) denyReason(ip netip.Addr) string {
+	if !ip.IsValid() {
+		return "not an address"
+	}
+	if ip.Zone() != "" {
+		return "an address with an IPv6 zone"
+	}
 	ip = ip.Unmap()
+	if p.netDenied(ip) {
+		return "a denied network"
+	}
+	if v4, ok := embeddedIPv4(ip); ok && p.netDenied(v4) {
+		return "an IPv6 address embedding " + v4.String() + ", in a denied network"
+	}
+	if !p.exempt(ip) && isHostAddr(ip) {
+		return "an address of the gateway's host"
+	}
+	if v4, ok := embeddedIPv4(ip); ok && !p.exempt(v4) && isHostAddr(v4) {
+		return "an IPv6 address embedding " + v4.String() + ", an address of the gateway's host"
+	}
+	return ""
+}
+
+func (p *Policy) exempt(ip netip.Addr) bool {
 	for _, n := range p.AllowNets {
 		if n.Contains(ip) {
-			return false
+			return true
 		}
+	}
+	return false
+}
+
+// netDenied reports whether ip (unzoned, unmapped) is in DeniedNets and
+// not exempted by AllowNets.
+func (p *Policy) netDenied(ip netip.Addr) bool {
+	if p.exempt(ip) {
+		return false
 	}
 	denied := p.DeniedNets
 	if denied == nil {
@@ -122,6 +184,30 @@ func (p *Policy) addrDenied(ip netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+var (
+	nat64Prefix  = netip.MustParsePrefix("64:ff9b::/96")
+	sixToFour    = netip.MustParsePrefix("2002::/16")
+	v4Compatible = netip.MustParsePrefix("::/96")
+)
+
+// embeddedIPv4 returns the IPv4 address an IPv6 address carries: the low
+// 32 bits of a NAT64 (RFC 6052 well-known prefix) or IPv4-compatible
+// address, bits 16-47 of a 6to4 address. Teredo is denied whole (see
+// DefaultDeniedNets), local-use NAT64 too.
+func embeddedIPv4(ip netip.Addr) (netip.Addr, bool) {
+	if !ip.Is6() || ip.Is4In6() {
+		return netip.Addr{}, false
+	}
+	b := ip.WithZone("").As16()
+	switch {
+	case nat64Prefix.Contains(ip.WithZone("")), v4Compatible.Contains(ip.WithZone("")):
+		return netip.AddrFrom4([4]byte(b[12:16])), true
+	case sixToFour.Contains(ip.WithZone("")):
+		return netip.AddrFrom4([4]byte(b[2:6])), true
+	}
+	return netip.Addr{}, false
 }
 
 // mode returns the mode of a request.
