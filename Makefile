@@ -51,6 +51,7 @@ fuzz:
 	$(FUZZ) -fuzz '^FuzzDecodeEnvelope$$' ./core/eventlog
 	$(FUZZ) -fuzz '^FuzzResolvePath$$' ./internal/confinedfs
 	$(FUZZ) -fuzz '^FuzzTarIn$$' ./internal/confinedfs
+	$(FUZZ) -fuzz '^FuzzLayerArchive$$' ./internal/layer
 	$(FUZZ) -fuzz '^FuzzDecodeRequests$$' ./internal/server
 
 # The extended fidelity tests (browser sessions, live PostgreSQL sessions,
