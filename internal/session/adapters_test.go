@@ -177,18 +177,19 @@ func TestAdaptersOverTheWire(t *testing.T) {
 			ws := &wireServer{fail: c.fail, midError: 1}
 			srv := httptest.NewServer(c.handler(ws))
 			defer srv.Close()
-			t.Setenv("AMBER_TEST_MODEL_KEY", "test-key")
+			// The local server is an operator's provider (a tenant's
+			// base_url on 127.0.0.1 is refused at dial time).
+			url := srv.URL // the API root: the Anthropic SDK adds v1/messages
+			if c.adapter == "openai" {
+				url += "/v1/"
+			}
 			e := newTestEnv(t, nil)
-			id := e.create(Definition{Model: ModelConfig{Adapter: c.adapter, Name: "test-model", BaseURL: srv.URL + "/v1/", APIKeyEnv: "AMBER_TEST_MODEL_KEY"},
+			e.providers = map[string]Provider{"local": {Name: "local", URL: url, Adapter: c.adapter, Key: "test-key", Tenants: []string{"acme"}}}
+			id := e.create(Definition{Model: ModelConfig{Provider: "local", Name: "test-model"},
 				System: "You are careful.", Tools: []string{"bash"}})
 			e.post(id, EventUserMessage, UserMessage{Text: "say hi"})
 			h := e.harness(nil)
-			h.Models = func(cfg ModelConfig) (Model, error) {
-				if cfg.Adapter == "anthropic" {
-					cfg.BaseURL = srv.URL // the API root: the SDK adds v1/messages
-				}
-				return NewModel(cfg)
-			}
+			h.Models = NewModel
 			var deltas strings.Builder
 			h.OnDelta = func(_, s string) { deltas.WriteString(s) }
 			st, err := h.Wake(context.Background(), id)
@@ -244,7 +245,8 @@ func TestAdapterGivesUpOnClientError(t *testing.T) {
 	}))
 	defer srv.Close()
 	e := newTestEnv(t, nil)
-	id := e.create(Definition{Model: ModelConfig{Adapter: "anthropic", Name: "m", BaseURL: srv.URL}})
+	e.providers = map[string]Provider{"local": {Name: "local", URL: srv.URL, Tenants: []string{"*"}}}
+	id := e.create(Definition{Model: ModelConfig{Adapter: "anthropic", Name: "m", Provider: "local"}})
 	e.post(id, EventUserMessage, UserMessage{Text: "hi"})
 	h := e.harness(nil)
 	h.Models = NewModel

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
@@ -21,13 +22,19 @@ type Anthropic struct {
 	retries int
 }
 
-// NewAnthropic returns an adapter for baseURL ("" for the SDK's default)
-// with apiKey; retries <= 0 means 4.
-func NewAnthropic(baseURL, apiKey string, retries int) *Anthropic {
+// NewAnthropic returns an adapter for baseURL ("" for the API's public
+// URL) with apiKey, dialling through hc (nil: through the egress deny list,
+// as for a URL a tenant chose); retries <= 0 means 4. Nothing is read from
+// the daemon's environment (the SDK's ANTHROPIC_* defaults are off).
+func NewAnthropic(baseURL, apiKey string, retries int, hc *http.Client) *Anthropic {
 	if retries <= 0 {
 		retries = 4
 	}
-	opts := []option.RequestOption{option.WithAPIKey(apiKey), option.WithMaxRetries(retries)}
+	if hc == nil {
+		hc = guardedClient()
+	}
+	opts := []option.RequestOption{option.WithoutEnvironmentDefaults(), option.WithHTTPClient(hc),
+		option.WithAPIKey(apiKey), option.WithMaxRetries(retries)}
 	if baseURL != "" {
 		opts = append(opts, option.WithBaseURL(baseURL))
 	}
@@ -56,11 +63,16 @@ func (a *Anthropic) Complete(ctx context.Context, req Request, onDelta func(stri
 		}
 		params.Tools = append(params.Tools, anthropic.ToolUnionParam{OfTool: &tp})
 	}
+	ctx, refused, done := withStop(ctx)
+	defer done()
 	var err error
 	for attempt := 0; attempt <= a.retries; attempt++ {
 		var resp Response
 		if resp, err = a.once(ctx, params, onDelta); err == nil {
 			return resp, nil
+		}
+		if r := refused(); r != nil {
+			return Response{}, fmt.Errorf("anthropic: %w", r)
 		}
 		var apiErr *anthropic.Error
 		if ctx.Err() != nil || (errors.As(err, &apiErr) && !retryable(apiErr.StatusCode)) {

@@ -2,6 +2,7 @@ package session
 
 import (
 	"encoding/json"
+	"net/url"
 	"slices"
 	"time"
 
@@ -37,27 +38,70 @@ type Definition struct {
 	FastEvery int `json:"fast_every,omitempty"`
 }
 
-// ModelConfig chooses a model adapter and configures it.
+// ModelConfig chooses a model adapter and configures it. It never names
+// the daemon's environment: a key comes from an operator's provider
+// (Provider, which the operator grants to tenants) or from the tenant's
+// own secret.
 type ModelConfig struct {
-	// Adapter: "scripted", "anthropic" or "openai".
+	// Adapter: "scripted", "anthropic" or "openai" (with a provider that
+	// names its adapter, "" takes that one).
 	Adapter string `json:"adapter"`
 	// Name is the model's name at the provider.
 	Name string `json:"name,omitempty"`
-	// BaseURL is the provider's API (the adapter's default when empty).
+	// Provider names a model provider the operator configured (amber up
+	// --model-provider) and allows this tenant to use: its URL, and its
+	// key unless APIKeySecret names the tenant's own.
+	Provider string `json:"provider,omitempty"`
+	// BaseURL is a provider's API the tenant chooses (the adapter's
+	// public default when empty; not with Provider). It is dialled through
+	// the egress deny list, and no key of the operator's is ever sent to
+	// it: only APIKeySecret's.
 	BaseURL string `json:"base_url,omitempty"`
-	// APIKeyEnv names the daemon's environment variable holding the API key
-	// (default ANTHROPIC_API_KEY / OPENAI_API_KEY). The key itself is never
-	// in the log.
+	// APIKeyEnv is refused (InvalidArgument, on create and when an older
+	// session is woken): it named the daemon's environment variable to send
+	// as the key, which let a tenant read any of them. It stays a field so
+	// that definitions already in the log decode and are refused by name.
 	APIKeyEnv string `json:"api_key_env,omitempty"`
 	// APIKeySecret names the tenant's secret (amber secret set) holding
-	// the API key; it wins over APIKeyEnv. The secret must be bound to the
-	// model endpoint's host:port, as any secret to where it is sent.
+	// the API key; it wins over a provider's key. The secret must be bound
+	// to the model endpoint's host:port, as any secret to where it is sent.
 	APIKeySecret string `json:"api_key_secret,omitempty"`
-	// resolvedKey is the secret's value, set in memory by the harness.
-	resolvedKey string
-	MaxTokens   int `json:"max_tokens,omitempty"`
+	MaxTokens    int    `json:"max_tokens,omitempty"`
 	// Script is the scripted model's turns.
 	Script []ScriptTurn `json:"script,omitempty"`
+
+	// ep is where calls go, resolved by the harness in memory (never in
+	// the log); zero means the tenant's URL, no key, the deny list.
+	ep endpoint
+}
+
+// check refuses what no definition may say, new or already in the log.
+func (mc ModelConfig) check() error {
+	if mc.APIKeyEnv != "" {
+		return errdefs.InvalidArgumentf("session: model.api_key_env is not accepted: a tenant cannot name the daemon's environment " +
+			"(pick an operator's model provider with model.provider, or bring a key as a tenant secret with model.api_key_secret)")
+	}
+	switch mc.Adapter {
+	case "scripted":
+		if mc.Provider != "" || mc.BaseURL != "" || mc.APIKeySecret != "" {
+			return errdefs.InvalidArgumentf("session: the scripted model takes no provider, base_url or api_key_secret")
+		}
+	case "anthropic", "openai":
+	case "":
+		return errdefs.InvalidArgumentf("session: model.adapter is required (scripted, anthropic or openai)")
+	default:
+		return errdefs.InvalidArgumentf("session: unknown model adapter %q (scripted, anthropic or openai)", mc.Adapter)
+	}
+	if mc.Provider != "" && mc.BaseURL != "" {
+		return errdefs.InvalidArgumentf("session: model.provider and model.base_url exclude each other (the provider has its URL)")
+	}
+	if mc.BaseURL != "" {
+		u, err := url.Parse(mc.BaseURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+			return errdefs.InvalidArgumentf("session: model.base_url %.200q: want http(s)://host[:port][/path], without credentials", mc.BaseURL)
+		}
+	}
+	return nil
 }
 
 // ToolSpec describes a tool to the model.
@@ -83,12 +127,8 @@ const (
 
 // Normalize fills defaults and checks d.
 func (d Definition) Normalize() (Definition, error) {
-	switch d.Model.Adapter {
-	case "scripted", "anthropic", "openai":
-	case "":
-		return d, errdefs.InvalidArgumentf("session: model.adapter is required (scripted, anthropic or openai)")
-	default:
-		return d, errdefs.InvalidArgumentf("session: unknown model adapter %q (scripted, anthropic or openai)", d.Model.Adapter)
+	if err := d.Model.check(); err != nil {
+		return d, err
 	}
 	if d.Policy == "" {
 		d.Policy = PolicyStrict

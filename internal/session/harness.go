@@ -73,6 +73,9 @@ type Harness struct {
 	OnDelta func(session, text string)
 	// Secrets resolves a definition's api_key_secret (nil: none can).
 	Secrets SecretSource
+	// Providers are the operator's model providers by name (amber up
+	// --model-provider): the only way an operator's key is ever used.
+	Providers map[string]Provider
 	// Owns tells whether this daemon runs session se (nil: every
 	// session). Many nodes on shared stores: a session runs on the node
 	// that runs its sandbox (Manager.Start wakes only those).
@@ -109,15 +112,39 @@ func (h *Harness) Wake(ctx context.Context, id string) (Status, error) {
 		_ = h.Log.Release(rctx, r.lease)
 		r.mu.Unlock()
 	}()
-	mc, key, err := withSecretKey(ctx, h.Secrets, r.st.Tenant, r.st.Def.Model)
-	if err != nil {
-		return "", err
-	}
-	mc.resolvedKey = key
-	if r.model, err = h.Models(mc); err != nil {
-		return "", err
-	}
 	return r.loop(ctx)
+}
+
+// openModel makes the session's model adapter, at the first model call of
+// a Wake. The definition goes through the same check as a new one
+// (resolveModel), whatever binary wrote it: a definition already in the log
+// that names the daemon's environment (api_key_env) or a provider this
+// tenant may no longer use is refused here, never sent anywhere.
+func (r *run) openModel(ctx context.Context) error {
+	mc, err := resolveModel(ctx, r.h.Providers, r.h.Secrets, r.st.Tenant, r.st.Def.Model)
+	if err == nil {
+		r.model, err = r.h.Models(mc)
+	}
+	return err
+}
+
+// refuseModel records why the session's model settings are refused (once
+// per client event) and leaves the session idle: retrying cannot change an
+// immutable definition, so the session waits for a client (which may
+// terminate it).
+func (r *run) refuseModel(ctx context.Context, err error) (Status, error) {
+	reason := "model settings refused: " + err.Error()
+	if st := r.st; st.Status == StatusIdle && st.StatusReason == reason && st.LastInput < st.StatusSeq {
+		return StatusIdle, nil // recorded already, and no client event since
+	}
+	if _, aerr := r.appendEvents(ctx, r.event(fmt.Sprintf("error.model-settings.%d", r.st.Head), EventError,
+		ErrorInfo{During: "model settings", Kind: errdefs.Kind(err), Message: err.Error()})); aerr != nil {
+		return r.st.Status, aerr
+	}
+	if serr := r.setStatus(ctx, StatusIdle, reason); serr != nil {
+		return r.st.Status, serr
+	}
+	return StatusIdle, nil
 }
 
 func (h *Harness) defaults() {
@@ -298,6 +325,14 @@ func (r *run) loop(ctx context.Context) (Status, error) {
 					return st.Status, err
 				}
 				return StatusPausedBudget, nil
+			}
+			if r.model == nil {
+				if err := r.openModel(ctx); err != nil {
+					if lasting(err) || errdefs.IsNotFound(err) {
+						return r.refuseModel(ctx, err)
+					}
+					return st.Status, err
+				}
 			}
 			if err := r.setStatus(ctx, StatusRunning, ""); err != nil {
 				return st.Status, err

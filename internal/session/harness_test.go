@@ -27,6 +27,8 @@ type testEnv struct {
 	reg   *eventlog.Registry
 	boxes *fakeBoxes
 	model *Scripted
+	// providers are the operator's model providers of every harness.
+	providers map[string]Provider
 }
 
 func newTestEnv(t *testing.T, script []ScriptTurn) *testEnv {
@@ -53,7 +55,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 // restarted daemon would build.
 func (e *testEnv) harness(fp *failpoint.Set) *Harness {
 	return &Harness{Log: e.log, Registry: e.reg, Meta: e.meta, Boxes: e.boxes, Logger: quiet(),
-		Models: func(ModelConfig) (Model, error) { return e.model, nil }, Holder: "node/test", Failpoints: fp}
+		Models: func(ModelConfig) (Model, error) { return e.model, nil }, Holder: "node/test", Failpoints: fp, Providers: e.providers}
 }
 
 func (e *testEnv) create(def Definition) string {

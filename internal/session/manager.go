@@ -122,8 +122,17 @@ func newID(prefix string) string {
 // (the truth) is appended first, then the metadata row that lists it; a
 // crash between leaves a stream nobody lists, never a row without a log.
 func (m *Manager) Create(ctx context.Context, tenant string, def Definition) (meta.Session, error) {
+	if p, ok := m.h.Providers[def.Model.Provider]; ok && def.Model.Adapter == "" && p.Allows(tenant) {
+		def.Model.Adapter = p.Adapter // the provider's wire format
+	}
 	def, err := def.Normalize()
 	if err != nil {
+		return meta.Session{}, err
+	}
+	// The model settings are checked as the harness will (a provider this
+	// tenant may use; never the daemon's environment); a secret is looked
+	// up when the model is first called.
+	if _, err := modelEndpoint(m.h.Providers, tenant, def.Model); err != nil {
 		return meta.Session{}, err
 	}
 	id := newID("ses-")

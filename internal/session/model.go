@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"github.com/amber-run/amber/internal/gateway"
 	"net/url"
-	"os"
 	"strconv"
 	"sync/atomic"
 
@@ -49,27 +48,28 @@ type Response struct {
 // ModelFactory makes the adapter a session's definition names.
 type ModelFactory func(cfg ModelConfig) (Model, error)
 
-// NewModel is the default ModelFactory.
+// NewModel is the default ModelFactory. It reads nothing from the daemon's
+// environment: the endpoint and key are the ones the harness resolved into
+// cfg (resolveModel); a cfg it did not resolve goes to the definition's URL
+// without a key, through the egress deny list.
 func NewModel(cfg ModelConfig) (Model, error) {
 	switch cfg.Adapter {
 	case "scripted":
 		return NewScripted(cfg.Script), nil
-	case "anthropic":
-		return NewAnthropic(cfg.BaseURL, apiKey(cfg, "ANTHROPIC_API_KEY"), 0), nil
-	case "openai":
-		return NewOpenAI(cfg.BaseURL, apiKey(cfg, "OPENAI_API_KEY"), 0), nil
+	case "anthropic", "openai":
+		ep := cfg.ep
+		if ep.url == "" {
+			ep = endpoint{url: cfg.BaseURL}
+			if ep.url == "" {
+				ep.url = defaultEndpoint[cfg.Adapter]
+			}
+		}
+		if cfg.Adapter == "anthropic" {
+			return NewAnthropic(ep.url, ep.key, 0, ep.client()), nil
+		}
+		return NewOpenAI(ep.url, ep.key, 0, ep.client()), nil
 	}
 	return nil, errdefs.InvalidArgumentf("unknown model adapter %q", cfg.Adapter)
-}
-
-func apiKey(cfg ModelConfig, def string) string {
-	if cfg.resolvedKey != "" {
-		return cfg.resolvedKey
-	}
-	if cfg.APIKeyEnv != "" {
-		def = cfg.APIKeyEnv
-	}
-	return os.Getenv(def)
 }
 
 // ScriptTurn is one assistant turn of a scripted model.
@@ -152,39 +152,82 @@ type SecretSource interface {
 	Secret(ctx context.Context, tenant, name string) (gateway.Secret, error)
 }
 
-// defaultEndpoint is where an adapter sends requests without a base URL.
-var defaultEndpoint = map[string]string{"anthropic": "https://api.anthropic.com", "openai": "https://api.openai.com"}
+// defaultEndpoint is where an adapter sends requests without a provider or
+// a base URL.
+var defaultEndpoint = map[string]string{"anthropic": "https://api.anthropic.com", "openai": "https://api.openai.com/v1"}
 
-// withSecretKey resolves cfg.APIKeySecret of tenant into a factory-ready
-// config: the key is checked to be bound to the endpoint's host:port and
-// passed to the adapter in memory only (never in the log: the definition
-// names the secret, not its value).
-func withSecretKey(ctx context.Context, src SecretSource, tenant string, cfg ModelConfig) (ModelConfig, string, error) {
-	if cfg.APIKeySecret == "" {
-		return cfg, "", nil
+// modelEndpoint resolves where tenant's calls with mc go, without the key
+// of a secret (Manager.Create checks this much; the harness adds the
+// secret when it opens the model). A provider must be one the operator
+// configured and allows tenant to use; anything else is the tenant's URL,
+// dialled through the deny list and never sent an operator's key.
+func modelEndpoint(providers map[string]Provider, tenant string, mc ModelConfig) (endpoint, error) {
+	if err := mc.check(); err != nil {
+		return endpoint{}, err
 	}
+	if mc.Provider == "" {
+		ep := endpoint{url: mc.BaseURL}
+		if ep.url == "" {
+			ep.url = defaultEndpoint[mc.Adapter]
+		}
+		return ep, nil
+	}
+	p, ok := providers[mc.Provider]
+	if !ok || !p.Allows(tenant) {
+		// The same answer for one that exists and one that does not: a
+		// tenant does not learn the operator's other providers.
+		return endpoint{}, errdefs.InvalidArgumentf("session: model.provider %q is not a model provider this daemon offers to tenant %s", mc.Provider, tenant)
+	}
+	if p.Adapter != "" && p.Adapter != mc.Adapter {
+		return endpoint{}, errdefs.InvalidArgumentf("session: model provider %q speaks %s, not model.adapter %q", p.Name, p.Adapter, mc.Adapter)
+	}
+	return endpoint{url: p.URL, key: p.Key, trusted: true}, nil
+}
+
+// resolveModel resolves mc of tenant into a factory-ready config: the
+// endpoint (modelEndpoint) and, when mc names a secret, its value, checked
+// to be bound to the endpoint's host:port and passed to the adapter in
+// memory only (never in the log: the definition names the secret, not its
+// value). It is the one path for new sessions and for sessions woken from
+// an older log alike.
+func resolveModel(ctx context.Context, providers map[string]Provider, src SecretSource, tenant string, mc ModelConfig) (ModelConfig, error) {
+	if mc.Adapter == "scripted" {
+		return mc, mc.check()
+	}
+	ep, err := modelEndpoint(providers, tenant, mc)
+	if err != nil {
+		return mc, err
+	}
+	if mc.APIKeySecret != "" {
+		if ep.key, err = secretKey(ctx, src, tenant, mc.APIKeySecret, ep.url); err != nil {
+			return mc, err
+		}
+	}
+	mc.ep = ep
+	return mc, nil
+}
+
+// secretKey returns the value of tenant's secret name if it is bound to
+// base's host:port.
+func secretKey(ctx context.Context, src SecretSource, tenant, name, base string) (string, error) {
 	if src == nil {
-		return cfg, "", errdefs.FailedPreconditionf("model API key secret %q: this daemon has no secret store", cfg.APIKeySecret)
-	}
-	base := cfg.BaseURL
-	if base == "" {
-		base = defaultEndpoint[cfg.Adapter]
+		return "", errdefs.FailedPreconditionf("model API key secret %q: this daemon has no secret store", name)
 	}
 	u, err := url.Parse(base)
 	if err != nil || u.Host == "" {
-		return cfg, "", errdefs.InvalidArgumentf("model base URL %q does not parse", base)
+		return "", errdefs.InvalidArgumentf("model base URL %q does not parse", base)
 	}
 	port := u.Port()
 	if port == "" {
 		port = map[string]string{"https": "443", "http": "80"}[u.Scheme]
 	}
-	sec, err := src.Secret(ctx, tenant, cfg.APIKeySecret)
+	sec, err := src.Secret(ctx, tenant, name)
 	if err != nil {
-		return cfg, "", fmt.Errorf("model API key secret %q: %w", cfg.APIKeySecret, err)
+		return "", fmt.Errorf("model API key secret %q: %w", name, err)
 	}
 	p, _ := strconv.ParseUint(port, 10, 16)
 	if !gateway.SecretBound(sec, u.Hostname(), uint16(p)) {
-		return cfg, "", errdefs.PermissionDeniedf("secret %q is not bound to %s:%s, the model endpoint", cfg.APIKeySecret, u.Hostname(), port)
+		return "", errdefs.PermissionDeniedf("secret %q is not bound to %s:%s, the model endpoint", name, u.Hostname(), port)
 	}
-	return cfg, string(sec.Value), nil
+	return string(sec.Value), nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/openai/openai-go/v3"
@@ -17,21 +18,28 @@ import (
 // 409, 429 and 5xx answers itself, honouring retry-after; a stream cut
 // after it began is re-issued here, up to the same number of retries.
 type OpenAI struct {
-	client  openai.Client
-	retries int
+	completions openai.ChatCompletionService
+	retries     int
 }
 
-// NewOpenAI returns an adapter for baseURL ("" for the SDK's default) with
-// apiKey; retries <= 0 means 4.
-func NewOpenAI(baseURL, apiKey string, retries int) *OpenAI {
+// NewOpenAI returns an adapter for baseURL ("" for the API's public URL)
+// with apiKey, dialling through hc (nil: through the egress deny list, as
+// for a URL a tenant chose); retries <= 0 means 4. Nothing is read from the
+// daemon's environment: the chat completions service is made without the
+// client's OPENAI_* defaults.
+func NewOpenAI(baseURL, apiKey string, retries int, hc *http.Client) *OpenAI {
 	if retries <= 0 {
 		retries = 4
 	}
-	opts := []option.RequestOption{option.WithAPIKey(apiKey), option.WithMaxRetries(retries)}
+	if hc == nil {
+		hc = guardedClient()
+	}
+	opts := []option.RequestOption{option.WithHTTPClient(hc), option.WithEnvironmentProduction(),
+		option.WithAPIKey(apiKey), option.WithMaxRetries(retries)}
 	if baseURL != "" {
 		opts = append(opts, option.WithBaseURL(baseURL))
 	}
-	return &OpenAI{client: openai.NewClient(opts...), retries: retries}
+	return &OpenAI{completions: openai.NewChatCompletionService(opts...), retries: retries}
 }
 
 // Complete implements Model.
@@ -53,11 +61,16 @@ func (o *OpenAI) Complete(ctx context.Context, req Request, onDelta func(string)
 		}
 		params.Tools = append(params.Tools, openai.ChatCompletionFunctionTool(fd))
 	}
+	ctx, refused, done := withStop(ctx)
+	defer done()
 	var err error
 	for attempt := 0; attempt <= o.retries; attempt++ {
 		var resp Response
 		if resp, err = o.once(ctx, params, onDelta); err == nil {
 			return resp, nil
+		}
+		if r := refused(); r != nil {
+			return Response{}, fmt.Errorf("openai: %w", r)
 		}
 		var apiErr *openai.Error
 		if ctx.Err() != nil || (errors.As(err, &apiErr) && !retryable(apiErr.StatusCode)) {
@@ -73,7 +86,7 @@ func (o *OpenAI) Complete(ctx context.Context, req Request, onDelta func(string)
 }
 
 func (o *OpenAI) once(ctx context.Context, params openai.ChatCompletionNewParams, onDelta func(string)) (Response, error) {
-	stream := o.client.Chat.Completions.NewStreaming(ctx, params)
+	stream := o.completions.NewStreaming(ctx, params)
 	defer stream.Close()
 	var acc openai.ChatCompletionAccumulator
 	finished := false

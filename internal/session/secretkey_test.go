@@ -41,7 +41,8 @@ func TestModelKeyFromSecret(t *testing.T) {
 	}
 	for _, c := range cases {
 		cfg := ModelConfig{Adapter: "anthropic", BaseURL: c.base, APIKeySecret: "anthropic"}
-		_, key, err := withSecretKey(ctx, st, c.tenant, cfg)
+		mc, err := resolveModel(ctx, nil, st, c.tenant, cfg)
+		key := mc.ep.key
 		switch {
 		case c.wantErr == nil && (err != nil || key != c.wantKey):
 			t.Errorf("%s %q: key %q, %v; want %q", c.tenant, c.base, key, err, c.wantKey)
@@ -49,7 +50,7 @@ func TestModelKeyFromSecret(t *testing.T) {
 			t.Errorf("%s %q: key %q, %v; want the error", c.tenant, c.base, key, err)
 		}
 	}
-	if _, _, err := withSecretKey(ctx, nil, "acme", ModelConfig{Adapter: "openai", APIKeySecret: "x"}); err == nil {
+	if _, err := resolveModel(ctx, nil, nil, "acme", ModelConfig{Adapter: "openai", APIKeySecret: "x"}); err == nil {
 		t.Error("a secret was resolved without a secret store")
 	}
 }
