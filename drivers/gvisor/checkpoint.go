@@ -48,6 +48,7 @@ type imageMeta struct {
 	Driver       string           `json:"driver"`
 	RunscVersion string           `json:"runsc_version"`
 	RunscFlags   []string         `json:"runsc_flags"`
+	SpecVersion  int              `json:"spec_version,omitempty"` // record.SpecVersion
 	ID           string           `json:"id"`
 	Tenant       string           `json:"tenant,omitempty"`
 	Template     sandbox.Template `json:"template"`
@@ -179,6 +180,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		Driver:         "gvisor",
 		RunscVersion:   rec.RunscVersion,
 		RunscFlags:     rec.RunscFlags,
+		SpecVersion:    rec.SpecVersion,
 		ID:             id,
 		Tenant:         rec.Tenant,
 		Template:       rec.Template,
@@ -263,6 +265,7 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 		GID:          meta.GID,
 		RunscFlags:   append([]string(nil), meta.RunscFlags...),
 		RunscVersion: meta.RunscVersion,
+		SpecVersion:  meta.SpecVersion,
 		Cgroup:       d.cgroupPath(id),
 		Netns:        d.netnsPath(id),
 		Created:      meta.SandboxCreated,
@@ -374,7 +377,7 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	// opts.Lazy is ignored: Capabilities.LazyRestore is false (runsc
 	// restore --background was not verified against the fidelity suite).
 	tRunsc := time.Now()
-	if err := d.restoreRuntime(ctx, rec, filepath.Join(imageDir, imageRunscDir), false); err != nil {
+	if err := d.withMountSources(rec, l.Merged(), func() error { return d.restoreRuntime(ctx, rec, filepath.Join(imageDir, imageRunscDir), false) }); err != nil {
 		return stats, err
 	}
 	tDone := time.Now()

@@ -100,6 +100,9 @@ func (d *Driver) exec(ctx context.Context, rec *record, spec sandbox.ExecSpec) (
 		Cwd:          cwd,
 		User:         specs.User{UID: rec.UID, GID: rec.GID},
 		Capabilities: caps(),
+		// Not part of the checkpointed spec: every exec has it, in
+		// sandboxes of either spec generation.
+		NoNewPrivileges: true,
 	}
 	if spec.TTY {
 		proc.Env = mergeEnv(rec.UID, []string{"TERM=xterm"}, rec.Env, spec.Env)

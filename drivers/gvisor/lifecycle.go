@@ -19,16 +19,12 @@ import (
 	"github.com/amber-run/amber/internal/layer"
 )
 
-// tmpKeep is an empty file the driver keeps in the sandbox's /tmp. runsc
-// mounts a tmpfs over /tmp when it is empty at boot; with the file there,
-// /tmp stays a directory of the writable layer (on disk, under the disk
-// limit, visible to Files and captured with the layer) on every boot,
-// including a restore, whose mount table must match the checkpoint's.
-// Binding the layer's /tmp explicitly would do the same, but would hand
-// runsc a second host path inside the tenant-writable tree (a symlink
-// planted there through Files would be followed on the host at the next
-// boot); the file is created with openat2(RESOLVE_IN_ROOT) and cannot be.
-const tmpKeep = "/tmp/.amber-keep"
+// tmpKeep is an empty file the driver keeps in the sandbox's /tmp, so that
+// /tmp is never empty at boot (runsc mounts a tmpfs over an empty /tmp that
+// the spec does not mount; the spec binds it, see ociSpec, and the file
+// keeps older bundles' behaviour the same). It is created relative to a
+// descriptor of /tmp opened by prepareRoot, never by name.
+const tmpKeep = ".amber-keep"
 
 // Create implements sandbox.Driver. The order below is chosen so that a
 // crash at any point leaves something Destroy removes: the record (phase
@@ -73,6 +69,7 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (_ sandbox.Info,
 		GID:          gid,
 		RunscFlags:   append([]string(nil), runtimeFlags...),
 		RunscVersion: PinnedVersion,
+		SpecVersion:  specVersion,
 		Cgroup:       d.cgroupPath(id),
 		Netns:        d.netnsPath(id),
 		Created:      time.Now().UTC(),
@@ -113,7 +110,7 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (_ sandbox.Info,
 	if err := d.writeBundle(rec, l.Merged()); err != nil {
 		return sandbox.Info{}, fmt.Errorf("sandbox %s: bundle: %w", id, err)
 	}
-	pid, err := d.boot(ctx, rec)
+	pid, err := d.boot(ctx, rec, l.Merged())
 	if err != nil {
 		return sandbox.Info{}, err
 	}
@@ -126,35 +123,88 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (_ sandbox.Info,
 	return sandbox.Info{ID: id, State: sandbox.StateRunning, Created: rec.Created, InitPID: pid}, nil
 }
 
-// prepareRoot makes what the driver needs in a fresh root: /tmp (if the
-// template lacks it) and the file that keeps runsc from hiding it under a
-// tmpfs. Paths are resolved by the kernel inside the root (openat2 with
-// RESOLVE_IN_ROOT), so a template whose /tmp is a symlink cannot make us
-// write on the host. Nothing is fsynced: the file is re-made before every
-// boot.
+// prepareRoot makes what the driver needs in a root about to boot (fresh,
+// or just restored from a checkpoint's layer) and refuses a root the
+// runtime must not be started on. /tmp is made if the template lacks it;
+// then every mount point in the layer (rootMountPoints) must be a real
+// directory or absent: a /tmp that is a symlink (planted through Files, or
+// restored from a checkpoint's layer) fails with an error naming it, and
+// nothing is started. Everything is resolved by the kernel inside the root
+// and by descriptor (internal/layer.OpenMountPoint), so a symlink never
+// makes the daemon write on the host. Nothing is fsynced: the file is
+// re-made before every boot.
 func prepareRoot(root string) error {
 	rfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(rfd)
+	created := false
 	if err := unix.Mkdirat(rfd, "tmp", 0o777); err == nil {
-		if fd, err := unix.Openat(rfd, "tmp", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
-			_ = unix.Fchmod(fd, 0o1777) // mkdir's mode is masked by umask
-			unix.Close(fd)
-		}
+		created = true
 	} else if !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("mkdir /tmp: %w", err)
 	}
-	fd, err := unix.Openat2(rfd, strings.TrimPrefix(tmpKeep, "/"), &unix.OpenHow{
-		Flags:   unix.O_CREAT | unix.O_WRONLY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-		Mode:    0o444,
-		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
-	})
+	if err := layer.CheckMountPoints(root, rootMountPoints...); err != nil {
+		return err
+	}
+	tmp, err := layer.OpenMountPoint(rfd, "/tmp")
 	if err != nil {
-		return fmt.Errorf("create %s: %w", tmpKeep, err)
+		return err
+	}
+	defer tmp.Close()
+	if created {
+		// mkdir's mode is masked by umask. The O_PATH descriptor is
+		// the directory just checked; chmod it through /proc.
+		_ = os.Chmod(fmt.Sprintf("/proc/self/fd/%d", tmp.Fd()), 0o1777|os.ModeSticky)
+	}
+	fd, err := unix.Openat(int(tmp.Fd()), tmpKeep, unix.O_CREAT|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o444)
+	if err != nil {
+		return fmt.Errorf("create /tmp/%s: %w", tmpKeep, err)
 	}
 	return unix.Close(fd)
+}
+
+// mountSource is the source ociSpec gives runsc for the /tmp bind:
+// <dir>/mnt/tmp, in the sandbox's directory (0700, root's), which no tenant
+// name reaches. withMountSources binds the layer's /tmp there by
+// descriptor for the time the runtime starts.
+func (d *Driver) mountSource(id string) string { return filepath.Join(d.dir(id), "mnt", "tmp") }
+
+// withMountSources runs start (runsc run or runsc restore of the bundle
+// writeBundle wrote) with the layer's /tmp bound at mountSource, and
+// removes the bind when start returns.
+//
+// The race this closes: runsc resolves a bind's source by name on the
+// host, so a source inside the layer (rootfs+"/tmp", as before) could be
+// swapped for a symlink after any check and before runsc's mount (through
+// Files, which does not take the driver's lock). Here the check and the
+// bind are one step: internal/layer.BindMountPoint opens /tmp by
+// descriptor (openat2 RESOLVE_IN_ROOT|RESOLVE_NO_SYMLINKS), refuses
+// anything but a real directory, and binds that very directory
+// (/proc/self/fd/N) at mountSource. Renaming or replacing /tmp in the
+// layer afterwards changes nothing runsc sees. runsc's gofer binds the
+// source into the sandbox during start; once start returns the sandbox
+// holds its own mount and the driver's bind is removed, so the host's
+// mount table is as before. runsc restore does not compare mount sources
+// with the checkpoint's, so images made with the old source restore.
+func (d *Driver) withMountSources(rec *record, rootfs string, start func() error) (err error) {
+	src := d.mountSource(rec.ID)
+	if err := os.MkdirAll(src, 0o700); err != nil {
+		return err
+	}
+	if err := layer.UnbindMountPoint(src); err != nil { // left by a crash
+		return err
+	}
+	if err := layer.BindMountPoint(rootfs, "/tmp", src); err != nil {
+		return err
+	}
+	defer func() {
+		if uerr := layer.UnbindMountPoint(src); uerr != nil {
+			err = errors.Join(err, uerr)
+		}
+	}()
+	return start()
 }
 
 // writeBundle writes <dir>/bundle/config.json.
@@ -162,7 +212,7 @@ func (d *Driver) writeBundle(rec *record, rootfs string) error {
 	if err := os.MkdirAll(d.bundleDir(rec.ID), 0o700); err != nil {
 		return err
 	}
-	b, err := json.MarshalIndent(ociSpec(rec, rootfs), "", "  ")
+	b, err := json.MarshalIndent(ociSpec(rec, rootfs, d.mountSource(rec.ID)), "", "  ")
 	if err != nil {
 		return err
 	}
@@ -174,7 +224,7 @@ func (d *Driver) writeBundle(rec *record, rootfs string) error {
 // /dev/null: anything else would be a host file or pipe the sandbox could
 // reach through /proc/1/fd forever. runsc's own errors go to the --log
 // file.
-func (d *Driver) boot(ctx context.Context, rec *record) (pid int, err error) {
+func (d *Driver) boot(ctx context.Context, rec *record, rootfs string) (pid int, err error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	logFile := filepath.Join(d.dir(rec.ID), "runsc.log")
@@ -184,9 +234,13 @@ func (d *Driver) boot(ctx context.Context, rec *record) (pid int, err error) {
 	args := append(d.globalFlags(rec, logFile), "run", "--detach", "--pid-file="+pidFile,
 		"--bundle="+d.bundleDir(rec.ID), runtimeID(rec.ID))
 	cmd := d.command(ctx, args...)
-	if err := cmd.Run(); err != nil {
+	var runErr error
+	if err := d.withMountSources(rec, rootfs, func() error { runErr = cmd.Run(); return nil }); err != nil {
+		return 0, fmt.Errorf("sandbox %s: %w", rec.ID, err)
+	}
+	if runErr != nil {
 		msg := strings.Join(logMessages(logFile), "; ")
-		return 0, fmt.Errorf("sandbox %s: runsc run: %v: %s", rec.ID, err, msg)
+		return 0, fmt.Errorf("sandbox %s: runsc run: %v: %s", rec.ID, runErr, msg)
 	}
 	b, err := os.ReadFile(pidFile)
 	if err != nil {
@@ -383,9 +437,13 @@ func (d *Driver) destroy(ctx context.Context, id string) error {
 	if err := removeNetns(d.netnsPath(id)); err != nil {
 		return err
 	}
-	// 3. The writable layer. A mount namespace that a runsc process was
+	// 3. The writable layer (and the bind of its /tmp that a crash during
+	// a boot may have left). A mount namespace that a runsc process was
 	// setting up while copying our mounts may hold the layer's image for
 	// a moment (see internal/layer: ErrUnavailable); retry briefly.
+	if err := layer.UnbindMountPoint(d.mountSource(id)); err != nil {
+		return err
+	}
 	var err error
 	for i := 0; i < 50; i++ {
 		if err = layer.Destroy(d.layerDir(id)); err == nil || !errdefs.IsUnavailable(err) {

@@ -131,9 +131,36 @@ func rlimits(rec *record) []specs.POSIXRlimit {
 	}
 }
 
+// specVersion is the generation of ociSpec that Create gives a sandbox
+// (record.SpecVersion; its checkpoints carry it in image.json). runsc
+// restore refuses a spec that differs from the checkpointed one in
+// anything but mount sources, paths, environment, hostname and resources,
+// so a sandbox keeps the generation it was created with, through every
+// checkpoint and restore:
+//
+//	0  before NoNewPrivileges: /tmp bound "rbind,rw"
+//	1  NoNewPrivileges on the init (and so on everything it starts);
+//	   /tmp bound "rbind,rw,nosuid,nodev"
+//
+// Both generations take the /tmp bind's source from a mount the driver
+// makes by descriptor (see mountSource), never from a path inside the
+// layer.
+const specVersion = 1
+
+// rootMountPoints are the destinations of ociSpec's mounts that lie in the
+// layer itself (the others are inside /dev's tmpfs). Each must be a real
+// directory of the layer, or absent, before the runtime starts: runsc
+// resolves destinations inside the root, but a symlinked one would still
+// put a mount somewhere else than the sandbox expects (TestOCISpec keeps
+// this list equal to the spec's).
+var rootMountPoints = []string{"/proc", "/dev", "/sys", "/tmp"}
+
 // ociSpec is the config.json of a sandbox whose root is rootfs (the layer's
-// merged directory).
-func ociSpec(rec *record, rootfs string) *specs.Spec {
+// merged directory). tmpSource is the source of the /tmp bind: a directory
+// of the driver's onto which the layer's /tmp is bound by descriptor while
+// the runtime starts (mountSource), not rootfs+"/tmp", a name the tenant
+// controls and the host would resolve.
+func ociSpec(rec *record, rootfs, tmpSource string) *specs.Spec {
 	lim := rec.Limits
 	mem := lim.MemoryBytes
 	quota := lim.MilliCPUs * cpuPeriod / 1000
@@ -142,6 +169,10 @@ func ociSpec(rec *record, rootfs string) *specs.Spec {
 	oom := oomScoreAdj
 	hostPids := hostPidsLimit(lim.Pids)
 	noSuid := []string{"nosuid", "noexec", "nodev"}
+	tmpOpts := []string{"rbind", "rw"}
+	if rec.SpecVersion >= 1 {
+		tmpOpts = append(tmpOpts, "nosuid", "nodev")
+	}
 	return &specs.Spec{
 		Version: ociVersion,
 		Process: &specs.Process{
@@ -152,6 +183,9 @@ func ociSpec(rec *record, rootfs string) *specs.Spec {
 			Capabilities: caps(),
 			Rlimits:      rlimits(rec),
 			OOMScoreAdj:  &oom,
+			// A set-uid binary or file capability in the layer raises
+			// nothing (generation 1 on; see specVersion).
+			NoNewPrivileges: rec.SpecVersion >= 1,
 		},
 		Root:     &specs.Root{Path: rootfs},
 		Hostname: rec.ID,
@@ -167,7 +201,7 @@ func ociSpec(rec *record, rootfs string) *specs.Spec {
 			// memory limit, not the disk limit) and out of reach of
 			// Files(). Binding the layer's own /tmp keeps it on disk,
 			// in the writable layer, like every other directory.
-			{Destination: "/tmp", Type: "bind", Source: rootfs + "/tmp", Options: []string{"rbind", "rw"}},
+			{Destination: "/tmp", Type: "bind", Source: tmpSource, Options: tmpOpts},
 		},
 		Linux: &specs.Linux{
 			CgroupsPath: rec.Cgroup,

@@ -47,6 +47,9 @@ type record struct {
 	// RunscVersion is the gvisor.dev/gvisor version that started it (a
 	// checkpoint image only restores with the same runsc).
 	RunscVersion string `json:"runsc_version,omitempty"`
+	// SpecVersion is the generation of its OCI spec (see specVersion);
+	// absent in records of sandboxes created before generation 1.
+	SpecVersion int `json:"spec_version,omitempty"`
 	// Cgroup is the cgroup path (same in every v1 hierarchy).
 	Cgroup string `json:"cgroup"`
 	// Netns is the bind-mounted network namespace the sandbox runs in.

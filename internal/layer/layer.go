@@ -317,6 +317,13 @@ func (l *Layer) Mount() error {
 		return err
 	}
 	if isMounted(mounts, l.Merged()) {
+		// Mounted already, perhaps by a daemon that did not set MountFlags.
+		if err := hardenMount(l.fs()); err != nil {
+			return fmt.Errorf("layer %s: %w", l.dir, err)
+		}
+		if err := hardenMount(l.Merged()); err != nil {
+			return fmt.Errorf("layer %s: %w", l.dir, err)
+		}
 		return nil
 	}
 	if isHandle(l.lower) && l.handleUsed {
@@ -372,7 +379,7 @@ func (l *Layer) mountFS(img *os.File) error {
 		return err
 	}
 	// noinit_itable: never start ext4's lazy inode-table zeroing (see mkfsArgs).
-	if err := unix.Mount(dev.Name(), l.fs(), "ext4", unix.MS_NOATIME, "noinit_itable"); err != nil {
+	if err := unix.Mount(dev.Name(), l.fs(), "ext4", unix.MS_NOATIME|MountFlags, "noinit_itable"); err != nil {
 		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EUCLEAN) || errors.Is(err, unix.EIO) {
 			return errdefs.DataLossf("layer %s: mount image: %v", l.dir, err)
 		}
@@ -425,7 +432,7 @@ func unixModeBits(m uint32) os.FileMode {
 func (l *Layer) mountOverlay(lower string) error {
 	data := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off,redirect_dir=off,metacopy=off",
 		lower, l.Upper(), filepath.Join(l.dir, fsName, workName))
-	if err := unix.Mount("overlay", l.Merged(), "overlay", 0, data); err != nil {
+	if err := unix.Mount("overlay", l.Merged(), "overlay", MountFlags, data); err != nil {
 		return fmt.Errorf("layer %s: mount overlay: %w", l.dir, err)
 	}
 	l.handleUsed = isHandle(lower)
