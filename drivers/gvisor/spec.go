@@ -147,6 +147,10 @@ func rlimits(rec *record) []specs.POSIXRlimit {
 // layer.
 const specVersion = 1
 
+// createSpecVersion is the generation Create gives a sandbox: specVersion
+// (a test sets 0 to make the sandboxes older drivers made).
+var createSpecVersion = specVersion
+
 // rootMountPoints are the destinations of ociSpec's mounts that lie in the
 // layer itself (the others are inside /dev's tmpfs). Each must be a real
 // directory of the layer, or absent, before the runtime starts: runsc
