@@ -1,19 +1,16 @@
 package criu
 
 import (
-	"archive/tar"
 	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/opencontainers/cgroups"
@@ -35,7 +32,9 @@ import (
 //	layer.tar    the writable layer's upper directory (uncompressed PAX tar:
 //	             modes, owners relative to the sandbox's uid range, symlinks,
 //	             hard links, overlay whiteouts as 0/0 character devices and
-//	             every xattr, among them trusted.overlay.opaque)
+//	             every xattr, among them trusted.overlay.opaque):
+//	             internal/layer's archive, walked and extracted by
+//	             descriptor
 //
 // The consistent cut: Checkpoint freezes the sandbox's freezer cgroup
 // itself, archives the upper directory, then lets CRIU dump the frozen
@@ -206,7 +205,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 			starts[p.PID] = p.StartTicks
 		}
 	}
-	files, layerBytes, err := writeLayerTar(filepath.Join(imageDir, imageLayerName), l.Upper(), rec.HostID)
+	files, layerBytes, err := layer.WriteArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), d.archiveOptions(rec))
 	if err != nil {
 		return stats, recordErr(id, fmt.Errorf("archive layer: %w", err))
 	}
@@ -353,11 +352,10 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	if fi, err := os.Stat(tmpl.RootFS); err != nil || !fi.IsDir() {
 		return stats, errdefs.FailedPreconditionf("sandbox %s: template %s rootfs %s: not a directory", spec.ID, tmpl.Name, tmpl.RootFS)
 	}
-	rel := meta.HostID - d.opts.UIDBase
-	if rel < 0 || rel%idsPerSandbox != 0 || rel/idsPerSandbox >= d.opts.MaxSandboxes {
-		return stats, errdefs.FailedPreconditionf("sandbox %s: image's uid range starts at %d, outside this driver's ranges (base %d); restoring into another range is not supported", spec.ID, meta.HostID, d.opts.UIDBase)
+	slot, err := d.slotOf(meta.HostID)
+	if err != nil {
+		return stats, recordErr(spec.ID, err)
 	}
-	slot := rel / idsPerSandbox
 
 	unlock := d.lock(spec.ID)
 	defer unlock()
@@ -520,7 +518,7 @@ func (d *Driver) restoreRootfs(rec *record, tarPath string) (string, int, error)
 	if err := unix.Unmount(l.Merged(), 0); err != nil {
 		return "", 0, fmt.Errorf("unmount fresh overlay: %w", err)
 	}
-	files, err := extractLayerTar(tarPath, l.Upper(), rec.HostID)
+	files, err := layer.ExtractArchiveFile(tarPath, l.Upper(), d.archiveOptions(rec))
 	if err != nil {
 		return "", 0, err
 	}
@@ -561,227 +559,10 @@ func prepareImages(imageDir, criuDir string, id int) error {
 	})
 }
 
-// writeLayerTar archives upper into path: owners relative to hostID, all
-// xattrs, hard links, devices (overlay whiteouts). It returns the number of
-// entries and the archive's size.
-func writeLayerTar(path, upper string, hostID int) (int, int64, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer f.Close()
-	bw := bufio.NewWriterSize(f, 1<<20)
-	tw := tar.NewWriter(bw)
-	links := map[[2]uint64]string{}
-	n := 0
-	err = filepath.WalkDir(upper, func(p string, de fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(upper, p)
-		if err != nil {
-			return err
-		}
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		// A socket file is not content: CRIU binds a restored unix
-		// socket to its path again (creating the file), and tar cannot
-		// carry one (a server's socket, e.g. PostgreSQL's
-		// /tmp/.s.PGSQL.5432, failed the whole checkpoint).
-		if fi.Mode()&os.ModeSocket != 0 {
-			return nil
-		}
-		var target string
-		if fi.Mode()&os.ModeSymlink != 0 {
-			if target, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		hdr, err := tar.FileInfoHeader(fi, target)
-		if err != nil {
-			return fmt.Errorf("%s: %w", rel, err)
-		}
-		hdr.Format = tar.FormatPAX
-		hdr.Name = filepath.ToSlash(rel)
-		if fi.IsDir() {
-			hdr.Name += "/"
-		}
-		hdr.Uname, hdr.Gname = "", ""
-		hdr.Uid = relID(hdr.Uid, hostID)
-		hdr.Gid = relID(hdr.Gid, hostID)
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok {
-			return fmt.Errorf("%s: no stat", rel)
-		}
-		hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
-		if fi.Mode().IsRegular() && st.Nlink > 1 {
-			key := [2]uint64{st.Dev, st.Ino}
-			if first, ok := links[key]; ok {
-				hdr.Typeflag = tar.TypeLink
-				hdr.Linkname = first
-				hdr.Size = 0
-			} else {
-				links[key] = hdr.Name
-			}
-		}
-		xa, err := layer.Xattrs(p)
-		if err != nil {
-			return fmt.Errorf("%s: %w", rel, err)
-		}
-		if len(xa) > 0 {
-			hdr.PAXRecords = map[string]string{}
-			for k, v := range xa {
-				hdr.PAXRecords["SCHILY.xattr."+k] = v
-			}
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		n++
-		if hdr.Typeflag == tar.TypeReg && hdr.Size > 0 {
-			src, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			_, err = io.CopyN(tw, src, hdr.Size)
-			src.Close()
-			if err != nil {
-				return fmt.Errorf("%s: %w", rel, err)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, 0, err
-	}
-	if err := tw.Close(); err != nil {
-		return 0, 0, err
-	}
-	if err := bw.Flush(); err != nil {
-		return 0, 0, err
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		return 0, 0, err
-	}
-	return n, fi.Size(), f.Close()
-}
-
-func relID(id, hostID int) int {
-	if id >= hostID && id < hostID+idsPerSandbox {
-		return id - hostID
-	}
-	return 65534 // nobody: outside the sandbox's range
-}
-
-// extractLayerTar unpacks an archive made by writeLayerTar into upper,
-// owners offset by hostID. It returns the number of entries.
-func extractLayerTar(path, upper string, hostID int) (int, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		if isNotExist(err) {
-			return 0, errdefs.DataLossf("checkpoint image: %s missing", path)
-		}
-		return 0, err
-	}
-	defer f.Close()
-	tr := tar.NewReader(bufio.NewReaderSize(f, 1<<20))
-	type dirTimes struct {
-		path string
-		mt   time.Time
-	}
-	var dirs []dirTimes
-	n := 0
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return n, errdefs.DataLossf("checkpoint image: %s: %v", path, err)
-		}
-		name := filepath.Clean(strings.TrimSuffix(hdr.Name, "/"))
-		if filepath.IsAbs(name) || name == ".." || strings.HasPrefix(name, "../") {
-			return n, errdefs.DataLossf("checkpoint image: %s: bad entry %q", path, hdr.Name)
-		}
-		p := filepath.Join(upper, name)
-		mode := uint32(hdr.Mode & 0o7777)
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			if name != "." {
-				if err := os.Mkdir(p, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-					return n, err
-				}
-			}
-		case tar.TypeReg:
-			out, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-			if err != nil {
-				return n, err
-			}
-			_, err = io.Copy(out, tr)
-			if cerr := out.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return n, fmt.Errorf("%s: %w", name, err)
-			}
-		case tar.TypeLink:
-			if err := os.Link(filepath.Join(upper, filepath.Clean(hdr.Linkname)), p); err != nil {
-				return n, err
-			}
-			n++
-			continue // shares the first name's inode and metadata
-		case tar.TypeSymlink:
-			if err := os.Symlink(hdr.Linkname, p); err != nil {
-				return n, err
-			}
-		case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-			kind := uint32(unix.S_IFCHR)
-			switch hdr.Typeflag {
-			case tar.TypeBlock:
-				kind = unix.S_IFBLK
-			case tar.TypeFifo:
-				kind = unix.S_IFIFO
-			}
-			if err := unix.Mknod(p, kind|mode, int(unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor)))); err != nil {
-				return n, fmt.Errorf("%s: mknod: %w", name, err)
-			}
-		default:
-			return n, errdefs.DataLossf("checkpoint image: %s: entry %q of type %q", path, hdr.Name, hdr.Typeflag)
-		}
-		n++
-		if err := os.Lchown(p, hostID+hdr.Uid, hostID+hdr.Gid); err != nil {
-			return n, err
-		}
-		for k, v := range hdr.PAXRecords {
-			if xn, ok := strings.CutPrefix(k, "SCHILY.xattr."); ok {
-				if err := unix.Lsetxattr(p, xn, []byte(v), 0); err != nil {
-					return n, fmt.Errorf("%s: setxattr %s: %w", name, xn, err)
-				}
-			}
-		}
-		if hdr.Typeflag != tar.TypeSymlink {
-			// After chown, which clears setuid/setgid.
-			if err := unix.Fchmodat(unix.AT_FDCWD, p, mode, 0); err != nil {
-				return n, err
-			}
-		}
-		if hdr.Typeflag == tar.TypeDir {
-			dirs = append(dirs, dirTimes{p, hdr.ModTime})
-			continue
-		}
-		ts := []unix.Timespec{unix.NsecToTimespec(hdr.ModTime.UnixNano()), unix.NsecToTimespec(hdr.ModTime.UnixNano())}
-		if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return n, err
-		}
-	}
-	for i := len(dirs) - 1; i >= 0; i-- {
-		ts := []unix.Timespec{unix.NsecToTimespec(dirs[i].mt.UnixNano()), unix.NsecToTimespec(dirs[i].mt.UnixNano())}
-		_ = unix.UtimesNanoAt(unix.AT_FDCWD, dirs[i].path, ts, unix.AT_SYMLINK_NOFOLLOW)
-	}
-	return n, nil
+// archiveOptions are rec's layer archive's: owners relative to its uid
+// range (internal/layer's archive, read and written by descriptor).
+func (d *Driver) archiveOptions(rec *record) layer.ArchiveOptions {
+	return layer.ArchiveOptions{IDs: layer.IDMap{Host: rec.HostID, Size: idsPerSandbox}, Failpoints: d.opts.Failpoints}
 }
 
 // startLazyPages starts `criu lazy-pages`, the daemon that serves a lazy

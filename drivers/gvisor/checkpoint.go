@@ -1,13 +1,10 @@
 package gvisor
 
 import (
-	"archive/tar"
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -33,7 +30,8 @@ const imageVersion = 1
 //	image.json   imageMeta: what Restore needs besides the template
 //	layer.tar    the writable layer's upper directory, uncompressed (modes,
 //	             owners, times, symlinks, hard links, whiteouts as 0/0
-//	             character devices, xattrs such as trusted.overlay.opaque)
+//	             character devices, xattrs such as trusted.overlay.opaque;
+//	             owners as host ids): internal/layer's archive
 //	runsc/       `runsc checkpoint --compression=none` output (kernel state
 //	             and memory pages)
 const (
@@ -70,7 +68,8 @@ type imageMeta struct {
 //
 // The cut: `runsc pause` stops every task of the sandbox (the sentry
 // stops its kernel; nothing inside runs, so nothing writes to the layer);
-// the layer's upper directory is archived to layer.tar; `runsc checkpoint
+// the layer's upper directory is archived to layer.tar (layer.WriteArchive:
+// by descriptor, never following a name the tenant controls); `runsc checkpoint
 // --compression=none` writes the kernel and memory image (with
 // --leave-running, unless opts.LeaveStopped); `runsc resume`. Memory and
 // files therefore describe the same frozen moment. Writes of the sandbox
@@ -150,7 +149,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	}()
 
 	// The layer, as of the frozen moment.
-	layerBytes, entries, err := tarLayer(l.Upper(), filepath.Join(imageDir, imageLayerName))
+	entries, layerBytes, err := layer.WriteArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), layer.ArchiveOptions{Failpoints: d.opts.Failpoints})
 	if err != nil {
 		return stats, fmt.Errorf("checkpoint %s: layer: %w", id, err)
 	}
@@ -349,7 +348,7 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	if err := emptyDir(filepath.Join(filepath.Dir(l.Upper()), "work")); err != nil {
 		return stats, fmt.Errorf("restore %s: clear layer: %w", id, err)
 	}
-	entries, err := untarLayer(filepath.Join(imageDir, imageLayerName), l.Upper())
+	entries, err := layer.ExtractArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), layer.ArchiveOptions{Failpoints: d.opts.Failpoints})
 	if err != nil {
 		return stats, fmt.Errorf("restore %s: layer: %w", id, err)
 	}
@@ -605,278 +604,4 @@ func syncTree(dir string) error {
 		}
 		return err
 	})
-}
-
-// xattrPrefix is how tar (PAX, GNU tar and bsdtar alike) records an
-// extended attribute.
-const xattrPrefix = "SCHILY.xattr."
-
-// tarLayer archives the upper directory dir into file out (uncompressed):
-// every entry with its mode, owner, times and extended attributes (the
-// overlay's trusted.overlay.opaque among them); symlinks as stored; hard
-// links as links; whiteouts (0/0 character devices) as character devices.
-// Sockets are left out (nothing can restore a bound socket from a file).
-// It returns the archive's size and its number of entries.
-func tarLayer(dir, out string) (int64, int, error) {
-	f, err := os.OpenFile(out, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer f.Close()
-	bw := bufio.NewWriterSize(f, 1<<20)
-	tw := tar.NewWriter(bw)
-	type inode struct{ dev, ino uint64 }
-	links := map[inode]string{}
-	entries := 0
-	err = filepath.WalkDir(dir, func(p string, de fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil {
-			return err
-		}
-		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil {
-			return err
-		}
-		fi, err := de.Info()
-		if err != nil {
-			return err
-		}
-		if fi.Mode()&os.ModeSocket != 0 {
-			return nil
-		}
-		target := ""
-		if fi.Mode()&os.ModeSymlink != 0 {
-			if target, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		hdr, err := tar.FileInfoHeader(fi, target)
-		if err != nil {
-			return err
-		}
-		hdr.Format = tar.FormatPAX
-		hdr.Name = rel
-		if fi.IsDir() {
-			hdr.Name = rel + "/"
-		}
-		hdr.Uid, hdr.Gid = int(st.Uid), int(st.Gid)
-		hdr.Uname, hdr.Gname = "", ""
-		hdr.ModTime = time.Unix(st.Mtim.Unix())
-		hdr.AccessTime = time.Unix(st.Atim.Unix())
-		hdr.ChangeTime = time.Time{}
-		if st.Mode&unix.S_IFMT == unix.S_IFCHR || st.Mode&unix.S_IFMT == unix.S_IFBLK {
-			hdr.Devmajor = int64(unix.Major(st.Rdev))
-			hdr.Devminor = int64(unix.Minor(st.Rdev))
-		}
-		if fi.Mode().IsRegular() && st.Nlink > 1 {
-			k := inode{st.Dev, st.Ino}
-			if first, ok := links[k]; ok {
-				hdr.Typeflag = tar.TypeLink
-				hdr.Linkname = first
-				hdr.Size = 0
-			} else {
-				links[k] = rel
-			}
-		}
-		xs, err := layer.Xattrs(p)
-		if err != nil {
-			return err
-		}
-		if len(xs) > 0 {
-			hdr.PAXRecords = map[string]string{}
-			for k, v := range xs {
-				hdr.PAXRecords[xattrPrefix+k] = v
-			}
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return fmt.Errorf("%s: %w", rel, err)
-		}
-		entries++
-		if hdr.Typeflag == tar.TypeReg && hdr.Size > 0 {
-			src, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			_, err = io.CopyN(tw, src, hdr.Size)
-			src.Close()
-			if err != nil {
-				return fmt.Errorf("%s: %w", rel, err)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, 0, err
-	}
-	if err := tw.Close(); err != nil {
-		return 0, 0, err
-	}
-	if err := bw.Flush(); err != nil {
-		return 0, 0, err
-	}
-	if err := f.Sync(); err != nil {
-		return 0, 0, err
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		return 0, 0, err
-	}
-	return fi.Size(), entries, nil
-}
-
-// untarLayer extracts the archive made by tarLayer into dir (the empty
-// upper directory of an unmounted overlay) and returns its number of
-// entries. Names are confined to dir: an absolute name, a ".." or a path
-// through a symlink is refused (an image is data from the blob store).
-func untarLayer(archive, dir string) (int, error) {
-	f, err := os.Open(archive)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	tr := tar.NewReader(bufio.NewReaderSize(f, 1<<20))
-	type dirTimes struct {
-		path         string
-		atime, mtime time.Time
-	}
-	var dirs []dirTimes
-	entries := 0
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return entries, err
-		}
-		name := filepath.Clean(hdr.Name)
-		if filepath.IsAbs(name) || name == ".." || strings.HasPrefix(name, "../") {
-			return entries, errdefs.DataLossf("layer archive: bad name %q", hdr.Name)
-		}
-		p := filepath.Join(dir, name)
-		if name != "." {
-			// The parent must be a real directory inside dir.
-			if err := checkNoSymlink(dir, filepath.Dir(name)); err != nil {
-				return entries, err
-			}
-		}
-		mode := uint32(hdr.Mode & 0o7777)
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			if name != "." {
-				if err := unix.Mkdir(p, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-					return entries, fmt.Errorf("mkdir %s: %w", name, err)
-				}
-			}
-			dirs = append(dirs, dirTimes{p, hdr.AccessTime, hdr.ModTime})
-		case tar.TypeReg:
-			out, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW, 0o600)
-			if err != nil {
-				return entries, err
-			}
-			_, err = io.Copy(out, tr)
-			if cerr := out.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return entries, fmt.Errorf("%s: %w", name, err)
-			}
-		case tar.TypeSymlink:
-			if err := os.Symlink(hdr.Linkname, p); err != nil {
-				return entries, err
-			}
-		case tar.TypeLink:
-			ln := filepath.Clean(hdr.Linkname)
-			if filepath.IsAbs(ln) || ln == ".." || strings.HasPrefix(ln, "../") {
-				return entries, errdefs.DataLossf("layer archive: bad link %q", hdr.Linkname)
-			}
-			if err := checkNoSymlink(dir, ln); err != nil {
-				return entries, err
-			}
-			if err := os.Link(filepath.Join(dir, ln), p); err != nil {
-				return entries, err
-			}
-			entries++
-			continue
-		case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-			kind := uint32(unix.S_IFCHR)
-			switch hdr.Typeflag {
-			case tar.TypeBlock:
-				kind = unix.S_IFBLK
-			case tar.TypeFifo:
-				kind = unix.S_IFIFO
-			}
-			dev := unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor))
-			if err := unix.Mknod(p, kind|0o600, int(dev)); err != nil {
-				return entries, fmt.Errorf("mknod %s: %w", name, err)
-			}
-		default:
-			return entries, errdefs.DataLossf("layer archive: %s: unsupported type %q", hdr.Name, hdr.Typeflag)
-		}
-		if err := unix.Lchown(p, hdr.Uid, hdr.Gid); err != nil {
-			return entries, fmt.Errorf("chown %s: %w", name, err)
-		}
-		for k, v := range hdr.PAXRecords {
-			if x, ok := strings.CutPrefix(k, xattrPrefix); ok {
-				if err := unix.Lsetxattr(p, x, []byte(v), 0); err != nil {
-					return entries, fmt.Errorf("setxattr %s %s: %w", name, x, err)
-				}
-			}
-		}
-		if hdr.Typeflag != tar.TypeSymlink {
-			// After chown, which clears set-id bits.
-			if err := unix.Fchmodat(unix.AT_FDCWD, p, mode, 0); err != nil {
-				return entries, fmt.Errorf("chmod %s: %w", name, err)
-			}
-		}
-		if hdr.Typeflag != tar.TypeDir {
-			if err := setTimes(p, hdr.AccessTime, hdr.ModTime); err != nil {
-				return entries, fmt.Errorf("times %s: %w", name, err)
-			}
-		}
-		entries++
-	}
-	// Directory times last (creating entries inside changed them),
-	// deepest first.
-	for i := len(dirs) - 1; i >= 0; i-- {
-		if err := setTimes(dirs[i].path, dirs[i].atime, dirs[i].mtime); err != nil {
-			return entries, err
-		}
-	}
-	return entries, nil
-}
-
-// checkNoSymlink fails when any component of rel (a clean relative path)
-// under dir is a symlink or not a directory.
-func checkNoSymlink(dir, rel string) error {
-	if rel == "." || rel == "" {
-		return nil
-	}
-	p := dir
-	for _, c := range strings.Split(rel, "/") {
-		p = filepath.Join(p, c)
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		if !fi.IsDir() && !(fi.Mode().IsRegular() && p == filepath.Join(dir, rel)) {
-			return errdefs.DataLossf("layer archive: %s is not a directory", rel)
-		}
-	}
-	return nil
-}
-
-func setTimes(p string, atime, mtime time.Time) error {
-	ts := []unix.Timespec{timespec(atime), timespec(mtime)}
-	return unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW)
-}
-
-func timespec(t time.Time) unix.Timespec {
-	if t.IsZero() {
-		return unix.Timespec{Nsec: unix.UTIME_OMIT}
-	}
-	return unix.NsecToTimespec(t.UnixNano())
 }

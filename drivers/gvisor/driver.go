@@ -14,6 +14,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/failpoint"
 )
 
 // Defaults for Options.
@@ -55,6 +56,9 @@ type Options struct {
 	// gateway before the sandbox boots or is restored.
 	Network sandbox.Network
 	Logger  *slog.Logger
+	// Failpoints, when set (tests), are evaluated by the layer archive
+	// (layer.FPArchiveListed, layer.FPExtractMkdir).
+	Failpoints *failpoint.Set
 }
 
 // Driver runs sandboxes with gVisor's runsc. It is safe for concurrent use:
