@@ -352,10 +352,11 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	if fi, err := os.Stat(tmpl.RootFS); err != nil || !fi.IsDir() {
 		return stats, errdefs.FailedPreconditionf("sandbox %s: template %s rootfs %s: not a directory", spec.ID, tmpl.Name, tmpl.RootFS)
 	}
-	slot, err := d.slotOf(meta.HostID)
-	if err != nil {
-		return stats, recordErr(spec.ID, err)
+	rel := meta.HostID - d.opts.UIDBase
+	if rel < 0 || rel%idsPerSandbox != 0 || rel/idsPerSandbox >= d.opts.MaxSandboxes {
+		return stats, errdefs.FailedPreconditionf("sandbox %s: image's uid range starts at %d, outside this driver's ranges (base %d); restoring into another range is not supported", spec.ID, meta.HostID, d.opts.UIDBase)
 	}
+	slot := rel / idsPerSandbox
 
 	unlock := d.lock(spec.ID)
 	defer unlock()
