@@ -104,8 +104,40 @@ func (t *names) name(ctx context.Context, a netip.Addr) (string, bool) {
 	return n, ok
 }
 
-// maxName bounds a query name (RFC 1035: 255 octets on the wire).
-const maxName = 253
+// maxName bounds a query name (RFC 1035: 255 octets on the wire, 253 in
+// text form) and maxLabel one of its labels. Longer names, and names with
+// bytes no host name has, are refused before they are journaled.
+const (
+	maxName  = 253
+	maxLabel = 63
+)
+
+// validName says whether name (lower-cased, without the root's dot) may be
+// given a stand-in address: 1 to 253 bytes, labels of 1 to 63 letters,
+// digits, '-' or '_'.
+func validName(name string) bool {
+	if name == "" || len(name) > maxName {
+		return false
+	}
+	label := 0
+	for i := 0; i < len(name); i++ {
+		switch c := name[i]; {
+		case c == '.':
+			if label == 0 {
+				return false
+			}
+			label = 0
+			continue
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '_':
+		default:
+			return false
+		}
+		if label++; label > maxLabel {
+			return false
+		}
+	}
+	return label > 0
+}
 
 // serveDNS answers the sandbox's queries on uc until it is closed.
 func serveDNS(ctx context.Context, uc *net.UDPConn, t *names, log *slog.Logger) {
@@ -142,7 +174,7 @@ func answer(ctx context.Context, query []byte, t *names, log *slog.Logger) []byt
 	switch {
 	case h.OpCode != 0:
 		rh.RCode = dnsmessage.RCodeNotImplemented
-	case q.Class != dnsmessage.ClassINET || name == "" || len(name) > maxName:
+	case q.Class != dnsmessage.ClassINET || !validName(name):
 		rh.RCode = dnsmessage.RCodeRefused
 	case q.Type == dnsmessage.TypeA:
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)

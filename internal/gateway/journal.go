@@ -273,7 +273,12 @@ func (j *Journal) RecordDivergence(ctx context.Context, w Writer, p DivergencePa
 
 // RecordName records that sandbox's DNS answered name with addr and returns
 // the address recorded for name, which is an earlier one if there was one.
+// A name that is not a host name's shape (checkName: at most 253 bytes,
+// labels of at most 63) is refused and nothing is appended.
 func (j *Journal) RecordName(ctx context.Context, w Writer, name string, addr netip.Addr) (netip.Addr, error) {
+	if err := checkName(name); err != nil {
+		return netip.Addr{}, fmt.Errorf("effect journal %s: record name: %w", Stream(w.Sandbox), err)
+	}
 	if err := j.append(ctx, w, EventName, "dns:"+name, ".n", NamePayload{Name: name, Addr: addr.String()}); err != nil {
 		return netip.Addr{}, err
 	}
