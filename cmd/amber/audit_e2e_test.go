@@ -3,6 +3,7 @@ package main
 import (
 	"database/sql"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -69,5 +70,47 @@ func TestE2EAuditVerify(t *testing.T) {
 	out, _, code := d.amber("audit", "verify")
 	if code != 1 || !strings.Contains(out, "BROKEN at record 2") {
 		t.Fatalf("verify of the edited trail: exit %d %q", code, out)
+	}
+}
+
+// TestAuditVerifyDetectsTruncatedTail: the last records of the trail are
+// cut off by SQL, rows and the stream's head both (a forger covering the
+// cut); `amber audit verify` fails and names the missing records, because
+// the head is anchored outside the log (DATA_DIR/audit.head). The audit
+// key (DATA_DIR/audit.key) is made at first start with mode 0600.
+func TestAuditVerifyDetectsTruncatedTail(t *testing.T) {
+	bin, dir := e2eSetup(t)
+	addr := freeAddr(t)
+	d := startDaemon(t, bin, dir, addr, "--pool", "0")
+	id := strings.TrimSpace(d.must("sandbox", "create", "--template", "minimal"))
+	d.must("exec", id, "--", "true")
+	d.must("exec", id, "--", "true")
+	d.must("sandbox", "rm", id)
+	if out := d.must("audit", "verify"); !strings.Contains(out, "holds: 4 records") {
+		t.Fatalf("verify of the untouched trail: %q", out)
+	}
+	d.stop(syscall.SIGTERM)
+
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "events.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sid = `(SELECT sid FROM streams WHERE stream = 'audit/default')`
+	if _, err := db.Exec(`DELETE FROM events WHERE sid = ` + sid + ` AND seq > 2`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`UPDATE streams SET head_seq = 2 WHERE stream = 'audit/default'`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	d = startDaemon(t, bin, dir, addr, "--pool", "0")
+	out, _, code := d.amber("audit", "verify")
+	if code != 1 || !strings.Contains(out, "BROKEN at record 3") || !strings.Contains(out, "records 3 to 4 are missing") {
+		t.Fatalf("verify of the cut trail: exit %d %q", code, out)
+	}
+	t.Logf("cut trail: %s", strings.TrimSpace(out))
+	if fi, err := os.Stat(filepath.Join(dir, "audit.key")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("audit.key: %v %v", fi, err)
 	}
 }

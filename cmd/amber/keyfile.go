@@ -2,15 +2,42 @@ package main
 
 import (
 	"context"
+	"crypto/hkdf"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/internal/audit"
+	"github.com/amber-run/amber/internal/chunkstore"
 	"github.com/amber-run/amber/internal/meta"
 )
+
+// readKeyFile reads a secret file the daemon starts from (admin.key,
+// master.key, the audit key, a TLS key, the node token), refusing one that
+// its group or others may read or write: a key another account of the host
+// can read is not a secret. It returns the os error of a missing file as
+// is (os.IsNotExist holds), so callers can create it.
+func readKeyFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("key file %s has mode %04o: group or others may read or write it, so it is no secret; fix: chmod 600 %s (and check who read it)", path, perm, path)
+	}
+	return io.ReadAll(f)
+}
 
 // ensureAdminKey makes sure DATA_DIR/admin.key holds a key the daemon
 // accepts: the operator's key, named "admin", of tenant "default", with
@@ -28,7 +55,7 @@ import (
 // admin.key out): it fails, asking for the first node's file.
 func ensureAdminKey(ctx context.Context, m *meta.Store, dataDir string, shared bool) (path string, created bool, err error) {
 	path = filepath.Join(dataDir, "admin.key")
-	b, err := os.ReadFile(path)
+	b, err := readKeyFile(path)
 	switch {
 	case err == nil:
 		key := strings.TrimSpace(string(b))
@@ -102,7 +129,7 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 // checkpoint, so it is written durably before any checkpoint uses it.
 func ensureMasterKey(dataDir string, size int) ([]byte, error) {
 	path := filepath.Join(dataDir, "master.key")
-	b, err := os.ReadFile(path)
+	b, err := readKeyFile(path)
 	switch {
 	case err == nil:
 		key, derr := hex.DecodeString(strings.TrimSpace(string(b)))
@@ -121,4 +148,69 @@ func ensureMasterKey(dataDir string, size int) ([]byte, error) {
 		return nil, err
 	}
 	return key, nil
+}
+
+// auditKey returns the key of the audit chain (internal/audit), kept
+// outside the event log:
+//
+//   - keyFile given (--audit-key-file): its hex key, which must exist
+//     (every node of a deployment shares it);
+//   - on shared stores without it: derived by HKDF from the master key
+//     every node already shares (--master-key-file);
+//   - else DATA_DIR/audit.key, written (0600, durably) on first start.
+//
+// A trail written before keys stays verifiable (its records are version 1).
+func auditKey(dataDir, keyFile, masterKeyFile string, shared bool, masterSize int) ([]byte, error) {
+	if keyFile != "" {
+		b, err := readKeyFile(keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--audit-key-file: %w", err)
+		}
+		key, err := hex.DecodeString(strings.TrimSpace(string(b)))
+		if err != nil || len(key) != audit.KeySize {
+			return nil, fmt.Errorf("--audit-key-file %s does not hold a %d-byte hex key (make one with: head -c 32 /dev/urandom | xxd -p -c 64 > audit.key; chmod 600 audit.key)", keyFile, audit.KeySize)
+		}
+		return key, nil
+	}
+	if shared {
+		master, err := loadMasterKey(dataDir, masterKeyFile, masterSize)
+		if err != nil {
+			return nil, err
+		}
+		return hkdf.Key(sha256.New, master, nil, "amber audit chain v2", audit.KeySize)
+	}
+	path := filepath.Join(dataDir, "audit.key")
+	b, err := readKeyFile(path)
+	switch {
+	case err == nil:
+		key, derr := hex.DecodeString(strings.TrimSpace(string(b)))
+		if derr != nil || len(key) != audit.KeySize {
+			return nil, fmt.Errorf("%s does not hold a %d-byte hex key; restore it from a backup (the trail's keyed records cannot be verified without it)", path, audit.KeySize)
+		}
+		return key, nil
+	case !os.IsNotExist(err):
+		return nil, err
+	}
+	key := make([]byte, audit.KeySize)
+	if _, err := rand.Read(key); err != nil {
+		return nil, err
+	}
+	if err := writeFileAtomic(path, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	return key, nil
+}
+
+// openAudit opens the audit trail over log: keyed (auditKey) and anchored
+// in DATA_DIR/audit.head (internal/audit's package comment).
+func openAudit(log eventlog.Store, dataDir, keyFile string, so sharedOptions) (*audit.Trail, error) {
+	key, err := auditKey(dataDir, keyFile, so.masterKeyFile, so.shared(), chunkstore.MasterKeySize)
+	if err != nil {
+		return nil, fmt.Errorf("audit key: %w", err)
+	}
+	anchor, err := audit.OpenFileAnchor(filepath.Join(dataDir, "audit.head"))
+	if err != nil {
+		return nil, err
+	}
+	return audit.Open(log, audit.Options{Key: key, Anchor: anchor})
 }

@@ -51,3 +51,85 @@ func TestAdminKeyLifecycle(t *testing.T) {
 		t.Fatalf("old key still accepted: %v", err)
 	}
 }
+
+// TestKeyFilePermissionsRefused: a key file its group or others may read
+// (admin.key, master.key, --master-key-file) is refused at start, naming
+// the file and the chmod that fixes it; at 0600 it is taken.
+func TestKeyFilePermissionsRefused(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	m, err := meta.Open(filepath.Join(dir, "meta.db"), meta.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	admin := filepath.Join(dir, "admin.key")
+	os.WriteFile(admin, []byte(strings.Repeat("k", 40)+"\n"), 0o600)
+	master := filepath.Join(dir, "master.key")
+	os.WriteFile(master, []byte(strings.Repeat("ab", 32)+"\n"), 0o600)
+	shared := filepath.Join(t.TempDir(), "shared-master.key")
+	os.WriteFile(shared, []byte(strings.Repeat("cd", 32)+"\n"), 0o600)
+	load := map[string]func() error{
+		admin:  func() error { _, _, err := ensureAdminKey(ctx, m, dir, false); return err },
+		master: func() error { _, err := ensureMasterKey(dir, 32); return err },
+		shared: func() error { _, err := loadMasterKey(dir, shared, 32); return err },
+	}
+	for path, f := range load {
+		for _, mode := range []os.FileMode{0o644, 0o640, 0o604, 0o660} {
+			os.Chmod(path, mode)
+			err := f()
+			if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "chmod 600 "+path) {
+				t.Errorf("%s at %04o: %v; want a refusal naming the file and chmod 600", filepath.Base(path), mode, err)
+			}
+		}
+		os.Chmod(path, 0o600)
+		if err := f(); err != nil {
+			t.Errorf("%s at 0600: %v", filepath.Base(path), err)
+		}
+		os.Chmod(path, 0o400)
+		if err := f(); err != nil {
+			t.Errorf("%s at 0400: %v", filepath.Base(path), err)
+		}
+	}
+}
+
+// TestAuditKeyFile: DATA_DIR/audit.key is made at first start (0600) and
+// read after; --audit-key-file must exist and be 0600; on shared stores
+// without it the key derives from the master key (the same on every node).
+func TestAuditKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	k1, err := auditKey(dir, "", "", false, 32)
+	if err != nil || len(k1) != 32 {
+		t.Fatalf("first start: %v", err)
+	}
+	path := filepath.Join(dir, "audit.key")
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("audit.key: %v %v", fi, err)
+	}
+	if k2, err := auditKey(dir, "", "", false, 32); err != nil || string(k2) != string(k1) {
+		t.Fatalf("second start: %v", err)
+	}
+	os.Chmod(path, 0o644)
+	if _, err := auditKey(dir, "", "", false, 32); err == nil || !strings.Contains(err.Error(), "chmod 600 "+path) {
+		t.Fatalf("audit.key at 0644: %v", err)
+	}
+	flag := filepath.Join(t.TempDir(), "audit.key")
+	if _, err := auditKey(dir, flag, "", false, 32); err == nil {
+		t.Fatal("a missing --audit-key-file was made up")
+	}
+	os.WriteFile(flag, []byte(strings.Repeat("01", 32)), 0o640)
+	if _, err := auditKey(dir, flag, "", false, 32); err == nil || !strings.Contains(err.Error(), "chmod 600 "+flag) {
+		t.Fatalf("--audit-key-file at 0640: %v", err)
+	}
+	os.Chmod(flag, 0o600)
+	if k, err := auditKey(dir, flag, "", false, 32); err != nil || k[0] != 1 {
+		t.Fatalf("--audit-key-file: %v", err)
+	}
+	master := filepath.Join(t.TempDir(), "master.key")
+	os.WriteFile(master, []byte(strings.Repeat("ab", 32)), 0o600)
+	a, err := auditKey(t.TempDir(), "", master, true, 32)
+	b, err2 := auditKey(t.TempDir(), "", master, true, 32)
+	if err != nil || err2 != nil || string(a) != string(b) || string(a) == strings.Repeat("\xab", 32) {
+		t.Fatalf("derived on shared stores: %v %v", err, err2)
+	}
+}

@@ -53,7 +53,7 @@ func (o *sharedOptions) resolve(listen string) error {
 		return usageError{fmt.Errorf("--store %q: want postgres://… (or nothing, for SQLite in the data dir)", redactStore(o.store))}
 	}
 	if o.masterKeyFile == "" {
-		return usageError{fmt.Errorf("--store postgres://… needs --master-key-file: every node must read the others' checkpoints and secrets with the same key (make one with: head -c 32 /dev/urandom | xxd -p -c 64 > master.key)")}
+		return usageError{fmt.Errorf("--store postgres://… needs --master-key-file: every node must read the others' checkpoints and secrets with the same key (make one with: head -c 32 /dev/urandom | xxd -p -c 64 > master.key; chmod 600 master.key)")}
 	}
 	if o.nodeID == "" {
 		o.nodeID, _ = os.Hostname()
@@ -113,7 +113,7 @@ func loadMasterKey(dataDir, keyFile string, size int) ([]byte, error) {
 	if keyFile == "" {
 		return ensureMasterKey(dataDir, size)
 	}
-	b, err := os.ReadFile(keyFile)
+	b, err := readKeyFile(keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("--master-key-file: %w", err)
 	}

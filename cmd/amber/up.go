@@ -51,6 +51,7 @@ type upOptions struct {
 	shared                              sharedOptions
 	takeOver                            bool
 	leaseTTL                            time.Duration
+	auditKeyFile                        string // --audit-key-file (internal/audit: the chain's HMAC key)
 }
 
 func newUpCmd(g *globalFlags) *cobra.Command {
@@ -100,6 +101,7 @@ are recorded.`,
 	f.BoolVar(&o.egress.journal, "egress-journal", true, "journal every outbound request (off only as a test's negative control)")
 	_ = f.MarkHidden("egress-journal")
 	o.shared.register(f)
+	f.StringVar(&o.auditKeyFile, "audit-key-file", os.Getenv("AMBER_AUDIT_KEY_FILE"), "the audit chain's HMAC key (hex, mode 0600), the same file on every node (default $AMBER_AUDIT_KEY_FILE; without: DATA_DIR/audit.key, created on first start, or with --store derived from --master-key-file)")
 	f.BoolVar(&o.takeOver, "take-over", false, "take the data dir over from a daemon that still holds its lock but stopped renewing its lease (paused, hung): wait for the lease to expire, then fence it")
 	f.DurationVar(&o.leaseTTL, "lease-ttl", 15*time.Second, "time to live of the daemon's lease on its data dir (renewed every quarter of it); a paused daemon is fenced this long after its last renewal")
 	f.StringSliceVar(&o.egress.hosts, "egress-host", nil, "NAME=IP names the gateway resolves itself (local services, tests); reachable by that name even on a private address")
@@ -341,7 +343,10 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	tlog := mx.Log(log) // appends timed for amber_log_append_seconds
 	reg := eventlog.NewRegistry()
 	audit.RegisterEvents(reg)
-	trail := audit.New(tlog, nil)
+	trail, err := openAudit(tlog, dataDir, o.auditKeyFile, o.shared)
+	if err != nil {
+		return err
+	}
 	var gw *gateway.Gateway
 	var meterTo atomic.Pointer[engine.Engine] // set once the engine exists
 	var secrets *secretstore.Store

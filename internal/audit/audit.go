@@ -6,13 +6,35 @@
 // # The chain
 //
 // Each record carries the hash of the record before it (Prev; the first
-// record's is 64 zeros) and its own Hash = SHA-256(Prev || the record's
-// canonical JSON without Hash). Verify walks the stream from its first
-// retained record and recomputes every hash: an edited record breaks its own
-// hash, a deleted one breaks the next record's Prev, a reordering breaks
-// both; Verify names the first position that does not hold. (Cutting records
-// off the end leaves a valid, shorter chain: Head tells the caller how long
-// the trail was when it last looked.)
+// record's is 64 zeros) and its own Hash. A keyed trail (Options.Key, kept
+// outside the event log: DATA_DIR/audit.key or --audit-key-file) writes
+// version 2 records, whose Hash is HMAC-SHA256(key, Prev || the record's
+// canonical JSON without Hash): whoever can write the log's database but
+// not read the key cannot forge one. Version 1 records (V absent, written
+// before the trail was keyed) carry Hash = SHA-256(Prev || the JSON).
+//
+// Verify walks the stream from its first retained record and recomputes
+// every hash: an edited record breaks its own hash, a deleted one breaks the
+// next record's Prev, a reordering breaks both; Verify names the first
+// position that does not hold. Version 1 records are checked the old way up
+// to the first version 2 record; an unkeyed record after a keyed one is a
+// forgery.
+//
+// # The anchor
+//
+// Cutting records off the end leaves a valid, shorter chain, so the head is
+// anchored outside the log's store (Options.Anchor; DATA_DIR/audit.head):
+// after each append the anchor holds the stream's (seq, hash) as this
+// process last wrote it. Verify checks that the log still reaches the
+// anchored seq and that the record there carries the anchored hash.
+//
+// Durability order: the record is appended (durable in the log) before the
+// anchor is written (temp file, fsync, rename, fsync dir), and the anchor
+// only moves forward. A crash between the two leaves the anchor behind the
+// log by the last record, which Verify accepts (the log reaches past the
+// anchor); the anchor is never ahead of a durable log. Several daemons on
+// one shared log each anchor what they appended: each one's anchor is a
+// lower bound of the head.
 //
 // # Concurrency
 //
@@ -23,6 +45,7 @@ package audit
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -61,13 +84,25 @@ type Record struct {
 	RequestID string `json:"request_id,omitempty"`
 	// Detail is free text (an error message, an id created).
 	Detail string `json:"detail,omitempty"`
-	Prev   string `json:"prev"`
-	Hash   string `json:"hash,omitempty"`
+	// V is the record's version: absent (1) for a SHA-256 chained record,
+	// Keyed (2) for an HMAC one. It is part of what the hash covers.
+	V    int    `json:"v,omitempty"`
+	Prev string `json:"prev"`
+	Hash string `json:"hash,omitempty"`
 }
 
-// HashOf is the hash r must carry: SHA-256 over r.Prev and r's JSON
-// without its Hash.
+// Keyed is the version of records chained by HMAC.
+const Keyed = 2
+
+// KeySize is the size of an audit key.
+const KeySize = 32
+
+// HashOf is the hash an unkeyed (version 1) r must carry: SHA-256 over
+// r.Prev and r's JSON without its Hash.
 func HashOf(r Record) string { return hash(r) }
+
+// MACOf is the hash a keyed (version 2) r must carry under key.
+func MACOf(key []byte, r Record) string { return mac(key, r) }
 
 func hash(r Record) string {
 	r.Hash = ""
@@ -78,19 +113,50 @@ func hash(r Record) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// Trail appends and reads audit records.
-type Trail struct {
-	log   eventlog.Store
-	clock clock.Clock
-	mu    sync.Mutex // serialises this process's appends (others are caught by expectedSeq)
+func mac(key []byte, r Record) string {
+	r.Hash = ""
+	b, _ := json.Marshal(r)
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte(r.Prev))
+	h.Write(b)
+	return hex.EncodeToString(h.Sum(nil))
 }
 
-// New returns a Trail over log.
+// Trail appends and reads audit records.
+type Trail struct {
+	log    eventlog.Store
+	clock  clock.Clock
+	key    []byte
+	anchor Anchor
+	mu     sync.Mutex // serialises this process's appends (others are caught by expectedSeq)
+}
+
+// Options configure a Trail.
+type Options struct {
+	Clock clock.Clock
+	// Key keys the chain (KeySize bytes, kept outside the event log). Nil:
+	// records are chained by SHA-256 alone, as before keys (tests).
+	Key []byte
+	// Anchor keeps each stream's head outside the log's store; nil: none
+	// (records cut off the end then go unnoticed).
+	Anchor Anchor
+}
+
+// New returns an unkeyed, unanchored Trail over log.
 func New(log eventlog.Store, c clock.Clock) *Trail {
-	if c == nil {
-		c = clock.Real{}
+	t, _ := Open(log, Options{Clock: c})
+	return t
+}
+
+// Open returns a Trail over log with opts.
+func Open(log eventlog.Store, opts Options) (*Trail, error) {
+	if opts.Clock == nil {
+		opts.Clock = clock.Real{}
 	}
-	return &Trail{log: log, clock: c}
+	if opts.Key != nil && len(opts.Key) != KeySize {
+		return nil, errdefs.InvalidArgumentf("audit: the key is %d bytes, want %d", len(opts.Key), KeySize)
+	}
+	return &Trail{log: log, clock: opts.Clock, key: opts.Key, anchor: opts.Anchor}, nil
 }
 
 // RegisterEvents declares the audit event type.
@@ -113,18 +179,30 @@ func (t *Trail) Append(ctx context.Context, tenant string, r Record) (Record, er
 		if err != nil {
 			return r, err
 		}
-		r.Prev, r.Hash = prev, ""
-		r.Hash = hash(r)
+		r.Prev, r.Hash, r.V = prev, "", 0
+		if t.key != nil {
+			r.V = Keyed
+			r.Hash = mac(t.key, r)
+		} else {
+			r.Hash = hash(r)
+		}
 		p, _ := json.Marshal(r)
 		idb := make([]byte, 12)
 		rand.Read(idb)
 		ev := eventlog.Event{Tenant: tenant, Stream: stream, ID: "audit-" + hex.EncodeToString(idb), Type: EventType, Version: 1, Time: r.Time, Payload: p}
-		_, err = t.log.Append(ctx, stream, 0, head, ev)
+		res, err := t.log.Append(ctx, stream, 0, head, ev)
 		if errdefs.IsConflict(err) && attempt < 20 {
 			continue // another writer appended first: chain after it
 		}
 		if err != nil {
 			return r, fmt.Errorf("audit: append to %s: %w", stream, err)
+		}
+		// The record is durable in the log: anchor it (see the package
+		// comment for why this order).
+		if t.anchor != nil {
+			if err := t.anchor.Advance(tenant, Head{Seq: res.Last, Hash: r.Hash}); err != nil {
+				return r, fmt.Errorf("audit: record %d of %s appended, its anchor not written: %w", res.Last, stream, err)
+			}
 		}
 		return r, nil
 	}
@@ -206,7 +284,14 @@ func (t *Trail) Verify(ctx context.Context, tenant string) (Report, error) {
 		rep.OK, rep.BadSeq, rep.Problem = false, seq, fmt.Sprintf(format, args...)
 		return rep, nil
 	}
+	var anchored Head
+	if t.anchor != nil {
+		if anchored, err = t.anchor.Load(tenant); err != nil {
+			return rep, fmt.Errorf("audit: the anchor of %s: %w", stream, err)
+		}
+	}
 	prev, expect := "", b.First
+	keyed := false // a version 2 record was seen: no version 1 may follow
 	for from := b.First; from <= b.Head; {
 		evs, err := t.log.Read(ctx, stream, from, 500)
 		if errdefs.IsDataLoss(err) {
@@ -245,13 +330,36 @@ func (t *Trail) Verify(ctx context.Context, tenant string) (Report, error) {
 			if prev != "" && r.Prev != prev {
 				return bad(ev.Seq, "its link to the record before does not match: a record before it was changed, removed or moved")
 			}
-			if h := hash(r); h != r.Hash {
-				return bad(ev.Seq, "its content does not match its hash: it was edited")
+			switch {
+			case r.V == Keyed && t.key == nil:
+				return rep, errdefs.FailedPreconditionf("audit: record %d of %s is keyed and this daemon has no audit key", ev.Seq, stream)
+			case r.V == Keyed:
+				if !hmac.Equal([]byte(mac(t.key, r)), []byte(r.Hash)) {
+					return bad(ev.Seq, "its content does not match its MAC: it was edited (or written with another audit key)")
+				}
+				keyed = true
+			case r.V > 1:
+				return bad(ev.Seq, "record version %d is unknown", r.V)
+			case keyed:
+				return bad(ev.Seq, "an unkeyed record after keyed ones: it was forged")
+			default:
+				if h := hash(r); h != r.Hash {
+					return bad(ev.Seq, "its content does not match its hash: it was edited")
+				}
+			}
+			if anchored.Seq != 0 && ev.Seq == anchored.Seq && r.Hash != anchored.Hash {
+				return bad(ev.Seq, "it is not the record anchored at %d (hash %.16s…): the trail was replaced from there", anchored.Seq, anchored.Hash)
 			}
 			prev, expect = r.Hash, ev.Seq+1
 			rep.Records++
 		}
 		from = evs[len(evs)-1].Seq + 1
+	}
+	if anchored.Seq > b.Head {
+		if b.Head < b.First {
+			return bad(anchored.Seq, "records 1 to %d are missing: the trail is empty, and its head was at %d when this daemon last appended (DATA_DIR/audit.head)", anchored.Seq, anchored.Seq)
+		}
+		return bad(b.Head+1, "records %d to %d are missing: the trail ends at %d, and its head was at %d when this daemon last appended (DATA_DIR/audit.head)", b.Head+1, anchored.Seq, b.Head, anchored.Seq)
 	}
 	rep.HeadHash = prev
 	return rep, nil
