@@ -631,7 +631,12 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 	err = e.startRun(ctx, sb, ck.ID, false)
 	var rs sandbox.RestoreStats
 	if err == nil {
+		// The driver rebuilds the layer: no file operation meanwhile
+		// (see cutLock).
+		cut := e.cutLock(sb.ID)
+		cut.Lock()
 		rs, err = cp.Restore(ctx, sandbox.Spec{ID: sb.ID, Tenant: sb.Tenant, Template: tmpl, Limits: sb.Limits, Env: sb.Env}, dir, sandbox.RestoreOptions{})
+		cut.Unlock()
 	}
 	if err != nil {
 		// The row leaves "restoring": a new sandbox is destroyed, one

@@ -25,3 +25,14 @@ func (e *Engine) DropLocal(ctx context.Context, id string) { e.dropLocal(ctx, id
 
 // UsageEvent is the usage.recorded event the metering loop appends for r.
 func UsageEvent(tenant string, r UsageRecord) eventlog.Event { return usageEvent(tenant, r) }
+
+// CutHeld reports whether sandbox id's cut lock is held (or wanted) for
+// writing: a cut or a restore's driver call runs.
+func (e *Engine) CutHeld(id string) bool {
+	mu := e.cutLock(id)
+	if mu.TryRLock() {
+		mu.RUnlock()
+		return false
+	}
+	return true
+}

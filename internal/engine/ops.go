@@ -22,6 +22,20 @@ func (e *Engine) inSandbox(id string) func() {
 	return mu.RUnlock
 }
 
+// cutLock is sandbox id's cut lock. Its writers change the sandbox's
+// layer under everyone's feet: a checkpoint's cut (which archives the
+// layer: Checkpoint) and a restore's driver call (which rebuilds it:
+// restoreOnce), each holding the sandbox's lock already. Its readers are
+// the calls into the sandbox (inSandbox: exec, start, ps, signal, stats)
+// and the file operations (Files, heldFS), which so never race the
+// archive walk or the extraction.
+//
+// Lock order: e.lock(id), then cutLock(id). A reader holds nothing else
+// while it holds the cut lock, and takes neither e.lock(id) nor the cut
+// lock again before it lets go (a sync.RWMutex reader that waits for a
+// second read lock behind a waiting writer never gets it). A long reader
+// (a command, a file streamed to a slow client) delays a cut until it
+// ends; the cut, once waiting, holds new readers back.
 func (e *Engine) cutLock(id string) *sync.RWMutex {
 	m, _ := e.cuts.LoadOrStore(id, &sync.RWMutex{})
 	return m.(*sync.RWMutex)
@@ -189,6 +203,11 @@ func (e *Engine) Wait(ctx context.Context, tenant, id string, pid int) (sandbox.
 
 // Files gives access to sandbox id's filesystem. A stopped or crashed
 // sandbox keeps its files, so they stay readable until it is destroyed.
+// Finding the sandbox's root and each operation of the FS hold the cut
+// lock for reading (see cutLock): a file operation waits for a cut's
+// archive walk or a restore's extraction to end, and neither starts while
+// one runs — a symlink the files API puts where a directory was cannot
+// be followed by the walk half-way through.
 func (e *Engine) Files(ctx context.Context, tenant, id string) (sandbox.FS, error) {
 	sb, err := e.Get(ctx, tenant, id)
 	if err != nil {
@@ -203,5 +222,11 @@ func (e *Engine) Files(ctx context.Context, tenant, id string) (sandbox.FS, erro
 		}
 	}
 	e.touch(id)
-	return e.drv.Files(ctx, id)
+	unlock := e.inSandbox(id)
+	defer unlock()
+	fs, err := e.drv.Files(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return &heldFS{fs: fs, hold: func() func() { return e.inSandbox(id) }}, nil
 }

@@ -6,10 +6,11 @@ import (
 
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/drivers/gvisor"
+	"github.com/amber-run/amber/internal/failpoint"
 )
 
 func init() {
-	factories["gvisor"] = func(stateDir string, lg *slog.Logger) (sandbox.Driver, error) {
-		return gvisor.New(gvisor.Options{StateDir: stateDir, RunscPath: filepath.Join(Cache(), "bin", "runsc"), Logger: lg})
+	factories["gvisor"] = func(stateDir string, lg *slog.Logger, fps *failpoint.Set) (sandbox.Driver, error) {
+		return gvisor.New(gvisor.Options{StateDir: stateDir, RunscPath: filepath.Join(Cache(), "bin", "runsc"), Logger: lg, Failpoints: fps})
 	}
 }

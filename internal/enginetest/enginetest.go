@@ -25,6 +25,7 @@ import (
 	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/chunkstore"
 	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/failpoint"
 	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/stores/localfs"
 	"github.com/amber-run/amber/stores/sqlite"
@@ -49,7 +50,9 @@ func RunInitHooks() {
 
 var (
 	initHooks []func()
-	factories = map[string]func(stateDir string, lg *slog.Logger) (sandbox.Driver, error){}
+	// factories make a driver keeping its state in stateDir; fps, when
+	// set, is its Options.Failpoints.
+	factories = map[string]func(stateDir string, lg *slog.Logger, fps *failpoint.Set) (sandbox.Driver, error){}
 )
 
 // DriverName is the driver the tests run against.
@@ -81,16 +84,16 @@ func missing(t testing.TB, what string) {
 // NewDriver returns the test driver keeping its state in stateDir.
 func NewDriver(t testing.TB, stateDir string) sandbox.Driver {
 	t.Helper()
-	return newDriver(t, DriverName(), stateDir)
+	return newDriver(t, DriverName(), stateDir, nil)
 }
 
-func newDriver(t testing.TB, name, stateDir string) sandbox.Driver {
+func newDriver(t testing.TB, name, stateDir string, fps *failpoint.Set) sandbox.Driver {
 	t.Helper()
 	f, ok := factories[name]
 	if !ok {
 		t.Fatalf("driver %s: no such driver in enginetest", name)
 	}
-	d, err := f(stateDir, Logger(t))
+	d, err := f(stateDir, Logger(t), fps)
 	if err != nil {
 		t.Fatalf("new %s driver: %v", name, err)
 	}
@@ -163,6 +166,13 @@ func New(t testing.TB, opts engine.Options) *Env {
 // NewFor is New with the named driver ("gvisor" or "criu").
 func NewFor(t testing.TB, driver string, opts engine.Options) *Env {
 	t.Helper()
+	return NewWithDriverFailpoints(t, driver, opts, nil)
+}
+
+// NewWithDriverFailpoints is NewFor with fps as the driver's failpoints
+// (its Options.Failpoints: the layer archive's, layer.FPArchiveListed…).
+func NewWithDriverFailpoints(t testing.TB, driver string, opts engine.Options, fps *failpoint.Set) *Env {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "amber-enginetest-")
 	if err != nil {
 		t.Fatal(err)
@@ -170,7 +180,7 @@ func NewFor(t testing.TB, driver string, opts engine.Options) *Env {
 	// Sandboxes (criu's user namespaces) must be able to reach their state.
 	os.Chmod(dir, 0o711)
 	env := &Env{Dir: dir, opts: opts, driver: driver, Blobs: filepath.Join(dir, "blobs")}
-	env.Driver = newDriver(t, driver, filepath.Join(dir, "driver"))
+	env.Driver = newDriver(t, driver, filepath.Join(dir, "driver"), fps)
 	env.open(t)
 	t.Cleanup(func() {
 		env.Close(t)
