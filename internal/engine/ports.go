@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net"
-	"strconv"
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
@@ -14,21 +13,15 @@ import (
 	"github.com/amber-run/amber/internal/meta"
 )
 
-// Exposure is a sandbox port that the daemon's proxy serves at Path (see
-// internal/server: /p/<sandbox>/<port>/<token>/). Token is the secret part
-// of Path; it is known only to the caller of Expose (the store keeps its
-// hash), so Exposures returns it empty.
+// Exposure is a sandbox port that the daemon's proxy serves on the port's
+// own origin (internal/server: http://<port>-<sandbox>.<port domain>/).
+// Token is the credential that opens it; it is known only to the caller of
+// Expose (the store keeps its hash), so Exposures returns it empty.
 type Exposure struct {
 	SandboxID string
 	Port      int
 	Token     string
-	Path      string
 	Created   time.Time
-}
-
-// ExposurePath is the proxy path of sandbox id's port with token.
-func ExposurePath(id string, port int, token string) string {
-	return "/p/" + id + "/" + strconv.Itoa(port) + "/" + token + "/"
 }
 
 func validPort(port int) error {
@@ -98,7 +91,7 @@ func (e *Engine) Expose(ctx context.Context, tenant, id string, port int) (Expos
 		return Exposure{}, err
 	}
 	e.lg.Info("port exposed", "sandbox_id", id, "port", port, "tenant_id", tenant)
-	return Exposure{SandboxID: id, Port: port, Token: token, Path: ExposurePath(id, port, token), Created: me.Created}, nil
+	return Exposure{SandboxID: id, Port: port, Token: token, Created: me.Created}, nil
 }
 
 // Unexpose removes the exposure of port; its URL stops working at once
@@ -113,8 +106,8 @@ func (e *Engine) Unexpose(ctx context.Context, tenant, id string, port int) erro
 	return e.meta.DeleteExposure(ctx, id, port)
 }
 
-// Exposures lists the exposed ports of tenant's sandbox id (Token and Path
-// are empty: the store does not know the tokens).
+// Exposures lists the exposed ports of tenant's sandbox id (Token is
+// empty: the store does not know the tokens).
 func (e *Engine) Exposures(ctx context.Context, tenant, id string) ([]Exposure, error) {
 	if _, err := e.Get(ctx, tenant, id); err != nil {
 		return nil, err

@@ -71,7 +71,7 @@ func TestExposeResolveAndDial(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if x.Path != engine.ExposurePath(sb.ID, 8080, x.Token) || len(x.Token) < 40 {
+	if x.SandboxID != sb.ID || x.Port != 8080 || len(x.Token) < 40 {
 		t.Fatalf("exposure %+v", x)
 	}
 	if tenant, err := env.Engine.ResolveExposure(ctx, sb.ID, 8080, x.Token); err != nil || tenant != "t1" {

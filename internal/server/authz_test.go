@@ -281,6 +281,40 @@ func TestAuthorizationTable(t *testing.T) {
 		}
 	}
 
+	// Port origins (cross-tenant rows): tenant globex's key opens nothing
+	// on acme's port host, and a port host of acme's sandbox answers
+	// globex exactly as one of no sandbox at all (no oracle of existence).
+	if _, err := a.ExposePort(ctx, sb.ID, 8080); err == nil {
+		portAnswer := func(host, token string) (int, string) {
+			req, _ := http.NewRequestWithContext(ctx, "GET", ts.URL+"/", nil)
+			req.Host = host
+			if token != "" {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var e api.Error
+			_ = json.NewDecoder(resp.Body).Decode(&e)
+			return resp.StatusCode, e.Error.Kind + ": " + e.Error.Message
+		}
+		host := "8080-" + sb.ID + "." + server.DefaultPortDomain
+		code, msg := portAnswer(host, keyB)
+		if code != 404 {
+			t.Errorf("acme's port host with tenant globex's key = %d %s, want 404", code, msg)
+		}
+		for _, other := range []string{"8080-sbx-aaaaaaaaaaaaaaaa." + server.DefaultPortDomain, "8081-" + sb.ID + "." + server.DefaultPortDomain} {
+			if c2, m2 := portAnswer(other, keyB); c2 != code || m2 != msg {
+				t.Errorf("port host %s = %d %q, acme's = %d %q: the answers tell them apart", other, c2, m2, code, msg)
+			}
+		}
+		if c2, m2 := portAnswer(host, keyA); c2 != 404 || m2 != msg {
+			t.Errorf("acme's port host with acme's own API key = %d %q, want the same 404 (the exposure's token opens it, never an API key)", c2, m2)
+		}
+	}
+
 	// Nothing of acme's was touched by the refused calls.
 	if got, err := a.GetSandbox(ctx, sb.ID); err != nil || got.State != "running" {
 		t.Errorf("acme's sandbox after the table: %+v %v", got, err)

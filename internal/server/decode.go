@@ -22,6 +22,9 @@ func (s *Server) decodeCreateSandbox(r *http.Request) (api.CreateSandboxRequest,
 	if err := readJSON(r, &req); err != nil {
 		return req, err
 	}
+	if err := s.limits.checkSandbox(fromAPILimits(req.Limits)); err != nil {
+		return req, err
+	}
 	return req, s.limits.checkEnv("sandbox", req.Env)
 }
 

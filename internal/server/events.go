@@ -15,7 +15,8 @@ func toAPIEvent(ev eventlog.Event) api.Event {
 
 // events returns a sandbox's lifecycle events from position from; with
 // follow=true it streams them as newline-delimited JSON until the client
-// goes away.
+// goes away or its key is revoked (then an error line ends the stream:
+// streams.go).
 func (s *Server) events(w http.ResponseWriter, r *http.Request, c *call) error {
 	from, err := queryInt(r, "from", 1)
 	if err != nil {
@@ -42,7 +43,12 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, c *call) error {
 		}
 		return writeJSON(w, http.StatusOK, out)
 	}
-	sub, err := s.eng.Subscribe(r.Context(), c.tenant, id, uint64(from))
+	ctx, endStream, err := s.beginStream(w, r, c)
+	if err != nil {
+		return err
+	}
+	defer endStream()
+	sub, err := s.eng.Subscribe(ctx, c.tenant, id, uint64(from))
 	if err != nil {
 		return err
 	}
@@ -52,12 +58,12 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, c *call) error {
 	rc.Flush()
 	enc := json.NewEncoder(w)
 	for {
-		ev, err := sub.Next(r.Context())
+		ev, err := sub.Next(ctx)
 		if err != nil {
 			if r.Context().Err() != nil {
 				return nil
 			}
-			eb := errBody(err)
+			eb := errBody(streamErr(ctx, err))
 			return enc.Encode(map[string]any{"error": eb})
 		}
 		if ev, err = s.eng.Upcast(ev); err != nil {

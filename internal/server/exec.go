@@ -71,7 +71,8 @@ func parseExec(r *http.Request) (req api.ExecRequest, stdin io.Reader, streamed 
 
 // exec runs a command and streams its output as ExecFrames, ending with an
 // exit (or error) frame. Once the 200 is out, failures travel in that last
-// frame.
+// frame. It is one of the tenant's streams: a revoked key ends the command
+// and the stream with an error frame (streams.go).
 func (s *Server) exec(w http.ResponseWriter, r *http.Request, c *call) error {
 	req, stdin, streamed, err := s.decodeExec(w, r)
 	if err != nil {
@@ -85,6 +86,11 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, c *call) error {
 	if sb.State != meta.StateRunning {
 		return errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
 	}
+	ctx, endStream, err := s.beginStream(w, r, c)
+	if err != nil {
+		return err
+	}
+	defer endStream()
 	release, err := s.execs.take(id, s.limits.MaxExecsPerSandbox)
 	if err != nil {
 		return err
@@ -103,11 +109,14 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, c *call) error {
 	fw := &frameWriter{enc: json.NewEncoder(w), rc: rc}
 	fw.rc.Flush()
 	start := time.Now()
-	st, err := s.eng.Exec(r.Context(), c.tenant, id, sandbox.ExecSpec{
+	st, err := s.eng.Exec(ctx, c.tenant, id, sandbox.ExecSpec{
 		Args: req.Args, Env: req.Env, Cwd: req.Cwd, TTY: req.TTY,
 		Timeout: time.Duration(req.TimeoutMS) * time.Millisecond,
 		Stdin:   stdin, Stdout: streamWriter{fw, "stdout"}, Stderr: streamWriter{fw, "stderr"},
 	})
+	if keyRevoked(ctx) {
+		err = errKeyRevoked // the command was ended with the stream
+	}
 	if err != nil {
 		eb := errBody(err)
 		c.lg.WarnContext(r.Context(), "exec failed", "err", err)

@@ -5,16 +5,21 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox"
 )
 
 // Limits bound what one request may ask of the daemon, so that a client
 // (or a bug in one) cannot exhaust its memory or goroutines. Each refusal
-// names the limit: 413 for sizes, 400 for counts in a request, 429 for
-// calls at once. Zero fields take the defaults (DefaultLimits).
+// names the limit: 413 for sizes, 400 for counts in a request and for a
+// sandbox above the maxima, 429 for calls at once. Zero fields take the defaults (DefaultLimits).
 type Limits struct {
 	// MaxBodyBytes bounds a JSON request body (max_body_bytes). Bodies are
 	// decoded in memory; file contents and tars stream and are bounded by
@@ -33,16 +38,63 @@ type Limits struct {
 	// the daemon for as long as the command runs. Background processes
 	// are bounded inside the sandbox by its pids limit.
 	MaxExecsPerSandbox int
+	// MaxStreamsPerTenant bounds the long-lived streams one tenant holds
+	// open on this daemon at once (max_streams_per_tenant): followed
+	// events, session SSE, exec, process waits and terminals (streams.go).
+	MaxStreamsPerTenant int
+	// MaxSandbox is the most a sandbox may ask for (max_sandbox_memory,
+	// max_sandbox_cpus, max_sandbox_pids, max_sandbox_disk): a create above
+	// it is a 400 naming the maximum. Zero fields take the node's size
+	// (DefaultMaxSandbox).
+	MaxSandbox sandbox.Limits
 }
 
 // DefaultLimits are the limits of a Server whose Options leave them zero.
 var DefaultLimits = Limits{
-	MaxBodyBytes:       8 << 20,
-	MaxUploadBytes:     1 << 30,
-	MaxArgs:            4096,
-	MaxEnv:             4096,
-	MaxCommandBytes:    1 << 20,
-	MaxExecsPerSandbox: 64,
+	MaxBodyBytes:        8 << 20,
+	MaxUploadBytes:      1 << 30,
+	MaxArgs:             4096,
+	MaxEnv:              4096,
+	MaxCommandBytes:     1 << 20,
+	MaxExecsPerSandbox:  64,
+	MaxStreamsPerTenant: 128,
+}
+
+// DefaultMaxSandbox is the largest sandbox a node can hold: its memory
+// and CPUs, 32768 processes and 256 GiB of disk. `amber up
+// --max-sandbox-*` lowers (or, for disk and pids, raises) it.
+func DefaultMaxSandbox() sandbox.Limits {
+	l := sandbox.Limits{MilliCPUs: int64(runtime.NumCPU()) * 1000, Pids: 32768, DiskBytes: 256 << 30}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+				if kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64); err == nil {
+					l.MemoryBytes = kb << 10
+				}
+			}
+		}
+	}
+	if l.MemoryBytes == 0 {
+		l.MemoryBytes = 64 << 30
+	}
+	return l
+}
+
+// checkSandbox refuses a sandbox's requested limits above MaxSandbox,
+// naming the maximum and the setting that raises it.
+func (l Limits) checkSandbox(req sandbox.Limits) error {
+	m := l.MaxSandbox
+	switch {
+	case req.MemoryBytes > m.MemoryBytes:
+		return errdefs.InvalidArgumentf("memory limit %s is above the maximum of %s a sandbox may have here (max_sandbox_memory: amber up --max-sandbox-memory)", size(req.MemoryBytes), size(m.MemoryBytes))
+	case req.MilliCPUs > m.MilliCPUs:
+		return errdefs.InvalidArgumentf("cpu limit %dm is above the maximum of %dm a sandbox may have here (max_sandbox_cpus: amber up --max-sandbox-cpus)", req.MilliCPUs, m.MilliCPUs)
+	case req.Pids > m.Pids:
+		return errdefs.InvalidArgumentf("pids limit %d is above the maximum of %d a sandbox may have here (max_sandbox_pids: amber up --max-sandbox-pids)", req.Pids, m.Pids)
+	case req.DiskBytes > m.DiskBytes:
+		return errdefs.InvalidArgumentf("disk limit %s is above the maximum of %s a sandbox may have here (max_sandbox_disk: amber up --max-sandbox-disk)", size(req.DiskBytes), size(m.DiskBytes))
+	}
+	return nil
 }
 
 // MaxHeaderBytes bounds a request's headers; the daemon's http.Server sets
@@ -67,6 +119,14 @@ func (l Limits) withDefaults() Limits {
 	pickInt(&l.MaxEnv, d.MaxEnv)
 	pickInt(&l.MaxCommandBytes, d.MaxCommandBytes)
 	pickInt(&l.MaxExecsPerSandbox, d.MaxExecsPerSandbox)
+	pickInt(&l.MaxStreamsPerTenant, d.MaxStreamsPerTenant)
+	if m := l.MaxSandbox; m.MemoryBytes <= 0 || m.MilliCPUs <= 0 || m.Pids <= 0 || m.DiskBytes <= 0 {
+		dm := DefaultMaxSandbox()
+		pick(&l.MaxSandbox.MemoryBytes, dm.MemoryBytes)
+		pick(&l.MaxSandbox.MilliCPUs, dm.MilliCPUs)
+		pick(&l.MaxSandbox.Pids, dm.Pids)
+		pick(&l.MaxSandbox.DiskBytes, dm.DiskBytes)
+	}
 	return l
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/client"
+	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/enginetest"
 	"github.com/amber-run/amber/internal/meta"
@@ -158,4 +159,27 @@ func jsonBody(v any) (io.Reader, error) {
 		return nil, fmt.Errorf("marshal: %w", err)
 	}
 	return bytes.NewReader(b), nil
+}
+
+// TestLimitsOperatorMaximum: the operator's maxima (amber up
+// --max-sandbox-*) bound what a create may ask for, each refusal a 400
+// naming the maximum; at the maximum is allowed.
+func TestLimitsOperatorMaximum(t *testing.T) {
+	base, c := newLimited(t, server.Limits{MaxSandbox: sandbox.Limits{MemoryBytes: 256 << 20, MilliCPUs: 500, Pids: 512, DiskBytes: 2 << 30}})
+	for _, tc := range []struct{ limits, says string }{
+		{`{"memory_bytes":268435457}`, "maximum of 256 MiB"},
+		{`{"millicpus":501}`, "maximum of 500m"},
+		{`{"pids":513}`, "maximum of 512"},
+		{`{"disk_bytes":3221225472}`, "maximum of 2 GiB"},
+	} {
+		code, e := sendRaw(t, "POST", base+"/v1/sandboxes", strings.NewReader(`{"template":"minimal","limits":`+tc.limits+`}`), map[string]string{"Content-Type": "application/json"})
+		if code != 400 || !strings.Contains(e.Message, tc.says) {
+			t.Errorf("create with limits %s = %d %q, want 400 saying %q", tc.limits, code, e.Message, tc.says)
+		}
+	}
+	sb, err := c.CreateSandbox(context.Background(), api.CreateSandboxRequest{Template: "minimal", Limits: api.Limits{MemoryBytes: 256 << 20, MilliCPUs: 500}})
+	if err != nil {
+		t.Fatalf("create at the maximum: %v", err)
+	}
+	c.DeleteSandbox(context.Background(), sb.ID)
 }

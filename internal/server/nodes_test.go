@@ -79,6 +79,9 @@ func TestForwardToTheOwner(t *testing.T) {
 		for k, v := range hdr {
 			req.Header.Set(k, v)
 		}
+		if h := hdr["Host"]; h != "" {
+			req.Host = h
+		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -116,12 +119,12 @@ func TestForwardToTheOwner(t *testing.T) {
 	}
 	got.path = ""
 	got.Unlock()
-	// An exposed port's URL (no API key: the token in the path is the
-	// credential) goes to the node that runs the sandbox, path intact.
+	// An exposed port's origin (no API key: the token is the credential)
+	// goes to the node that runs the sandbox, path intact.
 	rt.asked = nil
-	code, body = call("GET", "/p/sbx-a/8080/tok123/index.html?x=1", "", map[string]string{"Authorization": ""})
+	code, body = call("GET", "/index.html?x=1&amber_token=tok123", "", map[string]string{"Authorization": "", "Host": "8080-sbx-a." + DefaultPortDomain})
 	got.Lock()
-	if code != http.StatusTeapot || got.path != "/p/sbx-a/8080/tok123/index.html" || len(rt.asked) != 1 || rt.asked[0] != "sbx-a" {
+	if code != http.StatusTeapot || got.path != "/index.html" || len(rt.asked) != 1 || rt.asked[0] != "sbx-a" {
 		t.Fatalf("forwarded port URL: %d %q; the owner saw %s %s; router asked %v", code, body, got.method, got.path, rt.asked)
 	}
 	got.path = ""

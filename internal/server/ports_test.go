@@ -18,13 +18,14 @@ import (
 	"github.com/amber-run/amber/core/sandbox"
 )
 
-// waitHTTP GETs u until it answers 200 (the server inside the sandbox is
-// starting) and returns the body.
-func waitHTTP(t *testing.T, u string) string {
+// waitHTTP GETs u through the daemon at base until it answers 200 (the
+// server inside the sandbox is starting) and returns the body.
+func waitHTTP(t *testing.T, base, u string) string {
 	t.Helper()
+	hc := daemonClient(base)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		resp, err := http.Get(u)
+		resp, err := hc.Get(u)
 		if err == nil {
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
@@ -40,9 +41,9 @@ func waitHTTP(t *testing.T, u string) string {
 	}
 }
 
-func status(t *testing.T, u string) int {
+func status(t *testing.T, base, u string) int {
 	t.Helper()
-	resp, err := http.Get(u)
+	resp, err := daemonClient(base).Get(u)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +53,8 @@ func status(t *testing.T, u string) int {
 }
 
 // TestExposePortHTTP serves a page from busybox httpd listening on the
-// sandbox's loopback, through the daemon's proxy URL.
+// sandbox's loopback, through the daemon's proxy on the port's own origin
+// (http://8080-SBX.ports.localhost:PORT/, reached at 127.0.0.1).
 func TestExposePortHTTP(t *testing.T) {
 	c, env, base := newAPI(t)
 	ctx := ctxT(t)
@@ -113,38 +115,45 @@ func TestExposePortHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if x.Token == "" || len(x.Token) < 40 || !strings.HasPrefix(x.URL, base+"/p/"+sb.ID+"/8080/") || !strings.HasSuffix(x.URL, "/") {
-		t.Fatalf("exposure %+v", x)
+	bu, _ := url.Parse(base)
+	origin := "http://8080-" + sb.ID + ".ports.localhost:" + bu.Port()
+	if x.Token == "" || len(x.Token) < 40 || x.URL != origin+"/?amber_token="+x.Token {
+		t.Fatalf("exposure %+v, want URL %s/?amber_token=…", x, origin)
 	}
-	if got := waitHTTP(t, x.URL); got != "hello from the sandbox\n" {
+	at := func(origin, path, token string) string { return origin + path + "?amber_token=" + token }
+	if got := waitHTTP(t, base, x.URL); got != "hello from the sandbox\n" {
 		t.Fatalf("page through the proxy: %q", got)
 	}
-	if got := waitHTTP(t, x.URL+"a%20b.txt"); got != "spaced" {
+	if got := waitHTTP(t, base, at(origin, "/a%20b.txt", x.Token)); got != "spaced" {
 		t.Fatalf("escaped path through the proxy: %q", got)
 	}
 	// Through the same connection again (the proxy keeps it), timed.
 	start = time.Now()
 	for range n {
-		waitHTTP(t, x.URL)
+		waitHTTP(t, base, x.URL)
 	}
 	t.Logf("GET through the proxy: mean of %d: %v", n, time.Since(start)/n)
 
 	// Every wrong URL is the same 404, with or without an API key.
 	wrongs := []string{
-		strings.Replace(x.URL, x.Token, strings.Repeat("A", len(x.Token)), 1),
-		strings.Replace(x.URL, "/8080/", "/8081/", 1),
+		at(origin, "/", strings.Repeat("A", len(x.Token))),
+		strings.Replace(x.URL, "//8080-", "//8081-", 1),
 		strings.Replace(x.URL, sb.ID, "sbx-nope", 1),
+		strings.Replace(x.URL, "//8080-", "//99999-", 1),
+		strings.Replace(x.URL, "//8080-", "//08080-", 1),
+		strings.Replace(x.URL, "//8080-", "//", 1),
+		origin + "/",
 		base + "/p/" + sb.ID + "/8080/",
 		base + "/p/" + sb.ID + "/99999/" + x.Token + "/",
 	}
 	for _, w := range wrongs {
-		if code := status(t, w); code != 404 {
+		if code := status(t, base, w); code != 404 {
 			t.Errorf("GET %s = %d, want 404", w, code)
 		}
 	}
 
 	ps, err := c.Ports(ctx, sb.ID)
-	if err != nil || len(ps) != 1 || ps[0].Port != 8080 || ps[0].Token != "" || ps[0].URL != "" {
+	if err != nil || len(ps) != 1 || ps[0].Port != 8080 || ps[0].Token != "" || ps[0].URL != origin+"/" {
 		t.Fatalf("ports: %+v %v", ps, err)
 	}
 	// A port where nothing listens: exposed, but the proxy answers 502.
@@ -152,7 +161,7 @@ func TestExposePortHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code := status(t, x2.URL); code != http.StatusBadGateway {
+	if code := status(t, base, x2.URL); code != http.StatusBadGateway {
 		t.Errorf("GET of a port nobody listens on = %d, want 502", code)
 	}
 	// Exposing again replaces the token.
@@ -160,16 +169,16 @@ func TestExposePortHTTP(t *testing.T) {
 	if err != nil || x3.Token == x.Token {
 		t.Fatalf("re-expose: %+v %v", x3, err)
 	}
-	if code := status(t, x.URL); code != 404 {
+	if code := status(t, base, x.URL); code != 404 {
 		t.Errorf("old token after re-expose = %d, want 404", code)
 	}
-	if got := waitHTTP(t, x3.URL); got != "hello from the sandbox\n" {
+	if got := waitHTTP(t, base, x3.URL); got != "hello from the sandbox\n" {
 		t.Fatalf("page with the new token: %q", got)
 	}
 	if err := c.UnexposePort(ctx, sb.ID, 8080); err != nil {
 		t.Fatal(err)
 	}
-	if code := status(t, x3.URL); code != 404 {
+	if code := status(t, base, x3.URL); code != 404 {
 		t.Errorf("after unexpose = %d, want 404", code)
 	}
 	if err := c.UnexposePort(ctx, sb.ID, 8080); !errdefs.IsNotFound(err) {
@@ -192,7 +201,7 @@ func TestExposePortHTTP(t *testing.T) {
 	if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	if code := status(t, x2.URL); code != 404 {
+	if code := status(t, base, x2.URL); code != 404 {
 		t.Errorf("after destroy = %d, want 404", code)
 	}
 }
@@ -201,7 +210,7 @@ func TestExposePortHTTP(t *testing.T) {
 // shape) through the proxy to a Python server in the sandbox that answers
 // 101 and then echoes bytes both ways.
 func TestExposePortUpgrade(t *testing.T) {
-	c, env, _ := newAPI(t)
+	c, env, base := newAPI(t)
 	ctx := ctxT(t)
 	if _, err := env.Catalog.Get("python"); err != nil {
 		t.Skip("template python is not installed (make setup-python)")
@@ -253,16 +262,17 @@ while True:
 		t.Fatal(err)
 	}
 	u, _ := url.Parse(x.URL)
+	bu, _ := url.Parse(base)
 	var conn net.Conn
 	var resp *http.Response
 	var br *bufio.Reader
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		conn, err = net.Dial("tcp", u.Host)
+		conn, err = net.Dial("tcp", bu.Host) // the port's origin is served by the daemon
 		if err != nil {
 			t.Fatal(err)
 		}
-		fmt.Fprintf(conn, "GET %sws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", u.Path, u.Host)
+		fmt.Fprintf(conn, "GET /ws HTTP/1.1\r\nHost: %s\r\nX-Amber-Port-Token: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", u.Host, x.Token)
 		br = bufio.NewReader(conn)
 		resp, err = http.ReadResponse(br, nil)
 		if err == nil && resp.StatusCode == http.StatusSwitchingProtocols {

@@ -56,15 +56,24 @@ func (s *Server) signalProcess(w http.ResponseWriter, r *http.Request, c *call) 
 }
 
 // waitProcess waits until the process ends and answers with its
-// ExitStatus. It holds the request for as long as the process runs; a
-// client that gives up (closes the connection) ends the wait, never the
+// ExitStatus. It holds the request for as long as the process runs, as
+// one of the tenant's streams (streams.go); a client that gives up (closes
+// the connection) or whose key is revoked ends the wait, never the
 // process.
 func (s *Server) waitProcess(w http.ResponseWriter, r *http.Request, c *call) error {
 	pid, err := strconv.Atoi(r.PathValue("pid"))
 	if err != nil || pid <= 0 {
 		return errdefs.InvalidArgumentf("pid %q is not a process id", r.PathValue("pid"))
 	}
-	st, err := s.eng.Wait(r.Context(), c.tenant, r.PathValue("id"), pid)
+	ctx, endStream, err := s.beginStream(w, r, c)
+	if err != nil {
+		return err
+	}
+	defer endStream()
+	st, err := s.eng.Wait(ctx, c.tenant, r.PathValue("id"), pid)
+	if keyRevoked(ctx) {
+		return errKeyRevoked
+	}
 	if err != nil && r.Context().Err() != nil {
 		// The client hung up: nobody to answer, and not a failure.
 		c.lg.InfoContext(r.Context(), "wait ended by the client", "pid", pid)

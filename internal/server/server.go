@@ -39,6 +39,10 @@ type Options struct {
 	// PublicURL is the daemon's address as clients see it, for the URLs of
 	// exposed ports ("https://amber.example.com"); empty: the request's.
 	PublicURL string
+	// PortDomain is the domain under which exposed ports have their own
+	// origins, <port>-<sandbox>.<PortDomain> (ports.go); empty:
+	// DefaultPortDomain.
+	PortDomain string
 	// Audit, when set, gets a record of every call to a write or admin
 	// route that passed authentication (audit.go).
 	Audit *audit.Trail
@@ -84,8 +88,10 @@ type Server struct {
 	version    string
 	mux        *http.ServeMux
 
-	publicURL string
-	proxies   proxies
+	publicURL   string
+	portDomain  string // exposed ports' origins (ports.go)
+	proxies     proxies
+	openStreams openStreams // streams per tenant, ended on key revocation (streams.go)
 
 	sessions *session.Manager
 	tickets  tickets // terminal tickets (terminal.go)
@@ -221,11 +227,13 @@ func New(o Options) *Server {
 		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeServer), limits: o.Limits.withDefaults(), secrets: o.Secrets,
 		sessions: o.Sessions, router: o.Router}
 	s.streams, s.stopStreams = context.WithCancel(context.Background())
+	s.portDomain = portDomainOrDefault(o.PortDomain)
 	for _, rt := range s.routes() {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}
-	// Exposed ports (ports.go): any method, authorised by the token in the path.
-	s.mux.HandleFunc(proxyPattern, s.proxy)
+	// The old path form of exposed ports: a redirect to the port's own
+	// origin (ports.go), which ServeHTTP serves.
+	s.mux.HandleFunc(proxyPattern, s.legacyPortPath)
 	// The terminal's WebSocket, authorised by a ticket (terminal.go).
 	s.mux.HandleFunc("GET /v1/sandboxes/{id}/terminal/ws", s.terminalWS)
 	if o.Console != nil {
@@ -246,4 +254,9 @@ func (s *Server) CloseStreams() { s.stopStreams() }
 func (s *Server) Routes() []Route { return s.routes() }
 
 // ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.servePortHost(w, r) { // an exposed port's origin: never the API (ports.go)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}

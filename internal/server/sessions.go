@@ -143,6 +143,13 @@ func (s *Server) sessionStream(w http.ResponseWriter, r *http.Request, c *call) 
 		after = int64(n)
 	}
 	id := r.PathValue("id")
+	// One of the tenant's streams, ended when its key is revoked (streams.go).
+	ctx, endStream, err := s.beginStream(w, r, c)
+	if err != nil {
+		return err
+	}
+	defer endStream()
+	r = r.WithContext(ctx)
 	sub, err := s.sessions.Subscribe(r.Context(), c.tenant, id, uint64(after)+1)
 	if err != nil {
 		return err

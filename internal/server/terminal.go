@@ -38,15 +38,17 @@ import (
 // Frames: the client sends binary (or text) messages as the terminal's
 // input; the server sends the terminal's output as binary messages and, when
 // the shell ends, a text message {"exit":{"code":…}} (or {"error":…}) before
-// closing. The size is fixed at open (?cols=&rows=, exported as COLUMNS and
+// closing; it ends so, with an error, when the key that issued its ticket is
+// revoked (streams.go), and counts as one of the tenant's streams. The size is fixed at open (?cols=&rows=, exported as COLUMNS and
 // LINES): the drivers' TTY exec has no resize yet.
 
 // ticketTTL is how long a terminal ticket may wait to be used.
 const ticketTTL = 30 * time.Second
 
 type termTicket struct {
-	tenant, key, sandbox string
-	expires              time.Time
+	tenant, sandbox string
+	key             meta.APIKey // the terminal lives as long as it is usable (streams.go)
+	expires         time.Time
 }
 
 // tickets holds the unused terminal tickets.
@@ -97,7 +99,7 @@ func (s *Server) terminalTicket(w http.ResponseWriter, r *http.Request, c *call)
 		return errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
 	}
 	exp := s.clock.Now().Add(ticketTTL)
-	tk := s.tickets.issue(termTicket{tenant: c.tenant, key: c.key.Name, sandbox: id, expires: exp}, s.clock.Now())
+	tk := s.tickets.issue(termTicket{tenant: c.tenant, key: c.key, sandbox: id, expires: exp}, s.clock.Now())
 	return writeJSON(w, http.StatusCreated, api.TerminalTicket{Ticket: tk, Expires: exp,
 		Path: "/v1/sandboxes/" + url.PathEscape(id) + "/terminal/ws?ticket=" + tk})
 }
@@ -112,9 +114,15 @@ func (s *Server) terminalWS(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("terminal of sandbox %s: the ticket is unknown, used or expired (POST /v1/sandboxes/{id}/terminal for one): %w", id, errdefs.ErrUnauthenticated))
 		return
 	}
-	lg = lg.With(logging.TenantID, tk.tenant, "key", tk.key)
+	lg = lg.With(logging.TenantID, tk.tenant, "key", tk.key.Name)
 	cols := boundedQueryInt(r, "cols", 80, 10, 500)
 	rows := boundedQueryInt(r, "rows", 24, 5, 200)
+	sctx, endStream, err := s.openStreams.begin(s, w, r.Context(), tk.tenant, tk.key)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer endStream()
 	release, err := s.execs.take(id, s.limits.MaxExecsPerSandbox)
 	if err != nil {
 		writeError(w, err)
@@ -128,7 +136,7 @@ func (s *Server) terminalWS(w http.ResponseWriter, r *http.Request) {
 	}
 	defer conn.CloseNow()
 	conn.SetReadLimit(1 << 20)
-	ctx, cancel := context.WithCancel(r.Context())
+	ctx, cancel := context.WithCancel(sctx)
 	defer cancel()
 	lg.InfoContext(ctx, "terminal opened", "cols", cols, "rows", rows)
 	start := time.Now()
@@ -153,6 +161,9 @@ func (s *Server) terminalWS(w http.ResponseWriter, r *http.Request) {
 		Env: []string{"TERM=xterm-256color", "COLUMNS=" + strconv.Itoa(cols), "LINES=" + strconv.Itoa(rows)},
 	})
 	inR.Close()
+	if keyRevoked(sctx) {
+		err = errKeyRevoked
+	}
 	var msg []byte
 	if err != nil {
 		eb := errBody(err)
