@@ -53,6 +53,8 @@ fuzz:
 	$(FUZZ) -fuzz '^FuzzTarIn$$' ./internal/confinedfs
 	$(FUZZ) -fuzz '^FuzzLayerArchive$$' ./internal/layer
 	$(FUZZ) -fuzz '^FuzzDecodeRequests$$' ./internal/server
+	$(FUZZ) -fuzz '^FuzzParse$$' ./internal/procwait
+	$(FUZZ) -fuzz '^FuzzParseDF$$' ./internal/engine
 
 # The extended fidelity tests (browser sessions, live PostgreSQL sessions,
 # core/sandbox/fidelitytest) against both drivers. They need templates built

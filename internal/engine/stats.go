@@ -74,10 +74,12 @@ func parseDF(s string) (used, total int64) {
 	if len(f) < 5 {
 		return -1, -1
 	}
-	t, err1 := strconv.ParseInt(f[len(f)-5], 10, 64)
-	u, err2 := strconv.ParseInt(f[len(f)-4], 10, 64)
+	// The sandbox's df prints this (and a tenant can replace df): KiB
+	// counts that are negative or overflow as bytes are refused.
+	t, err1 := strconv.ParseUint(f[len(f)-5], 10, 53)
+	u, err2 := strconv.ParseUint(f[len(f)-4], 10, 53)
 	if err1 != nil || err2 != nil {
 		return -1, -1
 	}
-	return u * 1024, t * 1024
+	return int64(u) * 1024, int64(t) * 1024
 }

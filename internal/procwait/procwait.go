@@ -114,6 +114,9 @@ func Parse(b []byte) (st sandbox.ExitStatus, ok bool, err error) {
 	line, rest, found := bytes.Cut(b, []byte("\n"))
 	code, cerr := strconv.Atoi(string(line))
 	if !found || len(rest) != 0 || cerr != nil || code < 0 || code > 255 {
+		if len(b) > maxExitFile { // the sandbox wrote it: quote a prefix
+			return st, false, fmt.Errorf("%q… (%d bytes) is not an exit status", b[:maxExitFile], len(b))
+		}
 		return st, false, fmt.Errorf("%q is not an exit status", b)
 	}
 	st.Code = code
