@@ -48,8 +48,10 @@ import (
 // directory, the libcontainer container configured as at create, and
 // CRIU's restore into it. Limitation: the sandbox is restored into the
 // same uid range it had (image.json's host_id), which must be free on this
-// node and fall on this driver's UIDBase grid; restoring into another
-// range would need CRIU to remap every id in the images.
+// node and fall on this driver's UIDBase grid or on the old default's
+// (base 100000, for images made before the default moved: slotOf);
+// restoring into another range would need CRIU to remap every id in the
+// images.
 
 const (
 	imageFormatVersion = 1
@@ -352,11 +354,10 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	if fi, err := os.Stat(tmpl.RootFS); err != nil || !fi.IsDir() {
 		return stats, errdefs.FailedPreconditionf("sandbox %s: template %s rootfs %s: not a directory", spec.ID, tmpl.Name, tmpl.RootFS)
 	}
-	rel := meta.HostID - d.opts.UIDBase
-	if rel < 0 || rel%idsPerSandbox != 0 || rel/idsPerSandbox >= d.opts.MaxSandboxes {
-		return stats, errdefs.FailedPreconditionf("sandbox %s: image's uid range starts at %d, outside this driver's ranges (base %d); restoring into another range is not supported", spec.ID, meta.HostID, d.opts.UIDBase)
+	slot, err := d.slotOf(meta.HostID)
+	if err != nil {
+		return stats, recordErr(spec.ID, err)
 	}
-	slot := rel / idsPerSandbox
 
 	unlock := d.lock(spec.ID)
 	defer unlock()
@@ -416,6 +417,9 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	criuDir := filepath.Join(imageDir, imageCriuDir)
 	// Restored tasks read the images from inside the user namespace.
 	if err := prepareImages(imageDir, criuDir, rec.HostID); err != nil {
+		return stats, recordErr(spec.ID, err)
+	}
+	if err := layer.CheckMountPoints(rootfs, rootMountPoints...); err != nil {
 		return stats, recordErr(spec.ID, err)
 	}
 	c, err := libcontainer.Create(d.runc, spec.ID, d.containerConfig(rec, rootfs))

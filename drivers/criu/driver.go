@@ -26,8 +26,20 @@ const (
 	DefaultStateDir     = "/var/lib/amber/criu"
 	DefaultRunDir       = "/run/amber-criu"
 	DefaultCgroupParent = "/amber/criu"
-	// DefaultUIDBase is the first host uid of the first sandbox's range.
-	DefaultUIDBase = 100000
+	// DefaultUIDBase is the first host uid of the first sandbox's range:
+	// 0x70000000 (1879048192). Ranges are handed out upwards from it, and
+	// DefaultMaxSandboxes of them end at 0x7FFDFFFF. This lies above every
+	// range useradd writes to /etc/subuid and /etc/subgid with the default
+	// login.defs (SUB_UID_MIN 100000 to SUB_UID_MAX 600100000: the first
+	// user's 100000–165535 in particular), above systemd's container ranges
+	// (524288–1879048191) and below its foreign range (from 0x7FFE0000) and
+	// 2^31, so no user's subordinate ids, and no systemd-allocated ones,
+	// are ever a sandbox's. Before issue 18 the default was 100000
+	// (legacyUIDBase): checkpoints made then still restore, into their own
+	// range (see slotOf).
+	DefaultUIDBase = 0x70000000
+	// DefaultMaxSandboxes is the default number of uid ranges.
+	DefaultMaxSandboxes = 4094
 	// idsPerSandbox is the size of each sandbox's uid and gid range.
 	idsPerSandbox = 65536
 )
@@ -62,7 +74,7 @@ type Options struct {
 	// UIDBase is the first host uid (and gid) given to sandboxes; sandbox n
 	// maps its ids 0..65535 to UIDBase+n·65536 onwards.
 	UIDBase int
-	// MaxSandboxes bounds the number of uid ranges (default 4096).
+	// MaxSandboxes bounds the number of uid ranges (DefaultMaxSandboxes).
 	MaxSandboxes int
 	// Limits override DefaultLimits field by field.
 	Limits sandbox.Limits
@@ -110,7 +122,7 @@ func New(opts Options) (*Driver, error) {
 		opts.UIDBase = DefaultUIDBase
 	}
 	if opts.MaxSandboxes == 0 {
-		opts.MaxSandboxes = 4096
+		opts.MaxSandboxes = DefaultMaxSandboxes
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()

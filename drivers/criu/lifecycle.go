@@ -17,6 +17,7 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/confinedfs"
+	"github.com/amber-run/amber/internal/layer"
 )
 
 // reaperScript is the sandbox's init: it sleeps and reaps orphans (the
@@ -136,8 +137,12 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (info sandbox.In
 // prepareRootfs makes what the driver itself relies on inside the sandbox:
 // /run/amber/proc for the logs of background processes, writable by every
 // sandbox user (sticky, like /tmp), so Start works for a non-root template
-// user too.
+// user too. First it refuses a root whose mount points are not real
+// directories (layer.CheckMountPoints: by descriptor, naming the path).
 func (d *Driver) prepareRootfs(ctx context.Context, rec *record, rootfs string) error {
+	if err := layer.CheckMountPoints(rootfs, rootMountPoints...); err != nil {
+		return err
+	}
 	fs, err := confinedfs.New(rootfs, confinedfs.WithIDMap(uint32(rec.HostID), uint32(rec.HostID), idsPerSandbox))
 	if err != nil {
 		return err
@@ -409,4 +414,39 @@ func (d *Driver) destroyLayerRetry(ctx context.Context, id string) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// legacyUIDBase and legacyMaxSandboxes are the defaults of drivers before
+// issue 18, whose ranges began at 100000, the first range useradd writes
+// to /etc/subuid. Their checkpoints record host ids on that grid, and a
+// CRIU image holds host ids, so such an image restores only into the range
+// it was cut in (slotOf).
+const (
+	legacyUIDBase      = 100000
+	legacyMaxSandboxes = 4096
+	// legacySlots numbers the claims of legacy ranges (legacySlots + n
+	// for range n), apart from this driver's own 0..MaxSandboxes-1: a
+	// claim file is per number, and a legacy range n and this driver's
+	// range n are different host ids.
+	legacySlots = 1 << 20
+)
+
+// slotOf returns the claim number of the uid range starting at hostID, the
+// range a checkpoint image records: one of this driver's ranges, or a
+// range of the legacy default grid (a checkpoint made before the default
+// base moved) provided that grid and this driver's do not overlap. The
+// legacy range overlaps /etc/subuid's usual first range, as it did when
+// the image was made; the restored sandbox keeps it until destroyed, and
+// every sandbox created here gets a range of its own grid.
+func (d *Driver) slotOf(hostID int) (int, error) {
+	if rel := hostID - d.opts.UIDBase; rel >= 0 && rel%idsPerSandbox == 0 && rel/idsPerSandbox < d.opts.MaxSandboxes {
+		return rel / idsPerSandbox, nil
+	}
+	own0, own1 := d.opts.UIDBase, d.opts.UIDBase+d.opts.MaxSandboxes*idsPerSandbox
+	leg0, leg1 := legacyUIDBase, legacyUIDBase+legacyMaxSandboxes*idsPerSandbox
+	if rel := hostID - legacyUIDBase; rel >= 0 && rel%idsPerSandbox == 0 && rel/idsPerSandbox < legacyMaxSandboxes && (leg1 <= own0 || own1 <= leg0) {
+		d.log.Warn("restoring a checkpoint into the uid range of the old default base (overlaps /etc/subuid's usual first range); new sandboxes get ranges from the current base", "host_uid", hostID, "base", d.opts.UIDBase)
+		return legacySlots + rel/idsPerSandbox, nil
+	}
+	return 0, errdefs.FailedPreconditionf("image's uid range starts at %d, outside this driver's ranges (base %d) and the old default's (base %d); restoring into another range is not supported", hostID, d.opts.UIDBase, legacyUIDBase)
 }
