@@ -1,7 +1,10 @@
 package criu
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -171,4 +174,90 @@ func plainDriver(t *testing.T, opts Options) *Driver {
 		t.Fatal(err)
 	}
 	return d
+}
+
+// addLinkToImage rewrites the image's layer.tar with a symlink name →
+// target appended, as a crafted or imported layer would carry; it returns
+// the original archive for putting back.
+func addLinkToImage(t *testing.T, imageDir, name, target string) []byte {
+	t.Helper()
+	p := filepath.Join(imageDir, imageLayerName)
+	orig, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	tr := tar.NewReader(bytes.NewReader(orig))
+	tw := tar.NewWriter(&out)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.Copy(tw, tr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeSymlink, Linkname: target, Mode: 0o777, Format: tar.FormatPAX}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, out.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return orig
+}
+
+// TestRestoreRefusesSymlinkedMountPoint: a checkpoint whose layer makes
+// /dev a symlink (to /etc: the tmpfs /dev would be mounted over the
+// sandbox's /etc) is refused at restore, naming /dev, the image unchanged
+// and nothing left running; the same checkpoint with its layer as cut
+// restores.
+func TestRestoreRefusesSymlinkedMountPoint(t *testing.T) {
+	td := newTestDriver(t)
+	ctx := context.Background()
+	id := td.create(sandbox.Limits{})
+	td.sh(id, "echo kept > /root-file")
+	images := filepath.Join(t.TempDir(), "image")
+	if _, err := td.Checkpoint(ctx, id, images, sandbox.CheckpointOptions{LeaveStopped: true}); err != nil {
+		t.Fatal(err)
+	}
+	orig := addLinkToImage(t, images, "dev", "/etc")
+	tarred, err := os.ReadFile(filepath.Join(images, imageLayerName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := sandbox.Spec{ID: id, Template: sandbox.Template{Name: "minimal", RootFS: minimalRootfs(t)}}
+	_, err = td.Restore(ctx, spec, images, sandbox.RestoreOptions{})
+	const want = "layer: /dev is not a directory (a symlink): refusing to mount"
+	if err == nil {
+		out, _, _ := td.run(id, "/bin/sh", "-c", "ls -A /etc; readlink /dev")
+		t.Fatalf("restore of a layer whose /dev links to /etc succeeded; /etc holds %q", out)
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("restore: %v; want an error saying %q", err, want)
+	}
+	if now, _ := os.ReadFile(filepath.Join(images, imageLayerName)); !bytes.Equal(now, tarred) {
+		t.Error("the refused restore changed the image's layer")
+	}
+	if info, err := td.Inspect(ctx, id); err == nil && info.State == sandbox.StateRunning {
+		t.Errorf("sandbox runs after a refused restore: %+v", info)
+	}
+	if err := os.WriteFile(filepath.Join(images, imageLayerName), orig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := td.Restore(ctx, spec, images, sandbox.RestoreOptions{}); err != nil {
+		t.Fatalf("restore of the checkpoint as cut: %v", err)
+	}
+	if out := td.sh(id, "cat /root-file"); out != "kept\n" {
+		t.Errorf("restored layer: %q", out)
+	}
 }
