@@ -559,6 +559,15 @@ func (g *Gateway) checkStream(ctx context.Context, st *sandboxState, run Run, ds
 	if !st.limiter.allow(g.opts.Clock.Now()) {
 		return netip.AddrPort{}, "request rate limit"
 	}
+	if host != "" {
+		// The name the sandbox's DNS gave a stand-in for: decided on like a
+		// Host (no zone, a host name's shape).
+		h, err := parseRequestHost(host)
+		if err != nil {
+			return netip.AddrPort{}, err.Error()
+		}
+		host = h
+	}
 	name := host
 	if name == "" {
 		name = dst.Addr().String()

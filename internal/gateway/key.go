@@ -4,10 +4,13 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"net/netip"
 	"net/url"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/amber-run/amber/core/errdefs"
 )
 
 // Key identifies one request of a run in the journal: the run (the cut it
@@ -75,13 +78,22 @@ func NormalizeURL(raw string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if u.Scheme == "" || u.Hostname() == "" || u.Opaque != "" {
+		return "", errdefs.InvalidArgumentf("URL %.80q: not an absolute URL", raw)
+	}
 	scheme := strings.ToLower(u.Scheme)
 	host := strings.ToLower(u.Hostname())
+	if strings.Contains(host, "%") {
+		return "", errdefs.InvalidArgumentf("URL %.80q: an IPv6 zone names no destination", raw)
+	}
 	port := u.Port()
 	if (scheme == "http" && port == "80") || (scheme == "https" && port == "443") {
 		port = ""
 	}
 	if strings.Contains(host, ":") {
+		if _, err := netip.ParseAddr(host); err != nil {
+			return "", errdefs.InvalidArgumentf("URL %.80q: host %q is not an IPv6 address", raw, host)
+		}
 		host = "[" + host + "]"
 	}
 	if port != "" {
@@ -99,7 +111,9 @@ func NormalizeURL(raw string) (string, error) {
 			// Not form-encoded: keep it verbatim, it is still deterministic.
 			return out + "?" + u.RawQuery, nil
 		}
-		out += "?" + encodeSorted(q)
+		if e := encodeSorted(q); e != "" {
+			out += "?" + e
+		}
 	}
 	return out, nil
 }

@@ -251,8 +251,9 @@ func matchDest(pat, host string, port uint16) bool {
 		return strings.HasSuffix(host, ph[1:])
 	default:
 		if a, err := netip.ParseAddr(ph); err == nil {
+			// A zone (on either side) names no destination: never a match.
 			b, err := netip.ParseAddr(host)
-			return err == nil && a.Unmap() == b.Unmap()
+			return err == nil && a.Zone() == "" && b.Zone() == "" && a.Unmap() == b.Unmap()
 		}
 		return ph == host
 	}
