@@ -30,6 +30,9 @@ type Error struct {
 type ErrorBody struct {
 	Kind    string `json:"kind"`
 	Message string `json:"message"`
+	// RequestID names the call in the daemon's log, where an internal
+	// error's detail is (its Message is only "internal error").
+	RequestID string `json:"request_id,omitempty"`
 }
 
 // Limits bound a sandbox's resources; zero means the template's default.

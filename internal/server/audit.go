@@ -25,7 +25,7 @@ func (s *Server) record(r *http.Request, rt Route, c *call, rid string, sw *http
 	rec := audit.Record{Actor: "key:" + c.key.Name, Action: rt.Method + " " + rt.Path, Resource: r.URL.Path,
 		Outcome: "ok", Status: sw.Status, RequestID: rid}
 	if err != nil {
-		rec.Outcome, rec.Detail = errdefs.Kind(err), err.Error()
+		rec.Outcome, rec.Detail = errdefs.Kind(err), errBody(err).Message // an internal error's text is the operator's log's
 		if rec.Status == 0 {
 			rec.Status = errdefs.HTTPStatus(err)
 		}

@@ -4,11 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/logging"
 )
 
 func writeJSON(w http.ResponseWriter, status int, v any) error {
@@ -18,14 +20,36 @@ func writeJSON(w http.ResponseWriter, status int, v any) error {
 	return enc.Encode(v)
 }
 
-// errBody is the wire form of err.
+// errBody is the wire form of err. An internal error (status 500: no
+// kind, or data loss) says only "internal error": its text names stores,
+// paths and queries that are the operator's, not the tenant's; the detail
+// is in the daemon's log under the request's id (wrap logs every 5xx, and
+// writeError a 500 outside a route). Every other kind keeps its message:
+// clients and SDKs act on them.
 func errBody(err error) api.ErrorBody {
+	if internal(err) {
+		return api.ErrorBody{Kind: errdefs.Kind(err), Message: "internal error"}
+	}
 	return api.ErrorBody{Kind: errdefs.Kind(err), Message: err.Error()}
 }
 
-// writeError writes err with the status of its kind.
+func internal(err error) bool { return errdefs.HTTPStatus(err) == http.StatusInternalServerError }
+
+// writeError writes err with the status of its kind; an internal error
+// carries the request's id (X-Request-Id, set by wrap; made here, and the
+// detail logged, when the call came by no route).
 func writeError(w http.ResponseWriter, err error) {
-	writeJSON(w, errdefs.HTTPStatus(err), api.Error{Error: errBody(err)})
+	body := errBody(err)
+	if internal(err) {
+		rid := w.Header().Get("X-Request-Id")
+		if rid == "" {
+			rid = newRequestID()
+			w.Header().Set("X-Request-Id", rid)
+			slog.Error("request failed", logging.RequestID, rid, "err", err)
+		}
+		body.RequestID = rid
+	}
+	writeJSON(w, errdefs.HTTPStatus(err), api.Error{Error: body})
 }
 
 func errNotFoundRoute(r *http.Request) error {

@@ -28,6 +28,10 @@ func requestID(r *http.Request) string {
 	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 64 && strings.Trim(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.") == "" {
 		return id
 	}
+	return newRequestID()
+}
+
+func newRequestID() string {
 	b := make([]byte, 8)
 	rand.Read(b)
 	return "req-" + hex.EncodeToString(b)
@@ -122,6 +126,9 @@ func (s *Server) wrap(rt Route) http.Handler {
 		}
 		if done, err := s.forward(sw, r, rt); done || err != nil {
 			if err != nil {
+				if errdefs.HTTPStatus(err) >= 500 {
+					c.lg.ErrorContext(r.Context(), "request failed", "err", err)
+				}
 				writeError(sw, err)
 			}
 			return

@@ -144,7 +144,7 @@ const (
 func (s *Server) routes() []Route {
 	return []Route{
 		{Method: "GET", Path: "/healthz", Scope: Public, h: s.health},
-		{Method: "GET", Path: "/readyz", Scope: Public, h: s.ready},
+		{Method: "GET", Path: "/readyz", Scope: Public, h: s.readyz},
 		{Method: "GET", Path: "/metrics", Scope: admin, h: s.serveMetrics},
 		{Method: "GET", Path: "/v1/openapi.json", Scope: Public, h: s.openapi},
 		{Method: "GET", Path: "/v1/info", Scope: read, h: s.info},
