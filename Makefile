@@ -53,6 +53,12 @@ fuzz:
 	$(FUZZ) -fuzz '^FuzzTarIn$$' ./internal/confinedfs
 	$(FUZZ) -fuzz '^FuzzLayerArchive$$' ./internal/layer
 	$(FUZZ) -fuzz '^FuzzDecodeRequests$$' ./internal/server
+	$(FUZZ) -fuzz '^FuzzGatewayDest$$' ./internal/gateway
+	$(FUZZ) -fuzz '^FuzzMatchDest$$' ./internal/gateway
+	$(FUZZ) -fuzz '^FuzzNormalizeURL$$' ./internal/gateway
+	$(FUZZ) -fuzz '^FuzzSubstituteSecrets$$' ./internal/gateway
+	$(FUZZ) -fuzz '^FuzzCheckDestPattern$$' ./internal/meta
+	$(FUZZ) -fuzz '^FuzzDNSAnswer$$' ./internal/egress
 	$(FUZZ) -fuzz '^FuzzParse$$' ./internal/procwait
 	$(FUZZ) -fuzz '^FuzzParseDF$$' ./internal/engine
 

@@ -89,12 +89,20 @@ func checkDestPattern(s string) error {
 	if h == "*" {
 		return nil
 	}
-	if _, err := netip.ParseAddr(h); err == nil {
+	if a, err := netip.ParseAddr(h); err == nil {
+		if a.Zone() != "" {
+			return errdefs.InvalidArgumentf("egress destination %q: an IPv6 zone names no destination", s)
+		}
 		return nil
 	}
 	name := strings.TrimPrefix(h, "*.")
-	if len(name) > 253 || strings.ContainsAny(name, "*/ \t") || strings.HasPrefix(name, ".") {
+	if len(name) > 253 || strings.ContainsAny(name, "*/%[]:@\\ \t") || strings.HasPrefix(name, ".") {
 		return errdefs.InvalidArgumentf("egress destination %q: %q is not a host name", s, h)
+	}
+	for _, l := range strings.Split(strings.TrimSuffix(name, "."), ".") {
+		if l == "" || len(l) > 63 {
+			return errdefs.InvalidArgumentf("egress destination %q: %q is not a host name (labels of 1 to 63 bytes)", s, h)
+		}
 	}
 	return nil
 }
