@@ -27,7 +27,7 @@ const (
 	HeaderReplayed = "Amber-Replayed"
 	// HeaderError names the kind of a gateway-made error answer:
 	// "denied", "rate-limited", "fenced", "needs-reconciliation",
-	// "divergence", "body-not-journaled", "journal", "bad-request".
+	// "divergence", "body-not-journaled", "journal", "bad-request", "busy".
 	HeaderError = "Amber-Gateway-Error"
 )
 
@@ -96,6 +96,20 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	q := &request{r: r, run: run, host: host, port: port}
 	q.d = Decision{Dest: joinHostPort(host, port), Method: r.Method}
+	if !h.st.enter(g.opts.MaxRequestsPerSandbox) {
+		w.Header().Set("Retry-After", "1")
+		h.fail(w, q, http.StatusTooManyRequests, "rate-limited", "rate-limited",
+			fmt.Sprintf("concurrent request limit (%d per sandbox)", g.opts.MaxRequestsPerSandbox))
+		return
+	}
+	entered := true
+	leave := func() {
+		if entered {
+			entered = false
+			h.st.leave()
+		}
+	}
+	defer leave()
 	if herr != nil {
 		h.fail(w, q, http.StatusBadRequest, "bad-request", "deny", herr.Error())
 		return
@@ -138,11 +152,28 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	removeHopByHop(q.out)
 
 	if r.Header.Get("Upgrade") != "" {
+		leave() // a switched protocol is a stream, not a request in flight
 		h.upgrade(w, q)
 		return
 	}
 
-	q.body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, g.opts.MaxRequestBody))
+	// Room for the response this request may buffer, then its body as it
+	// is read: all before anything is recorded or sent.
+	respRoom := int64(unjournaledBuffer + 1)
+	if g.opts.Journal != nil {
+		respRoom = g.opts.MaxJournaledBody + 1
+	}
+	if !h.st.reserve(respRoom, g.opts.MaxBufferedPerSandbox) {
+		h.bufferFull(w, q)
+		return
+	}
+	var charged int64
+	defer func() { h.st.release(respRoom + charged) }()
+	q.body, err = io.ReadAll(budgetReader{http.MaxBytesReader(w, r.Body, g.opts.MaxRequestBody), h.st, g.opts.MaxBufferedPerSandbox, &charged})
+	if errors.Is(err, errBufferFull) {
+		h.bufferFull(w, q)
+		return
+	}
 	if err != nil {
 		h.fail(w, q, http.StatusRequestEntityTooLarge, "bad-request", "deny", "request body too large or unreadable")
 		return
@@ -372,7 +403,7 @@ func (h *handler) forward(w http.ResponseWriter, q *request, wr *Writer, attempt
 		q.sub.redactHeader(out.Headers)
 		limit := g.opts.MaxJournaledBody
 		if wr == nil {
-			limit = 1 << 20 // unjournaled: buffer a little, stream the rest
+			limit = unjournaledBuffer // unjournaled: buffer a little, stream the rest
 		}
 		buf, rerr := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 		buffered = int64(len(buf))
@@ -486,6 +517,14 @@ func (h *handler) crashpoint(name string) {
 		h.g.log.Warn("failpoint fired", "point", name, "err", err)
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// bufferFull answers a request that does not fit its sandbox's buffer
+// budget (Options.MaxBufferedPerSandbox); nothing was recorded or sent.
+func (h *handler) bufferFull(w http.ResponseWriter, q *request) {
+	w.Header().Set("Retry-After", "1")
+	h.fail(w, q, http.StatusServiceUnavailable, "busy", "rate-limited",
+		fmt.Sprintf("the sandbox's requests buffer %d bytes already (at most %d); nothing was sent", h.st.bufferedNow(), h.g.opts.MaxBufferedPerSandbox))
 }
 
 func (h *handler) journalError(w http.ResponseWriter, q *request, err error) {

@@ -81,6 +81,18 @@ type Options struct {
 	// MaxJournaledBody bounds a response body stored in the journal; a
 	// larger one is recorded as its size only. Default 256 KiB.
 	MaxJournaledBody int64
+	// MaxRequestsPerSandbox bounds the HTTP requests of one sandbox the
+	// gateway serves at once (a protocol upgrade counts until it switched);
+	// one more is answered 429 with Retry-After. Default 64.
+	MaxRequestsPerSandbox int
+	// MaxBufferedPerSandbox bounds the body bytes the gateway holds in
+	// memory for one sandbox's requests at once: each request reserves
+	// room for the response it may buffer (MaxJournaledBody, or 1 MiB
+	// unjournaled) before anything is sent and charges its request body
+	// as it is read. A request that does not fit is answered 503 with
+	// Retry-After, before its intent is recorded or a byte goes upstream.
+	// Default 128 MiB.
+	MaxBufferedPerSandbox int64
 	// TLS, when set, terminates TLS from sandboxes (a per-tenant CA, see
 	// TenantCAs) so HTTPS goes through the journal like plain HTTP, and
 	// re-encrypts upstream with normal verification. With nil, TLS is
@@ -173,6 +185,76 @@ type sandboxState struct {
 	// journaled requests numbered and not yet answered.
 	held   chan struct{}
 	active int
+	// serving counts the HTTP requests being served, buffered the body
+	// bytes reserved (Options.MaxRequestsPerSandbox, MaxBufferedPerSandbox).
+	serving  int
+	buffered int64
+}
+
+// unjournaledBuffer is how much of a response body the gateway buffers
+// when it does not journal (the rest streams).
+const unjournaledBuffer = 1 << 20
+
+// enter takes a serving slot; false when max are taken.
+func (st *sandboxState) enter(max int) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.serving >= max {
+		return false
+	}
+	st.serving++
+	return true
+}
+
+func (st *sandboxState) leave() {
+	st.mu.Lock()
+	st.serving--
+	st.mu.Unlock()
+}
+
+// reserve takes n bytes of the buffer budget max; false if they do not fit.
+func (st *sandboxState) reserve(n, max int64) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if n < 0 || st.buffered+n > max {
+		return false
+	}
+	st.buffered += n
+	return true
+}
+
+func (st *sandboxState) bufferedNow() int64 {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.buffered
+}
+
+func (st *sandboxState) release(n int64) {
+	st.mu.Lock()
+	st.buffered -= n
+	st.mu.Unlock()
+}
+
+// errBufferFull is a request body that does not fit the sandbox's budget.
+var errBufferFull = errors.New("gateway: the sandbox's buffer budget is full")
+
+// budgetReader charges what it reads to a sandbox's buffer budget.
+type budgetReader struct {
+	r       io.Reader
+	st      *sandboxState
+	max     int64
+	charged *int64
+}
+
+func (b budgetReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if n > 0 {
+		if !b.st.reserve(int64(n), b.max) {
+			return 0, errBufferFull
+		}
+		*b.charged += int64(n)
+	}
+	return n, err
 }
 
 // New returns a gateway.
@@ -197,6 +279,12 @@ func New(opts Options) *Gateway {
 	}
 	if opts.MaxJournaledBody <= 0 {
 		opts.MaxJournaledBody = 256 << 10
+	}
+	if opts.MaxRequestsPerSandbox <= 0 {
+		opts.MaxRequestsPerSandbox = 64
+	}
+	if opts.MaxBufferedPerSandbox <= 0 {
+		opts.MaxBufferedPerSandbox = 128 << 20
 	}
 	if opts.Dial == nil {
 		d := &net.Dialer{Timeout: opts.DialTimeout, KeepAlive: 30 * time.Second}
