@@ -18,7 +18,7 @@ import (
 func newSessionCmd(g *globalFlags) *cobra.Command {
 	c := &cobra.Command{Use: "session", Short: "Durable agent sessions: create, list, show, send events, follow the log"}
 
-	var file, model, modelName, baseURL, keyEnv, script, template, policy, system string
+	var file, model, modelName, provider, baseURL, keySecret, script, template, policy, system string
 	var maxTurns, maxTokens int
 	var maxWall time.Duration
 	create := &cobra.Command{
@@ -47,8 +47,9 @@ func newSessionCmd(g *globalFlags) *cobra.Command {
 			}
 			set(m, "adapter", model, model != "")
 			set(m, "name", modelName, modelName != "")
+			set(m, "provider", provider, provider != "")
 			set(m, "base_url", baseURL, baseURL != "")
-			set(m, "api_key_env", keyEnv, keyEnv != "")
+			set(m, "api_key_secret", keySecret, keySecret != "")
 			if script != "" {
 				b, err := os.ReadFile(script)
 				if err != nil {
@@ -93,8 +94,9 @@ func newSessionCmd(g *globalFlags) *cobra.Command {
 	f.StringVarP(&file, "file", "f", "", "the session definition as JSON (flags override its fields)")
 	f.StringVar(&model, "model", "", "model adapter: scripted, anthropic or openai")
 	f.StringVar(&modelName, "model-name", "", "the model's name at the provider")
-	f.StringVar(&baseURL, "base-url", "", "the provider's API base URL")
-	f.StringVar(&keyEnv, "api-key-env", "", "the daemon's environment variable holding the API key")
+	f.StringVar(&provider, "provider", "", "a model provider the operator configured (amber up --model-provider) and offers your tenant")
+	f.StringVar(&baseURL, "base-url", "", "your own model API's base URL (dialled through the egress deny list; sent no key of the operator's)")
+	f.StringVar(&keySecret, "api-key-secret", "", "your tenant's secret (amber secret set) holding the API key; it must be bound to the endpoint's host")
 	f.StringVar(&script, "script", "", "the scripted model's turns (a JSON array)")
 	f.StringVar(&template, "template", "", "sandbox template (default python)")
 	f.StringVar(&policy, "policy", "", "recovery policy: strict (default) or fast")

@@ -50,6 +50,7 @@ type upOptions struct {
 	egress                              egressOptions
 	shared                              sharedOptions
 	takeOver                            bool
+	models                              modelOptions
 	leaseTTL                            time.Duration
 	auditKeyFile                        string // --audit-key-file (internal/audit: the chain's HMAC key)
 }
@@ -84,6 +85,7 @@ are recorded.`,
 		RunE: func(cmd *cobra.Command, args []string) error { return runUp(cmd, g, o) },
 	}
 	f := c.Flags()
+	o.models.register(c)
 	f.StringVar(&o.addr, "addr", defaultAddr, "address to listen on")
 	f.StringVar(&o.driver, "driver", "gvisor", "sandbox driver: gvisor or criu")
 	f.StringVar(&o.pool, "pool", "1", "warm sandboxes per template: N, or NAME=N,NAME=N")
@@ -149,6 +151,10 @@ func newLogger(cmd *cobra.Command, format, levelName string) (*slog.Logger, erro
 
 func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	lg, err := newLogger(cmd, o.logFormat, o.logLevel)
+	if err != nil {
+		return err
+	}
+	modelProviders, err := o.models.parse()
 	if err != nil {
 		return err
 	}
@@ -416,6 +422,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if secrets != nil { // a nil *Store in the interface would not be nil
 		harness.Secrets = secrets
 	}
+	harness.Providers = modelProviders // the operator's; a tenant names no environment variable
 	if o.shared.shared() {
 		// A session runs on the node that runs its sandbox; one without a
 		// sandbox yet, or whose sandbox row is unreadable, is woken here
