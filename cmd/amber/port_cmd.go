@@ -27,9 +27,13 @@ func newPortExposeCmd(g *globalFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "expose SBX PORT",
 		Short: "Print a URL that proxies HTTP and WebSocket to 127.0.0.1:PORT inside the sandbox",
-		Long: "Print a URL on the daemon that proxies HTTP and WebSocket to 127.0.0.1:PORT inside the sandbox.\n" +
-			"The URL carries a secret token and needs no API key: anyone who has it can use it.\n" +
-			"The token is shown only now; exposing the port again replaces it.",
+		Long: "Print a URL that proxies HTTP and WebSocket to 127.0.0.1:PORT inside the sandbox.\n" +
+			"The port has an origin of its own, http://PORT-SBX.DOMAIN/ (DOMAIN is the daemon's --port-domain,\n" +
+			"ports.localhost by default), so its pages share no cookies or storage with the API, the console\n" +
+			"or other sandboxes. The URL carries a secret token (?amber_token=…) and needs no API key: anyone\n" +
+			"who has it can use it. A browser keeps the token as a cookie of that origin; scripts may send it\n" +
+			"as the header X-Amber-Port-Token instead. The token is shown only now; exposing the port again\n" +
+			"replaces it.",
 		Args: exactArgs(2, "a sandbox id and a port"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			port, err := parsePort(args[1])
@@ -57,7 +61,7 @@ func newPortLsCmd(g *globalFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:     "ls SBX",
 		Aliases: []string{"list"},
-		Short:   "List a sandbox's exposed ports",
+		Short:   "List a sandbox's exposed ports and their origins (the tokens are not shown: only expose prints one)",
 		Args:    exactArgs(1, "a sandbox id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cl, err := g.client()
@@ -77,9 +81,9 @@ func newPortLsCmd(g *globalFlags) *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "PORT\tEXPOSED")
+			fmt.Fprintln(tw, "PORT\tURL\tEXPOSED")
 			for _, p := range ps {
-				fmt.Fprintf(tw, "%d\t%s\n", p.Port, p.Created.Local().Format(time.DateTime))
+				fmt.Fprintf(tw, "%d\t%s\t%s\n", p.Port, p.URL, p.Created.Local().Format(time.DateTime))
 			}
 			return tw.Flush()
 		},

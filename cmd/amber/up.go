@@ -51,6 +51,7 @@ type upOptions struct {
 	shared                              sharedOptions
 	takeOver                            bool
 	models                              modelOptions
+	edge                                edgeOptions // port domain, sandbox maxima, stream cap (up_limits.go)
 	leaseTTL                            time.Duration
 	auditKeyFile                        string // --audit-key-file (internal/audit: the chain's HMAC key)
 }
@@ -103,6 +104,7 @@ are recorded.`,
 	f.BoolVar(&o.egress.journal, "egress-journal", true, "journal every outbound request (off only as a test's negative control)")
 	_ = f.MarkHidden("egress-journal")
 	o.shared.register(f)
+	o.edge.register(f)
 	f.StringVar(&o.auditKeyFile, "audit-key-file", os.Getenv("AMBER_AUDIT_KEY_FILE"), "the audit chain's HMAC key (hex, mode 0600), the same file on every node (default $AMBER_AUDIT_KEY_FILE; without: DATA_DIR/audit.key, created on first start, or with --store derived from --master-key-file)")
 	f.BoolVar(&o.takeOver, "take-over", false, "take the data dir over from a daemon that still holds its lock but stopped renewing its lease (paused, hung): wait for the lease to expire, then fence it")
 	f.DurationVar(&o.leaseTTL, "lease-ttl", 15*time.Second, "time to live of the daemon's lease on its data dir (renewed every quarter of it); a paused daemon is fenced this long after its last renewal")
@@ -152,6 +154,9 @@ func newLogger(cmd *cobra.Command, format, levelName string) (*slog.Logger, erro
 func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	lg, err := newLogger(cmd, o.logFormat, o.logLevel)
 	if err != nil {
+		return err
+	}
+	if err := o.edge.check(o.addr); err != nil {
 		return err
 	}
 	modelProviders, err := o.models.parse()
@@ -460,6 +465,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if node != nil {
 		sopts.Router = node
 	}
+	o.edge.apply(&sopts)
 	api := server.New(sopts)
 	srv := &http.Server{
 		Handler:           api,
