@@ -18,6 +18,7 @@ import (
 
 type apiOptions struct {
 	addr, store, name, logFormat, logLevel string
+	portDomain                             string
 }
 
 func newAPICmd(g *globalFlags) *cobra.Command {
@@ -40,6 +41,7 @@ Deployment and Service: deploy/kubernetes/api-deployment.yaml).`,
 	f.StringVar(&o.addr, "addr", "127.0.0.1:7780", "listen address")
 	f.StringVar(&o.store, "store", "", "the deployment's metadata store, postgres://… (default $AMBER_STORE)")
 	f.StringVar(&o.name, "name", "", "this server's name in the X-Amber-Forwarded-By header (default: the host name)")
+	f.StringVar(&o.portDomain, "port-domain", server.DefaultPortDomain, "the nodes' --port-domain: requests for <port>-<sandbox>.DOMAIN go to the node of that sandbox")
 	f.StringVar(&o.logFormat, "log-format", "text", "text or json")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	return c
@@ -71,7 +73,7 @@ func runAPI(cmd *cobra.Command, o *apiOptions) error {
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	srv := &http.Server{
-		Handler:           apiproxy.New(apiproxy.Options{Meta: m, Name: o.name, Logger: lg}),
+		Handler:           apiproxy.New(apiproxy.Options{Meta: m, Name: o.name, Logger: lg, PortDomain: o.portDomain}),
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    server.MaxHeaderBytes,
 	}

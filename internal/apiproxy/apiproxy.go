@@ -12,8 +12,10 @@
 //     from (which can restore it in place);
 //   - a create (POST /v1/sandboxes, POST /v1/sessions) goes to the node
 //     Place chooses (a live node that takes new sandboxes, with room);
-//   - an exposed port's URL (/p/{id}/…) goes to the node that runs the
-//     sandbox (no key: the token in the path is the credential);
+//   - an exposed port's origin (Host <port>-<id>.<PortDomain>) goes to the
+//     node that runs the sandbox (no key: the exposure's token is the
+//     credential, checked there), and so does the old path form /p/{id}/…
+//     (which that node redirects to the port's origin);
 //   - anything else (tenants, keys, templates, usage, nodes, the console)
 //     goes to any live node, in turn.
 //
@@ -67,6 +69,10 @@ type Options struct {
 	Place  func(nodes []meta.Node, template string, now time.Time) (meta.Node, error)
 	Clock  clock.Clock
 	Logger *slog.Logger
+	// PortDomain is the nodes' --port-domain: a request whose Host is
+	// under it is an exposed port's (internal/server ports.go); empty:
+	// ports.localhost.
+	PortDomain string
 }
 
 // Proxy is the API-only server's handler.
@@ -89,6 +95,9 @@ func New(o Options) *Proxy {
 	if o.Name == "" {
 		o.Name = "api"
 	}
+	if o.PortDomain = strings.Trim(strings.ToLower(o.PortDomain), "."); o.PortDomain == "" {
+		o.PortDomain = "ports.localhost"
+	}
 	return &Proxy{o: o}
 }
 
@@ -100,6 +109,19 @@ func LeastLoaded(nodes []meta.Node, template string, now time.Time) (meta.Node, 
 }
 
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if id, ok := p.portHost(r.Host); ok {
+		// An exposed port's origin: no key, the node checks the token.
+		addr, err := p.owner(r.Context(), id, meta.APIKey{})
+		if err == nil && addr == "" {
+			addr, err = p.anyNodeAddr(r.Context()) // unknown: that node answers 404
+		}
+		if err != nil {
+			writeError(w, errdefs.Unavailablef("the node behind this URL is down; retry"))
+			return
+		}
+		p.forward(w, r, addr)
+		return
+	}
 	switch r.URL.Path {
 	case "/healthz":
 		w.Write([]byte("ok\n"))
@@ -123,6 +145,25 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.forward(w, r, target)
+}
+
+// portHost returns the sandbox id of a Host under the port domain
+// (<port>-<id>.<domain>); ok is false for any other host.
+func (p *Proxy) portHost(host string) (id string, ok bool) {
+	if i := strings.LastIndexByte(host, ':'); i >= 0 && !strings.Contains(host[i:], "]") {
+		host = host[:i]
+	}
+	label, ok := strings.CutSuffix(strings.TrimSuffix(strings.ToLower(host), "."), "."+p.o.PortDomain)
+	if !ok {
+		return "", false
+	}
+	_, id, _ = strings.Cut(label, "-")
+	return id, true
+}
+
+func (p *Proxy) anyNodeAddr(ctx context.Context) (string, error) {
+	n, err := p.anyNode(ctx)
+	return n.Addr, err
 }
 
 // authenticate checks the caller's key (the node checks it again, with

@@ -170,6 +170,32 @@ func TestProxyRoutes(t *testing.T) {
 	if code := call("GET", "/p/sbx-gone/8080/tok/x", "", ""); code != 503 {
 		t.Fatalf("port URL of a sandbox whose node is down: %d", code)
 	}
+	// A port's own origin (Host <port>-<sandbox>.ports.localhost), with
+	// any path and no key, goes to the sandbox's node too; one of no
+	// known sandbox to some node (which answers 404), never refused here.
+	onHost := func(host, path string) int {
+		t.Helper()
+		req, _ := http.NewRequest("GET", ts.URL+path, nil)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := onHost("8080-sbx-a.ports.localhost:7777", "/v1/sandboxes?amber_token=tok"); code != http.StatusTeapot || len(a.take()) != 1 {
+		t.Fatalf("port origin: %d", code)
+	}
+	if code := onHost("8080-sbx-gone.ports.localhost", "/"); code != 503 {
+		t.Fatalf("port origin of a sandbox whose node is down: %d", code)
+	}
+	if code := onHost("8080-sbx-nope.ports.localhost", "/"); code != http.StatusTeapot {
+		t.Fatalf("port origin of an unknown sandbox: %d, want it passed to a node", code)
+	}
+	a.take()
+	b.take()
+	c.take()
 
 	// Creates: b (fewest sandboxes) for any template; a for python (cached
 	// there; c has it too but drains).
