@@ -12,6 +12,13 @@ package engine
 // idleReason; a resume is an in-place restore from the sandbox's latest
 // checkpoint (sandbox.restored), done once even when many calls arrive
 // together (they wait on the sandbox's lock and find it running).
+//
+// Only a call allowed to change the sandbox resumes it: a call whose
+// context is WithoutResume (the API server marks every read-scope call so)
+// never does — a resume runs the tenant's processes again and spends its
+// budget. Its file reads are served from the stopped sandbox's layer when
+// it is on this node (Files), anything else is a Conflict saying that a
+// write-scope call would resume the sandbox.
 
 import (
 	"context"
@@ -97,9 +104,28 @@ func (e *Engine) idleLoop(ctx context.Context) {
 	}
 }
 
+type noResumeKey struct{}
+
+// WithoutResume marks ctx as a call that may look at a sandbox but not
+// resume it (a read-scope API call): see the package comment above.
+func WithoutResume(ctx context.Context) context.Context {
+	return context.WithValue(ctx, noResumeKey{}, true)
+}
+
+func resumeForbidden(ctx context.Context) bool { v, _ := ctx.Value(noResumeKey{}).(bool); return v }
+
+// errNotResumed is the Conflict of a call that would have to resume sb.
+func errNotResumed(sb meta.Sandbox) error {
+	return errdefs.Conflictf("sandbox %s is stopped (%s): a read-scope key does not resume it; a call with a write-scope key would", sb.ID, sb.Reason)
+}
+
 // resume restores suspended sb in place from its latest checkpoint, unless
-// another call did already — if its tenant's budgets allow.
+// another call did already — if its tenant's budgets allow, and never for
+// a call WithoutResume.
 func (e *Engine) resume(ctx context.Context, sb meta.Sandbox) (meta.Sandbox, error) {
+	if resumeForbidden(ctx) {
+		return sb, errNotResumed(sb)
+	}
 	if err := e.checkBudgets(ctx, sb.Tenant); err != nil {
 		return sb, err
 	}

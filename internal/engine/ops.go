@@ -203,6 +203,8 @@ func (e *Engine) Wait(ctx context.Context, tenant, id string, pid int) (sandbox.
 
 // Files gives access to sandbox id's filesystem. A stopped or crashed
 // sandbox keeps its files, so they stay readable until it is destroyed.
+// An idle (suspended) sandbox is resumed first, except for a call
+// WithoutResume, which reads its stopped layer in place (idle.go).
 // Finding the sandbox's root and each operation of the FS hold the cut
 // lock for reading (see cutLock): a file operation waits for a cut's
 // archive walk or a restore's extraction to end, and neither starts while
@@ -216,15 +218,24 @@ func (e *Engine) Files(ctx context.Context, tenant, id string) (sandbox.FS, erro
 	if sb.State == meta.StateDestroyed || sb.State == meta.StateCreating {
 		return nil, errdefs.FailedPreconditionf("sandbox %s is %s", id, sb.State)
 	}
-	if suspended(sb) {
+	frozen := suspended(sb) && resumeForbidden(ctx) // read from its layer, not resumed (idle.go)
+	if suspended(sb) && !frozen {
 		if _, err := e.resume(ctx, sb); err != nil {
 			return nil, err
 		}
 	}
-	e.touch(id)
+	if !frozen {
+		e.touch(id)
+	}
 	unlock := e.inSandbox(id)
 	defer unlock()
 	fs, err := e.drv.Files(ctx, id)
+	if frozen && err != nil {
+		// Its layer is not on this node (a moved sandbox, a layer
+		// collected after the stop).
+		e.lg.Info("a read of an idle sandbox has no layer here", "sandbox_id", id, "err", err)
+		return nil, errNotResumed(sb)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/logging"
 	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/tracing"
@@ -112,6 +113,11 @@ func (s *Server) wrap(rt Route) http.Handler {
 				return
 			}
 			c.tenant, c.key = key.Tenant, key
+			if !key.Has(write) {
+				// A read-only key looks; it never resumes an idle sandbox
+				// (engine/idle.go).
+				r = r.WithContext(engine.WithoutResume(r.Context()))
+			}
 			c.lg = lg.With(logging.TenantID, key.Tenant, "key", key.Name)
 			span.SetAttributes(tracing.TenantID.String(key.Tenant))
 			r = r.WithContext(logging.With(r.Context(), logging.TenantID, key.Tenant))
