@@ -27,6 +27,11 @@ import (
 	"github.com/amber-run/amber/internal/session"
 )
 
+// modelProviders are the operator's model providers of the table: one
+// granted to tenant acme only.
+var modelProviders = map[string]session.Provider{"acme-llm": {Name: "acme-llm", URL: "http://127.0.0.1:9/", Adapter: "anthropic",
+	Key: "operator-key-for-acme", Tenants: []string{"acme"}}}
+
 // routeRequest is what a call to one route sends besides its path: the
 // query and body a well-formed call has, so that a refusal can only come
 // from authentication or authorization, never from a malformed request.
@@ -135,7 +140,7 @@ func TestAuthorizationTable(t *testing.T) {
 
 	reg := eventlog.NewRegistry()
 	sessions := session.NewManager(&session.Harness{Log: env.Log, Registry: reg, Meta: env.Meta,
-		Boxes: session.EngineSandboxes{E: env.Engine}, Logger: enginetest.Logger(t)})
+		Boxes: session.EngineSandboxes{E: env.Engine}, Logger: enginetest.Logger(t), Providers: modelProviders})
 	t.Cleanup(sessions.Close)
 	srv := server.New(server.Options{Engine: env.Engine, Meta: env.Meta, Clock: fc, Logger: enginetest.Logger(t), Version: "test", Sessions: sessions, Secrets: secrets})
 	ts := httptest.NewServer(srv)
@@ -312,6 +317,37 @@ func TestAuthorizationTable(t *testing.T) {
 		}
 		if c2, m2 := portAnswer(host, keyA); c2 != 404 || m2 != msg {
 			t.Errorf("acme's port host with acme's own API key = %d %q, want the same 404 (the exposure's token opens it, never an API key)", c2, m2)
+		}
+	}
+
+	// Model providers: an operator's provider granted to acme alone is
+	// refused to globex with the answer an unknown one gets (its existence
+	// and key never shown); acme uses it.
+	{
+		create := func(token, provider string) answer {
+			body := `{"model":{"provider":"` + provider + `","name":"m"},"template":"minimal"}`
+			req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/v1/sessions", strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+token)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			var e api.Error
+			_ = json.Unmarshal(b, &e)
+			return answer{status: resp.StatusCode, kind: e.Error.Kind, body: string(b)}
+		}
+		got := create(keyB, "acme-llm")
+		if got.status != 400 || got.kind != "invalid argument" || strings.Contains(got.body, "operator-key-for-acme") || strings.Contains(got.body, "127.0.0.1") {
+			t.Errorf("tenant globex on acme's model provider = %d %s, want 400 showing nothing of it", got.status, got.body)
+		}
+		if unknown := create(keyB, "acme-llx"); unknown.status != got.status || strings.Replace(unknown.body, "acme-llx", "acme-llm", 1) != got.body {
+			t.Errorf("a provider granted to acme and an unknown one answer globex differently: %s / %s", got.body, unknown.body)
+		}
+		if own := create(keyA, "acme-llm"); own.status != 201 {
+			t.Errorf("tenant acme on its model provider = %d %s, want 201", own.status, own.body)
 		}
 	}
 

@@ -148,3 +148,34 @@ func TestSessionSSE(t *testing.T) {
 		t.Fatalf("unknown adapter: %v", err)
 	}
 }
+
+// TestCreateSessionRefusesDaemonEnv: a definition naming a daemon
+// environment variable (model.api_key_env) is a 400 that names the field,
+// and no session is made; a provider the daemon does not offer is a 400 too.
+func TestCreateSessionRefusesDaemonEnv(t *testing.T) {
+	cl, urlKey, _ := sessionServer(t)
+	base, key, _ := strings.Cut(urlKey, "|")
+	for _, c := range []struct{ body, says string }{
+		{`{"model":{"adapter":"anthropic","base_url":"http://127.0.0.1:9/","api_key_env":"PGPASSWORD"}}`, "model.api_key_env"},
+		{`{"model":{"adapter":"openai","api_key_env":"OPENAI_API_KEY"}}`, "model.api_key_env"},
+		{`{"model":{"adapter":"anthropic","provider":"corp"}}`, `model.provider "corp" is not a model provider this daemon offers`},
+		{`{"model":{"adapter":"anthropic","provider":"corp","base_url":"http://x"}}`, "exclude each other"},
+	} {
+		req, _ := http.NewRequest("POST", base+"/v1/sessions", strings.NewReader(c.body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e api.Error
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || e.Error.Kind != "invalid argument" || !strings.Contains(e.Error.Message, c.says) {
+			t.Errorf("%s: %d %+v, want 400 naming %s", c.body, resp.StatusCode, e.Error, c.says)
+		}
+	}
+	if ss, err := cl.ListSessions(ctxT(t)); err != nil || len(ss) != 0 {
+		t.Fatalf("sessions after refused creates: %v %v", ss, err)
+	}
+}
