@@ -27,6 +27,8 @@ import (
 type egressOptions struct {
 	enabled bool
 	allow   []string // the default policy's allowlist
+	// ceiling is the operator's egress ceiling (nil: none).
+	ceiling []string
 	hosts   []string // NAME=IP, the operator's names
 	// journal off is the tests' negative control (hidden flag).
 	journal bool
@@ -79,6 +81,19 @@ func defaultEgress(allow []string) (meta.EgressPolicy, error) {
 		return p, usageError{fmt.Errorf("--egress-allow: %w", err)}
 	}
 	return p, nil
+}
+
+// ceilingEgress is the operator's egress ceiling (--egress-ceiling), nil
+// without one.
+func ceilingEgress(allow []string) (*meta.EgressPolicy, error) {
+	if len(allow) == 0 {
+		return nil, nil
+	}
+	p := meta.EgressPolicy{Allow: allow}
+	if err := p.Check(); err != nil {
+		return nil, usageError{fmt.Errorf("--egress-ceiling: %w", err)}
+	}
+	return &p, nil
 }
 
 // newGateway makes the node's gateway: journal on the event log, the

@@ -54,6 +54,7 @@ type upOptions struct {
 	edge                                edgeOptions // port domain, sandbox maxima, stream cap (up_limits.go)
 	leaseTTL                            time.Duration
 	auditKeyFile                        string // --audit-key-file (internal/audit: the chain's HMAC key)
+	nodeTokenFile                       string // --node-token-file (httpx.Hop: node-to-node calls' credential)
 }
 
 func newUpCmd(g *globalFlags) *cobra.Command {
@@ -100,12 +101,14 @@ are recorded.`,
 	f.DurationVar(&o.watch, "watch-interval", 5*time.Second, "how often running sandboxes are checked for a dead init")
 	f.BoolVar(&o.egress.enabled, "egress", true, "give sandboxes a way out through the egress gateway (gvisor driver); off: loopback only")
 	f.StringSliceVar(&o.egress.allow, "egress-allow", nil, "destinations (HOST:PORT patterns, *.suffix and * allowed) sandboxes may reach when their tenant set no egress policy (default: none)")
+	f.StringSliceVar(&o.egress.ceiling, "egress-ceiling", nil, "the most any tenant's sandboxes may reach (HOST:PORT patterns): tenant and sandbox egress policies beyond it are refused (default: no ceiling)")
 	f.StringSliceVar(&o.egress.caFiles, "egress-ca-file", nil, "PEM bundle of CAs the gateway trusts upstream besides the system's (repeatable)")
 	f.BoolVar(&o.egress.journal, "egress-journal", true, "journal every outbound request (off only as a test's negative control)")
 	_ = f.MarkHidden("egress-journal")
 	o.shared.register(f)
 	o.edge.register(f)
 	f.StringVar(&o.auditKeyFile, "audit-key-file", os.Getenv("AMBER_AUDIT_KEY_FILE"), "the audit chain's HMAC key (hex, mode 0600), the same file on every node (default $AMBER_AUDIT_KEY_FILE; without: DATA_DIR/audit.key, created on first start, or with --store derived from --master-key-file)")
+	f.StringVar(&o.nodeTokenFile, "node-token-file", os.Getenv("AMBER_NODE_TOKEN_FILE"), "with --store: the secret (mode 0600) every node and API server of the deployment shares; calls they forward to each other carry it and a call marked forwarded without it is refused (default $AMBER_NODE_TOKEN_FILE; none: forwarded calls are not authenticated)")
 	f.BoolVar(&o.takeOver, "take-over", false, "take the data dir over from a daemon that still holds its lock but stopped renewing its lease (paused, hung): wait for the lease to expire, then fence it")
 	f.DurationVar(&o.leaseTTL, "lease-ttl", 15*time.Second, "time to live of the daemon's lease on its data dir (renewed every quarter of it); a paused daemon is fenced this long after its last renewal")
 	f.StringSliceVar(&o.egress.hosts, "egress-host", nil, "NAME=IP names the gateway resolves itself (local services, tests); reachable by that name even on a private address")
@@ -219,6 +222,10 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		return err
 	}
 	defEgress, err := defaultEgress(o.egress.allow)
+	if err != nil {
+		return err
+	}
+	egressCeiling, err := ceilingEgress(o.egress.ceiling)
 	if err != nil {
 		return err
 	}
@@ -358,6 +365,13 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if err != nil {
 		return err
 	}
+	hop, err := nodeHop(o.nodeTokenFile)
+	if err != nil {
+		return err
+	}
+	if o.shared.shared() && hop.Token == "" {
+		lg.Warn("calls forwarded between nodes are not authenticated: give every node and API server the same --node-token-file")
+	}
 	var gw *gateway.Gateway
 	var meterTo atomic.Pointer[engine.Engine] // set once the engine exists
 	var secrets *secretstore.Store
@@ -380,7 +394,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		enet.SetServer(gw)
 	}
 	eng, err := engine.New(engine.Options{
-		Gateway: gw, Network: enet, Egress: defEgress, TenantCA: tenantCA,
+		Gateway: gw, Network: enet, Egress: defEgress, EgressCeiling: egressCeiling, TenantCA: tenantCA,
 		Driver: drv, Meta: m, Log: tlog, Registry: reg, Templates: cat, Observer: mx,
 		Pool: pool, WatchInterval: o.watch, Logger: lg.With("component", "engine"),
 		Checkpoints: ckpts, WorkDir: workDir, KeepCheckpoints: o.keep, IdleTimeout: o.idle, Audit: trail,
@@ -465,6 +479,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if node != nil {
 		sopts.Router = node
 	}
+	sopts.Hop = hop
 	o.edge.apply(&sopts)
 	api := server.New(sopts)
 	srv := &http.Server{

@@ -41,19 +41,34 @@ const egressHoldTimeout = 10 * time.Second
 func startRunID(sandbox string) string { return sandbox + ".start" }
 
 // egressPolicy is sb's effective policy: its own, else its tenant's, else
-// the daemon's default.
+// the daemon's default — cut down to every ceiling above it (see
+// egress_ceiling.go: the tenant's over a sandbox's own, the operator's over
+// all). A tenant policy that cannot be read is an error, never no ceiling.
 func (e *Engine) egressPolicy(ctx context.Context, sb meta.Sandbox) (meta.EgressPolicy, error) {
 	own, _, err := e.meta.SandboxEgress(ctx, sb.ID)
 	if err != nil {
 		return meta.EgressPolicy{}, err
 	}
-	if own != nil {
-		return *own, nil
+	tp, err := e.meta.TenantPolicy(ctx, sb.Tenant)
+	if err != nil {
+		return meta.EgressPolicy{}, fmt.Errorf("egress policy of %s: tenant policy: %w", sb.ID, err)
 	}
-	if tp := e.tenantPolicy(ctx, sb.Tenant); tp.Egress != nil {
-		return *tp.Egress, nil
+	var p meta.EgressPolicy
+	switch {
+	case own != nil:
+		p = *own
+		if tp.Egress != nil {
+			p = intersectEgress(p, *tp.Egress)
+		}
+	case tp.Egress != nil:
+		p = *tp.Egress
+	default:
+		p = e.defEgress
 	}
-	return e.defEgress, nil
+	if e.egressCeiling != nil {
+		p = intersectEgress(p, *e.egressCeiling)
+	}
+	return p, nil
 }
 
 // gatewayPolicy converts an API policy into the gateway's.
@@ -146,6 +161,9 @@ func (e *Engine) SetEgress(ctx context.Context, tenant, id string, p *meta.Egres
 	}
 	if sb.State == meta.StateDestroyed {
 		return errdefs.FailedPreconditionf("sandbox %s is destroyed", id)
+	}
+	if err := e.checkSandboxEgress(ctx, sb.Tenant, p); err != nil {
+		return err
 	}
 	defer e.lock(id)()
 	if err := e.meta.SetSandboxEgress(ctx, id, p); err != nil {

@@ -103,6 +103,9 @@ type Options struct {
 	Gateway *gateway.Gateway
 	Network *egress.Network
 	Egress  meta.EgressPolicy
+	// EgressCeiling, when set, is the operator's egress ceiling: no tenant
+	// or sandbox policy reaches beyond it (egress_ceiling.go).
+	EgressCeiling *meta.EgressPolicy
 	// TenantCA returns the certificate (PEM) of the CA the gateway signs a
 	// tenant's TLS with; it is added to the trust store of the tenant's
 	// sandboxes when they are created. Nil: no TLS termination.
@@ -164,6 +167,8 @@ type Engine struct {
 	meter        metering
 	budget       budgetState // budget.go
 
+	egressCeiling *meta.EgressPolicy // the operator's (egress_ceiling.go)
+
 	cpuFeatures func() ([]string, error)
 	tmplMu      sync.RWMutex // template_ops.go: a version's removal excludes new sandbox rows
 
@@ -212,7 +217,7 @@ func New(o Options) (*Engine, error) {
 		ckpts: o.Checkpoints, workDir: o.WorkDir, node: "node/" + o.Node, nodeID: o.Node, shared: o.Shared, leaseTTL: o.LeaseTTL,
 		leases: map[string]eventlog.Lease{}, fastEvery: o.FastEvery, fastInterval: o.FastInterval, keep: o.KeepCheckpoints, idle: o.IdleTimeout, audit: o.Audit, obs: o.Observer,
 		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeEngine),
-		gw:     o.Gateway, net: o.Network, defEgress: o.Egress, tenantCA: o.TenantCA}
+		gw:     o.Gateway, net: o.Network, defEgress: o.Egress, egressCeiling: o.EgressCeiling, tenantCA: o.TenantCA}
 	e.cpuFeatures = o.CPUFeatures
 	if e.cpuFeatures == nil {
 		e.cpuFeatures = HostCPUFeatures
@@ -393,6 +398,9 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (sb meta.Sandbox, 
 	}
 	if r.Egress != nil {
 		if err := r.Egress.Check(); err != nil {
+			return meta.Sandbox{}, err
+		}
+		if err := e.checkSandboxEgress(ctx, r.Tenant, r.Egress); err != nil {
 			return meta.Sandbox{}, err
 		}
 	}

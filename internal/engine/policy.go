@@ -180,6 +180,9 @@ func (e *Engine) SetTenantPolicy(ctx context.Context, tenant string, p meta.Tena
 		return err
 	}
 	p.Recovery = normPolicy(p.Recovery)
+	if err := e.checkTenantEgress(ctx, tenant, p.Egress); err != nil {
+		return err
+	}
 	if p.Recovery != PolicyNone || p.IdleTimeout > 0 || p.KeepCheckpoints > 0 {
 		if _, err := e.checkpointer(); err != nil {
 			return fmt.Errorf("tenant policy: %w", err)
