@@ -25,7 +25,7 @@ func FuzzMatchDest(f *testing.F) {
 		{"api.example.com:443", "API.example.com.", 443}, {"*.example.com:*", "a.example.com", 1},
 		{"*.example.com:*", "example.com", 1}, {"*.example.com:*", "evilexample.com", 1},
 		{"[::1]:80", "::1%x", 80}, {"[::1]:80", "::ffff:127.0.0.1", 80}, {"127.0.0.1:80", "::ffff:127.0.0.1", 80},
-		{"*:*", "x", 0}, {"a:b", "a", 1}, {"[fe80::1%eth0]:1", "fe80::1%eth0", 1},
+		{"*:*", "x", 0}, {"a:b", "a", 1}, {"[fe80::1%eth0]:1", "fe80::1%eth0", 1}, {"*.0.1:*", "10.0.0.1", 1},
 	} {
 		f.Add(s.pat, s.host, s.port)
 	}
@@ -51,6 +51,9 @@ func FuzzMatchDest(f *testing.F) {
 		case strings.HasPrefix(ph, "*."):
 			if !strings.HasSuffix(norm, ph[1:]) || len(norm) <= len(ph)-1 {
 				t.Fatalf("matchDest(%q, %q): not a proper subdomain", pat, host)
+			}
+			if _, err := netip.ParseAddr(norm); err == nil {
+				t.Fatalf("matchDest(%q, %q): a suffix pattern matched an IP address", pat, host)
 			}
 		default:
 			if a, err := netip.ParseAddr(ph); err == nil {

@@ -248,6 +248,11 @@ func matchDest(pat, host string, port uint16) bool {
 	case ph == "*":
 		return true
 	case strings.HasPrefix(ph, "*."):
+		// Any subdomain: a name, never an IP address ("*.0.1" does not
+		// match 10.0.0.1).
+		if _, err := netip.ParseAddr(host); err == nil {
+			return false
+		}
 		return strings.HasSuffix(host, ph[1:])
 	default:
 		if a, err := netip.ParseAddr(ph); err == nil {
