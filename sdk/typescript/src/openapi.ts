@@ -1357,15 +1357,17 @@ export interface components {
                 [key: string]: unknown;
             };
         };
-        /** @description The agent: model (adapter scripted|anthropic|openai, name, base_url, api_key_env, max_tokens, script), system, tools (built-in: bash, read_file, write_file, edit_file, http), custom_tools [{name, description, input_schema}], confirm [tool names], limits {max_turns, max_tokens, max_wall_ns}, context_budget, template (default python), policy (strict|fast), fast_every */
+        /** @description The agent: model (adapter scripted|anthropic|openai, name, provider, base_url, api_key_secret, max_tokens, script), system, tools (built-in: bash, read_file, write_file, edit_file, http), custom_tools [{name, description, input_schema}], confirm [tool names], limits {max_turns, max_tokens, max_wall_ns}, context_budget, template (default python), policy (strict|fast), fast_every */
         SessionDefinition: {
             model: {
                 /** @enum {string} */
                 adapter: "scripted" | "anthropic" | "openai";
                 name?: string;
+                /** @description A model provider the operator configured (amber up --model-provider) and offers this tenant: its URL, and its key unless api_key_secret names the tenant's own. Not with base_url. */
+                provider?: string;
+                /** @description A model API the tenant chooses: dialled through the egress deny list and never sent a key of the operator's (only api_key_secret's) */
                 base_url?: string;
-                api_key_env?: string;
-                /** @description A tenant secret holding the model's API key (wins over api_key_env) */
+                /** @description A tenant secret holding the model's API key, bound to the endpoint's host:port (wins over a provider's key). The daemon's environment is never read: api_key_env is refused (400). */
                 api_key_secret?: string;
                 max_tokens?: number;
                 script?: {
