@@ -55,7 +55,8 @@ type CreateSandboxRequest struct {
 	// "strict" (after every exec, before it is acknowledged).
 	Recovery string `json:"recovery,omitempty"`
 	// Egress is the sandbox's own egress policy; without it the sandbox
-	// follows its tenant's (or the daemon's default).
+	// follows its tenant's (or the daemon's default). It must lie within
+	// its tenant's policy and the operator's ceiling (403 otherwise).
 	Egress *EgressPolicy `json:"egress,omitempty"`
 }
 
@@ -582,7 +583,9 @@ type TenantPolicy struct {
 	// long; the next call resumes it.
 	IdleTimeoutMS int64 `json:"idle_timeout_ms,omitempty"`
 	// Egress is the egress policy of the tenant's sandboxes that have none
-	// of their own (null: the daemon's default).
+	// of their own (null: the daemon's default), and the most a sandbox's
+	// own may reach. It must lie within the operator's ceiling (`amber up
+	// --egress-ceiling`; 403 otherwise).
 	Egress *EgressPolicy `json:"egress,omitempty"`
 }
 

@@ -18,9 +18,14 @@
 //
 // # Flow of one HTTP request (durability order)
 //
-//  1. Policy: rate limit, allowlist on the Host name and the original port,
+//  1. Policy: rate limit and the sandbox's bounds (requests in flight,
+//     buffered bytes: Options.MaxRequestsPerSandbox, MaxBufferedPerSandbox);
+//     the Host parsed once (an IPv6 zone, or a name no DNS could hold,
+//     refused with 400); allowlist on the Host name and the original port;
 //     the name resolved by the gateway and the address checked against the
-//     denied networks (the gateway dials the address it checked).
+//     denied networks, embedded IPv4 addresses and the host's own addresses
+//     (Policy.denyReason); the gateway dials the address it checked
+//     (Options.Dial), never the name again.
 //  2. Secrets: placeholders (amber-secret://name) in headers are replaced for
 //     hosts the secret is bound to; any other placeholder refuses the request.
 //  3. Key lookup in the journal: a recorded outcome is replayed, the
