@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -34,7 +33,7 @@ func TestE2ECheckpointRecover(t *testing.T) {
 	pid := strings.TrimSpace(d.must("exec", "-d", id, "--", "sh", "-c", `R=$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); i=0; while :; do i=$((i+1)); echo "$R $i"; sleep 0.05; done`))
 	u := strings.TrimSpace(d.must("port", "expose", id, "8080"))
 	get := func() (int, string) {
-		resp, err := http.Get(u)
+		resp, err := portClient(d.addr).Get(u) // the port's origin, at the daemon
 		if err != nil {
 			return 0, err.Error()
 		}

@@ -12,6 +12,20 @@ import (
 	"time"
 )
 
+// portClient is an HTTP client that sends every request to the daemon at
+// addr whatever host its URL names (as *.localhost goes to loopback in a
+// browser; Go's resolver does not do that, and no name is looked up): a
+// port's origin is reached there by its Host. It follows no redirect.
+func portClient(addr string) *http.Client {
+	return &http.Client{
+		Transport: &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
+		}},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		Timeout:       30 * time.Second,
+	}
+}
+
 // TestE2EPortExpose: `amber port expose` prints a URL on the port's own
 // origin (http://8080-SBX.<port domain>:PORT/?amber_token=…, reached at the
 // daemon's address with that Host) that serves a page from busybox httpd
@@ -30,13 +44,7 @@ func TestE2EPortExpose(t *testing.T) {
 	if !strings.HasPrefix(u, origin+"/?amber_token=") {
 		t.Fatalf("expose printed %q, want %s/?amber_token=…", u, origin)
 	}
-	// Every host name goes to the daemon (as *.localhost does in a browser).
-	hc := &http.Client{
-		Transport: &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, network, addr)
-		}},
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}
+	hc := portClient(addr)
 	get := func(u string, hdr ...string) (*http.Response, string) {
 		req, _ := http.NewRequest("GET", u, nil)
 		for i := 0; i+1 < len(hdr); i += 2 {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -50,14 +49,14 @@ func TestE2ENodesRollingRestart(t *testing.T) {
 		}
 	}
 	// An exposed port of a sandbox on node-a, served through node-b's
-	// address (forwarded to node-a, the token in the path).
+	// address (its origin's Host and token forwarded to node-a).
 	nodes[0].must("exec", boxes[0].id, "--", "sh", "-c", "mkdir -p /www && echo port-via-b > /www/index.html && httpd -p 127.0.0.1:8080 -h /www")
 	u, err := url.Parse(strings.TrimSpace(nodes[0].must("port", "expose", boxes[0].id, "8080")))
 	if err != nil {
 		t.Fatal(err)
 	}
 	portVia := func(n *testNode) (int, string) {
-		resp, err := http.Get("http://" + n.addr + u.Path)
+		resp, err := portClient(n.addr).Get(u.String())
 		if err != nil {
 			return 0, err.Error()
 		}
