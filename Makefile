@@ -61,6 +61,9 @@ fuzz:
 	$(FUZZ) -fuzz '^FuzzDNSAnswer$$' ./internal/egress
 	$(FUZZ) -fuzz '^FuzzParse$$' ./internal/procwait
 	$(FUZZ) -fuzz '^FuzzParseDF$$' ./internal/engine
+	$(FUZZ) -fuzz '^FuzzSessionDefinition$$' ./internal/session
+	$(FUZZ) -fuzz '^FuzzAnthropicSSE$$' ./internal/session
+	$(FUZZ) -fuzz '^FuzzOpenAISSE$$' ./internal/session
 
 # The extended fidelity tests (browser sessions, live PostgreSQL sessions,
 # core/sandbox/fidelitytest) against both drivers. They need templates built

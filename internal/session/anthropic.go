@@ -41,8 +41,8 @@ func NewAnthropic(baseURL, apiKey string, retries int, hc *http.Client) *Anthrop
 	return &Anthropic{client: anthropic.NewClient(opts...), retries: retries}
 }
 
-// Complete implements Model.
-func (a *Anthropic) Complete(ctx context.Context, req Request, onDelta func(string)) (Response, error) {
+// params maps a Request to the Messages API's parameters.
+func (a *Anthropic) params(req Request) anthropic.MessageNewParams {
 	params := anthropic.MessageNewParams{
 		Model:     anthropic.Model(req.Model),
 		MaxTokens: int64(req.MaxTokens),
@@ -63,6 +63,12 @@ func (a *Anthropic) Complete(ctx context.Context, req Request, onDelta func(stri
 		}
 		params.Tools = append(params.Tools, anthropic.ToolUnionParam{OfTool: &tp})
 	}
+	return params
+}
+
+// Complete implements Model.
+func (a *Anthropic) Complete(ctx context.Context, req Request, onDelta func(string)) (Response, error) {
+	params := a.params(req)
 	ctx, refused, done := withStop(ctx)
 	defer done()
 	var err error

@@ -122,7 +122,11 @@ func newID(prefix string) string {
 // (the truth) is appended first, then the metadata row that lists it; a
 // crash between leaves a stream nobody lists, never a row without a log.
 func (m *Manager) Create(ctx context.Context, tenant string, def Definition) (meta.Session, error) {
-	if p, ok := m.h.Providers[def.Model.Provider]; ok && def.Model.Adapter == "" && p.Allows(tenant) {
+	if def.Model.Provider != "" && def.Model.Adapter == "" {
+		p, err := providerFor(m.h.Providers, tenant, def.Model.Provider)
+		if err != nil {
+			return meta.Session{}, err
+		}
 		def.Model.Adapter = p.Adapter // the provider's wire format
 	}
 	def, err := def.Normalize()

@@ -172,16 +172,25 @@ func modelEndpoint(providers map[string]Provider, tenant string, mc ModelConfig)
 		}
 		return ep, nil
 	}
-	p, ok := providers[mc.Provider]
-	if !ok || !p.Allows(tenant) {
-		// The same answer for one that exists and one that does not: a
-		// tenant does not learn the operator's other providers.
-		return endpoint{}, errdefs.InvalidArgumentf("session: model.provider %q is not a model provider this daemon offers to tenant %s", mc.Provider, tenant)
+	p, err := providerFor(providers, tenant, mc.Provider)
+	if err != nil {
+		return endpoint{}, err
 	}
 	if p.Adapter != "" && p.Adapter != mc.Adapter {
 		return endpoint{}, errdefs.InvalidArgumentf("session: model provider %q speaks %s, not model.adapter %q", p.Name, p.Adapter, mc.Adapter)
 	}
 	return endpoint{url: p.URL, key: p.Key, trusted: true}, nil
+}
+
+// providerFor returns the provider name if tenant may use it. The answer
+// is the same for one that exists and one that does not: a tenant does not
+// learn the operator's other providers.
+func providerFor(providers map[string]Provider, tenant, name string) (Provider, error) {
+	p, ok := providers[name]
+	if !ok || !p.Allows(tenant) {
+		return Provider{}, errdefs.InvalidArgumentf("session: model.provider %q is not a model provider this daemon offers to tenant %s", name, tenant)
+	}
+	return p, nil
 }
 
 // resolveModel resolves mc of tenant into a factory-ready config: the

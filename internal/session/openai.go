@@ -42,8 +42,8 @@ func NewOpenAI(baseURL, apiKey string, retries int, hc *http.Client) *OpenAI {
 	return &OpenAI{completions: openai.NewChatCompletionService(opts...), retries: retries}
 }
 
-// Complete implements Model.
-func (o *OpenAI) Complete(ctx context.Context, req Request, onDelta func(string)) (Response, error) {
+// params maps a Request to Chat Completions parameters.
+func (o *OpenAI) params(req Request) openai.ChatCompletionNewParams {
 	params := openai.ChatCompletionNewParams{
 		Model:         shared.ChatModel(req.Model),
 		Messages:      openaiMessages(req.System, req.Messages),
@@ -61,6 +61,12 @@ func (o *OpenAI) Complete(ctx context.Context, req Request, onDelta func(string)
 		}
 		params.Tools = append(params.Tools, openai.ChatCompletionFunctionTool(fd))
 	}
+	return params
+}
+
+// Complete implements Model.
+func (o *OpenAI) Complete(ctx context.Context, req Request, onDelta func(string)) (Response, error) {
+	params := o.params(req)
 	ctx, refused, done := withStop(ctx)
 	defer done()
 	var err error
