@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -121,8 +122,9 @@ func clean(s string) string { return strings.NewReplacer("\r", "", "\n", "").Rep
 // resolver answers from fuzzPool and whose dialer only records. send runs
 // one HTTP request (Host host, request target target) and one non-HTTP
 // stream to the name host through it, both with original destination
-// orig, and returns what would have been dialled.
-func destHarness(t testing.TB) (send func(host, target string, orig netip.AddrPort) []string) {
+// orig — or, with raw, one connection carrying raw — and returns what
+// would have been dialled.
+func destHarness(t testing.TB) (send func(host, target string, orig netip.AddrPort, raw ...string) []string) {
 	rec := &dialRecorder{}
 	gw := gateway.New(gateway.Options{Logger: quietLog, Resolver: hashResolver{}, Dial: rec.dial,
 		SniffTimeout: 5 * time.Millisecond, DialTimeout: time.Second})
@@ -131,13 +133,19 @@ func destHarness(t testing.TB) (send func(host, target string, orig netip.AddrPo
 		Policy: gateway.Policy{Allow: []string{"*:*"}}}); err != nil {
 		t.Fatal(err)
 	}
-	return func(host, target string, orig netip.AddrPort) []string {
+	return func(host, target string, orig netip.AddrPort, raw ...string) []string {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		c, s := net.Pipe()
 		done := make(chan struct{})
 		go func() { gw.ServeConn(ctx, s, orig, "sb-fuzz"); close(done) }()
 		c.SetDeadline(time.Now().Add(3 * time.Second))
+		if len(raw) > 0 {
+			go func() { c.Write([]byte(raw[0])); time.Sleep(20 * time.Millisecond); c.Close() }()
+			io.Copy(io.Discard, c)
+			<-done
+			return rec.take()
+		}
 		go fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", target, host)
 		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
 			resp.Body.Close()
@@ -182,6 +190,12 @@ func TestGatewayDestDecisions(t *testing.T) {
 		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
 			t.Errorf("Host %s target %s: dialled %v, want %v", tc.host, tc.target, got, tc.want)
 		}
+	}
+	// An HTTP/1.1 CONNECT is no request the gateway serves: the bytes are a
+	// stream to the original destination, checked as such; its target is
+	// never dialled.
+	if got := send("", "", netip.MustParseAddrPort("9.9.9.9:80"), "CONNECT [::1%25x]:80 HTTP/1.1\r\nHost: [::1%25x]:80\r\n\r\n"); fmt.Sprint(got) != "[9.9.9.9:80]" {
+		t.Errorf("CONNECT [::1%%25x]:80 from a connection to 9.9.9.9:80: dialled %v, want [9.9.9.9:80]", got)
 	}
 	undo := gateway.PretendHostAddrs(netip.MustParseAddr("9.9.9.9"))
 	defer undo()
