@@ -19,6 +19,7 @@ import (
 type apiOptions struct {
 	addr, store, name, logFormat, logLevel string
 	portDomain                             string
+	nodeTokenFile                          string
 }
 
 func newAPICmd(g *globalFlags) *cobra.Command {
@@ -42,6 +43,7 @@ Deployment and Service: deploy/kubernetes/api-deployment.yaml).`,
 	f.StringVar(&o.store, "store", "", "the deployment's metadata store, postgres://… (default $AMBER_STORE)")
 	f.StringVar(&o.name, "name", "", "this server's name in the X-Amber-Forwarded-By header (default: the host name)")
 	f.StringVar(&o.portDomain, "port-domain", server.DefaultPortDomain, "the nodes' --port-domain: requests for <port>-<sandbox>.DOMAIN go to the node of that sandbox")
+	f.StringVar(&o.nodeTokenFile, "node-token-file", os.Getenv("AMBER_NODE_TOKEN_FILE"), "the nodes' --node-token-file: calls forwarded to a node carry it (default $AMBER_NODE_TOKEN_FILE)")
 	f.StringVar(&o.logFormat, "log-format", "text", "text or json")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	return c
@@ -61,6 +63,10 @@ func runAPI(cmd *cobra.Command, o *apiOptions) error {
 	if o.name == "" {
 		o.name, _ = os.Hostname()
 	}
+	hop, err := nodeHop(o.nodeTokenFile)
+	if err != nil {
+		return err
+	}
 	m, err := meta.Open(o.store, meta.Options{})
 	if err != nil {
 		return err
@@ -73,7 +79,7 @@ func runAPI(cmd *cobra.Command, o *apiOptions) error {
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	srv := &http.Server{
-		Handler:           apiproxy.New(apiproxy.Options{Meta: m, Name: o.name, Logger: lg, PortDomain: o.portDomain}),
+		Handler:           apiproxy.New(apiproxy.Options{Meta: m, Name: o.name, Logger: lg, PortDomain: o.portDomain, Hop: hop}),
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    server.MaxHeaderBytes,
 	}

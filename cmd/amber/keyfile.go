@@ -15,6 +15,7 @@ import (
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/chunkstore"
+	"github.com/amber-run/amber/internal/httpx"
 	"github.com/amber-run/amber/internal/meta"
 )
 
@@ -213,4 +214,23 @@ func openAudit(log eventlog.Store, dataDir, keyFile string, so sharedOptions) (*
 		return nil, err
 	}
 	return audit.Open(log, audit.Options{Key: key, Anchor: anchor})
+}
+
+// nodeHop returns the credential of calls forwarded between the servers
+// of a deployment (httpx.Hop) from --node-token-file (mode 0600, the same
+// file on every node and API server, at least 32 characters); "" gives a
+// Hop that authenticates nothing.
+func nodeHop(tokenFile string) (*httpx.Hop, error) {
+	if tokenFile == "" {
+		return &httpx.Hop{}, nil
+	}
+	b, err := readKeyFile(tokenFile)
+	if err != nil {
+		return nil, fmt.Errorf("--node-token-file: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if len(tok) < 32 || strings.ContainsAny(tok, " \t\r\n") {
+		return nil, fmt.Errorf("--node-token-file %s: want one line of at least 32 characters (make one with: head -c 32 /dev/urandom | xxd -p -c 64 > node.token; chmod 600 node.token)", tokenFile)
+	}
+	return &httpx.Hop{Token: tok}, nil
 }

@@ -24,12 +24,16 @@
 // session of another tenant is passed on like an unknown one (its node
 // answers 404 after its own check). Calls are marked forwarded
 // (X-Amber-Forwarded-By: api/<name>), so a node answers them itself and
-// never forwards them again.
+// never forwards them again; with a node token (Options.Hop, the nodes'
+// --node-token-file) they carry it, and a node refuses a call marked
+// forwarded without it.
 package apiproxy
 
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -73,6 +77,9 @@ type Options struct {
 	// under it is an exposed port's (internal/server ports.go); empty:
 	// ports.localhost.
 	PortDomain string
+	// Hop is the node token the proxy forwards with (httpx.Hop; the
+	// nodes' --node-token-file); nil: none.
+	Hop *httpx.Hop
 }
 
 // Proxy is the API-only server's handler.
@@ -116,7 +123,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			addr, err = p.anyNodeAddr(r.Context()) // unknown: that node answers 404
 		}
 		if err != nil {
-			writeError(w, errdefs.Unavailablef("the node behind this URL is down; retry"))
+			p.writeError(w, r, errdefs.Unavailablef("the node behind this URL is down; retry"))
 			return
 		}
 		p.forward(w, r, addr)
@@ -127,8 +134,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("ok\n"))
 		return
 	case "/readyz":
+		// Ready or not, nothing of why (a store's error is the operator's:
+		// logged).
 		if _, err := p.anyNode(r.Context()); err != nil {
-			writeError(w, err)
+			p.o.Logger.Warn("not ready", "err", err)
+			p.writeError(w, r, errdefs.Unavailablef("not ready"))
 			return
 		}
 		w.Write([]byte("ok\n"))
@@ -136,12 +146,12 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	key, err := p.authenticate(r)
 	if err != nil {
-		writeError(w, err)
+		p.writeError(w, r, err)
 		return
 	}
 	target, err := p.route(r, key)
 	if err != nil {
-		writeError(w, err)
+		p.writeError(w, r, err)
 		return
 	}
 	p.forward(w, r, target)
@@ -303,13 +313,25 @@ func peekTemplate(r *http.Request) string {
 
 // forward proxies r to the node at addr.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, addr string) {
-	httpx.Forward(w, r, addr, ForwardedHeader, "api/"+p.o.Name, func(w http.ResponseWriter, err error) {
-		writeError(w, errdefs.Unavailablef("node at %s: %v; retry", addr, err))
+	p.o.Hop.Forward(w, r, addr, ForwardedHeader, "api/"+p.o.Name, func(w http.ResponseWriter, err error) {
+		p.writeError(w, r, errdefs.Unavailablef("node at %s: %v; retry", addr, err))
 	})
 }
 
-func writeError(w http.ResponseWriter, err error) {
+// writeError answers err; an internal one (500) only as "internal
+// error" with a request id, its detail logged under that id (as the
+// nodes do: internal/server errors.go).
+func (p *Proxy) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	body := api.ErrorBody{Kind: errdefs.Kind(err), Message: err.Error()}
+	if errdefs.HTTPStatus(err) == http.StatusInternalServerError {
+		b := make([]byte, 8)
+		rand.Read(b)
+		body.RequestID = "req-" + hex.EncodeToString(b)
+		body.Message = "internal error"
+		w.Header().Set("X-Request-Id", body.RequestID)
+		p.o.Logger.Error("request failed", "request_id", body.RequestID, "method", r.Method, "path", r.URL.Path, "err", err)
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(errdefs.HTTPStatus(err))
-	json.NewEncoder(w).Encode(api.Error{Error: api.ErrorBody{Kind: errdefs.Kind(err), Message: err.Error()}})
+	json.NewEncoder(w).Encode(api.Error{Error: body})
 }

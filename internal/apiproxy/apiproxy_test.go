@@ -3,6 +3,7 @@ package apiproxy
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/httpx"
 	"github.com/amber-run/amber/internal/meta"
 )
 
@@ -245,3 +247,46 @@ func TestLeastLoadedNoNode(t *testing.T) { // no live node: 503
 type fixed struct{ t time.Time }
 
 func (f fixed) Now() time.Time { return f.t }
+
+// TestProxyForwardsWithNodeToken: the API-only server forwards with the
+// deployment's node token (httpx.Hop), never one a client made up; its
+// /readyz and internal errors say nothing of the store.
+func TestProxyForwardsWithNodeToken(t *testing.T) {
+	now := time.Now()
+	var got []string
+	var mu sync.Mutex
+	n := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Header.Get(httpx.NodeTokenHeader))
+		mu.Unlock()
+		w.WriteHeader(http.StatusTeapot)
+	}))
+	defer n.Close()
+	u, _ := url.Parse(n.URL)
+	fs := &fakeStore{nodes: []meta.Node{{ID: "a", Addr: u.Host, State: meta.NodeLive, Expires: now.Add(time.Hour)}},
+		keys: map[string]meta.APIKey{meta.HashKey("k-acme"): {Tenant: "acme", Name: "k", Scopes: meta.AllScopes}}}
+	ts := httptest.NewServer(New(Options{Meta: fs, Clock: fixed{now}, Hop: &httpx.Hop{Token: "the-node-token-0123456789abcdef01"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	defer ts.Close()
+	req, _ := http.NewRequest("GET", ts.URL+"/v1/templates", nil)
+	req.Header.Set("Authorization", "Bearer k-acme")
+	req.Header.Set(httpx.NodeTokenHeader, "client-made-up")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTeapot || len(got) != 1 || got[0] != "the-node-token-0123456789abcdef01" {
+		t.Fatalf("forwarded: %d, the node saw tokens %q", resp.StatusCode, got)
+	}
+	// No live node: "not ready", nothing more.
+	fs.nodes = nil
+	resp, err = http.Get(ts.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || strings.Contains(string(b), "node") {
+		t.Errorf("readyz: %d %s", resp.StatusCode, b)
+	}
+}

@@ -13,7 +13,6 @@ import (
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/httpx"
 	"github.com/amber-run/amber/internal/meta"
 )
 
@@ -139,7 +138,7 @@ func (s *Server) place(w http.ResponseWriter, r *http.Request, placed func([]byt
 
 // forwardTo proxies r to the node at addr, marked forwarded.
 func (s *Server) forwardTo(w http.ResponseWriter, r *http.Request, addr string) {
-	httpx.Forward(w, r, addr, forwardedHeader, s.router.Self(), func(w http.ResponseWriter, err error) {
+	s.hop.Forward(w, r, addr, forwardedHeader, s.router.Self(), func(w http.ResponseWriter, err error) {
 		writeError(w, errdefs.Unavailablef("forward to node at %s: %v; retry", addr, err))
 	})
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/httpx"
 	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/metrics"
 	"github.com/amber-run/amber/internal/session"
@@ -39,6 +40,9 @@ type Options struct {
 	// PublicURL is the daemon's address as clients see it, for the URLs of
 	// exposed ports ("https://amber.example.com"); empty: the request's.
 	PublicURL string
+	// Hop authenticates calls forwarded between the nodes of a deployment
+	// (the node token); nil: not authenticated (one node).
+	Hop *httpx.Hop
 	// PortDomain is the domain under which exposed ports have their own
 	// origins, <port>-<sandbox>.<PortDomain> (ports.go); empty:
 	// DefaultPortDomain.
@@ -96,6 +100,7 @@ type Server struct {
 	sessions *session.Manager
 	tickets  tickets // terminal tickets (terminal.go)
 	router   Router
+	hop      *httpx.Hop // node-to-node calls' credential (nodes.go)
 	// streams ends with CloseStreams: long-lived streams (session SSE)
 	// return so that a graceful shutdown does not wait for them.
 	streams     context.Context
@@ -225,7 +230,7 @@ func New(o Options) *Server {
 	}
 	s := &Server{eng: o.Engine, meta: o.Meta, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL, audit: o.Audit, metrics: o.Metrics,
 		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeServer), limits: o.Limits.withDefaults(), secrets: o.Secrets,
-		sessions: o.Sessions, router: o.Router}
+		sessions: o.Sessions, router: o.Router, hop: o.Hop}
 	s.streams, s.stopStreams = context.WithCancel(context.Background())
 	s.portDomain = portDomainOrDefault(o.PortDomain)
 	for _, rt := range s.routes() {
@@ -255,6 +260,11 @@ func (s *Server) Routes() []Route { return s.routes() }
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if err := s.hop.Admit(r, forwardedHeader); err != nil { // a forged hop (httpx.Hop)
+		s.lg.WarnContext(r.Context(), "forwarded call refused", "path", r.URL.Path, "from", r.RemoteAddr, "err", err)
+		writeError(w, err)
+		return
+	}
 	if s.servePortHost(w, r) { // an exposed port's origin: never the API (ports.go)
 		return
 	}
