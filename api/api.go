@@ -404,8 +404,10 @@ type ExposePortRequest struct {
 
 // PortExposure is an exposed port. URL and Token are returned once, by
 // POST /v1/sandboxes/{id}/ports: the daemon keeps only the token's hash.
-// The URL proxies HTTP and WebSocket to 127.0.0.1:port inside the sandbox;
-// anyone who has it can use it, without an API key.
+// The URL, on the port's own origin (http://{port}-{sandbox}.{port
+// domain}/?amber_token={token}), proxies HTTP and WebSocket to
+// 127.0.0.1:port inside the sandbox; anyone who has it can use it, without
+// an API key. Lists give URL as the origin alone. Path is no longer set.
 type PortExposure struct {
 	SandboxID string    `json:"sandbox_id"`
 	Port      int       `json:"port"`

@@ -1081,11 +1081,11 @@ export interface components {
         PortExposure: {
             sandbox_id: string;
             port: number;
-            /** @description Full proxy URL (only in the response of exposePort) */
+            /** @description The port's own origin, http(s)://{port}-{sandbox_id}.{port domain}/ (amber up --port-domain); in the response of exposePort with ?amber_token={token}, the URL that opens it */
             url?: string;
-            /** @description /p/{id}/{port}/{token}/ (only in the response of exposePort) */
+            /** @description Deprecated, always empty: ports are served on their own origin (url) */
             path?: string;
-            /** @description The secret part of the URL (only in the response of exposePort) */
+            /** @description The credential (only in the response of exposePort): ?amber_token= on a first visit, then a cookie of the port's origin, or the header X-Amber-Port-Token */
             token?: string;
             /** Format: date-time */
             created: string;
