@@ -52,6 +52,7 @@ fuzz:
 	$(FUZZ) -fuzz '^FuzzResolvePath$$' ./internal/confinedfs
 	$(FUZZ) -fuzz '^FuzzTarIn$$' ./internal/confinedfs
 	$(FUZZ) -fuzz '^FuzzLayerArchive$$' ./internal/layer
+	$(FUZZ) -fuzz '^FuzzDecodeManifest$$' ./internal/chunkstore
 	$(FUZZ) -fuzz '^FuzzDecodeRequests$$' ./internal/server
 	$(FUZZ) -fuzz '^FuzzGatewayDest$$' ./internal/gateway
 	$(FUZZ) -fuzz '^FuzzMatchDest$$' ./internal/gateway
