@@ -286,6 +286,7 @@ func New(opts Options) *Gateway {
 	if opts.MaxBufferedPerSandbox <= 0 {
 		opts.MaxBufferedPerSandbox = 128 << 20
 	}
+	isHostAddr(netip.IPv6Unspecified()) // read the host's addresses at start
 	if opts.Dial == nil {
 		d := &net.Dialer{Timeout: opts.DialTimeout, KeepAlive: 30 * time.Second}
 		opts.Dial = d.DialContext
