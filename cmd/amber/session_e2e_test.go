@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -222,4 +225,99 @@ func TestE2ESessionStreamResumesAcrossRestart(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	d.must("sandbox", "rm", se.Sandbox)
+}
+
+// TestE2EModelProviders: the operator's model provider (amber up
+// --model-provider, here a listener on 127.0.0.1) gets the operator's key
+// from the variable key-env names; a tenant's own base_url on 127.0.0.1 is
+// refused at dial time and sees nothing; no other variable of the daemon's
+// environment (PGPASSWORD, ANTHROPIC_API_KEY) reaches either; the CLI's
+// --api-key-env is gone and a definition naming api_key_env is refused; a
+// key-env naming an unset variable stops the daemon at start.
+func TestE2EModelProviders(t *testing.T) {
+	bin, dir := e2eSetup(t)
+	var mu sync.Mutex
+	var seen []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, fmt.Sprint(r.URL.Path, " ", r.Header))
+		mu.Unlock()
+		http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"fake provider"}}`, 401)
+	}))
+	defer srv.Close()
+	requests := func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), seen...) }
+
+	if out, err := exec.Command(bin, "up", "--help").CombinedOutput(); err != nil || !strings.Contains(string(out), "--model-provider") ||
+		!strings.Contains(string(out), "key-env=VAR") || !strings.Contains(string(out), "tenants=") {
+		t.Fatalf("amber up --help does not document --model-provider: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin, "up", "--data-dir", filepath.Join(dir, "other"), "--addr", freeAddr(t), "--model-provider", "x=http://127.0.0.1:9,key-env=AMBER_TEST_UNSET_KEY")
+	cmd.Env = append(os.Environ(), "AMBER_TEST_UNSET_KEY=")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "AMBER_TEST_UNSET_KEY is not set") {
+		t.Fatalf("amber up with an unset key-env: %v\n%s", err, out)
+	}
+
+	addr := freeAddr(t)
+	d := startDaemonEnv(t, bin, dir, addr, []string{"CORP_KEY=operator-corp-key", "PGPASSWORD=marker-pg-e2e", "ANTHROPIC_API_KEY=marker-ant-e2e"},
+		"--pool", "0", "--model-provider", "corp="+srv.URL+",key-env=CORP_KEY,adapter=anthropic")
+	key, err := os.ReadFile(filepath.Join(dir, "admin.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(addr, strings.TrimSpace(string(key)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	errorEvent := func(id string) string {
+		deadline := time.Now().Add(time.Minute)
+		for time.Now().Before(deadline) {
+			evs, err := cl.SessionEvents(context.Background(), id, 0, 1000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, ev := range evs.Events {
+				if ev.Type == "session.error" {
+					return string(ev.Payload)
+				}
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Fatalf("session %s: no error event", id)
+		return ""
+	}
+
+	// The operator's provider, picked by name (the operator's tenant: no tenants= needed).
+	id := strings.TrimSpace(d.must("session", "create", "--provider", "corp", "--model-name", "m", "--template", "minimal"))
+	d.must("session", "send", id, "hi")
+	if e := errorEvent(id); !strings.Contains(e, "fake provider") {
+		t.Fatalf("provider session's error: %s", e)
+	}
+	got := requests()
+	if len(got) == 0 || !strings.Contains(got[0], "Bearer operator-corp-key") {
+		t.Fatalf("the provider got %q, want the operator's key", got)
+	}
+
+	// The tenant's own URL: refused at dial time, nothing sent.
+	own := strings.TrimSpace(d.must("session", "create", "--model", "anthropic", "--base-url", srv.URL, "--model-name", "m", "--template", "minimal"))
+	d.must("session", "send", own, "hi")
+	if e := errorEvent(own); !strings.Contains(e, "refusing to dial") {
+		t.Fatalf("tenant base_url session's error: %s", e)
+	}
+	if n := len(requests()); n != len(got) {
+		t.Fatalf("a tenant's base_url on 127.0.0.1 was dialled: %q", requests()[len(got):])
+	}
+	for _, r := range requests() {
+		if strings.Contains(r, "marker-") {
+			t.Fatalf("the daemon's environment reached a model endpoint: %s", r)
+		}
+	}
+
+	if _, errs, code := d.amber("session", "create", "--model", "anthropic", "--api-key-env", "PGPASSWORD"); code == 0 || !strings.Contains(errs, "unknown flag") {
+		t.Fatalf("--api-key-env: exit %d %s, want an unknown flag", code, errs)
+	}
+	defFile := filepath.Join(dir, "def.json")
+	os.WriteFile(defFile, []byte(`{"model":{"adapter":"anthropic","base_url":"`+srv.URL+`","api_key_env":"PGPASSWORD"}}`), 0o644)
+	if _, errs, code := d.amber("session", "create", "-f", defFile); code == 0 || !strings.Contains(errs, "api_key_env") {
+		t.Fatalf("a definition naming api_key_env: exit %d %s, want refused naming it", code, errs)
+	}
 }
