@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/amber-run/amber/core/eventlog"
@@ -81,16 +82,20 @@ func FuzzSessionDefinition(f *testing.F) {
 	})
 }
 
-// bodyTransport answers every request with body as an event stream.
-type bodyTransport []byte
+// bodyTransport answers every request with body as an event stream (one
+// adapter for the whole fuzz run; its calls take turns).
+type bodyTransport struct {
+	mu   sync.Mutex
+	body []byte
+}
 
-func (b bodyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+func (b *bodyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if r.Body != nil {
 		io.Copy(io.Discard, r.Body)
 		r.Body.Close()
 	}
 	return &http.Response{StatusCode: 200, Status: "200 OK", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: io.NopCloser(bytes.NewReader(b)), Request: r}, nil
+		Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: io.NopCloser(bytes.NewReader(b.body)), Request: r}, nil
 }
 
 // checkStreamAnswer holds what the harness relies on in an adapter's
@@ -132,9 +137,14 @@ func FuzzAnthropicSSE(f *testing.F) {
 	f.Add([]byte(ev("error", `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`)))
 	f.Add([]byte(ev("content_block_delta", `{"type":"content_block_delta","index":7,"delta":{"type":"text_delta","text":"x"}}`) + ev("message_stop", `{}`)))
 	f.Add([]byte("data: [DONE]\n\n"))
+	tr := &bodyTransport{}
+	a := NewAnthropic("http://model.invalid", "k", 1, &http.Client{Transport: tr})
+	params := a.params(fuzzReq)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		a := NewAnthropic("http://model.invalid", "k", 1, &http.Client{Transport: bodyTransport(b)})
-		r, err := a.once(context.Background(), a.params(fuzzReq), func(string) {})
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		tr.body = b
+		r, err := a.once(context.Background(), params, func(string) {})
 		checkStreamAnswer(t, r, err)
 	})
 }
@@ -154,9 +164,14 @@ func FuzzOpenAISSE(f *testing.F) {
 	f.Add([]byte(chunk(`{"tool_calls":[{"index":3,"function":{"arguments":"{"}}]}`, `"stop"`)))
 	f.Add([]byte(`data: {"error":{"message":"server overloaded","type":"server_error"}}` + "\n\n"))
 	f.Add([]byte("data: [DONE]\n\n"))
+	tr := &bodyTransport{}
+	o := NewOpenAI("http://model.invalid/v1", "k", 1, &http.Client{Transport: tr})
+	params := o.params(fuzzReq)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		o := NewOpenAI("http://model.invalid/v1", "k", 1, &http.Client{Transport: bodyTransport(b)})
-		r, err := o.once(context.Background(), o.params(fuzzReq), func(string) {})
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		tr.body = b
+		r, err := o.once(context.Background(), params, func(string) {})
 		checkStreamAnswer(t, r, err)
 	})
 }
