@@ -33,7 +33,10 @@ secret (model.api_key_secret) bound to the provider's host. The provider's
 URL is the operator's, so it is dialled without the egress deny list; a
 URL a tenant chooses (model.base_url) is dialled through it and is never
 sent a key of the operator's. Nothing else reads the daemon's environment
-for a model: ANTHROPIC_API_KEY or OPENAI_API_KEY alone is used by no session.`
+for a model: ANTHROPIC_API_KEY or OPENAI_API_KEY alone is used by no session.
+With shared stores, give every node the same providers: a session runs on
+the node of its sandbox, and one woken where its provider is not offered is
+refused (a session.error event; it waits).`
 
 // register adds the flag to c and its manual to c's long help.
 func (o *modelOptions) register(c *cobra.Command) {
