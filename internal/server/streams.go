@@ -130,9 +130,10 @@ func (o *openStreams) watch(s *Server) {
 				continue
 			}
 			o.mu.Lock()
-			n := len(o.byKey[h])
+			n := 0
 			for st := range o.byKey[h] {
 				st.cancel(errKeyRevoked)
+				k, n = st.key, n+1
 			}
 			o.mu.Unlock()
 			if n > 0 {
