@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/http"
@@ -20,6 +21,7 @@ type apiOptions struct {
 	addr, store, name, logFormat, logLevel string
 	portDomain                             string
 	nodeTokenFile                          string
+	tlsCert, tlsKey, nodeCA                string
 }
 
 func newAPICmd(g *globalFlags) *cobra.Command {
@@ -44,6 +46,9 @@ Deployment and Service: deploy/kubernetes/api-deployment.yaml).`,
 	f.StringVar(&o.name, "name", "", "this server's name in the X-Amber-Forwarded-By header (default: the host name)")
 	f.StringVar(&o.portDomain, "port-domain", server.DefaultPortDomain, "the nodes' --port-domain: requests for <port>-<sandbox>.DOMAIN go to the node of that sandbox")
 	f.StringVar(&o.nodeTokenFile, "node-token-file", os.Getenv("AMBER_NODE_TOKEN_FILE"), "the nodes' --node-token-file: calls forwarded to a node carry it (default $AMBER_NODE_TOKEN_FILE)")
+	f.StringVar(&o.tlsCert, "tls-cert", "", "serve over HTTPS with this PEM certificate (with --tls-key)")
+	f.StringVar(&o.tlsKey, "tls-key", "", "the PEM private key of --tls-cert (mode 0600)")
+	f.StringVar(&o.nodeCA, "node-ca", "", "forward to the nodes over HTTPS, verifying their --tls-cert against this PEM CA")
 	f.StringVar(&o.logFormat, "log-format", "text", "text or json")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	return c
@@ -67,6 +72,11 @@ func runAPI(cmd *cobra.Command, o *apiOptions) error {
 	if err != nil {
 		return err
 	}
+	serveTLS, peersTLS, err := nodeTLS(o.tlsCert, o.tlsKey, o.nodeCA)
+	if err != nil {
+		return err
+	}
+	hop.TLS = peersTLS
 	m, err := meta.Open(o.store, meta.Options{})
 	if err != nil {
 		return err
@@ -76,6 +86,10 @@ func runAPI(cmd *cobra.Command, o *apiOptions) error {
 	if err != nil {
 		return err
 	}
+	scheme := "http://"
+	if serveTLS != nil {
+		ln, scheme = tls.NewListener(ln, serveTLS), "https://"
+	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	srv := &http.Server{
@@ -83,6 +97,6 @@ func runAPI(cmd *cobra.Command, o *apiOptions) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    server.MaxHeaderBytes,
 	}
-	lg.Info("amber api is up", "addr", "http://"+ln.Addr().String(), "store", redactStore(o.store), "name", o.name)
+	lg.Info("amber api is up", "addr", scheme+ln.Addr().String(), "store", redactStore(o.store), "name", o.name)
 	return serve(ctx, srv, ln, lg)
 }

@@ -5,6 +5,8 @@ import (
 	"crypto/hkdf"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -233,4 +235,41 @@ func nodeHop(tokenFile string) (*httpx.Hop, error) {
 		return nil, fmt.Errorf("--node-token-file %s: want one line of at least 32 characters (make one with: head -c 32 /dev/urandom | xxd -p -c 64 > node.token; chmod 600 node.token)", tokenFile)
 	}
 	return &httpx.Hop{Token: tok}, nil
+}
+
+// nodeTLS reads the TLS flags of a server of a deployment: certFile and
+// keyFile (both or neither; the key 0600) make it serve HTTPS, caFile
+// (PEM) makes the calls it forwards to the other servers HTTPS, their
+// certificates verified against it. Either config is nil when unset.
+func nodeTLS(certFile, keyFile, caFile string) (serve, peers *tls.Config, err error) {
+	if (certFile == "") != (keyFile == "") {
+		return nil, nil, usageError{fmt.Errorf("--tls-cert and --tls-key go together")}
+	}
+	if certFile != "" {
+		certPEM, err := os.ReadFile(certFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--tls-cert: %w", err)
+		}
+		keyPEM, err := readKeyFile(keyFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--tls-key: %w", err)
+		}
+		cert, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--tls-cert %s / --tls-key %s: %w", certFile, keyFile, err)
+		}
+		serve = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--node-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, nil, fmt.Errorf("--node-ca %s holds no PEM certificate", caFile)
+		}
+		peers = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	return serve, peers, nil
 }

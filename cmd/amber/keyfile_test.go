@@ -2,10 +2,19 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/internal/meta"
@@ -131,5 +140,47 @@ func TestAuditKeyFile(t *testing.T) {
 	b, err2 := auditKey(t.TempDir(), "", master, true, 32)
 	if err != nil || err2 != nil || string(a) != string(b) || string(a) == strings.Repeat("\xab", 32) {
 		t.Fatalf("derived on shared stores: %v %v", err, err2)
+	}
+}
+
+// TestNodeTLSFlags: --tls-cert and --tls-key go together, the key file is
+// refused with group/other permissions (naming chmod 600), a pair serves,
+// and --node-ca must hold a certificate.
+func TestNodeTLSFlags(t *testing.T) {
+	dir := t.TempDir()
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "node-a"}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, _ := x509.MarshalECPrivateKey(priv)
+	cert, key, ca := filepath.Join(dir, "node.crt"), filepath.Join(dir, "node.key"), filepath.Join(dir, "ca.crt")
+	os.WriteFile(cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
+	os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
+	os.WriteFile(key, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o644)
+
+	if _, _, err := nodeTLS(cert, "", ""); err == nil {
+		t.Error("--tls-cert without --tls-key accepted")
+	}
+	if _, _, err := nodeTLS(cert, key, ""); err == nil || !strings.Contains(err.Error(), "chmod 600 "+key) {
+		t.Errorf("a 0644 TLS key: %v; want a refusal naming chmod 600", err)
+	}
+	os.Chmod(key, 0o600)
+	serve, peers, err := nodeTLS(cert, key, ca)
+	if err != nil || serve == nil || len(serve.Certificates) != 1 || peers == nil || peers.RootCAs == nil {
+		t.Fatalf("a good pair and CA: %v", err)
+	}
+	os.WriteFile(ca, []byte("not a certificate"), 0o644)
+	if _, _, err := nodeTLS("", "", ca); err == nil {
+		t.Error("a --node-ca without a certificate accepted")
+	}
+	if serve, peers, err := nodeTLS("", "", ""); err != nil || serve != nil || peers != nil {
+		t.Errorf("no TLS flags: %v %v %v", serve, peers, err)
 	}
 }

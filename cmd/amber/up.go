@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -55,6 +56,7 @@ type upOptions struct {
 	leaseTTL                            time.Duration
 	auditKeyFile                        string // --audit-key-file (internal/audit: the chain's HMAC key)
 	nodeTokenFile                       string // --node-token-file (httpx.Hop: node-to-node calls' credential)
+	tlsCert, tlsKey, nodeCA             string // --tls-cert, --tls-key (serve HTTPS), --node-ca (forward over HTTPS)
 }
 
 func newUpCmd(g *globalFlags) *cobra.Command {
@@ -107,6 +109,9 @@ are recorded.`,
 	o.shared.register(f)
 	o.edge.register(f)
 	f.StringVar(&o.auditKeyFile, "audit-key-file", os.Getenv("AMBER_AUDIT_KEY_FILE"), "the audit chain's HMAC key (hex, mode 0600), the same file on every node (default $AMBER_AUDIT_KEY_FILE; without: DATA_DIR/audit.key, created on first start, or with --store derived from --master-key-file)")
+	f.StringVar(&o.tlsCert, "tls-cert", "", "serve the API over HTTPS with this PEM certificate (with --tls-key; clients then use https://, trusting its CA: SSL_CERT_FILE)")
+	f.StringVar(&o.tlsKey, "tls-key", "", "the PEM private key of --tls-cert (mode 0600)")
+	f.StringVar(&o.nodeCA, "node-ca", "", "with --store: forward calls to the other nodes over HTTPS, verifying their --tls-cert against this PEM CA")
 	f.StringVar(&o.nodeTokenFile, "node-token-file", os.Getenv("AMBER_NODE_TOKEN_FILE"), "with --store: the secret (mode 0600) every node and API server of the deployment shares; calls they forward to each other carry it and a call marked forwarded without it is refused (default $AMBER_NODE_TOKEN_FILE; none: forwarded calls are not authenticated)")
 	f.BoolVar(&o.takeOver, "take-over", false, "take the data dir over from a daemon that still holds its lock but stopped renewing its lease (paused, hung): wait for the lease to expire, then fence it")
 	f.DurationVar(&o.leaseTTL, "lease-ttl", 15*time.Second, "time to live of the daemon's lease on its data dir (renewed every quarter of it); a paused daemon is fenced this long after its last renewal")
@@ -364,6 +369,11 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if err != nil {
 		return err
 	}
+	serveTLS, peersTLS, err := nodeTLS(o.tlsCert, o.tlsKey, o.nodeCA)
+	if err != nil {
+		return err
+	}
+	hop.TLS = peersTLS
 	if o.shared.shared() && hop.Token == "" {
 		lg.Warn("calls forwarded between nodes are not authenticated: give every node and API server the same --node-token-file")
 	}
@@ -465,8 +475,12 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w (is another amber up running? pick another --addr)", o.addr, err)
 	}
+	scheme := "http://"
+	if serveTLS != nil {
+		ln, scheme = tls.NewListener(ln, serveTLS), "https://"
+	}
 	addrFile := filepath.Join(dataDir, "addr")
-	if err := writeFileAtomic(addrFile, []byte(ln.Addr().String()+"\n"), 0o644); err != nil {
+	if err := writeFileAtomic(addrFile, []byte(strings.TrimPrefix(scheme, "http://")+ln.Addr().String()+"\n"), 0o644); err != nil {
 		return err
 	}
 	defer os.Remove(addrFile)
@@ -484,7 +498,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		MaxHeaderBytes: server.MaxHeaderBytes,
 	}
 	srv.RegisterOnShutdown(api.CloseStreams)
-	lg.Info("amber is up", "addr", "http://"+ln.Addr().String(), "driver", drv.Name(), "data_dir", dataDir,
+	lg.Info("amber is up", "addr", scheme+ln.Addr().String(), "driver", drv.Name(), "data_dir", dataDir,
 		"templates", strings.Join(cat.Names(), ","), "admin_key", keyPath)
 	return serve(ctx, srv, ln, lg)
 }

@@ -2,10 +2,12 @@ package httpx
 
 import (
 	"crypto/subtle"
+	"crypto/tls"
 	"fmt"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sync"
 
 	"github.com/amber-run/amber/core/errdefs"
 )
@@ -21,8 +23,30 @@ const NodeTokenHeader = "X-Amber-Node-Token"
 // receiver refuses a call marked forwarded that lacks it. A nil Hop, or
 // one without a Token, authenticates nothing (one node; or a deployment
 // whose operator set no token: calls marked forwarded are taken as today).
+//
+// With TLS the hop is HTTPS, the other server's certificate verified
+// against TLS.RootCAs (--node-ca): the token never crosses the network in
+// the clear. A Hop is used by pointer and not copied.
 type Hop struct {
 	Token string
+	TLS   *tls.Config
+
+	once sync.Once
+	rt   http.RoundTripper
+}
+
+// transport is the hop's round tripper; nil (http.DefaultTransport) for
+// plain HTTP.
+func (h *Hop) transport() http.RoundTripper {
+	if h == nil || h.TLS == nil {
+		return nil
+	}
+	h.once.Do(func() {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.TLSClientConfig = h.TLS.Clone()
+		h.rt = t
+	})
+	return h.rt
 }
 
 // Forward is the package's Forward with the hop's credential: the node
@@ -30,7 +54,11 @@ type Hop struct {
 func (h *Hop) Forward(w http.ResponseWriter, r *http.Request, addr, hdr, by string, fail func(http.ResponseWriter, error)) {
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	target := &url.URL{Scheme: "http", Host: addr}
+	if h != nil && h.TLS != nil {
+		target.Scheme = "https"
+	}
 	p := &httputil.ReverseProxy{
+		Transport: h.transport(),
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
 			pr.Out.Host = r.Host

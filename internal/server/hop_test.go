@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"log/slog"
 	"net/http"
@@ -10,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/amber-run/amber/internal/httpx"
@@ -120,5 +123,50 @@ func TestForwardRequiresNodeCredential(t *testing.T) {
 	t.Cleanup(open.Close)
 	if code, body := call(open.URL, "GET", "/healthz", map[string]string{forwardedHeader: "node-x"}); code != http.StatusOK {
 		t.Errorf("without a node token: %d %s", code, body)
+	}
+}
+
+// TestForwardOverTLS: with the nodes' CA (--node-ca) a node forwards over
+// HTTPS, verifying the other node's certificate, and the token goes inside
+// the TLS connection; a node that does not trust the certificate does not
+// send the call (503, retry).
+func TestForwardOverTLS(t *testing.T) {
+	const token = "node-token-0123456789abcdef0123456789"
+	var sawTLS, sawToken atomic.Bool
+	owner := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sawTLS.Store(r.TLS != nil)
+		sawToken.Store(r.Header.Get(httpx.NodeTokenHeader) == token)
+		w.WriteHeader(http.StatusTeapot)
+	}))
+	t.Cleanup(owner.Close)
+	u, _ := url.Parse(owner.URL)
+	pool := x509.NewCertPool()
+	pool.AddCert(owner.Certificate())
+	m, err := meta.Open(filepath.Join(t.TempDir(), "meta.db"), meta.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	key := "amber_test_hop_tls_key_0123456789abcdef"
+	m.PutKey(context.Background(), meta.APIKey{Tenant: "default", Name: "admin", Hash: meta.HashKey(key), Scopes: meta.AllScopes})
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	call := func(hop *httpx.Hop) int {
+		t.Helper()
+		ts := httptest.NewServer(New(Options{Meta: m, Router: &fakeRouter{owner: u.Host}, Hop: hop, Logger: quiet}))
+		defer ts.Close()
+		req, _ := http.NewRequest("GET", ts.URL+"/v1/sandboxes/sbx-a/processes", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := call(&httpx.Hop{Token: token, TLS: &tls.Config{RootCAs: pool}}); code != http.StatusTeapot || !sawTLS.Load() || !sawToken.Load() {
+		t.Fatalf("forward over TLS: %d (tls %v, token %v)", code, sawTLS.Load(), sawToken.Load())
+	}
+	if code := call(&httpx.Hop{Token: token, TLS: &tls.Config{RootCAs: x509.NewCertPool()}}); code != http.StatusServiceUnavailable {
+		t.Errorf("forward to a certificate the CA did not sign: %d, want 503", code)
 	}
 }
