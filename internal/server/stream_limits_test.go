@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/client"
 )
@@ -129,7 +131,7 @@ func TestStreamCapPerTenant(t *testing.T) {
 }
 
 // TestStreamEndsOnKeyRevoke: the streams a key opened — followed events,
-// an exec, a process wait — end within a few seconds of its revocation,
+// an exec, a process wait, a terminal — end within a few seconds of its revocation,
 // each with an error that says why where its format has room for one;
 // the streams of another key of the same tenant go on.
 func TestStreamEndsOnKeyRevoke(t *testing.T) {
@@ -160,7 +162,29 @@ func TestStreamEndsOnKeyRevoke(t *testing.T) {
 		what, last string
 		at         time.Time
 	}
-	done := make(chan ended, 3)
+	done := make(chan ended, 4)
+	code, tk := postTicket(t, base, key, sb.ID)
+	if code != 201 {
+		t.Fatalf("terminal ticket: %d", code)
+	}
+	term, _, err := websocket.Dial(sctx, wsURL(base, tk.Path), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer term.CloseNow()
+	go func() {
+		last := ""
+		for {
+			typ, b, err := term.Read(sctx)
+			if err != nil {
+				break
+			}
+			if typ == websocket.MessageText {
+				last = string(b)
+			}
+		}
+		done <- ended{"terminal", last, time.Now()}
+	}()
 	go func() {
 		sc := bufio.NewScanner(follow.Body)
 		last := ""
@@ -185,7 +209,7 @@ func TestStreamEndsOnKeyRevoke(t *testing.T) {
 		}
 		done <- ended{"wait", msg, time.Now()}
 	}()
-	time.Sleep(2 * time.Second) // all three are open
+	time.Sleep(2 * time.Second) // all four are open
 	select {
 	case e := <-done:
 		t.Fatalf("%s ended before the revocation: %s", e.what, e.last)
@@ -195,7 +219,7 @@ func TestStreamEndsOnKeyRevoke(t *testing.T) {
 	if err := op.RevokeKey(ctx, "acme", "doomed"); err != nil {
 		t.Fatal(err)
 	}
-	for range 3 {
+	for range 4 {
 		select {
 		case e := <-done:
 			took := e.at.Sub(revoked)

@@ -136,8 +136,14 @@ func (s *Server) terminalWS(w http.ResponseWriter, r *http.Request) {
 	}
 	defer conn.CloseNow()
 	conn.SetReadLimit(1 << 20)
+	// The shell runs in ctx, which a revoked key ends too; the WebSocket
+	// is read and written in wctx, the request's: a cancelled context
+	// closes a coder/websocket connection, and the last message must
+	// still go out.
 	ctx, cancel := context.WithCancel(sctx)
 	defer cancel()
+	wctx, wcancelConn := context.WithCancel(r.Context())
+	defer wcancelConn()
 	lg.InfoContext(ctx, "terminal opened", "cols", cols, "rows", rows)
 	start := time.Now()
 
@@ -145,7 +151,7 @@ func (s *Server) terminalWS(w http.ResponseWriter, r *http.Request) {
 	go func() {
 		defer inW.Close()
 		for {
-			_, b, err := conn.Read(ctx)
+			_, b, err := conn.Read(wctx)
 			if err != nil {
 				cancel() // the browser went away: end the shell
 				return
@@ -155,7 +161,7 @@ func (s *Server) terminalWS(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}()
-	out := wsWriter{ctx: ctx, c: conn}
+	out := wsWriter{ctx: wctx, c: conn}
 	st, err := s.eng.Exec(ctx, tk.tenant, id, sandbox.ExecSpec{
 		Args: []string{"/bin/sh", "-i"}, TTY: true, Stdin: inR, Stdout: out, Stderr: out,
 		Env: []string{"TERM=xterm-256color", "COLUMNS=" + strconv.Itoa(cols), "LINES=" + strconv.Itoa(rows)},
