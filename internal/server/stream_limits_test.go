@@ -251,3 +251,50 @@ func TestStreamEndsOnKeyRevoke(t *testing.T) {
 	}
 	t.Fatalf("the other key's stream ended: %v", sc.Err())
 }
+
+// TestSessionStreamEndsOnKeyRevoke: a session's SSE stream opened with a
+// key ends within a few seconds of the key's revocation.
+func TestSessionStreamEndsOnKeyRevoke(t *testing.T) {
+	cl, urlKey, _ := sessionServer(t)
+	base, _, _ := strings.Cut(urlKey, "|")
+	ctx := ctxT(t)
+	k, err := cl.CreateKey(ctx, "default", api.CreateKeyRequest{Name: "doomed", Scopes: []string{"read", "write"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := cl.CreateSession(ctx, map[string]any{"model": map[string]any{"adapter": "scripted", "script": []any{map[string]any{"text": "hi"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(sctx, "GET", base+"/v1/sessions/"+s.ID+"/events/stream", nil)
+	req.Header.Set("Authorization", "Bearer "+k.Key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("session stream = %d", resp.StatusCode)
+	}
+	ended := make(chan time.Time, 1)
+	go func() {
+		io.Copy(io.Discard, resp.Body)
+		ended <- time.Now()
+	}()
+	time.Sleep(500 * time.Millisecond)
+	revoked := time.Now()
+	if err := cl.RevokeKey(ctx, "default", "doomed"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-ended:
+		t.Logf("session stream ended %v after the revocation", at.Sub(revoked).Round(time.Millisecond))
+		if at.Sub(revoked) > 6*time.Second {
+			t.Errorf("session stream ended %v after the revocation, want within a few seconds", at.Sub(revoked))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the session stream of a revoked key is still open 10s after the revocation")
+	}
+}
