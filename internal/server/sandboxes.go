@@ -1,9 +1,7 @@
 package server
 
 import (
-	"context"
 	"net/http"
-	"time"
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
@@ -102,23 +100,6 @@ func (s *Server) killSandbox(w http.ResponseWriter, r *http.Request, c *call) er
 		return err
 	}
 	return writeJSON(w, http.StatusOK, toAPISandbox(sb))
-}
-
-// ready answers 200 when the daemon can serve: its metadata store and
-// event log answer; 503 naming what does not.
-func (s *Server) ready(w http.ResponseWriter, r *http.Request, c *call) error {
-	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-	defer cancel()
-	if s.meta == nil || s.eng == nil {
-		return errdefs.Unavailablef("not ready: no engine")
-	}
-	if _, err := s.meta.GetTenant(ctx, meta.DefaultTenant); err != nil {
-		return errdefs.Unavailablef("not ready: metadata store: %v", err)
-	}
-	if err := s.eng.Ping(ctx); err != nil {
-		return errdefs.Unavailablef("not ready: %v", err)
-	}
-	return writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 }
 
 // serveMetrics serves Prometheus metrics to the operator.
