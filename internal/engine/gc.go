@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"net/http"
 	"sync"
 	"time"
 
@@ -89,6 +90,12 @@ func (e *Engine) auditSystem(ctx context.Context, tenant, action, resource strin
 	r := audit.Record{Actor: "system", Action: action, Resource: resource, Outcome: "ok"}
 	if err != nil {
 		r.Outcome, r.Detail = errdefs.Kind(err), err.Error()
+		if errdefs.HTTPStatus(err) == http.StatusInternalServerError {
+			// The tenant reads its trail: an internal error's text (stores,
+			// paths) is the operator's, in the log.
+			r.Detail = "internal error"
+			e.lg.Error("system action failed", "action", action, "resource", resource, "tenant", tenant, "err", err)
+		}
 	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
