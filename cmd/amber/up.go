@@ -103,6 +103,7 @@ are recorded.`,
 	f.DurationVar(&o.watch, "watch-interval", 5*time.Second, "how often running sandboxes are checked for a dead init")
 	f.BoolVar(&o.egress.enabled, "egress", true, "give sandboxes a way out through the egress gateway (gvisor driver); off: loopback only")
 	f.StringSliceVar(&o.egress.allow, "egress-allow", nil, "destinations (HOST:PORT patterns, *.suffix and * allowed) sandboxes may reach when their tenant set no egress policy (default: none)")
+	f.StringSliceVar(&o.egress.ceiling, "egress-ceiling", nil, "the most any tenant's sandboxes may reach (HOST:PORT patterns): tenant and sandbox egress policies beyond it are refused (default: no ceiling)")
 	f.StringSliceVar(&o.egress.caFiles, "egress-ca-file", nil, "PEM bundle of CAs the gateway trusts upstream besides the system's (repeatable)")
 	f.BoolVar(&o.egress.journal, "egress-journal", true, "journal every outbound request (off only as a test's negative control)")
 	_ = f.MarkHidden("egress-journal")
@@ -226,6 +227,10 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		return err
 	}
 	defEgress, err := defaultEgress(o.egress.allow)
+	if err != nil {
+		return err
+	}
+	egressCeiling, err := ceilingEgress(o.egress.ceiling)
 	if err != nil {
 		return err
 	}
@@ -399,7 +404,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		enet.SetServer(gw)
 	}
 	eng, err := engine.New(engine.Options{
-		Gateway: gw, Network: enet, Egress: defEgress, TenantCA: tenantCA,
+		Gateway: gw, Network: enet, Egress: defEgress, EgressCeiling: egressCeiling, TenantCA: tenantCA,
 		Driver: drv, Meta: m, Log: tlog, Registry: reg, Templates: cat, Observer: mx,
 		Pool: pool, WatchInterval: o.watch, Logger: lg.With("component", "engine"),
 		Checkpoints: ckpts, WorkDir: workDir, KeepCheckpoints: o.keep, IdleTimeout: o.idle, Audit: trail,
