@@ -259,7 +259,10 @@ func TestE2EModelProviders(t *testing.T) {
 
 	addr := freeAddr(t)
 	d := startDaemonEnv(t, bin, dir, addr, []string{"CORP_KEY=operator-corp-key", "PGPASSWORD=marker-pg-e2e", "ANTHROPIC_API_KEY=marker-ant-e2e"},
-		"--pool", "0", "--model-provider", "corp="+srv.URL+",key-env=CORP_KEY,adapter=anthropic")
+		"--pool", "0", "--model-provider", "corp="+srv.URL+",key-env=CORP_KEY,adapter=anthropic",
+		// The tenants' egress allows the listener, so the tenant's own URL below
+		// passes the allowlist and meets the deny list at dial time.
+		"--egress-allow", strings.TrimPrefix(srv.URL, "http://"))
 	key, err := os.ReadFile(filepath.Join(dir, "admin.key"))
 	if err != nil {
 		t.Fatal(err)

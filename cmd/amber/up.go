@@ -451,7 +451,8 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if secrets != nil { // a nil *Store in the interface would not be nil
 		harness.Secrets = secrets
 	}
-	harness.Providers = modelProviders // the operator's; a tenant names no environment variable
+	harness.Providers = modelProviders            // the operator's; a tenant names no environment variable
+	harness.EgressAllows = eng.TenantEgressAllows // a tenant's own model endpoint meets its egress allowlist
 	if o.shared.shared() {
 		// A session runs on the node that runs its sandbox; one without a
 		// sandbox yet, or whose sandbox row is unreadable, is woken here

@@ -71,6 +71,28 @@ func (e *Engine) egressPolicy(ctx context.Context, sb meta.Sandbox) (meta.Egress
 	return p, nil
 }
 
+// TenantEgressAllows reports whether tenant's egress policy lets it reach
+// host:port: the policy a sandbox of the tenant without one of its own
+// gets (the tenant's, else the daemon's default), cut down to the
+// operator's ceiling. The session harness asks it for model endpoints a
+// tenant chose, so model traffic meets the same allowlist as the tenant's
+// sandboxes. A tenant policy that cannot be read is an error, never "yes".
+func (e *Engine) TenantEgressAllows(ctx context.Context, tenant, host string, port uint16) (bool, error) {
+	tp, err := e.meta.TenantPolicy(ctx, tenant)
+	if err != nil {
+		return false, fmt.Errorf("tenant policy of %s: %w", tenant, err)
+	}
+	p := e.defEgress
+	if tp.Egress != nil {
+		p = *tp.Egress
+	}
+	if e.egressCeiling != nil {
+		p = intersectEgress(p, *e.egressCeiling)
+	}
+	gp := gatewayPolicy(p)
+	return gp.Allows(host, port), nil
+}
+
 // gatewayPolicy converts an API policy into the gateway's.
 func gatewayPolicy(p meta.EgressPolicy) gateway.Policy {
 	g := gateway.Policy{Allow: append([]string(nil), p.Allow...), RequestsPerSecond: p.RequestsPerSecond, Burst: p.Burst,

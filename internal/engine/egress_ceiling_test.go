@@ -94,3 +94,30 @@ func TestEgressCeiling(t *testing.T) {
 		e.Destroy(ctx, tenant, id)
 	}
 }
+
+// TestTenantEgressAllows: the allowlist a tenant's own model endpoint
+// meets is what a sandbox of the tenant without a policy of its own gets:
+// the daemon's default until the tenant sets one, cut to the operator's
+// ceiling.
+func TestTenantEgressAllows(t *testing.T) {
+	ceiling := &meta.EgressPolicy{Allow: []string{"*.example.com:443", "api.anthropic.com:443"}}
+	env := enginetest.New(t, engine.Options{EgressCeiling: ceiling, Egress: meta.EgressPolicy{Allow: []string{"api.anthropic.com:443"}}})
+	e := env.Engine
+	ctx := context.Background()
+	check := func(tenant, host string, port uint16, want bool) {
+		t.Helper()
+		got, err := e.TenantEgressAllows(ctx, tenant, host, port)
+		if err != nil || got != want {
+			t.Errorf("%s → %s:%d: %v %v, want %v", tenant, host, port, got, err, want)
+		}
+	}
+	check("default", "api.anthropic.com", 443, true) // the daemon's default
+	check("default", "llm.example.com", 443, false)
+	tp := meta.EgressPolicy{Allow: []string{"llm.example.com:443"}}
+	if err := e.SetTenantPolicy(ctx, "default", meta.TenantPolicy{Egress: &tp}); err != nil {
+		t.Fatal(err)
+	}
+	check("default", "llm.example.com", 443, true) // the tenant's own, within the ceiling
+	check("default", "api.anthropic.com", 443, false)
+	check("default", "127.0.0.1", 80, false)
+}

@@ -40,3 +40,8 @@ func GuardedDialer(p *Policy, timeout time.Duration) *net.Dialer {
 // denied IPv4 address (NAT64, 6to4, IPv4-compatible; IPv4-mapped is its
 // IPv4 address), or one of the host's own addresses (see Policy.denyReason).
 func AddrDenied(ip netip.Addr) bool { return (&Policy{}).addrDenied(ip) }
+
+// Allows reports whether p's allowlist lets a request reach host:port (the
+// same match a sandbox's request meets; the deny list is decided on the
+// address when it is dialled).
+func (p *Policy) Allows(host string, port uint16) bool { return p.allowed(host, port) }

@@ -179,3 +179,62 @@ func TestModelKeyNeverFromDaemonEnv(t *testing.T) {
 		}
 	})
 }
+
+// TestModelEgressAllowlist: a model endpoint the tenant chose meets the
+// tenant's egress allowlist before anything is dialled (refused: a
+// session error naming the allowlist, the session idles, nothing sent),
+// and, once allowed, still the deny list at dial time; an operator's
+// provider is not asked.
+func TestModelEgressAllowlist(t *testing.T) {
+	setMarkers(t)
+	ctx := context.Background()
+	l := newTenantListener(t)
+	u, _ := url.Parse(l.srv.URL)
+	type ask struct {
+		tenant, host string
+		port         uint16
+	}
+	var mu sync.Mutex
+	var asked []ask
+	allow := false
+	harness := func(e *testEnv) *Harness {
+		h := wakeHarness(e)
+		h.EgressAllows = func(_ context.Context, tenant, host string, port uint16) (bool, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			asked = append(asked, ask{tenant, host, port})
+			return allow, nil
+		}
+		return h
+	}
+	e := newTestEnv(t, nil)
+	id := e.create(Definition{Model: ModelConfig{Adapter: "anthropic", Name: "m", BaseURL: l.srv.URL}, Template: "minimal"})
+	e.post(id, EventUserMessage, UserMessage{Text: "hi"})
+	st, err := harness(e).Wake(ctx, id)
+	l.checkNothingReceived(t, "an endpoint outside the allowlist")
+	if errs := e.events(id, EventError); err != nil || st != StatusIdle || len(errs) != 1 || !strings.Contains(string(errs[0].Payload), "egress allowlist") {
+		t.Fatalf("wake: %v %v, error events %v: want idle with one error naming the egress allowlist", st, err, errs)
+	}
+	mu.Lock()
+	if len(asked) != 1 || asked[0] != (ask{"acme", "127.0.0.1", mustPort(t, u.Port())}) {
+		t.Errorf("the allowlist was asked %+v, want once for acme 127.0.0.1:%s", asked, u.Port())
+	}
+	allow = true
+	mu.Unlock()
+	// Allowed now (a client event wakes it again): the deny list still refuses loopback at dial time.
+	e.post(id, EventUserMessage, UserMessage{Text: "again"})
+	_, err = harness(e).Wake(ctx, id)
+	l.checkNothingReceived(t, "an allowed endpoint on loopback")
+	if err == nil || !strings.Contains(err.Error(), "refusing to dial") {
+		t.Fatalf("wake once allowed: %v, want the dial to 127.0.0.1 refused", err)
+	}
+}
+
+func mustPort(t *testing.T, s string) uint16 {
+	t.Helper()
+	var p uint16
+	if _, err := fmt.Sscan(s, &p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"github.com/amber-run/amber/internal/logging"
 	"log/slog"
+	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -76,6 +78,13 @@ type Harness struct {
 	// Providers are the operator's model providers by name (amber up
 	// --model-provider): the only way an operator's key is ever used.
 	Providers map[string]Provider
+	// EgressAllows decides whether tenant's egress policy lets it reach
+	// host:port. A model endpoint the tenant chose (model.base_url, or an
+	// adapter's public endpoint) is asked before the model is first
+	// called, so model traffic passes the same allowlist as the tenant's
+	// sandboxes' requests (and, at dial time, the same deny list). An
+	// operator's provider is not asked. nil: not checked.
+	EgressAllows func(ctx context.Context, tenant, host string, port uint16) (bool, error)
 	// Owns tells whether this daemon runs session se (nil: every
 	// session). Many nodes on shared stores: a session runs on the node
 	// that runs its sandbox (Manager.Start wakes only those).
@@ -122,10 +131,39 @@ func (h *Harness) Wake(ctx context.Context, id string) (Status, error) {
 // tenant may no longer use is refused here, never sent anywhere.
 func (r *run) openModel(ctx context.Context) error {
 	mc, err := resolveModel(ctx, r.h.Providers, r.h.Secrets, r.st.Tenant, r.st.Def.Model)
+	if err == nil && !mc.ep.trusted && mc.ep.url != "" && r.h.EgressAllows != nil {
+		err = checkModelEgress(ctx, r.h.EgressAllows, r.st.Tenant, mc.ep.url)
+	}
 	if err == nil {
 		r.model, err = r.h.Models(mc)
 	}
 	return err
+}
+
+// checkModelEgress refuses a tenant's model endpoint that its egress
+// policy does not allow (PermissionDenied: the session records it and
+// waits; a client event after the policy changed tries again).
+func checkModelEgress(ctx context.Context, allows func(ctx context.Context, tenant, host string, port uint16) (bool, error), tenant, base string) error {
+	u, err := url.Parse(base)
+	if err != nil || u.Hostname() == "" {
+		return errdefs.InvalidArgumentf("model base URL %q does not parse", base)
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"https": "443", "http": "80"}[u.Scheme]
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return errdefs.InvalidArgumentf("model base URL %q: port %q", base, port)
+	}
+	ok, err := allows(ctx, tenant, u.Hostname(), uint16(n))
+	if err != nil {
+		return fmt.Errorf("model endpoint %s:%d: egress policy of tenant %s: %w", u.Hostname(), n, tenant, err)
+	}
+	if !ok {
+		return errdefs.PermissionDeniedf("model endpoint %s:%d is not in tenant %s's egress allowlist (the operator's --model-provider, or an allow pattern in the tenant's egress policy, reaches it)", u.Hostname(), n, tenant)
+	}
+	return nil
 }
 
 // refuseModel records why the session's model settings are refused (once
