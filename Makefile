@@ -49,18 +49,18 @@ FUZZMINIMIZE ?= 0
 FUZZ = $(GO) test -run '^$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE)
 fuzz:
 	$(FUZZ) -fuzz '^FuzzDecodeEnvelope$$' ./core/eventlog
-	$(FUZZ) -fuzz '^FuzzResolvePath$$' ./internal/confinedfs
-	$(FUZZ) -fuzz '^FuzzTarIn$$' ./internal/confinedfs
-	$(FUZZ) -fuzz '^FuzzLayerArchive$$' ./internal/layer
-	$(FUZZ) -fuzz '^FuzzDecodeManifest$$' ./internal/chunkstore
-	$(FUZZ) -fuzz '^FuzzDecodeRequests$$' ./internal/server
-	$(FUZZ) -fuzz '^FuzzGatewayDest$$' ./internal/gateway
-	$(FUZZ) -fuzz '^FuzzMatchDest$$' ./internal/gateway
-	$(FUZZ) -fuzz '^FuzzNormalizeURL$$' ./internal/gateway
-	$(FUZZ) -fuzz '^FuzzSubstituteSecrets$$' ./internal/gateway
-	$(FUZZ) -fuzz '^FuzzCheckDestPattern$$' ./internal/meta
+	$(FUZZ) -fuzz '^FuzzResolvePath$$' ./drivers/internal/confinedfs
+	$(FUZZ) -fuzz '^FuzzTarIn$$' ./drivers/internal/confinedfs
+	$(FUZZ) -fuzz '^FuzzLayerArchive$$' ./drivers/internal/layer
+	$(FUZZ) -fuzz '^FuzzDecodeManifest$$' ./internal/state/chunkstore
+	$(FUZZ) -fuzz '^FuzzDecodeRequests$$' ./internal/edge/server
+	$(FUZZ) -fuzz '^FuzzGatewayDest$$' ./internal/egress/gateway
+	$(FUZZ) -fuzz '^FuzzMatchDest$$' ./internal/egress/gateway
+	$(FUZZ) -fuzz '^FuzzNormalizeURL$$' ./internal/egress/gateway
+	$(FUZZ) -fuzz '^FuzzSubstituteSecrets$$' ./internal/egress/gateway
+	$(FUZZ) -fuzz '^FuzzCheckDestPattern$$' ./internal/state/meta
 	$(FUZZ) -fuzz '^FuzzDNSAnswer$$' ./internal/egress
-	$(FUZZ) -fuzz '^FuzzParse$$' ./internal/procwait
+	$(FUZZ) -fuzz '^FuzzParse$$' ./drivers/internal/procwait
 	$(FUZZ) -fuzz '^FuzzParseDF$$' ./internal/engine
 	$(FUZZ) -fuzz '^FuzzSessionDefinition$$' ./internal/session
 	$(FUZZ) -fuzz '^FuzzAnthropicSSE$$' ./internal/session

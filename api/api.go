@@ -1,5 +1,5 @@
 // Package api holds Amber's HTTP wire types and its OpenAPI document. It
-// imports nothing from Amber: the server (internal/server) and the Go SDK
+// imports nothing from Amber: the server (internal/edge/server) and the Go SDK
 // (client/) both speak these types.
 //
 // Conventions: every path is under /v1; bodies are JSON; an error is
@@ -8,6 +8,8 @@
 // fields) are base64 as encoding/json writes them. Streams (exec output,
 // followed events) are newline-delimited JSON (Content-Type
 // application/x-ndjson): one object per line, flushed as it happens.
+//
+// May import: nothing of Amber's.
 package api
 
 import (

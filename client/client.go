@@ -7,6 +7,8 @@
 //
 // Errors returned for API failures are *Error values; errors.Is(err,
 // errdefs.ErrNotFound) and the other errdefs kinds work on them.
+//
+// May import: api, core.
 package client
 
 import (

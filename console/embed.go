@@ -2,9 +2,11 @@
 // built with Vite; sources in src/) that is a client of the public API
 // only. Its built assets (dist/, committed so that building amber needs no
 // npm) are embedded here and served by the daemon at /console/
-// (internal/server/console.go). `make console` rebuilds dist/ and records
+// (internal/edge/server/console.go). `make console` rebuilds dist/ and records
 // the hash of the sources it was built from in dist/SOURCE_HASH;
 // TestBuildIsFresh fails when the sources changed since.
+//
+// May import: nothing of Amber's.
 package console
 
 import (

@@ -20,8 +20,8 @@ for b in ${BENCH:-$all}; do
     engine-criu) cmd=(env AMBER_TEST_DRIVER=criu go test -tags seccomp -count=1 -run TestBenchClaimVsCold -v ./internal/engine) ;;
     engine-ckpt) cmd=(go test -tags seccomp -count=1 -run TestBenchCheckpoint -v -timeout 90m ./internal/engine) ;;
     engine-ckpt-criu) cmd=(env AMBER_TEST_DRIVER=criu go test -tags seccomp -count=1 -run TestBenchCheckpoint -v -timeout 90m ./internal/engine) ;;
-    server)      cmd=(go test -tags seccomp -count=1 -run TestBenchAPIClaim -v ./internal/server) ;;
-    chunkstore)  cmd=(go test -count=1 -run TestBenchReport -v -timeout 30m ./internal/chunkstore) ;;
+    server)      cmd=(go test -tags seccomp -count=1 -run TestBenchAPIClaim -v ./internal/edge/server) ;;
+    chunkstore)  cmd=(go test -count=1 -run TestBenchReport -v -timeout 30m ./internal/state/chunkstore) ;;
     egress)      cmd=(go test -count=5 -run '^$' -bench BenchmarkEgress -benchtime 1000x ./internal/egress) ;;
     *) echo "unknown benchmark $b (have: $all)" >&2; exit 2 ;;
     esac

@@ -12,9 +12,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/amber-run/amber/internal/apiproxy"
-	"github.com/amber-run/amber/internal/meta"
-	"github.com/amber-run/amber/internal/server"
+	"github.com/amber-run/amber/internal/edge/apiproxy"
+	"github.com/amber-run/amber/internal/edge/server"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 type apiOptions struct {

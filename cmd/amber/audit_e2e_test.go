@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/amber-run/amber/core/eventlog"
-	"github.com/amber-run/amber/internal/audit"
+	"github.com/amber-run/amber/internal/state/audit"
 )
 
 // TestE2EAuditVerify: state-changing calls leave audit records; `amber

@@ -31,7 +31,7 @@ import (
 // sandbox, of the daemon, of both; a torn checkpoint upload (the daemon
 // dies between a Put's chunks, manifest and pointer); the blob store or the
 // event log failing for a while; disk full; a slow disk (the store faults
-// through the failpoints of internal/faults and the chunk store, armed in
+// through the failpoints of internal/host/faults and the chunk store, armed in
 // the daemon from AMBER_TEST_FAILPOINTS). After each fault recovery is
 // automatic: the harness restarts a dead daemon, which wakes the session.
 // Every run's outcome is compared with the golden one; the report counts

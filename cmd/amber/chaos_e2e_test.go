@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // TestE2EChaosShort is the default suite's chaos run: `amber chaos` with

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/engine/enginetest"
 	"github.com/amber-run/amber/stores/s3"
 	"github.com/amber-run/amber/stores/s3/miniotest"
 )

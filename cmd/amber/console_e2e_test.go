@@ -22,7 +22,7 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/client"
-	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // consoleScript: two turns, each a command that changes the sandbox (so the

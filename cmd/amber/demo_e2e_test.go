@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // TestE2EDemo runs `amber demo` as the README's `make demo` does and

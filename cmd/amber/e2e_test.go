@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // The end-to-end tests build amber, run `amber up` as a subprocess on a free

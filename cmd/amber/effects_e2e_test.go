@@ -14,8 +14,8 @@ import (
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/client"
 	"github.com/amber-run/amber/internal/egress/egresstest"
-	"github.com/amber-run/amber/internal/enginetest"
-	"github.com/amber-run/amber/internal/gateway"
+	"github.com/amber-run/amber/internal/egress/gateway"
+	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // payScript charges one step at a time, when /root/go<N> appears, and

@@ -13,14 +13,14 @@ import (
 	"sync/atomic"
 
 	"github.com/amber-run/amber/core/eventlog"
-	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/egress"
+	"github.com/amber-run/amber/internal/egress/gateway"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/failpoint"
-	"github.com/amber-run/amber/internal/gateway"
-	"github.com/amber-run/amber/internal/meta"
-	"github.com/amber-run/amber/internal/metrics"
-	"github.com/amber-run/amber/internal/secretstore"
+	"github.com/amber-run/amber/internal/obs/metrics"
+	"github.com/amber-run/amber/internal/state/audit"
+	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/internal/state/secretstore"
+	"github.com/amber-run/amber/lib/failpoint"
 )
 
 // egressOptions are `amber up`'s egress flags.

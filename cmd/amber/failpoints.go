@@ -14,7 +14,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/failpoint"
+	"github.com/amber-run/amber/lib/failpoint"
 )
 
 // testFailpoints arms failpoints from AMBER_TEST_FAILPOINTS
@@ -23,7 +23,7 @@ import (
 // exactly at a point of the code. Points: the gateway's (gateway.*), the
 // session harness's (session.*), the chunk store's steps of a Put
 // (chunkstore.chunks, .manifest, .publish, .committed) and the store
-// wrappers' (internal/faults: blob.write, blob.read, eventlog.append,
+// wrappers' (internal/host/faults: blob.write, blob.read, eventlog.append,
 // eventlog.read, eventlog.lease), the metadata store's (meta.write,
 // meta.read) and a drain's moves (cluster.move-out, cluster.move-in.row).
 // Actions, at the N-th evaluation:

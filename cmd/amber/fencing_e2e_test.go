@@ -14,7 +14,7 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/client"
-	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // TestE2EFencingPausedDaemon: a daemon paused (SIGSTOP) right before it

@@ -15,10 +15,10 @@ import (
 	"strings"
 
 	"github.com/amber-run/amber/core/eventlog"
-	"github.com/amber-run/amber/internal/audit"
-	"github.com/amber-run/amber/internal/chunkstore"
-	"github.com/amber-run/amber/internal/httpx"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/state/audit"
+	"github.com/amber-run/amber/internal/state/chunkstore"
+	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/lib/httpx"
 )
 
 // readKeyFile reads a secret file the daemon starts from (admin.key,
@@ -153,7 +153,7 @@ func ensureMasterKey(dataDir string, size int) ([]byte, error) {
 	return key, nil
 }
 
-// auditKey returns the key of the audit chain (internal/audit), kept
+// auditKey returns the key of the audit chain (internal/state/audit), kept
 // outside the event log:
 //
 //   - keyFile given (--audit-key-file): its hex key, which must exist
@@ -205,7 +205,7 @@ func auditKey(dataDir, keyFile, masterKeyFile string, shared bool, masterSize in
 }
 
 // openAudit opens the audit trail over log: keyed (auditKey) and anchored
-// in DATA_DIR/audit.head (internal/audit's package comment).
+// in DATA_DIR/audit.head (internal/state/audit's package comment).
 func openAudit(log eventlog.Store, dataDir, keyFile string, so sharedOptions) (*audit.Trail, error) {
 	key, err := auditKey(dataDir, keyFile, so.masterKeyFile, so.shared(), chunkstore.MasterKeySize)
 	if err != nil {

@@ -5,6 +5,8 @@
 // Exit status: 0 on success; 1 when amber itself fails (the message names
 // the cause); 2 for bad usage; `amber exec` exits with the command's status
 // (128+N when it died of signal N, 124 when it timed out).
+//
+// May import: anything: it is the wiring.
 package main
 
 import (

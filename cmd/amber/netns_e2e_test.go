@@ -26,7 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/amber-run/amber/client"
-	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // A test network of namespaces, so that a node can be cut off as well as
@@ -344,7 +344,7 @@ func (n *testNet) close() {
 }
 
 // The test moves threads between namespaces and back, and never lets one
-// end (internal/netns, made for the daemon, lets its threads die instead):
+// end (lib/netns, made for the daemon, lets its threads die instead):
 // a child started with Pdeathsig — miniotest's MinIO — is killed when the
 // thread that forked it exits, and any thread of the test may be that one.
 

@@ -20,8 +20,8 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/client"
-	"github.com/amber-run/amber/internal/enginetest"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/engine/enginetest"
+	"github.com/amber-run/amber/internal/state/meta"
 	"github.com/amber-run/amber/stores/s3/miniotest"
 )
 

@@ -20,9 +20,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/amber-run/amber/internal/chunkstore"
-	"github.com/amber-run/amber/internal/enginetest"
-	"github.com/amber-run/amber/internal/gateway"
+	"github.com/amber-run/amber/internal/egress/gateway"
+	"github.com/amber-run/amber/internal/engine/enginetest"
+	"github.com/amber-run/amber/internal/state/chunkstore"
 	"github.com/amber-run/amber/stores/localfs"
 )
 

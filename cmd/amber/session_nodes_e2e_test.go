@@ -15,7 +15,7 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/client"
-	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // TestE2ENodesSessionFailover: three nodes and a stateless API server

@@ -15,7 +15,7 @@ import (
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/internal/cluster"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/state/meta"
 	"github.com/amber-run/amber/stores/postgres"
 )
 

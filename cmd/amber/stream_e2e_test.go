@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // streamScript keeps one TCP connection to echo.test open, one line every

@@ -14,12 +14,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amber-run/amber/api"
-	"github.com/amber-run/amber/internal/templatestore"
+	"github.com/amber-run/amber/internal/state/templatestore"
 )
 
 // `amber template` talks to the daemon: versions are immutable and named by
 // the digest of their content, names are tags, and every version is kept
-// in the daemon's blob store (internal/templatestore). Listing and
+// in the daemon's blob store (internal/state/templatestore). Listing and
 // inspecting need any key; the rest needs the operator's.
 func newTemplateCmd(g *globalFlags) *cobra.Command {
 	c := &cobra.Command{Use: "template", Aliases: []string{"templates"}, Short: "List, inspect, import, build, tag and remove template versions"}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // releaseTarball writes the minimal rootfs plus /etc/amber-marker reading

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // tsSDKTests is how many tests sdk/typescript/test holds: fewer passing

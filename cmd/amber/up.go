@@ -21,22 +21,22 @@ import (
 	"github.com/amber-run/amber/console"
 	"github.com/amber-run/amber/core/blob"
 	"github.com/amber-run/amber/core/eventlog"
-	"github.com/amber-run/amber/internal/audit"
-	"github.com/amber-run/amber/internal/chunkstore"
 	"github.com/amber-run/amber/internal/cluster"
+	"github.com/amber-run/amber/internal/edge/server"
 	"github.com/amber-run/amber/internal/egress"
+	"github.com/amber-run/amber/internal/egress/gateway"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/failpoint"
-	"github.com/amber-run/amber/internal/faults"
-	"github.com/amber-run/amber/internal/fence"
-	"github.com/amber-run/amber/internal/gateway"
-	"github.com/amber-run/amber/internal/logging"
-	"github.com/amber-run/amber/internal/meta"
-	"github.com/amber-run/amber/internal/metrics"
-	"github.com/amber-run/amber/internal/secretstore"
-	"github.com/amber-run/amber/internal/server"
+	"github.com/amber-run/amber/internal/host/faults"
+	"github.com/amber-run/amber/internal/host/fence"
+	"github.com/amber-run/amber/internal/obs/logging"
+	"github.com/amber-run/amber/internal/obs/metrics"
+	"github.com/amber-run/amber/internal/obs/tracing"
 	"github.com/amber-run/amber/internal/session"
-	"github.com/amber-run/amber/internal/tracing"
+	"github.com/amber-run/amber/internal/state/audit"
+	"github.com/amber-run/amber/internal/state/chunkstore"
+	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/internal/state/secretstore"
+	"github.com/amber-run/amber/lib/failpoint"
 	"github.com/amber-run/amber/stores/postgres"
 	"github.com/amber-run/amber/stores/sqlite"
 )
@@ -54,7 +54,7 @@ type upOptions struct {
 	models                              modelOptions
 	edge                                edgeOptions // port domain, sandbox maxima, stream cap (up_limits.go)
 	leaseTTL                            time.Duration
-	auditKeyFile                        string // --audit-key-file (internal/audit: the chain's HMAC key)
+	auditKeyFile                        string // --audit-key-file (internal/state/audit: the chain's HMAC key)
 	nodeTokenFile                       string // --node-token-file (httpx.Hop: node-to-node calls' credential)
 	tlsCert, tlsKey, nodeCA             string // --tls-cert, --tls-key (serve HTTPS), --node-ca (forward over HTTPS)
 }
@@ -308,7 +308,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 			return err
 		}
 		defer sqlog.Close()
-		// The data-dir lease (internal/fence): every write to the log
+		// The data-dir lease (internal/host/fence): every write to the log
 		// checks it first, so a daemon that was paused and taken over
 		// writes nothing.
 		var dl *fence.Lease

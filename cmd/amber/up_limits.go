@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/server"
+	"github.com/amber-run/amber/internal/edge/server"
 )
 
 // edgeOptions are `amber up`'s flags for exposed ports' origins and the

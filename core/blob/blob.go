@@ -1,6 +1,6 @@
 // Package blob is the contract of Amber's object storage: a flat namespace of
 // immutable-per-write byte objects addressed by key. Checkpoint chunks,
-// manifests and commit pointers live here (see internal/chunkstore).
+// manifests and commit pointers live here (see internal/state/chunkstore).
 //
 // # Vocabulary
 //

@@ -17,7 +17,7 @@ import (
 // to restore (runtime flags, template version, ids). The image is complete:
 // with it and the template, Restore rebuilds the sandbox on a node that never
 // saw it (a fresh state directory). The engine stores images with
-// internal/chunkstore; the driver never sees the blob store.
+// internal/state/chunkstore; the driver never sees the blob store.
 //
 // # Consistency
 //

@@ -14,8 +14,8 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/failpoint"
-	"github.com/amber-run/amber/internal/layer"
+	"github.com/amber-run/amber/drivers/internal/layer"
+	"github.com/amber-run/amber/lib/failpoint"
 )
 
 // archiveHostDir makes a host directory outside the driver's state holding
@@ -72,7 +72,7 @@ func TestCheckpointArchiveIgnoresSwappedSymlink(t *testing.T) {
 	id := td.create(sandbox.Limits{})
 	spec := sandbox.Spec{ID: id, Template: sandbox.Template{Name: "minimal", RootFS: minimalRootfs(t)}}
 	td.sh(id, `mkdir -p /work/sub && echo own > /work/sub/own && echo top > /work/top && chown -R 4321:4321 /work && chmod 700 /work`)
-	upper := filepath.Join(td.layerDir(id), "fs", "upper") // internal/layer's layout
+	upper := filepath.Join(td.layerDir(id), "fs", "upper") // drivers/internal/layer's layout
 	swap := func() error {
 		work := filepath.Join(upper, "work")
 		if err := os.RemoveAll(work); err != nil {

@@ -20,7 +20,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/layer"
+	"github.com/amber-run/amber/drivers/internal/layer"
 )
 
 // Checkpoint images. An image directory holds:
@@ -33,7 +33,7 @@ import (
 //	             modes, owners relative to the sandbox's uid range, symlinks,
 //	             hard links, overlay whiteouts as 0/0 character devices and
 //	             every xattr, among them trusted.overlay.opaque):
-//	             internal/layer's archive, walked and extracted by
+//	             drivers/internal/layer's archive, walked and extracted by
 //	             descriptor
 //
 // The consistent cut: Checkpoint freezes the sandbox's freezer cgroup
@@ -565,7 +565,7 @@ func prepareImages(imageDir, criuDir string, id int) error {
 }
 
 // archiveOptions are rec's layer archive's: owners relative to its uid
-// range (internal/layer's archive, read and written by descriptor).
+// range (drivers/internal/layer's archive, read and written by descriptor).
 func (d *Driver) archiveOptions(rec *record) layer.ArchiveOptions {
 	return layer.ArchiveOptions{IDs: layer.IDMap{Host: rec.HostID, Size: idsPerSandbox}, Failpoints: d.opts.Failpoints}
 }

@@ -50,7 +50,7 @@ var (
 // rootMountPoints are the destinations of containerConfig's mounts that
 // lie in the layer itself (the others are inside /dev's tmpfs). Each must
 // be a real directory of the layer, or absent, before the container is
-// made (internal/layer.CheckMountPoints): libcontainer resolves them inside
+// made (drivers/internal/layer.CheckMountPoints): libcontainer resolves them inside
 // the root, but a symlinked one would still put a mount elsewhere than the
 // sandbox expects (TestContainerConfigMountPoints keeps this list equal to
 // the config's).

@@ -197,7 +197,7 @@ func TestStartProcessesSignal(t *testing.T) {
 	if found == nil || strings.Join(found.Args, " ") != "sleep 1000" || found.StartTicks == 0 {
 		t.Fatalf("processes: %+v; want pid %d running sleep 1000", ps, pid)
 	}
-	// Its parent is its waiter (internal/procwait), a child of the init
+	// Its parent is its waiter (drivers/internal/procwait), a child of the init
 	// once the exec that started it is gone.
 	i := slices.IndexFunc(ps, func(p sandbox.Process) bool { return p.PID == found.PPID })
 	if i < 0 || ps[i].PPID != 1 || !slices.Contains(ps[i].Args, "amber-wait") {

@@ -6,7 +6,7 @@
 //
 // Each sandbox is one libcontainer container whose init is a tiny reaper
 // (the template's /bin/sh sleeping in a loop and reaping orphans). Its root
-// filesystem is an internal/layer overlay: the template's rootfs, seen
+// filesystem is an drivers/internal/layer overlay: the template's rootfs, seen
 // through an idmapped mount, under a per-sandbox writable layer with a size
 // limit (an ext4 image on a loop device). Exec runs further processes in
 // the container's namespaces (libcontainer's setns path).
@@ -117,7 +117,7 @@
 //	<StateDir>/runc/<id>/            libcontainer's state (state.json)
 //	<StateDir>/slots/<n>             claim of uid range n (holds the id)
 //	<StateDir>/sandboxes/<id>/       sandbox.json (this driver's record) and
-//	                                 the writable layer (internal/layer)
+//	                                 the writable layer (drivers/internal/layer)
 //	<RunDir>/<id>                    bind mount of the layer's merged root:
 //	                                 the container's rootfs
 //

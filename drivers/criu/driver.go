@@ -18,7 +18,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/failpoint"
+	"github.com/amber-run/amber/lib/failpoint"
 )
 
 // Defaults for Options.

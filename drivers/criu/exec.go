@@ -17,7 +17,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/procwait"
+	"github.com/amber-run/amber/drivers/internal/procwait"
 )
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -477,7 +477,7 @@ func recvFile(sock *os.File) (*os.File, error) {
 }
 
 // startScript starts "$@" in the background under the waiter of
-// internal/procwait and prints the command's PID. The waiter starts the
+// drivers/internal/procwait and prints the command's PID. The waiter starts the
 // command as its child (which points its stdio at
 // /run/amber/proc/<its pid>.log and execs the command, so keeping that
 // PID), prints the PID and closes its stdout and stderr, so the command

@@ -4,10 +4,10 @@ import (
 	"context"
 
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/confinedfs"
+	"github.com/amber-run/amber/drivers/internal/confinedfs"
 )
 
-// Files implements sandbox.Driver with internal/confinedfs over the
+// Files implements sandbox.Driver with drivers/internal/confinedfs over the
 // sandbox's merged root: every path is resolved by the kernel inside that
 // root (openat2 RESOLVE_IN_ROOT), and files it creates are owned by sandbox
 // root (host uid HostID), so the sandbox can use them. It works on a

@@ -8,10 +8,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/amber-run/amber/internal/layer"
+	"github.com/amber-run/amber/drivers/internal/layer"
 )
 
-// The sandbox's root filesystem is an internal/layer overlay (a writable,
+// The sandbox's root filesystem is an drivers/internal/layer overlay (a writable,
 // size-bounded ext4 image on a loop device) over the template seen through
 // an idmapped mount. The idmapped mount is detached: it is handed to the
 // overlay as /proc/self/fd/N while the overlay is mounted and closed after,

@@ -16,8 +16,8 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/confinedfs"
-	"github.com/amber-run/amber/internal/layer"
+	"github.com/amber-run/amber/drivers/internal/confinedfs"
+	"github.com/amber-run/amber/drivers/internal/layer"
 )
 
 // reaperScript is the sandbox's init: it sleeps and reaps orphans (the

@@ -13,7 +13,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/procwait"
+	"github.com/amber-run/amber/drivers/internal/procwait"
 )
 
 // procStatus is what the driver reads from /proc/<pid>/status.
@@ -209,7 +209,7 @@ func (d *Driver) Signal(ctx context.Context, id string, pid int, sig os.Signal) 
 	return nil
 }
 
-// Wait implements sandbox.Driver with internal/procwait: the exit file the
+// Wait implements sandbox.Driver with drivers/internal/procwait: the exit file the
 // process's waiter writes is read on the host, in the sandbox's root,
 // every 100ms; every 2s the sandbox's cgroup is checked for the process
 // (and the container for still running).

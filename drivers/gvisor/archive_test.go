@@ -15,8 +15,8 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/failpoint"
-	"github.com/amber-run/amber/internal/layer"
+	"github.com/amber-run/amber/drivers/internal/layer"
+	"github.com/amber-run/amber/lib/failpoint"
 )
 
 // archiveHostDir makes a host directory outside the driver's state holding

@@ -16,7 +16,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/layer"
+	"github.com/amber-run/amber/drivers/internal/layer"
 )
 
 var _ sandbox.Checkpointer = (*Driver)(nil)
@@ -31,7 +31,7 @@ const imageVersion = 1
 //	layer.tar    the writable layer's upper directory, uncompressed (modes,
 //	             owners, times, symlinks, hard links, whiteouts as 0/0
 //	             character devices, xattrs such as trusted.overlay.opaque;
-//	             owners as host ids): internal/layer's archive
+//	             owners as host ids): drivers/internal/layer's archive
 //	runsc/       `runsc checkpoint --compression=none` output (kernel state
 //	             and memory pages)
 const (

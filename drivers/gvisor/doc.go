@@ -6,14 +6,14 @@
 //
 // Create writes an OCI bundle (config.json made here from
 // runtime-spec's Go types) whose root is the writable layer's merged
-// directory (internal/layer: an overlay of a size-bounded ext4 image on the
+// directory (drivers/internal/layer: an overlay of a size-bounded ext4 image on the
 // template, which stays read-only and shared), pins a fresh network
 // namespace, and runs `runsc run --detach`. The init (PID 1) is the
 // template's /bin/sh sleeping in a loop and reaping orphans. Exec is one
 // `runsc exec` per command; Start asks the init to start the process under
 // a waiter that records its exit status in the layer (see Start: a runsc
 // exec'd process does not survive a restore); Wait reads that status on the
-// host (internal/procwait); Processes reads /proc inside; Signal is
+// host (drivers/internal/procwait); Processes reads /proc inside; Signal is
 // `runsc kill --pid`; Kill is `runsc kill --all KILL`; Destroy is
 // `runsc delete --force` and the removal of everything below.
 //
@@ -96,7 +96,7 @@
 //	<StateDir>/sandboxes/<id>/
 //	    sandbox.json                  this driver's record (versioned)
 //	    bundle/config.json            the OCI spec
-//	    layer/                        internal/layer: disk.img, fs/, merged/
+//	    layer/                        drivers/internal/layer: disk.img, fs/, merged/
 //	    exec/                         per-exec process specs and pid files
 //	    runsc.log                     runsc's errors while booting
 //

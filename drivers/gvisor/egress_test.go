@@ -16,7 +16,7 @@ import (
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/egress"
 	"github.com/amber-run/amber/internal/egress/egresstest"
-	"github.com/amber-run/amber/internal/netns"
+	"github.com/amber-run/amber/lib/netns"
 )
 
 // TestEgressAcrossRestore: a sandbox reaches a server on the host only

@@ -22,7 +22,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/procwait"
+	"github.com/amber-run/amber/drivers/internal/procwait"
 )
 
 // drainGrace is how long Exec keeps copying output after the command has
@@ -359,7 +359,7 @@ func (f *execFiles) remove() {
 // init's trap (initScript) runs every pending request in the background
 // and writes its PID next to it.
 //
-// What the init runs is the waiter of internal/procwait: a shell that
+// What the init runs is the waiter of drivers/internal/procwait: a shell that
 // starts the command as its child (that child points its stdio at
 // /run/amber/proc/<its own pid>.log, sets the environment and working
 // directory, and execs the command, which so keeps that PID), reports the

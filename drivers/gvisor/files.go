@@ -5,11 +5,11 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/confinedfs"
-	"github.com/amber-run/amber/internal/layer"
+	"github.com/amber-run/amber/drivers/internal/confinedfs"
+	"github.com/amber-run/amber/drivers/internal/layer"
 )
 
-// Files implements sandbox.Driver: internal/confinedfs over the layer's
+// Files implements sandbox.Driver: drivers/internal/confinedfs over the layer's
 // merged directory, the very directory runsc serves as the sandbox's root.
 // Because the root is mounted with --file-access=shared, the sandbox
 // revalidates what it has cached against the host on every access, so a

@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/amber-run/amber/internal/netns"
+	"github.com/amber-run/amber/lib/netns"
 )
 
 // This file holds the host objects a sandbox owns besides runsc's own

@@ -16,7 +16,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/layer"
+	"github.com/amber-run/amber/drivers/internal/layer"
 )
 
 // tmpKeep is an empty file the driver keeps in the sandbox's /tmp, so that
@@ -130,7 +130,7 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (_ sandbox.Info,
 // directory or absent: a /tmp that is a symlink (planted through Files, or
 // restored from a checkpoint's layer) fails with an error naming it, and
 // nothing is started. Everything is resolved by the kernel inside the root
-// and by descriptor (internal/layer.OpenMountPoint), so a symlink never
+// and by descriptor (drivers/internal/layer.OpenMountPoint), so a symlink never
 // makes the daemon write on the host. Nothing is fsynced: the file is
 // re-made before every boot.
 func prepareRoot(root string) error {
@@ -179,7 +179,7 @@ func (d *Driver) mountSource(id string) string { return filepath.Join(d.dir(id),
 // host, so a source inside the layer (rootfs+"/tmp", as before) could be
 // swapped for a symlink after any check and before runsc's mount (through
 // Files, which does not take the driver's lock). Here the check and the
-// bind are one step: internal/layer.BindMountPoint opens /tmp by
+// bind are one step: drivers/internal/layer.BindMountPoint opens /tmp by
 // descriptor (openat2 RESOLVE_IN_ROOT|RESOLVE_NO_SYMLINKS), refuses
 // anything but a real directory, and binds that very directory
 // (/proc/self/fd/N) at mountSource. Renaming or replacing /tmp in the
@@ -440,7 +440,7 @@ func (d *Driver) destroy(ctx context.Context, id string) error {
 	// 3. The writable layer (and the bind of its /tmp that a crash during
 	// a boot may have left). A mount namespace that a runsc process was
 	// setting up while copying our mounts may hold the layer's image for
-	// a moment (see internal/layer: ErrUnavailable); retry briefly.
+	// a moment (see drivers/internal/layer: ErrUnavailable); retry briefly.
 	if err := layer.UnbindMountPoint(d.mountSource(id)); err != nil {
 		return err
 	}

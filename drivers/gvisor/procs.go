@@ -17,7 +17,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/procwait"
+	"github.com/amber-run/amber/drivers/internal/procwait"
 )
 
 // psScript prints, for every process of the sandbox, two lines: "S " and
@@ -141,7 +141,7 @@ func (d *Driver) Signal(ctx context.Context, id string, pid int, sig os.Signal) 
 	return nil
 }
 
-// Wait implements sandbox.Driver with internal/procwait: the exit file the
+// Wait implements sandbox.Driver with drivers/internal/procwait: the exit file the
 // process's waiter writes is read on the host, in the layer that runsc
 // serves as the sandbox's root (writes inside go through to it at once:
 // --overlay2=none), every 100ms; every 2s an exec of Processes checks that

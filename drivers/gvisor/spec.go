@@ -7,7 +7,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/procwait"
+	"github.com/amber-run/amber/drivers/internal/procwait"
 )
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -33,7 +33,7 @@ const initScript = `trap : TERM INT HUP USR1; mkdir -p ` + procLogDir + ` ` + sp
 const spawnDir = "/dev/.amber-spawn"
 
 // procLogDir holds the output of background processes, <pid>.log, and
-// their exit statuses, <pid>.exit (see internal/procwait).
+// their exit statuses, <pid>.exit (see drivers/internal/procwait).
 const procLogDir = procwait.Dir
 
 // defaultCaps is the capability set of sandbox processes (bounding,

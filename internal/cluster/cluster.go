@@ -41,6 +41,8 @@
 // of sandboxes that run elsewhere now (engine.DiscardStale) and registers
 // again with a new epoch. It also checks for stale copies at every
 // heartbeat, which covers a restart that raced a takeover.
+//
+// May import: core, lib, internal/engine, internal/session, internal/state, internal/egress/gateway.
 package cluster
 
 import (
@@ -59,9 +61,9 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/failpoint"
-	"github.com/amber-run/amber/internal/meta"
 	"github.com/amber-run/amber/internal/session"
+	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/lib/failpoint"
 )
 
 // LeaseTaker moves a stream's lease from a dead holder (stores/postgres).

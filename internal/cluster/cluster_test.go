@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // pgStore opens a meta store in a fresh schema of the test PostgreSQL

@@ -59,9 +59,9 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/internal/egress/gateway"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/gateway"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 func (n *Node) drainLoop(ctx context.Context) {

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/internal/egress/egresstest"
-	"github.com/amber-run/amber/internal/netns"
+	"github.com/amber-run/amber/lib/netns"
 )
 
 // benchClient is an HTTP client whose connections are made in the network

@@ -19,8 +19,8 @@ import (
 
 	"github.com/amber-run/amber/internal/egress"
 	"github.com/amber-run/amber/internal/egress/egresstest"
-	"github.com/amber-run/amber/internal/gateway"
-	"github.com/amber-run/amber/internal/netns"
+	"github.com/amber-run/amber/internal/egress/gateway"
+	"github.com/amber-run/amber/lib/netns"
 	"github.com/amber-run/amber/stores/sqlite"
 	"golang.org/x/net/dns/dnsmessage"
 )

@@ -11,7 +11,7 @@ import (
 	"path/filepath"
 	"sync"
 
-	"github.com/amber-run/amber/internal/netns"
+	"github.com/amber-run/amber/lib/netns"
 )
 
 // Server is what a Network hands connections to: the gateway.

@@ -41,6 +41,11 @@
 // veth outlive the daemon; the sockets do not, so a sandbox's connections
 // are reset when the daemon dies, never left hanging). Detach closes them
 // and removes G, which removes the veth.
+//
+// Package egress is also the egress group: the plumbing here and the
+// gateway (internal/egress/gateway).
+//
+// May import: core, lib, internal/obs/tracing.
 package egress
 
 import (
@@ -56,7 +61,7 @@ import (
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
 
-	"github.com/amber-run/amber/internal/netns"
+	"github.com/amber-run/amber/lib/netns"
 )
 
 // The fixed addressing of every sandbox's egress link (see the package doc).

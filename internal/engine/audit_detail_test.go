@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/audit"
+	"github.com/amber-run/amber/internal/state/audit"
 	"github.com/amber-run/amber/stores/sqlite"
 )
 

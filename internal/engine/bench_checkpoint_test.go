@@ -14,7 +14,7 @@ import (
 
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // benchWorkload is the agent-like state the checkpoint benchmark restores:

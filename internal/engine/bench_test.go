@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // TestBenchClaimVsCold measures Create from a ready warm pool against a cold

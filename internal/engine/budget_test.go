@@ -12,8 +12,8 @@ import (
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/enginetest"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/engine/enginetest"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // TestUsageBudget: a monthly budget on a meter is enforced from the usage

@@ -5,7 +5,7 @@ package engine
 // # Checkpoint: durability order
 //
 //  0. the sandbox's template version is in the blob store (its chunks, then
-//     its record: internal/templatestore), so the checkpoint never refers
+//     its record: internal/state/templatestore), so the checkpoint never refers
 //     to files another node could not fetch;
 //  1. intent: a pending row in the metadata store (meta.Checkpoint) names the
 //     checkpoint, its sandbox and the log position of the cut (the head of
@@ -15,7 +15,7 @@ package engine
 //     processes, writable layer) to a work directory, then resumes it (or
 //     leaves it stopped);
 //  3. data: the chunk store writes the chunks, then the manifest (see
-//     internal/chunkstore for its own order);
+//     internal/state/chunkstore for its own order);
 //  4. commit hook: the engine renews (or takes) its lease on the sandbox's
 //     stream — a stale epoch is errdefs.ErrFenced and nothing is published —
 //     then the chunk store writes the pointer that makes the checkpoint
@@ -56,9 +56,9 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/chunkstore"
-	"github.com/amber-run/amber/internal/meta"
-	"github.com/amber-run/amber/internal/tracing"
+	"github.com/amber-run/amber/internal/obs/tracing"
+	"github.com/amber-run/amber/internal/state/chunkstore"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // Progress reports a long checkpoint or restore: the phase ("cut",
@@ -117,7 +117,7 @@ func report(f func(Progress), p Progress) {
 	}
 }
 
-// Observer is told about checkpoints and restores (internal/metrics).
+// Observer is told about checkpoints and restores (internal/obs/metrics).
 type Observer interface {
 	// Checkpoint: kind is "" on success, else the error's kind.
 	Checkpoint(driver, tenant, kind string, frozen, total time.Duration, stored int64)

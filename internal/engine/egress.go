@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/audit"
 	"github.com/amber-run/amber/internal/egress"
-	"github.com/amber-run/amber/internal/gateway"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/egress/gateway"
+	"github.com/amber-run/amber/internal/state/audit"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // Egress: the engine tells the node's gateway which run each sandbox's

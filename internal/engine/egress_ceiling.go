@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // Egress policy precedence. Three parties set egress policy, each within

@@ -10,8 +10,8 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/enginetest"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/engine/enginetest"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // Egress policy precedence: the operator's ceiling caps what a tenant

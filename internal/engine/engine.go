@@ -1,5 +1,5 @@
 // Package engine manages sandboxes: it turns API requests into driver calls,
-// records every sandbox in the metadata store (internal/meta) before the
+// records every sandbox in the metadata store (internal/state/meta) before the
 // driver makes it, appends lifecycle events to the event log, keeps a warm
 // pool per template, and on start reconciles what it recorded with what the
 // driver still runs.
@@ -17,6 +17,8 @@
 // # Warm pool
 //
 // See pool.go.
+//
+// May import: core, lib, internal/state, internal/egress, internal/obs/tracing.
 package engine
 
 import (
@@ -25,7 +27,7 @@ import (
 	"encoding/base32"
 	"fmt"
 	"github.com/amber-run/amber/internal/egress"
-	"github.com/amber-run/amber/internal/gateway"
+	"github.com/amber-run/amber/internal/egress/gateway"
 	"log/slog"
 	"os"
 	"strings"
@@ -38,10 +40,10 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/audit"
-	"github.com/amber-run/amber/internal/chunkstore"
-	"github.com/amber-run/amber/internal/meta"
-	"github.com/amber-run/amber/internal/tracing"
+	"github.com/amber-run/amber/internal/obs/tracing"
+	"github.com/amber-run/amber/internal/state/audit"
+	"github.com/amber-run/amber/internal/state/chunkstore"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // Options configure New.

@@ -12,8 +12,8 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/enginetest"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/engine/enginetest"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 func TestMain(m *testing.M) { enginetest.Main(m) }

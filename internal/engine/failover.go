@@ -7,8 +7,8 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
-	"github.com/amber-run/amber/internal/gateway"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/egress/gateway"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // Many nodes on shared stores (Options.Shared; docs/deploy.md).

@@ -8,9 +8,8 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/enginetest"
-	"github.com/amber-run/amber/internal/failpoint"
-	"github.com/amber-run/amber/internal/layer"
+	"github.com/amber-run/amber/internal/engine/enginetest"
+	"github.com/amber-run/amber/lib/failpoint"
 )
 
 // TestFilesExcludeCutAndRestore: the files API keeps out of a checkpoint's
@@ -82,21 +81,21 @@ func testFilesExcludeCutAndRestore(t *testing.T, drv string) {
 		}
 	}
 
-	fp.ArmFunc(layer.FPArchiveListed, 1, func(string) error { probe("cut"); return nil })
+	fp.ArmFunc(fpArchiveListed, 1, func(string) error { probe("cut"); return nil })
 	ck, err := e.Checkpoint(ctx, engine.CheckpointRequest{Tenant: "default", Sandbox: id})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fp.Hits(layer.FPArchiveListed) == 0 {
+	if fp.Hits(fpArchiveListed) == 0 {
 		t.Fatal("the cut never walked the layer")
 	}
 	wait("cut")
 
-	fp.ArmFunc(layer.FPExtractMkdir, 1, func(string) error { probe("restore"); return nil })
+	fp.ArmFunc(fpExtractMkdir, 1, func(string) error { probe("restore"); return nil })
 	if _, err := e.Restore(ctx, engine.RestoreRequest{Tenant: "default", Checkpoint: ck.ID}); err != nil {
 		t.Fatal(err)
 	}
-	if fp.Hits(layer.FPExtractMkdir) == 0 {
+	if fp.Hits(fpExtractMkdir) == 0 {
 		t.Fatal("the restore never extracted a directory")
 	}
 	wait("restore")
@@ -117,3 +116,11 @@ func testFilesExcludeCutAndRestore(t *testing.T, drv string) {
 		t.Error("the checkpoint holds a file written while its layer was walked")
 	}
 }
+
+// The layer archive's failpoints (drivers/internal/layer: FPArchiveListed,
+// FPExtractMkdir), named here as the drivers evaluate them; the test
+// checks that each was hit, so a renamed point fails it.
+const (
+	fpArchiveListed = "layer.archive.listed"
+	fpExtractMkdir  = "layer.archive.extract-mkdir"
+)

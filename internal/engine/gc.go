@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/audit"
+	"github.com/amber-run/amber/internal/state/audit"
 )
 
 // Garbage collection of checkpoint chunks. A checkpoint that fails before

@@ -17,8 +17,8 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/chunkstore"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/state/chunkstore"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // Manifest meta keys (chunkstore.PutOptions.Meta) of a checkpoint.

@@ -12,8 +12,8 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/gateway"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/egress/gateway"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // Metering: what each tenant consumed, recorded per interval in the event
@@ -149,7 +149,7 @@ func (r UsageRecord) At() time.Time {
 }
 
 // UsageObserver is an Observer that also counts recorded usage per tenant
-// and meter (found by type assertion; internal/metrics is one).
+// and meter (found by type assertion; internal/obs/metrics is one).
 type UsageObserver interface {
 	UsageRecorded(tenant, meter string, quantity float64)
 }

@@ -7,7 +7,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
-	"github.com/amber-run/amber/internal/gateway"
+	"github.com/amber-run/amber/internal/egress/gateway"
 )
 
 // Counting meters from the durable facts (see "Counts come from the durable

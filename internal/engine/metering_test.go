@@ -12,9 +12,9 @@ import (
 
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/egress/gateway"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/enginetest"
-	"github.com/amber-run/amber/internal/gateway"
+	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // TestMeteringKillRestoreRestart meters a sandbox that runs a CPU burner

@@ -3,7 +3,7 @@ package engine
 import (
 	"testing"
 
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // TestMovingTo: only a stopped row whose reason MovingReason wrote is

@@ -7,8 +7,8 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/meta"
-	"github.com/amber-run/amber/internal/tracing"
+	"github.com/amber-run/amber/internal/obs/tracing"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // inSandbox marks a call that runs something in sandbox id (exec, start,

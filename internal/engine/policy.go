@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // The recovery policies.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // The warm pool keeps, per template, N sandboxes created and running before

@@ -10,11 +10,11 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // Exposure is a sandbox port that the daemon's proxy serves on the port's
-// own origin (internal/server: http://<port>-<sandbox>.<port domain>/).
+// own origin (internal/edge/server: http://<port>-<sandbox>.<port domain>/).
 // Token is the credential that opens it; it is known only to the caller of
 // Expose (the store keeps its hash), so Exposures returns it empty.
 type Exposure struct {

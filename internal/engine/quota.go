@@ -6,7 +6,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // Quotas (meta.TenantQuota): a new sandbox (create, fork) must fit the
@@ -19,7 +19,7 @@ import (
 // quotas enforced from the meters, are in budget.go.
 
 // QuotaObserver is an Observer that also counts quota refusals (found by
-// type assertion; internal/metrics is one).
+// type assertion; internal/obs/metrics is one).
 type QuotaObserver interface {
 	QuotaRejected(tenant, quota string)
 }

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // reconcile makes the metadata agree with the driver after a (re)start,

@@ -6,7 +6,7 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/enginetest"
+	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // TestStaleSweepSparesAdoptedCopy: the stale-copy sweep reads a row, then

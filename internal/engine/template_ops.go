@@ -24,9 +24,9 @@ import (
 	"strings"
 
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/chunkstore"
-	"github.com/amber-run/amber/internal/meta"
-	"github.com/amber-run/amber/internal/templatestore"
+	"github.com/amber-run/amber/internal/state/chunkstore"
+	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/internal/state/templatestore"
 )
 
 // TemplateRefs says what references a version.

@@ -12,12 +12,12 @@ import (
 	"github.com/amber-run/amber/core/blob"
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/chunkstore"
-	"github.com/amber-run/amber/internal/templatestore"
+	"github.com/amber-run/amber/internal/state/chunkstore"
+	"github.com/amber-run/amber/internal/state/templatestore"
 )
 
 // Catalog is the set of templates sandboxes can be born from: a view of
-// internal/templatestore (immutable versions named by content digest, tags
+// internal/state/templatestore (immutable versions named by content digest, tags
 // naming them, the blob store keeping every version) that turns versions
 // into the driver's sandbox.Template.
 //

@@ -12,11 +12,11 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/chunkstore"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/enginetest"
-	"github.com/amber-run/amber/internal/meta"
-	"github.com/amber-run/amber/internal/templatestore"
+	"github.com/amber-run/amber/internal/engine/enginetest"
+	"github.com/amber-run/amber/internal/state/chunkstore"
+	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/internal/state/templatestore"
 	"github.com/amber-run/amber/stores/localfs"
 )
 

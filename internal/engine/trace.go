@@ -6,7 +6,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/amber-run/amber/internal/tracing"
+	"github.com/amber-run/amber/internal/obs/tracing"
 )
 
 // span starts the span of one engine operation ("engine.create",

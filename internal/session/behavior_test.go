@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/amber-run/amber/internal/failpoint"
+	"github.com/amber-run/amber/lib/failpoint"
 )
 
 func wake(t *testing.T, e *testEnv, id string, want Status) {

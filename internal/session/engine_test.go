@@ -8,8 +8,8 @@ import (
 
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/enginetest"
-	"github.com/amber-run/amber/internal/failpoint"
+	"github.com/amber-run/amber/internal/engine/enginetest"
+	"github.com/amber-run/amber/lib/failpoint"
 )
 
 func TestMain(m *testing.M) { enginetest.Main(m) }

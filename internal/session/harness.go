@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/amber-run/amber/internal/logging"
+	"github.com/amber-run/amber/internal/obs/logging"
 	"log/slog"
 	"net/url"
 	"slices"
@@ -16,11 +16,11 @@ import (
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
-	"github.com/amber-run/amber/internal/failpoint"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/lib/failpoint"
 )
 
-// Crash points of the harness (internal/failpoint), one at each side of
+// Crash points of the harness (lib/failpoint), one at each side of
 // each step's record.
 const (
 	FPModelBeforeRecord = "session.model.before-record" // the model answered; nothing recorded

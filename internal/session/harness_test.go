@@ -15,8 +15,8 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
-	"github.com/amber-run/amber/internal/failpoint"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/lib/failpoint"
 	"github.com/amber-run/amber/stores/sqlite"
 )
 

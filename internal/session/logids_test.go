@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/amber-run/amber/internal/logging"
-	"github.com/amber-run/amber/internal/meta"
+	"github.com/amber-run/amber/internal/obs/logging"
+	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // TestLogLinesNameTheSession: what the harness logs while it works on a

@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/amber-run/amber/internal/gateway"
+	"github.com/amber-run/amber/internal/egress/gateway"
 	"net/url"
 	"strconv"
 	"sync/atomic"

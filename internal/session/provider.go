@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/gateway"
+	"github.com/amber-run/amber/internal/egress/gateway"
 )
 
 // Provider is a model endpoint the operator configures (amber up

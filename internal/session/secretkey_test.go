@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/meta"
-	"github.com/amber-run/amber/internal/secretstore"
+	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/internal/state/secretstore"
 )
 
 // TestModelKeyFromSecret: a definition's api_key_secret is resolved from

@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/internal/egress"
-	"github.com/amber-run/amber/internal/gateway"
+	"github.com/amber-run/amber/internal/egress/gateway"
 	"github.com/amber-run/amber/stores/sqlite"
 )
 

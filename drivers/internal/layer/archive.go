@@ -1,0 +1,823 @@
+package layer
+
+// The layer archive: layer.tar, the upper directory of a layer as a
+// checkpoint carries it, written at the cut and read at restore by both
+// drivers.
+//
+// # Format
+//
+// An uncompressed PAX tar. The upper directory itself is the first entry,
+// "./"; then every entry under it, depth first, the names of a directory
+// sorted, directories named with a trailing "/". Each entry has its mode
+// (permission bits, set-ID and sticky bits included), owner (see IDMap),
+// modification and access times, and every extended attribute as a
+// SCHILY.xattr.NAME record (the overlay's trusted.overlay.opaque among
+// them). Regular files carry their bytes; a regular file with more than one
+// link is stored once, its other names as hard links to the first; symlinks
+// are stored as symlinks (never followed); overlay whiteouts are 0/0
+// character devices and, like other device nodes and FIFOs, are stored with
+// their major and minor numbers. Sockets are left out: nothing can restore a
+// bound socket from a file (CRIU binds a restored unix socket again, making
+// the file). Checkpoints written by the drivers' earlier copies of this code
+// (gvisor's tarLayer, criu's writeLayerTar) have the same layout and are
+// read by ExtractArchive (TestArchiveReadsOldArchives).
+//
+// # Threat model
+//
+// The upper directory is the tenant's: the sandbox and the files API
+// (drivers/internal/confinedfs) can put a symlink wherever a directory was, and the
+// daemon archives and extracts as host root. So no tenant-controlled name
+// is ever resolved as a host path. The walk opens each directory with
+// openat(O_DIRECTORY|O_NOFOLLOW) relative to its parent's descriptor, reads
+// each entry with fstatat(AT_SYMLINK_NOFOLLOW) and opens a regular file
+// with O_PATH|O_NOFOLLOW before reading it through that very inode: a
+// directory swapped for a symlink after its parent was listed is archived
+// as the symlink it now is (TestArchiveWalkIgnoresSwappedSymlink), never
+// walked into. Extraction creates every entry with a single-name *at call
+// (mkdirat, openat(O_CREAT|O_EXCL|O_NOFOLLOW), symlinkat, mknodat, linkat)
+// in a directory reached from the root descriptor one name at a time with
+// O_NOFOLLOW, and sets owners, modes, xattrs and times on the entry's own
+// descriptor (or, for a symlink, with AT_SYMLINK_NOFOLLOW in its pinned
+// parent): an archive entry below a symlink, a name with "..", an absolute
+// name, and a hard link whose target is not inside the layer are refused
+// as ErrDataLoss (TestExtractArchiveHostile, FuzzLayerArchive). The
+// engine also keeps the files API out while a cut archives or a restore
+// extracts (internal/engine, Engine.Files); the descriptor walk is what holds
+// when something else still writes.
+
+import (
+	"archive/tar"
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/lib/failpoint"
+)
+
+// Failpoints of the archive (ArchiveOptions.Failpoints); the subject is the
+// entry's name in the archive ("." for the upper directory itself).
+const (
+	// FPArchiveListed: a directory's names are read, none of its
+	// entries archived yet.
+	FPArchiveListed = "layer.archive.listed"
+	// FPExtractMkdir: a directory entry is created (or found), its owner,
+	// mode and xattrs not yet set.
+	FPExtractMkdir = "layer.archive.extract-mkdir"
+)
+
+// maxArchiveDepth bounds the depth of directories in an archive, both
+// ways: each level holds a descriptor. (The drivers' earlier path-based
+// walk failed at PATH_MAX, about 2,000 levels.)
+const maxArchiveDepth = 2048
+
+// xattrRecord is how tar (PAX, GNU tar and bsdtar alike) records an
+// extended attribute.
+const xattrRecord = "SCHILY.xattr."
+
+// Nobody is the archive's owner of a file whose host owner is outside an
+// IDMap's range, and the owner of an archive id outside it.
+const Nobody = 65534
+
+// IDMap translates owners between the host and an archive. The zero IDMap
+// stores host ids as they are (gvisor: a sandbox's ids are host ids). With
+// Size > 0 (criu: a user-namespaced sandbox whose id u is host id Host+u)
+// the archive holds sandbox ids: host id h in [Host, Host+Size) is stored
+// as h-Host, any other as Nobody; archive id a in [0, Size) is extracted
+// as Host+a, any other as Host+Nobody.
+type IDMap struct{ Host, Size int }
+
+func (m IDMap) toArchive(h uint32) int {
+	if m.Size <= 0 {
+		return int(h)
+	}
+	if int(h) >= m.Host && int(h) < m.Host+m.Size {
+		return int(h) - m.Host
+	}
+	return Nobody
+}
+
+func (m IDMap) toHost(a int) (int, error) {
+	if a < 0 || a > 1<<32-2 {
+		return 0, errdefs.DataLossf("layer archive: owner %d", a)
+	}
+	if m.Size <= 0 {
+		return a, nil
+	}
+	if a >= m.Size {
+		a = Nobody
+	}
+	return m.Host + a, nil
+}
+
+// ArchiveOptions are WriteArchive's and ExtractArchive's.
+type ArchiveOptions struct {
+	IDs IDMap
+	// Failpoints, when set (tests), are evaluated at FPArchiveListed and
+	// FPExtractMkdir; an error one returns ends the walk with it.
+	Failpoints *failpoint.Set
+}
+
+// WriteArchiveFile writes the archive of the upper directory upper into a
+// new file at path (an existing one is replaced) and returns its number of
+// entries and its size. The file is not fsynced: the caller syncs the
+// image directory it belongs to.
+func WriteArchiveFile(path, upper string, o ArchiveOptions) (entries int, size int64, err error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	bw := bufio.NewWriterSize(f, 1<<20)
+	if entries, err = WriteArchive(bw, upper, o); err != nil {
+		return 0, 0, err
+	}
+	if err := bw.Flush(); err != nil {
+		return 0, 0, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, 0, err
+	}
+	return entries, fi.Size(), f.Close()
+}
+
+// WriteArchive writes the archive of the upper directory upper (a path the
+// daemon chose; nothing under it is resolved by name) to w and returns its
+// number of entries. Nothing may write to upper meanwhile (the sandbox is
+// frozen, the files API held off): an entry found changed between two
+// looks at it is ErrConflict.
+func WriteArchive(w io.Writer, upper string, o ArchiveOptions) (int, error) {
+	fd, err := unix.Open(upper, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("layer archive: open %s: %w", upper, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return 0, err
+	}
+	a := &archiver{tw: tar.NewWriter(w), o: o, links: map[[2]uint64]string{}}
+	if err := a.dir(fd, ".", &st, 0); err != nil {
+		return 0, err
+	}
+	if err := a.tw.Close(); err != nil {
+		return 0, err
+	}
+	return a.entries, nil
+}
+
+type archiver struct {
+	tw      *tar.Writer
+	o       ArchiveOptions
+	links   map[[2]uint64]string // (dev, ino) → first name, of files with more than one link
+	entries int
+}
+
+func (a *archiver) header(typ byte, name string, st *unix.Stat_t) *tar.Header {
+	return &tar.Header{
+		Typeflag:   typ,
+		Name:       name,
+		Mode:       int64(st.Mode & 0o7777),
+		Uid:        a.o.IDs.toArchive(st.Uid),
+		Gid:        a.o.IDs.toArchive(st.Gid),
+		ModTime:    time.Unix(st.Mtim.Unix()),
+		AccessTime: time.Unix(st.Atim.Unix()),
+		Format:     tar.FormatPAX,
+	}
+}
+
+func (a *archiver) write(hdr *tar.Header, xs map[string]string) error {
+	if len(xs) > 0 {
+		hdr.PAXRecords = make(map[string]string, len(xs))
+		for k, v := range xs {
+			hdr.PAXRecords[xattrRecord+k] = v
+		}
+	}
+	if err := a.tw.WriteHeader(hdr); err != nil {
+		return fmt.Errorf("layer archive: %s: %w", hdr.Name, err)
+	}
+	a.entries++
+	return nil
+}
+
+// dir archives the directory open as fd (which it closes), named name,
+// and everything under it.
+func (a *archiver) dir(fd int, name string, st *unix.Stat_t, depth int) error {
+	d := os.NewFile(uintptr(fd), name)
+	defer d.Close()
+	xs, err := fdXattrs(fd)
+	if err != nil {
+		return fmt.Errorf("layer archive: %s: %w", name, err)
+	}
+	if err := a.write(a.header(tar.TypeDir, name+"/", st), xs); err != nil {
+		return err
+	}
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return fmt.Errorf("layer archive: %s: %w", name, err)
+	}
+	slices.Sort(names)
+	if err := a.o.Failpoints.EvalFor(FPArchiveListed, name); err != nil {
+		return err
+	}
+	for _, n := range names {
+		child := n
+		if name != "." {
+			child = name + "/" + n
+		}
+		if err := a.entry(fd, n, child, depth+1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// changed is the error of an entry that is not what it was a moment ago.
+func changed(name string, err error) error {
+	return errdefs.Conflictf("layer archive: %s changed while it was archived (%v)", name, err)
+}
+
+func sameInode(a, b *unix.Stat_t) bool {
+	return a.Dev == b.Dev && a.Ino == b.Ino && a.Mode&unix.S_IFMT == b.Mode&unix.S_IFMT
+}
+
+// entry archives the entry n of the directory dfd, named name.
+func (a *archiver) entry(dfd int, n, name string, depth int) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(dfd, n, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return changed(name, err)
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFSOCK:
+		return nil
+	case unix.S_IFDIR:
+		if depth > maxArchiveDepth {
+			return errdefs.ResourceExhaustedf("layer archive: %s: deeper than %d directories", name, maxArchiveDepth)
+		}
+		fd, err := unix.Openat(dfd, n, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return changed(name, err)
+		}
+		var now unix.Stat_t
+		if err := unix.Fstat(fd, &now); err != nil || !sameInode(&st, &now) {
+			unix.Close(fd)
+			return changed(name, err)
+		}
+		return a.dir(fd, name, &now, depth)
+	case unix.S_IFREG:
+		return a.file(dfd, n, name, &st)
+	case unix.S_IFLNK:
+		target, err := readlinkat(dfd, n)
+		if err != nil {
+			return changed(name, err)
+		}
+		xs, err := atXattrs(dfd, n)
+		if err != nil {
+			return fmt.Errorf("layer archive: %s: %w", name, err)
+		}
+		hdr := a.header(tar.TypeSymlink, name, &st)
+		hdr.Linkname = target
+		return a.write(hdr, xs)
+	case unix.S_IFCHR, unix.S_IFBLK, unix.S_IFIFO:
+		typ := byte(tar.TypeFifo)
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFCHR:
+			typ = tar.TypeChar
+		case unix.S_IFBLK:
+			typ = tar.TypeBlock
+		}
+		xs, err := atXattrs(dfd, n)
+		if err != nil {
+			return fmt.Errorf("layer archive: %s: %w", name, err)
+		}
+		hdr := a.header(typ, name, &st)
+		if typ != tar.TypeFifo {
+			hdr.Devmajor = int64(unix.Major(st.Rdev))
+			hdr.Devminor = int64(unix.Minor(st.Rdev))
+		}
+		return a.write(hdr, xs)
+	default:
+		return errdefs.FailedPreconditionf("layer archive: %s: file type %#o", name, st.Mode&unix.S_IFMT)
+	}
+}
+
+// file archives the regular file n of dfd: opened O_PATH|O_NOFOLLOW (which
+// opens nothing), checked to be the inode fstatat saw, and only then opened
+// for reading through that descriptor, so a swap cannot make us read a
+// FIFO (blocking) or a device.
+func (a *archiver) file(dfd int, n, name string, st *unix.Stat_t) error {
+	opath, err := unix.Openat(dfd, n, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return changed(name, err)
+	}
+	var now unix.Stat_t
+	if err := unix.Fstat(opath, &now); err != nil || !sameInode(st, &now) {
+		unix.Close(opath)
+		return changed(name, err)
+	}
+	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(opath), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	unix.Close(opath)
+	if err != nil {
+		return fmt.Errorf("layer archive: %s: %w", name, err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	xs, err := fdXattrs(fd)
+	if err != nil {
+		return fmt.Errorf("layer archive: %s: %w", name, err)
+	}
+	hdr := a.header(tar.TypeReg, name, &now)
+	hdr.Size = now.Size
+	if now.Nlink > 1 {
+		k := [2]uint64{now.Dev, now.Ino}
+		if first, ok := a.links[k]; ok {
+			hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
+		} else {
+			a.links[k] = name
+		}
+	}
+	if err := a.write(hdr, xs); err != nil {
+		return err
+	}
+	if hdr.Size > 0 {
+		if _, err := io.CopyN(a.tw, f, hdr.Size); err != nil {
+			if errors.Is(err, io.EOF) {
+				return changed(name, err)
+			}
+			return fmt.Errorf("layer archive: %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func readlinkat(dfd int, n string) (string, error) {
+	for size := 256; ; size *= 2 {
+		buf := make([]byte, size)
+		m, err := unix.Readlinkat(dfd, n, buf)
+		if err != nil {
+			return "", err
+		}
+		if m < size {
+			return string(buf[:m]), nil
+		}
+	}
+}
+
+// atPath names the entry n of the directory open as dfd through
+// /proc/self/fd: the kernel goes to that very directory (no path is
+// resolved on the way), then looks up the single name n. Used only with
+// calls that do not follow a final symlink (llistxattr, lgetxattr,
+// lsetxattr), for entries that cannot be opened for reading (symlinks,
+// device nodes, FIFOs).
+func atPath(dfd int, n string) string { return "/proc/self/fd/" + strconv.Itoa(dfd) + "/" + n }
+
+func fdXattrs(fd int) (map[string]string, error) {
+	return readXattrs(
+		func(buf []byte) (int, error) { return unix.Flistxattr(fd, buf) },
+		func(name string, buf []byte) (int, error) { return unix.Fgetxattr(fd, name, buf) })
+}
+
+func atXattrs(dfd int, n string) (map[string]string, error) {
+	p := atPath(dfd, n)
+	return readXattrs(
+		func(buf []byte) (int, error) { return unix.Llistxattr(p, buf) },
+		func(name string, buf []byte) (int, error) { return unix.Lgetxattr(p, name, buf) })
+}
+
+// readXattrs reads every extended attribute with list and get. A
+// filesystem without xattrs gives none; an attribute removed while listing
+// is skipped.
+func readXattrs(list func([]byte) (int, error), get func(string, []byte) (int, error)) (map[string]string, error) {
+	buf := make([]byte, 1024)
+	n, err := list(buf)
+	if errors.Is(err, unix.ERANGE) {
+		var sz int
+		if sz, err = list(nil); err == nil {
+			buf = make([]byte, sz)
+			n, err = list(buf)
+		}
+	}
+	if errors.Is(err, unix.ENOTSUP) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listxattr: %w", err)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, name := range strings.Split(string(buf[:n]), "\x00") {
+		if name == "" {
+			continue
+		}
+		sz, err := get(name, nil)
+		if errors.Is(err, unix.ENODATA) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("getxattr %s: %w", name, err)
+		}
+		v := make([]byte, sz)
+		if sz > 0 {
+			if sz, err = get(name, v); err != nil {
+				return nil, fmt.Errorf("getxattr %s: %w", name, err)
+			}
+		}
+		out[name] = string(v[:sz])
+	}
+	return out, nil
+}
+
+// ExtractArchiveFile extracts the archive in file path (see
+// ExtractArchive); a missing file is ErrDataLoss.
+func ExtractArchiveFile(path, upper string, o ArchiveOptions) (int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return 0, errdefs.DataLossf("checkpoint image: %s missing", path)
+		}
+		return 0, err
+	}
+	defer f.Close()
+	return ExtractArchive(bufio.NewReaderSize(f, 1<<20), upper, o)
+}
+
+// ExtractArchive extracts an archive made by WriteArchive into upper (the
+// empty upper directory of an unmounted overlay: nothing else may write
+// into it meanwhile) and returns its number of entries. The archive is
+// data from the blob store: a name that is absolute or climbs with "..",
+// an entry whose parent is not a directory (a symlink among them), a hard
+// link to a name outside upper, an unknown entry type and an unreadable
+// archive are ErrDataLoss. Owners are translated by o.IDs; set-ID bits are
+// kept (they act inside the sandbox only). Directory times are set last.
+// Extraction is not atomic: on error the entries before stay.
+func ExtractArchive(r io.Reader, upper string, o ArchiveOptions) (int, error) {
+	root, err := unix.Open(upper, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("layer archive: open %s: %w", upper, err)
+	}
+	x := &extractor{o: o, stack: []dirRef{{fd: root}}}
+	defer x.close()
+	tr := tar.NewReader(r)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return x.entries, errdefs.DataLossf("layer archive: %v", err)
+		}
+		if err := x.extract(hdr, tr); err != nil {
+			return x.entries, err
+		}
+		x.entries++
+	}
+	// Directory times last (creating entries inside changed them),
+	// deepest first.
+	for i := len(x.dirs) - 1; i >= 0; i-- {
+		d := x.dirs[i]
+		if err := x.setDirTimes(d.name, d.ts); err != nil {
+			return x.entries, fmt.Errorf("layer archive: times %s: %w", d.name, err)
+		}
+	}
+	return x.entries, nil
+}
+
+type dirRef struct {
+	name string // the last name of the directory ("" for the root)
+	fd   int    // O_PATH (the root: O_RDONLY)
+}
+
+type extractor struct {
+	o ArchiveOptions
+	// stack holds the root, then the directories of the path last
+	// resolved, one per name: stack[i] is the directory named by the
+	// first i names. Archives list a directory's entries together, so
+	// most entries find their parent open already.
+	stack   []dirRef
+	dirs    []dirTimes
+	entries int
+}
+
+type dirTimes struct {
+	name string
+	ts   [2]unix.Timespec
+}
+
+func (x *extractor) close() {
+	for _, d := range x.stack {
+		unix.Close(d.fd)
+	}
+	x.stack = nil
+}
+
+// cleanName is an archive name relative to the root ("." for the root
+// itself); absolute names and names that climb out are refused.
+func cleanName(name string) (string, error) {
+	n := path.Clean(name)
+	if path.IsAbs(n) || n == ".." || strings.HasPrefix(n, "../") || strings.IndexByte(n, 0) >= 0 {
+		return "", errdefs.DataLossf("layer archive: bad name %q", name)
+	}
+	return n, nil
+}
+
+func split(n string) (dir, base string) {
+	i := strings.LastIndexByte(n, '/')
+	if i < 0 {
+		return "", n
+	}
+	return n[:i], n[i+1:]
+}
+
+// dirFD returns a descriptor of the directory dir (a clean name relative to
+// the root, "" for the root), reached from the root one name at a time
+// with O_NOFOLLOW|O_DIRECTORY: a symlink or a non-directory on the way is
+// ErrDataLoss. The descriptor belongs to x (valid until the next call).
+func (x *extractor) dirFD(dir string) (int, error) {
+	var names []string
+	if dir != "" {
+		names = strings.Split(dir, "/")
+	}
+	if len(names) > maxArchiveDepth {
+		return -1, errdefs.DataLossf("layer archive: %s: deeper than %d directories", dir, maxArchiveDepth)
+	}
+	k := 0
+	for k < len(names) && k+1 < len(x.stack) && x.stack[k+1].name == names[k] {
+		k++
+	}
+	for _, d := range x.stack[k+1:] {
+		unix.Close(d.fd)
+	}
+	x.stack = x.stack[:k+1]
+	for _, n := range names[k:] {
+		fd, err := unix.Openat(x.stack[len(x.stack)-1].fd, n, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, notDir(dir, err)
+		}
+		x.stack = append(x.stack, dirRef{name: n, fd: fd})
+	}
+	return x.stack[len(x.stack)-1].fd, nil
+}
+
+func notDir(name string, err error) error {
+	switch {
+	case errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR):
+		return errdefs.DataLossf("layer archive: %s is not a directory", name)
+	case errors.Is(err, unix.ENOENT):
+		return errdefs.DataLossf("layer archive: directory %s is not in the archive before its entries", name)
+	}
+	return fmt.Errorf("layer archive: %s: %w", name, err)
+}
+
+func timespec(t time.Time) unix.Timespec {
+	if t.IsZero() {
+		return unix.Timespec{Nsec: unix.UTIME_OMIT}
+	}
+	return unix.NsecToTimespec(t.UnixNano())
+}
+
+// times is an entry's access and modification times; an archive without
+// access times (the criu driver's, before) gets the modification time.
+func times(hdr *tar.Header) [2]unix.Timespec {
+	at := hdr.AccessTime
+	if at.IsZero() {
+		at = hdr.ModTime
+	}
+	return [2]unix.Timespec{timespec(at), timespec(hdr.ModTime)}
+}
+
+// futimens sets the times of the file open as fd (utimensat with a NULL
+// path: the descriptor's inode, no lookup).
+func futimens(fd int, ts *[2]unix.Timespec) error {
+	_, _, e := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, uintptr(unsafe.Pointer(ts)), 0, 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+func (x *extractor) setDirTimes(name string, ts [2]unix.Timespec) error {
+	if name == "." {
+		return futimens(x.stack[0].fd, &ts)
+	}
+	dir, base := split(name)
+	pfd, err := x.dirFD(dir)
+	if err != nil {
+		return err
+	}
+	return unix.UtimesNanoAt(pfd, base, ts[:], unix.AT_SYMLINK_NOFOLLOW)
+}
+
+// setFD sets owner, xattrs and mode (after chown, which clears set-ID
+// bits) of an entry open as fd.
+func (x *extractor) setFD(fd int, hdr *tar.Header, uid, gid int) error {
+	if err := unix.Fchown(fd, uid, gid); err != nil {
+		return fmt.Errorf("chown: %w", err)
+	}
+	for k, v := range hdr.PAXRecords {
+		if n, ok := strings.CutPrefix(k, xattrRecord); ok {
+			if err := unix.Fsetxattr(fd, n, []byte(v), 0); err != nil {
+				return fmt.Errorf("setxattr %s: %w", n, err)
+			}
+		}
+	}
+	if err := unix.Fchmod(fd, uint32(hdr.Mode&0o7777)); err != nil {
+		return fmt.Errorf("chmod: %w", err)
+	}
+	return nil
+}
+
+// setAtXattrs sets the xattrs of the entry base of the directory pfd without
+// following it (a symlink, a device node, a FIFO).
+func setAtXattrs(pfd int, base string, hdr *tar.Header) error {
+	var p string
+	for k, v := range hdr.PAXRecords {
+		if n, ok := strings.CutPrefix(k, xattrRecord); ok {
+			if p == "" {
+				p = atPath(pfd, base)
+			}
+			if err := unix.Lsetxattr(p, n, []byte(v), 0); err != nil {
+				return fmt.Errorf("setxattr %s: %w", n, err)
+			}
+		}
+	}
+	return nil
+}
+
+// extract creates one archive entry.
+func (x *extractor) extract(hdr *tar.Header, r io.Reader) error {
+	name, err := cleanName(hdr.Name)
+	if err != nil {
+		return err
+	}
+	uid, err := x.o.IDs.toHost(hdr.Uid)
+	if err != nil {
+		return err
+	}
+	gid, err := x.o.IDs.toHost(hdr.Gid)
+	if err != nil {
+		return err
+	}
+	if name == "." {
+		if hdr.Typeflag != tar.TypeDir {
+			return errdefs.DataLossf("layer archive: %q names the root but is not a directory", hdr.Name)
+		}
+		if err := x.setFD(x.stack[0].fd, hdr, uid, gid); err != nil {
+			return fmt.Errorf("layer archive: %s: %w", name, err)
+		}
+		x.dirs = append(x.dirs, dirTimes{name, times(hdr)})
+		return nil
+	}
+	dir, base := split(name)
+	pfd, err := x.dirFD(dir)
+	if err != nil {
+		return err
+	}
+	fail := func(err error) error {
+		if errors.Is(err, unix.EEXIST) {
+			return errdefs.DataLossf("layer archive: %s: a second entry of that name", name)
+		}
+		return fmt.Errorf("layer archive: %s: %w", name, err)
+	}
+	ts := times(hdr)
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		if err := unix.Mkdirat(pfd, base, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fail(fmt.Errorf("mkdir: %w", err))
+		}
+		if err := x.o.Failpoints.EvalFor(FPExtractMkdir, name); err != nil {
+			return err
+		}
+		fd, err := unix.Openat(pfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return notDir(name, err)
+		}
+		err = x.setFD(fd, hdr, uid, gid)
+		unix.Close(fd)
+		if err != nil {
+			return fail(err)
+		}
+		x.dirs = append(x.dirs, dirTimes{name, ts})
+	case tar.TypeReg:
+		fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return fail(err)
+		}
+		f := os.NewFile(uintptr(fd), name)
+		defer f.Close()
+		if _, err := io.Copy(f, r); err != nil {
+			if errors.Is(err, io.ErrUnexpectedEOF) {
+				return errdefs.DataLossf("layer archive: %s: %v", name, err)
+			}
+			return fail(err)
+		}
+		if err := x.setFD(fd, hdr, uid, gid); err != nil {
+			return fail(err)
+		}
+		if err := futimens(fd, &ts); err != nil {
+			return fail(fmt.Errorf("times: %w", err))
+		}
+		return f.Close()
+	case tar.TypeSymlink:
+		if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
+			return fail(err)
+		}
+		if err := unix.Fchownat(pfd, base, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fail(fmt.Errorf("chown: %w", err))
+		}
+		if err := setAtXattrs(pfd, base, hdr); err != nil {
+			return fail(err)
+		}
+		if err := unix.UtimesNanoAt(pfd, base, ts[:], unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fail(fmt.Errorf("times: %w", err))
+		}
+	case tar.TypeLink:
+		// Shares the first name's inode and metadata.
+		return x.link(hdr, name, base)
+	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+		kind := uint32(unix.S_IFCHR)
+		switch hdr.Typeflag {
+		case tar.TypeBlock:
+			kind = unix.S_IFBLK
+		case tar.TypeFifo:
+			kind = unix.S_IFIFO
+		}
+		dev := unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor))
+		if err := unix.Mknodat(pfd, base, kind|0o600, int(dev)); err != nil {
+			return fail(err)
+		}
+		// Owner and mode through an O_PATH descriptor of the node (which
+		// opens no device): fchownat(AT_EMPTY_PATH), and chmod of
+		// /proc/self/fd/N, which goes to that very inode.
+		opath, err := unix.Openat(pfd, base, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fail(err)
+		}
+		defer unix.Close(opath)
+		var st unix.Stat_t
+		if err := unix.Fstat(opath, &st); err != nil || st.Mode&unix.S_IFMT != kind {
+			return fail(fmt.Errorf("node replaced after mknod (%v)", err))
+		}
+		if err := unix.Fchownat(opath, "", uid, gid, unix.AT_EMPTY_PATH); err != nil {
+			return fail(fmt.Errorf("chown: %w", err))
+		}
+		if err := setAtXattrs(pfd, base, hdr); err != nil {
+			return fail(err)
+		}
+		if err := unix.Fchmodat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(opath), uint32(hdr.Mode&0o7777), 0); err != nil {
+			return fail(fmt.Errorf("chmod: %w", err))
+		}
+		if err := unix.UtimesNanoAt(pfd, base, ts[:], unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fail(fmt.Errorf("times: %w", err))
+		}
+	default:
+		return errdefs.DataLossf("layer archive: %s: unsupported type %q", hdr.Name, hdr.Typeflag)
+	}
+	return nil
+}
+
+// link makes the hard link name (base in the directory last resolved) to
+// the archive's earlier entry hdr.Linkname, which must be inside the root
+// and reached without a symlink; a symlink there is linked itself (no
+// AT_SYMLINK_FOLLOW).
+func (x *extractor) link(hdr *tar.Header, name, base string) error {
+	target := path.Clean(hdr.Linkname)
+	if hdr.Linkname == "" || target == "." || path.IsAbs(target) || target == ".." || strings.HasPrefix(target, "../") || strings.IndexByte(target, 0) >= 0 {
+		return errdefs.DataLossf("layer archive: %s: bad link target %q", name, hdr.Linkname)
+	}
+	// The new name's directory, held while the target's is resolved.
+	dir, _ := split(name)
+	pfd, err := x.dirFD(dir)
+	if err != nil {
+		return err
+	}
+	pfd, err = unix.Dup(pfd)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	tdir, tbase := split(target)
+	tfd, err := x.dirFD(tdir)
+	if err != nil {
+		return err
+	}
+	if err := unix.Linkat(tfd, tbase, pfd, base, 0); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return errdefs.DataLossf("layer archive: %s: a second entry of that name", name)
+		}
+		return fmt.Errorf("layer archive: %s: link to %s: %w", name, target, err)
+	}
+	return nil
+}

@@ -1,0 +1,75 @@
+package server
+
+import (
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/amber-run/amber/api"
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/state/meta"
+)
+
+// The request decoders of the main creating endpoints, apart from their
+// handlers so that FuzzDecodeRequests can feed them arbitrary bytes: each
+// returns the request or an error whose kind is a 4xx (invalid argument,
+// too large), never a panic. They check what the request itself gets
+// wrong, including Limits; what depends on state (does the template
+// exist, is the quota free) is the engine's.
+
+func (s *Server) decodeCreateSandbox(r *http.Request) (api.CreateSandboxRequest, error) {
+	var req api.CreateSandboxRequest
+	if err := readJSON(r, &req); err != nil {
+		return req, err
+	}
+	if err := s.limits.checkSandbox(fromAPILimits(req.Limits)); err != nil {
+		return req, err
+	}
+	return req, s.limits.checkEnv("sandbox", req.Env)
+}
+
+// decodeExec reads an exec request: a JSON ExecRequest body (bounded like
+// any JSON body), or the command in query parameters and the raw body as
+// streamed stdin (not bounded: it is a stream).
+func (s *Server) decodeExec(w http.ResponseWriter, r *http.Request) (req api.ExecRequest, stdin io.Reader, streamed bool, err error) {
+	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
+		s.limitBody(w, r)
+	}
+	if req, stdin, streamed, err = parseExec(r); err != nil {
+		return req, nil, false, err
+	}
+	if len(req.Args) == 0 {
+		return req, nil, false, errdefs.InvalidArgumentf("exec: no command (args is empty)")
+	}
+	return req, stdin, streamed, s.limits.checkCommand("exec", req.Args, req.Env)
+}
+
+func (s *Server) decodeStartProcess(r *http.Request) (api.StartProcessRequest, error) {
+	var req api.StartProcessRequest
+	if err := readJSON(r, &req); err != nil {
+		return req, err
+	}
+	return req, s.limits.checkCommand("process", req.Args, req.Env)
+}
+
+func (s *Server) decodeCheckpoint(r *http.Request) (api.CreateCheckpointRequest, error) {
+	var req api.CreateCheckpointRequest
+	return req, readOptionalJSON(r, &req)
+}
+
+func (s *Server) decodeCreateTenant(r *http.Request) (api.CreateTenantRequest, error) {
+	var req api.CreateTenantRequest
+	if err := readJSON(r, &req); err != nil {
+		return req, err
+	}
+	return req, meta.ValidTenantID(req.ID)
+}
+
+func (s *Server) decodeCreateKey(r *http.Request) (api.CreateKeyRequest, []meta.Scope, error) {
+	var req api.CreateKeyRequest
+	if err := readJSON(r, &req); err != nil {
+		return req, nil, err
+	}
+	scopes, err := meta.ParseScopes(req.Scopes)
+	return req, scopes, err
+}

@@ -1,0 +1,115 @@
+package server
+
+import (
+	"net/http"
+
+	"github.com/amber-run/amber/api"
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/obs/logging"
+	"github.com/amber-run/amber/internal/state/meta"
+)
+
+func toAPILimits(l sandbox.Limits) api.Limits {
+	return api.Limits{MemoryBytes: l.MemoryBytes, MilliCPUs: l.MilliCPUs, Pids: l.Pids, DiskBytes: l.DiskBytes}
+}
+
+func fromAPILimits(l api.Limits) sandbox.Limits {
+	return sandbox.Limits{MemoryBytes: l.MemoryBytes, MilliCPUs: l.MilliCPUs, Pids: l.Pids, DiskBytes: l.DiskBytes}
+}
+
+func toAPISandbox(sb meta.Sandbox) api.Sandbox {
+	return api.Sandbox{
+		ID: sb.ID, Tenant: sb.Tenant, Template: sb.Template, TemplateVersion: sb.TemplateVersion,
+		Driver: sb.Driver, State: string(sb.State), Reason: sb.Reason, Limits: toAPILimits(sb.Limits),
+		Env: sb.Env, FromPool: sb.FromPool, Generation: sb.Generation, Origin: sb.Origin, Recovery: sb.Policy,
+		Node: sb.Node, Created: sb.Created, Updated: sb.Updated,
+	}
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request, c *call) error {
+	return writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) openapi(w http.ResponseWriter, r *http.Request, c *call) error {
+	w.Header().Set("Content-Type", "application/json")
+	_, err := w.Write(api.OpenAPI)
+	return err
+}
+
+func (s *Server) info(w http.ResponseWriter, r *http.Request, c *call) error {
+	d := s.eng.Driver()
+	caps := d.Capabilities()
+	return writeJSON(w, http.StatusOK, api.Info{
+		Version: s.version, Driver: d.Name(), Tenant: c.tenant,
+		Capabilities: map[string]bool{
+			"checkpoint": caps.Checkpoint, "lazy_restore": caps.LazyRestore,
+			"live_outside_tcp": caps.LiveOutsideTCP, "pty": caps.PTY, "port_forward": caps.PortForward,
+		},
+	})
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+	req, err := s.decodeCreateSandbox(r)
+	if err != nil {
+		return err
+	}
+	sb, err := s.eng.Create(r.Context(), engine.CreateRequest{
+		Tenant: c.tenant, Template: req.Template, Limits: fromAPILimits(req.Limits), Env: req.Env, Cold: req.Cold, Policy: req.Recovery,
+		Egress: fromAPIEgress(req.Egress),
+	})
+	if err != nil {
+		return err
+	}
+	c.lg.InfoContext(r.Context(), "sandbox created", logging.SandboxID, sb.ID, "from_pool", sb.FromPool)
+	return writeJSON(w, http.StatusCreated, toAPISandbox(sb))
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, c *call) error {
+	rows, err := s.eng.List(r.Context(), c.tenant)
+	if err != nil {
+		return err
+	}
+	out := api.SandboxList{Sandboxes: []api.Sandbox{}}
+	for _, sb := range rows {
+		out.Sandboxes = append(out.Sandboxes, toAPISandbox(sb))
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+	sb, err := s.eng.Get(r.Context(), c.tenant, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, toAPISandbox(sb))
+}
+
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+	if err := s.eng.Destroy(r.Context(), c.tenant, r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) killSandbox(w http.ResponseWriter, r *http.Request, c *call) error {
+	sb, err := s.eng.Kill(r.Context(), c.tenant, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, toAPISandbox(sb))
+}
+
+// serveMetrics serves Prometheus metrics to the operator.
+func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request, c *call) error {
+	if !c.operator() {
+		return errdefs.PermissionDeniedf("metrics span every tenant: they need the operator's key (an admin-scoped key of tenant %s)", meta.DefaultTenant)
+	}
+	if s.metrics == nil {
+		return errdefs.FailedPreconditionf("this daemon exports no metrics")
+	}
+	s.metrics.Handler().ServeHTTP(w, r)
+	return nil
+}
