@@ -363,19 +363,8 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	defer unlock()
 
 	// A stopped sandbox of that id is replaced; a running one is refused.
-	if _, err := d.loadRecord(spec.ID); err == nil || !errdefs.IsNotFound(err) {
-		if ls, err := d.container(spec.ID); err == nil {
-			if st, err := ls.c.Status(); err == nil && st != libcontainer.Stopped {
-				return stats, errdefs.FailedPreconditionf("sandbox %s is %s; kill it before restoring over it", spec.ID, st)
-			}
-		}
-		if err := d.destroyLocked(ctx, spec.ID); err != nil {
-			return stats, err
-		}
-	} else if _, serr := os.Lstat(filepath.Join(d.runc, spec.ID)); serr == nil {
-		if err := d.destroyLocked(ctx, spec.ID); err != nil {
-			return stats, err
-		}
+	if err := d.clearForRestore(ctx, spec.ID); err != nil {
+		return stats, err
 	}
 
 	rec := &record{
@@ -456,15 +445,7 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	}
 
 	ls := &liveSandbox{c: c, rec: rec}
-	if toHost, _, err := d.sandboxPids(ls); err == nil {
-		rec.Restored = map[int]restoredStart{}
-		for sp, hp := range toHost {
-			orig, ok := meta.StartTicks[sp]
-			if st, err := readStat(hp); ok && err == nil {
-				rec.Restored[sp] = restoredStart{HostTicks: st.startTicks, Ticks: orig}
-			}
-		}
-	}
+	d.noteRestoredStarts(ls, rec, meta.StartTicks)
 	rec.Phase = phaseCreated
 	if err := d.saveRecord(rec); err != nil {
 		return stats, recordErr(spec.ID, err)
@@ -485,6 +466,42 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	}
 	d.log.Info("sandbox restored", "sandbox", spec.ID, "running", stats.Running, "processes", stats.Processes, "memory_bytes", stats.MemoryBytes)
 	return stats, nil
+}
+
+// clearForRestore makes way for a restore of id (d holds its lock): a
+// stopped sandbox of that id, or a runtime state directory left without a
+// record, is destroyed; a running sandbox is FailedPrecondition.
+func (d *Driver) clearForRestore(ctx context.Context, id string) error {
+	if _, err := d.loadRecord(id); err == nil || !errdefs.IsNotFound(err) {
+		if ls, err := d.container(id); err == nil {
+			if st, err := ls.c.Status(); err == nil && st != libcontainer.Stopped {
+				return errdefs.FailedPreconditionf("sandbox %s is %s; kill it before restoring over it", id, st)
+			}
+		}
+		if err := d.destroyLocked(ctx, id); err != nil {
+			return err
+		}
+	} else if _, serr := os.Lstat(filepath.Join(d.runc, id)); serr == nil {
+		if err := d.destroyLocked(ctx, id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// noteRestoredStarts records in rec, for each process of the restored
+// sandbox ls, its host start time beside the start time it had when cut
+// (startTicks, the image's), so the processes keep their start times.
+func (d *Driver) noteRestoredStarts(ls *liveSandbox, rec *record, startTicks map[int]uint64) {
+	if toHost, _, err := d.sandboxPids(ls); err == nil {
+		rec.Restored = map[int]restoredStart{}
+		for sp, hp := range toHost {
+			orig, ok := startTicks[sp]
+			if st, err := readStat(hp); ok && err == nil {
+				rec.Restored[sp] = restoredStart{HostTicks: st.startTicks, Ticks: orig}
+			}
+		}
+	}
 }
 
 // claimSlotN claims uid range n for id.

@@ -275,39 +275,8 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	switch {
 	case err == nil:
 		// Replace a stopped sandbox.
-		st, ok, err := d.state(ctx, old, id)
-		if err != nil {
+		if l, err = d.replaceStopped(ctx, old, rec, rootfs); err != nil {
 			return stats, err
-		}
-		// runsc's status can lag behind a Kill that has just returned;
-		// a sandbox with no host process left does not run.
-		for deadline := time.Now().Add(2 * time.Second); ok && st.Status != "stopped" && len(cgroupProcs(old.Cgroup)) > 0; {
-			if time.Now().After(deadline) {
-				return stats, errdefs.FailedPreconditionf("restore %s: sandbox is %s; kill it first", id, st.Status)
-			}
-			if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
-				return stats, err
-			}
-			if st, ok, err = d.state(ctx, old, id); err != nil {
-				return stats, err
-			}
-		}
-		if ok || d.runtimeStateExists(id) {
-			if _, err := d.run(ctx, old, "delete", "--force", runtimeID(id)); err != nil && !notExist(err) {
-				d.log.Warn("restore: runsc delete failed; removing by hand", "sandbox", id, "err", err)
-			}
-		}
-		if err := killCgroup(old.Cgroup, 10*time.Second); err != nil {
-			return stats, err
-		}
-		if err := d.removeRuntimeState(id); err != nil {
-			return stats, err
-		}
-		if err := d.saveRecord(rec); err != nil {
-			return stats, err
-		}
-		if l, err = layer.Open(d.layerDir(id), layer.WithLower(rootfs)); err != nil {
-			return stats, fmt.Errorf("restore %s: layer: %w", id, err)
 		}
 	case errdefs.IsNotFound(err):
 		if err := os.Mkdir(d.dir(id), 0o700); err != nil {
@@ -335,28 +304,10 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 		return stats, err
 	}
 
-	// The layer's content: unmount the overlay (never write into an
-	// overlay's upper directory while it is mounted), replace upper,
-	// mount again.
 	tLayer := time.Now()
-	if err := unmountRetry(ctx, l.Merged()); err != nil {
-		return stats, fmt.Errorf("restore %s: %w", id, err)
-	}
-	if err := emptyDir(l.Upper()); err != nil {
-		return stats, fmt.Errorf("restore %s: clear layer: %w", id, err)
-	}
-	if err := emptyDir(filepath.Join(filepath.Dir(l.Upper()), "work")); err != nil {
-		return stats, fmt.Errorf("restore %s: clear layer: %w", id, err)
-	}
-	entries, err := layer.ExtractArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), layer.ArchiveOptions{Failpoints: d.opts.Failpoints})
+	entries, err := d.restoreLayerContent(ctx, id, l, imageDir)
 	if err != nil {
-		return stats, fmt.Errorf("restore %s: layer: %w", id, err)
-	}
-	if err := l.Mount(); err != nil {
-		return stats, fmt.Errorf("restore %s: layer: %w", id, err)
-	}
-	if err := prepareRoot(l.Merged()); err != nil {
-		return stats, fmt.Errorf("restore %s: %w", id, err)
+		return stats, err
 	}
 	tNet := time.Now()
 	if !isMountPoint(rec.Netns) {
@@ -402,6 +353,77 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 		"network", tRunsc.Sub(tNet).Round(time.Millisecond), "runsc", tDone.Sub(tRunsc).Round(time.Millisecond),
 		"stats", time.Since(tStats).Round(time.Millisecond))
 	return stats, nil
+}
+
+// replaceStopped makes way for a restore over the stopped sandbox old (a
+// sandbox still running is refused): its runtime container deleted, its
+// cgroup emptied, its runtime state removed; then rec is saved and the
+// sandbox's layer opened over rootfs.
+func (d *Driver) replaceStopped(ctx context.Context, old, rec *record, rootfs string) (*layer.Layer, error) {
+	id := rec.ID
+	st, ok, err := d.state(ctx, old, id)
+	if err != nil {
+		return nil, err
+	}
+	// runsc's status can lag behind a Kill that has just returned;
+	// a sandbox with no host process left does not run.
+	for deadline := time.Now().Add(2 * time.Second); ok && st.Status != "stopped" && len(cgroupProcs(old.Cgroup)) > 0; {
+		if time.Now().After(deadline) {
+			return nil, errdefs.FailedPreconditionf("restore %s: sandbox is %s; kill it first", id, st.Status)
+		}
+		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+			return nil, err
+		}
+		if st, ok, err = d.state(ctx, old, id); err != nil {
+			return nil, err
+		}
+	}
+	if ok || d.runtimeStateExists(id) {
+		if _, err := d.run(ctx, old, "delete", "--force", runtimeID(id)); err != nil && !notExist(err) {
+			d.log.Warn("restore: runsc delete failed; removing by hand", "sandbox", id, "err", err)
+		}
+	}
+	if err := killCgroup(old.Cgroup, 10*time.Second); err != nil {
+		return nil, err
+	}
+	if err := d.removeRuntimeState(id); err != nil {
+		return nil, err
+	}
+	if err := d.saveRecord(rec); err != nil {
+		return nil, err
+	}
+	l, err := layer.Open(d.layerDir(id), layer.WithLower(rootfs))
+	if err != nil {
+		return nil, fmt.Errorf("restore %s: layer: %w", id, err)
+	}
+	return l, nil
+}
+
+// restoreLayerContent gives the layer l the image's content: it unmounts
+// the overlay (never write into an overlay's upper directory while it is
+// mounted), replaces upper with the image's layer archive, mounts again.
+// It returns the archive's number of entries.
+func (d *Driver) restoreLayerContent(ctx context.Context, id string, l *layer.Layer, imageDir string) (int, error) {
+	if err := unmountRetry(ctx, l.Merged()); err != nil {
+		return 0, fmt.Errorf("restore %s: %w", id, err)
+	}
+	if err := emptyDir(l.Upper()); err != nil {
+		return 0, fmt.Errorf("restore %s: clear layer: %w", id, err)
+	}
+	if err := emptyDir(filepath.Join(filepath.Dir(l.Upper()), "work")); err != nil {
+		return 0, fmt.Errorf("restore %s: clear layer: %w", id, err)
+	}
+	entries, err := layer.ExtractArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), layer.ArchiveOptions{Failpoints: d.opts.Failpoints})
+	if err != nil {
+		return 0, fmt.Errorf("restore %s: layer: %w", id, err)
+	}
+	if err := l.Mount(); err != nil {
+		return 0, fmt.Errorf("restore %s: layer: %w", id, err)
+	}
+	if err := prepareRoot(l.Merged()); err != nil {
+		return 0, fmt.Errorf("restore %s: %w", id, err)
+	}
+	return entries, nil
 }
 
 // stopPaused stops a sandbox that a checkpoint left paused (runsc
