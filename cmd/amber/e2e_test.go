@@ -24,9 +24,6 @@ import (
 
 func TestMain(m *testing.M) {
 	enginetest.RunInitHooks()
-	if dir := os.Getenv("AMBER_TEST_HOLD_DB"); dir != "" {
-		holdDBStopped(dir) // takeover_test.go: a daemon stopped inside a write
-	}
 	code := m.Run()
 	if builtBin != "" {
 		os.Remove(builtBin)

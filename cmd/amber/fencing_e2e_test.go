@@ -25,7 +25,7 @@ import (
 // The pause is a failpoint (stop-self), so it lands exactly before the
 // write each case is about. SIGSTOP stops every thread, so now and then A
 // stops inside another goroutine's SQLite write and keeps a database
-// locked: B then ends A (SIGKILL, takeover.go) once the lock outlasts the
+// locked: B then ends A (SIGKILL, internal/host/takeover) once the lock outlasts the
 // lease, and A has written nothing either.
 func TestE2EFencingPausedDaemon(t *testing.T) {
 	if !hasTemplate("python") {

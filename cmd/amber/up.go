@@ -28,6 +28,7 @@ import (
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/host/faults"
 	"github.com/amber-run/amber/internal/host/fence"
+	"github.com/amber-run/amber/internal/host/takeover"
 	"github.com/amber-run/amber/internal/obs/logging"
 	"github.com/amber-run/amber/internal/obs/metrics"
 	"github.com/amber-run/amber/internal/obs/tracing"
@@ -262,7 +263,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 			if !takingOver {
 				return open()
 			}
-			_, err := takeOverOpen(ctx, what, filepath.Join(dataDir, "daemon.lock"), o.leaseTTL, lg, func() (struct{}, error) { return struct{}{}, open() })
+			_, err := takeover.Open(ctx, what, filepath.Join(dataDir, "daemon.lock"), o.leaseTTL, lg, func() (struct{}, error) { return struct{}{}, open() })
 			return err
 		}
 	}

@@ -1,4 +1,18 @@
-package main
+// Package takeover takes a data dir over from a stopped daemon (amber up
+// --take-over).
+//
+// The data-dir lease fences a stopped daemon once it resumes, but only if
+// the new daemon can write: a daemon stopped inside an SQLite write
+// transaction (SIGSTOP reaches every thread at once, whatever it was
+// doing) keeps meta.db or events.db locked for as long as it stays
+// stopped, and nothing else can write them. So a database that stays
+// locked longer than the lease TTL (plus SQLite's own busy wait) is held by
+// a process that cannot hold a valid lease any more: Open then ends
+// that process — the one holding the data dir's flock, found in
+// /proc/locks, so a recycled PID is never hit — with SIGKILL, waits for it
+// to be gone, and opens again. A daemon that is merely slow finishes its
+// transaction within that time and is fenced by the lease as usual.
+package takeover
 
 import (
 	"context"
@@ -13,24 +27,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Taking a data dir over from a stopped daemon (amber up --take-over).
-//
-// The data-dir lease fences a stopped daemon once it resumes, but only if
-// the new daemon can write: a daemon stopped inside an SQLite write
-// transaction (SIGSTOP reaches every thread at once, whatever it was
-// doing) keeps meta.db or events.db locked for as long as it stays
-// stopped, and nothing else can write them. So a database that stays
-// locked longer than the lease TTL (plus SQLite's own busy wait) is held by
-// a process that cannot hold a valid lease any more: takeOverOpen then ends
-// that process — the one holding the data dir's flock, found in
-// /proc/locks, so a recycled PID is never hit — with SIGKILL, waits for it
-// to be gone, and opens again. A daemon that is merely slow finishes its
-// transaction within that time and is fenced by the lease as usual.
-
-// takeOverOpen calls open until it succeeds or fails for another reason
+// Open calls open until it succeeds or fails for another reason
 // than a locked database; a lock that outlasts ttl ends the holder of
 // lockPath's flock (see above).
-func takeOverOpen[T any](ctx context.Context, what, lockPath string, ttl time.Duration, lg *slog.Logger, open func() (T, error)) (T, error) {
+func Open[T any](ctx context.Context, what, lockPath string, ttl time.Duration, lg *slog.Logger, open func() (T, error)) (T, error) {
 	deadline := time.Now().Add(ttl)
 	for {
 		v, err := open()

@@ -1,4 +1,4 @@
-package main
+package takeover
 
 import (
 	"context"
@@ -32,6 +32,13 @@ func TestParseFlockHolder(t *testing.T) {
 	}
 }
 
+func TestMain(m *testing.M) {
+	if dir := os.Getenv("AMBER_TEST_HOLD_DB"); dir != "" {
+		holdDBStopped(dir) // a daemon stopped inside a write
+	}
+	os.Exit(m.Run())
+}
+
 // holdDBStopped is the child of TestTakeOverEndsStoppedHolder: it takes the
 // data dir's flock (as amber up does), opens events.db, begins a write
 // transaction and stops itself inside it, as a daemon SIGSTOPped mid-write.
@@ -63,7 +70,7 @@ func holdDBStopped(dir string) {
 
 // TestTakeOverEndsStoppedHolder: a process that holds the data dir's flock
 // and is stopped inside an SQLite write transaction keeps events.db locked;
-// takeOverOpen waits out the lease, ends exactly that process and opens the
+// Open waits out the lease, ends exactly that process and opens the
 // database; a database that is not locked opens at once.
 func TestTakeOverEndsStoppedHolder(t *testing.T) {
 	dir := t.TempDir()
@@ -103,7 +110,7 @@ func TestTakeOverEndsStoppedHolder(t *testing.T) {
 	}
 
 	start := time.Now()
-	s, err = takeOverOpen(ctx, "events.db", filepath.Join(dir, "daemon.lock"), time.Second, lg, func() (*sqlite.Store, error) {
+	s, err = Open(ctx, "events.db", filepath.Join(dir, "daemon.lock"), time.Second, lg, func() (*sqlite.Store, error) {
 		return sqlite.Open(path, sqlite.Options{})
 	})
 	if err != nil {
@@ -122,7 +129,7 @@ func TestTakeOverEndsStoppedHolder(t *testing.T) {
 
 	// Nobody holds it now: the open succeeds at once, nothing is ended.
 	start = time.Now()
-	s, err = takeOverOpen(ctx, "events.db", filepath.Join(dir, "daemon.lock"), time.Second, lg, func() (*sqlite.Store, error) {
+	s, err = Open(ctx, "events.db", filepath.Join(dir, "daemon.lock"), time.Second, lg, func() (*sqlite.Store, error) {
 		return sqlite.Open(path, sqlite.Options{})
 	})
 	if err != nil || time.Since(start) > 5*time.Second {
