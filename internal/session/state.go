@@ -179,28 +179,8 @@ func (s *State) Apply(ev eventlog.Event) error {
 		if err := dec(&p); err != nil {
 			return err
 		}
-		if _, dup := s.Results[p.ToolCallID]; dup {
-			return errdefs.DataLossf("session %s: second result for tool call %s at %d", s.ID, p.ToolCallID, ev.Seq)
-		}
-		s.Results[p.ToolCallID] = p
-		s.ResultSeq[p.ToolCallID] = ev.Seq
-		s.Messages = append(s.Messages, Message{Role: "tool", Text: p.Output, ToolCallID: p.ToolCallID, ToolName: p.Name, IsError: p.IsError})
-		for i, c := range s.Pending {
-			if c.ID == p.ToolCallID {
-				s.Pending = append(s.Pending[:i:i], s.Pending[i+1:]...)
-				break
-			}
-		}
-		if len(s.Pending) == 0 && len(s.deferred) > 0 {
-			s.Messages = append(s.Messages, s.deferred...)
-			s.deferred = nil
-		}
-		if p.Checkpoint != "" {
-			s.Cut = Checkpointed{Checkpoint: p.Checkpoint, Sandbox: s.Sandbox, AfterSeq: ev.Seq}
-			s.ChangedSinceCut, s.ChangedAfterCut = 0, nil
-		} else if p.Changed {
-			s.ChangedSinceCut++
-			s.ChangedAfterCut = append(s.ChangedAfterCut, p.ToolCallID)
+		if err := s.applyToolResult(p, ev.Seq); err != nil {
+			return err
 		}
 	case EventSandboxCreated:
 		var p SandboxCreated
@@ -232,6 +212,37 @@ func (s *State) Apply(ev eventlog.Event) error {
 	case EventDivergence, EventError:
 	default:
 		return errdefs.DataLossf("session %s: event %d has unknown type %s", s.ID, ev.Seq, ev.Type)
+	}
+	return nil
+}
+
+// applyToolResult applies the result p of a tool call, the event at seq:
+// a second result for a call is DataLoss. The call is no longer pending;
+// messages deferred while calls were pending follow the last result; the
+// result's checkpoint (or its change) moves the cut.
+func (s *State) applyToolResult(p ToolResult, seq uint64) error {
+	if _, dup := s.Results[p.ToolCallID]; dup {
+		return errdefs.DataLossf("session %s: second result for tool call %s at %d", s.ID, p.ToolCallID, seq)
+	}
+	s.Results[p.ToolCallID] = p
+	s.ResultSeq[p.ToolCallID] = seq
+	s.Messages = append(s.Messages, Message{Role: "tool", Text: p.Output, ToolCallID: p.ToolCallID, ToolName: p.Name, IsError: p.IsError})
+	for i, c := range s.Pending {
+		if c.ID == p.ToolCallID {
+			s.Pending = append(s.Pending[:i:i], s.Pending[i+1:]...)
+			break
+		}
+	}
+	if len(s.Pending) == 0 && len(s.deferred) > 0 {
+		s.Messages = append(s.Messages, s.deferred...)
+		s.deferred = nil
+	}
+	if p.Checkpoint != "" {
+		s.Cut = Checkpointed{Checkpoint: p.Checkpoint, Sandbox: s.Sandbox, AfterSeq: seq}
+		s.ChangedSinceCut, s.ChangedAfterCut = 0, nil
+	} else if p.Changed {
+		s.ChangedSinceCut++
+		s.ChangedAfterCut = append(s.ChangedAfterCut, p.ToolCallID)
 	}
 	return nil
 }

@@ -128,24 +128,9 @@ func (s *Store) Put(ctx context.Context, tenant, id, src string, opts PutOptions
 	}
 	defer w.end()
 
-	known := map[string]bool{}
-	if opts.Parent != "" {
-		// Read after the pending marker is written: from now on no
-		// collector removes the parent's chunks, even if the parent is
-		// deleted meanwhile. A parent already gone only costs lookups.
-		pm, err := s.Manifest(ctx, tenant, opts.Parent)
-		if errdefs.IsNotFound(err) {
-			s.log.Info("parent checkpoint is gone; looking chunks up instead", "tenant", tenant, "checkpoint", id, "parent", opts.Parent)
-			pm = &Manifest{}
-		} else if err != nil {
-			return res, fmt.Errorf("parent %s: %w", opts.Parent, err)
-		}
-		for _, e := range pm.Entries {
-			for _, c := range e.Chunks {
-				sum, _ := hex.DecodeString(c.SHA256)
-				known[keys.chunkName([32]byte(sum))] = true
-			}
-		}
+	known, err := s.parentChunks(ctx, keys, tenant, id, opts.Parent)
+	if err != nil {
+		return res, err
 	}
 
 	// 2. Chunks: all durable before the manifest is written.
@@ -249,6 +234,32 @@ func (s *Store) Put(ctx context.Context, tenant, id, src string, opts PutOptions
 		return res, err
 	}
 	return res, nil
+}
+
+// parentChunks returns the names of the chunks of checkpoint id's parent
+// (none without a parent, or when the parent is gone: that only costs
+// lookups). Put reads them after the pending marker is written: from then
+// on no collector removes the parent's chunks, even if the parent is
+// deleted meanwhile.
+func (s *Store) parentChunks(ctx context.Context, keys *tenantKeys, tenant, id, parent string) (map[string]bool, error) {
+	known := map[string]bool{}
+	if parent == "" {
+		return known, nil
+	}
+	pm, err := s.Manifest(ctx, tenant, parent)
+	if errdefs.IsNotFound(err) {
+		s.log.Info("parent checkpoint is gone; looking chunks up instead", "tenant", tenant, "checkpoint", id, "parent", parent)
+		pm = &Manifest{}
+	} else if err != nil {
+		return nil, fmt.Errorf("parent %s: %w", parent, err)
+	}
+	for _, e := range pm.Entries {
+		for _, c := range e.Chunks {
+			sum, _ := hex.DecodeString(c.SHA256)
+			known[keys.chunkName([32]byte(sum))] = true
+		}
+	}
+	return known, nil
 }
 
 // scanTree lists src: directories, symlinks and regular files, parents
