@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/amber-run/amber/internal/chaos"
 	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
@@ -47,7 +48,7 @@ func TestE2EChaosShort(t *testing.T) {
 			if err != nil {
 				t.Fatalf("amber chaos: %v", err)
 			}
-			var rep chaosReport
+			var rep chaos.Report
 			b, err := os.ReadFile(report)
 			if err != nil {
 				t.Fatal(err)
@@ -58,7 +59,7 @@ func TestE2EChaosShort(t *testing.T) {
 			if rep.Runs != 1 || rep.FaultsPlanned != 8 || rep.LostEventRuns != 0 || rep.DuplicateEffectRuns != 0 {
 				t.Fatalf("report: %d runs, %d faults, %d lost, %d duplicated", rep.Runs, rep.FaultsPlanned, rep.LostEventRuns, rep.DuplicateEffectRuns)
 			}
-			for _, cl := range chaosClasses {
+			for _, cl := range chaos.Classes {
 				if rep.HitsByClass[cl] < 1 {
 					t.Errorf("class %s was never observed (planned %d)", cl, rep.PlannedByClass[cl])
 				}

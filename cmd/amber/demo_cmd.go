@@ -6,20 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/client"
+	"github.com/amber-run/amber/internal/chaos"
 )
 
 // amber demo: an agent session that survives a sandbox crash and a daemon
@@ -57,8 +53,8 @@ type demo struct {
 	driver string
 
 	dir    string
-	shop   *shop
-	daemon *demoDaemon
+	shop   *chaos.Shop
+	daemon *chaos.Daemon
 	cl     *client.Client
 	start  time.Time
 	checks []demoCheck
@@ -132,16 +128,16 @@ func (d *demo) run(ctx context.Context) (err error) {
 		return err
 	}
 	os.Chmod(d.dir, 0o711)
-	d.shop, err = startShop("tea")
+	d.shop, err = chaos.StartShop("tea")
 	if err != nil {
 		return err
 	}
-	defer d.shop.close()
-	d.say("shop on %s (a ledger that honours Idempotency-Key); data dir %s", d.shop.addr, d.dir)
+	defer d.shop.Close()
+	d.say("shop on %s (a ledger that honours Idempotency-Key); data dir %s", d.shop.Addr, d.dir)
 
-	d.daemon = &demoDaemon{dir: d.dir, args: []string{"--driver", d.driver, "--pool", "0", "--log-level", "warn",
-		"--egress-host", "shop.test=127.0.0.1", "--egress-allow", fmt.Sprintf("shop.test:%d", d.shop.port)}}
-	if err := d.daemon.start(); err != nil {
+	d.daemon = &chaos.Daemon{Dir: d.dir, Args: []string{"--driver", d.driver, "--pool", "0", "--log-level", "warn",
+		"--egress-host", "shop.test=127.0.0.1", "--egress-allow", fmt.Sprintf("shop.test:%d", d.shop.Port)}}
+	if err := d.daemon.Start(); err != nil {
 		return err
 	}
 	defer func() {
@@ -149,12 +145,12 @@ func (d *demo) run(ctx context.Context) (err error) {
 			err = derr
 		}
 	}()
-	if d.cl, err = d.daemon.client(); err != nil {
+	if d.cl, err = d.daemon.Client(); err != nil {
 		return err
 	}
-	d.say("daemon up (pid %d) on %s", d.daemon.cmd.Process.Pid, d.daemon.addr)
+	d.say("daemon up (pid %d) on %s", d.daemon.Pid(), d.daemon.Addr)
 
-	shopURL := fmt.Sprintf("http://shop.test:%d", d.shop.port)
+	shopURL := fmt.Sprintf("http://shop.test:%d", d.shop.Port)
 	se, err := d.cl.CreateSession(ctx, map[string]any{
 		"model":    map[string]any{"adapter": "scripted", "script": demoScript(shopURL)},
 		"template": "python", "policy": "strict",
@@ -178,7 +174,7 @@ func (d *demo) run(ctx context.Context) (err error) {
 	if err := d.send(ctx, se.ID, "Order a book and a lamp.", 6); err != nil {
 		return err
 	}
-	d.say("phase 2 done: orders so far %v", d.shop.items())
+	d.say("phase 2 done: orders so far %v", d.shop.Items())
 
 	// Crash 1: the sandbox.
 	if _, err := d.cl.KillSandbox(ctx, sbx); err != nil {
@@ -192,25 +188,25 @@ func (d *demo) run(ctx context.Context) (err error) {
 		return err
 	}
 	select {
-	case <-d.shop.arrived:
+	case <-d.shop.Arrived:
 	case <-time.After(5 * time.Minute):
 		return errors.New("the tea order never reached the shop")
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 	d.say("the tea order reached the shop (booked); its answer is held back")
-	if err := d.daemon.kill(); err != nil {
+	if err := d.daemon.Kill(); err != nil {
 		return err
 	}
 	d.say("CRASH 2: daemon SIGKILLed before the answer came back (the effect happened, the agent did not see it)")
-	close(d.shop.release)
-	if err := d.daemon.start(); err != nil {
+	close(d.shop.Release)
+	if err := d.daemon.Start(); err != nil {
 		return err
 	}
-	if d.cl, err = d.daemon.client(); err != nil {
+	if d.cl, err = d.daemon.Client(); err != nil {
 		return err
 	}
-	d.say("daemon restarted (pid %d): it wakes the session from its log", d.daemon.cmd.Process.Pid)
+	d.say("daemon restarted (pid %d): it wakes the session from its log", d.daemon.Pid())
 	if err := d.waitIdle(ctx, se.ID, 10); err != nil {
 		return err
 	}
@@ -353,7 +349,7 @@ func (d *demo) report(ctx context.Context, id, sbx, token1 string, n1 int) error
 	st, err := d.cl.Exec(ctx, sbx, api.ExecRequest{Args: []string{"curl", "-s", "http://127.0.0.1:8000/notes.md"}}, nil, &page, io.Discard)
 	d.check(err == nil && st.Code == 0 && page.String() == demoNotes, "the web server started before the crashes still serves the notes")
 
-	items, retries := d.shop.items(), d.shop.deduplicated()
+	items, retries := d.shop.Items(), d.shop.Deduplicated()
 	d.check(strings.Join(items, ",") == "book,lamp,tea", "shop ledger: %v — each order exactly once (%d retried request answered from the shop's Idempotency-Key record)", items, retries)
 	fx, err := d.cl.Effects(ctx, sbx)
 	if err == nil {
@@ -382,7 +378,7 @@ func (d *demo) report(ctx context.Context, id, sbx, token1 string, n1 int) error
 func (d *demo) cleanup() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if d.daemon.running() && d.cl != nil {
+	if d.daemon.Running() && d.cl != nil {
 		if sbs, err := d.cl.ListSandboxes(ctx); err == nil {
 			for _, sb := range sbs {
 				if sb.State != "destroyed" {
@@ -391,215 +387,12 @@ func (d *demo) cleanup() error {
 			}
 		}
 	}
-	err := d.daemon.stop()
+	err := d.daemon.Stop()
 	if d.keep {
 		fmt.Fprintf(d.out, "data dir kept: %s\n", d.dir)
 		return err
 	}
-	unmountUnder(d.dir)
+	chaos.UnmountUnder(d.dir)
 	os.RemoveAll(d.dir)
 	return err
-}
-
-// unmountUnder detaches whatever is still mounted below dir (pinned
-// namespaces of sandboxes that could not be destroyed).
-func unmountUnder(dir string) {
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			syscall.Unmount(f[4], syscall.MNT_DETACH)
-		}
-	}
-}
-
-// demoDaemon is `amber up` as a child process of the demo.
-type demoDaemon struct {
-	dir, addr string
-	args      []string
-	env       []string // added to this process's environment (amber chaos: failpoints)
-	cmd       *exec.Cmd
-	exited    chan struct{}
-}
-
-func (dd *demoDaemon) start() error {
-	if dd.addr == "" {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return err
-		}
-		dd.addr = ln.Addr().String()
-		ln.Close()
-	}
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	logf, err := os.OpenFile(filepath.Join(dd.dir, "daemon.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	dd.cmd = exec.Command(self, append([]string{"up", "--data-dir", dd.dir, "--addr", dd.addr}, dd.args...)...)
-	dd.cmd.Stdout, dd.cmd.Stderr = logf, logf
-	if len(dd.env) > 0 {
-		dd.cmd.Env = append(os.Environ(), dd.env...)
-	}
-	dd.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a terminal's ^C reaches the demo only
-	if err := dd.cmd.Start(); err != nil {
-		return err
-	}
-	dd.exited = make(chan struct{})
-	go func() { dd.cmd.Wait(); close(dd.exited) }()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		if resp, err := http.Get("http://" + dd.addr + "/healthz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return nil
-			}
-		}
-		select {
-		case <-dd.exited:
-			return fmt.Errorf("amber up exited: %v (log: %s)", dd.cmd.ProcessState, filepath.Join(dd.dir, "daemon.log"))
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("amber up did not answer within 2 minutes (log: %s)", filepath.Join(dd.dir, "daemon.log"))
-		}
-	}
-}
-
-func (dd *demoDaemon) client() (*client.Client, error) {
-	key, err := os.ReadFile(filepath.Join(dd.dir, "admin.key"))
-	if err != nil {
-		return nil, err
-	}
-	return client.New("http://"+dd.addr, strings.TrimSpace(string(key)))
-}
-
-func (dd *demoDaemon) running() bool {
-	if dd.cmd == nil {
-		return false
-	}
-	select {
-	case <-dd.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-// kill SIGKILLs the daemon this demo started (by its PID) and waits.
-func (dd *demoDaemon) kill() error {
-	if !dd.running() {
-		return errors.New("the daemon is not running")
-	}
-	dd.cmd.Process.Signal(syscall.SIGKILL)
-	<-dd.exited
-	return nil
-}
-
-func (dd *demoDaemon) stop() error {
-	if !dd.running() {
-		return nil
-	}
-	dd.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-dd.exited:
-		return nil
-	case <-time.After(time.Minute):
-		dd.cmd.Process.Signal(syscall.SIGKILL)
-		<-dd.exited
-		return errors.New("the daemon did not stop within a minute of SIGTERM")
-	}
-}
-
-// shop is the outside world: POST /orders books an order; a repeated
-// Idempotency-Key books nothing and gets the first answer. The first order
-// of item hold is booked, then its answer waits for release.
-type shop struct {
-	srv     *http.Server
-	addr    string
-	port    int
-	hold    string
-	arrived chan struct{}
-	release chan struct{}
-
-	mu     sync.Mutex
-	orders []string
-	keys   map[string][]byte
-	dedup  int
-	held   bool
-}
-
-func startShop(hold string) (*shop, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	s := &shop{addr: ln.Addr().String(), port: ln.Addr().(*net.TCPAddr).Port, hold: hold,
-		arrived: make(chan struct{}), release: make(chan struct{}), keys: map[string][]byte{}}
-	s.srv = &http.Server{Handler: http.HandlerFunc(s.serve), ReadHeaderTimeout: 10 * time.Second}
-	go s.srv.Serve(ln)
-	return s, nil
-}
-
-func (s *shop) serve(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path != "/orders" || r.Method != "POST" {
-		http.NotFound(w, r)
-		return
-	}
-	var o struct {
-		Item string `json:"item"`
-	}
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&o); err != nil || o.Item == "" {
-		http.Error(w, "bad order", http.StatusBadRequest)
-		return
-	}
-	key := r.Header.Get("Idempotency-Key")
-	s.mu.Lock()
-	if prev, ok := s.keys[key]; ok && key != "" {
-		s.dedup++
-		s.mu.Unlock()
-		w.Write(prev)
-		return
-	}
-	s.orders = append(s.orders, o.Item)
-	resp := fmt.Appendf(nil, `{"order":%d,"item":%q}`, len(s.orders), o.Item)
-	if key != "" {
-		s.keys[key] = resp
-	}
-	holdIt := o.Item == s.hold && !s.held
-	if holdIt {
-		s.held = true
-	}
-	s.mu.Unlock()
-	if holdIt {
-		close(s.arrived)
-		<-s.release
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Write(resp)
-}
-
-func (s *shop) items() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]string(nil), s.orders...)
-}
-
-func (s *shop) deduplicated() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.dedup
-}
-
-func (s *shop) close() {
-	select {
-	case <-s.release:
-	default:
-		close(s.release)
-	}
-	s.srv.Close()
 }

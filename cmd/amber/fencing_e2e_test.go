@@ -14,6 +14,7 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/client"
+	"github.com/amber-run/amber/internal/chaos"
 	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
@@ -59,16 +60,16 @@ func TestE2EFencingPausedDaemon(t *testing.T) {
 // shop must have seen nothing when A exits.
 func fencingCase(t *testing.T, spec string, forwardOnly bool) {
 	bin, dir := e2eSetup(t)
-	sh, err := startShop("")
+	sh, err := chaos.StartShop("")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sh.close()
+	defer sh.Close()
 	fplog := filepath.Join(dir, "failpoints.log")
 	args := []string{"--pool", "0", "--lease-ttl", "2s"}
 	effects := enginetest.DriverName() == "gvisor"
 	if effects {
-		args = append(args, "--egress-host", "shop.test=127.0.0.1", "--egress-allow", fmt.Sprintf("shop.test:%d", sh.port))
+		args = append(args, "--egress-host", "shop.test=127.0.0.1", "--egress-allow", fmt.Sprintf("shop.test:%d", sh.Port))
 	}
 	a := startDaemonEnv(t, bin, dir, freeAddr(t), []string{"AMBER_TEST_FAILPOINTS=" + spec, "AMBER_TEST_FAILPOINT_LOG=" + fplog}, args...)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
@@ -82,7 +83,7 @@ func fencingCase(t *testing.T, spec string, forwardOnly bool) {
 	}
 	if effects {
 		script = append(script, map[string]any{"tool_calls": []any{call("http", map[string]any{"method": "POST",
-			"url": fmt.Sprintf("http://shop.test:%d/orders", sh.port), "headers": map[string]string{"Content-Type": "application/json"},
+			"url": fmt.Sprintf("http://shop.test:%d/orders", sh.Port), "headers": map[string]string{"Content-Type": "application/json"},
 			"body": `{"item":"book","qty":1}`})}})
 	}
 	script = append(script, map[string]any{"tool_calls": []any{call("bash", map[string]any{"command": "cat /root/a.txt"})}},
@@ -116,7 +117,7 @@ func fencingCase(t *testing.T, spec string, forwardOnly bool) {
 	}
 	clB := fencingClient(t, dir, b.addr)
 	if forwardOnly {
-		if o := strings.Join(sh.items(), ","); o != "" {
+		if o := strings.Join(sh.Items(), ","); o != "" {
 			t.Fatalf("the shop saw orders %q before A resumed (A stopped before sending)", o)
 		}
 		resume(t, a)
@@ -125,7 +126,7 @@ func fencingCase(t *testing.T, spec string, forwardOnly bool) {
 		case <-time.After(2 * time.Minute):
 			t.Fatalf("A did not exit within 2 minutes of SIGCONT\n%s", tail(quiet(a.log()), 30))
 		}
-		orders, dedup := strings.Join(sh.items(), ","), sh.deduplicated()
+		orders, dedup := strings.Join(sh.Items(), ","), sh.Deduplicated()
 		checkFencedExit(t, a, b)
 		if orders != "" || dedup != 0 {
 			t.Fatalf("the shop saw orders %q (%d repeated keys) when A exited: A forwarded after it was fenced\nA:\n%s\nB:\n%s", orders, dedup, tail(quiet(a.log()), 40), tail(quiet(b.log()), 40))
@@ -221,7 +222,7 @@ type fencingSnap struct {
 	dedup                    int
 }
 
-func fencingSnapshot(t *testing.T, ctx context.Context, cl *client.Client, dir, session string, sh *shop) fencingSnap {
+func fencingSnapshot(t *testing.T, ctx context.Context, cl *client.Client, dir, session string, sh *chaos.Shop) fencingSnap {
 	t.Helper()
 	l, err := cl.SessionEvents(ctx, session, 0, 1000)
 	if err != nil {
@@ -233,7 +234,7 @@ func fencingSnapshot(t *testing.T, ctx context.Context, cl *client.Client, dir, 
 	}
 	ptrs, _ := filepath.Glob(filepath.Join(dir, "blobs", "tenants", "*", "checkpoints", "*", "COMMITTED"))
 	sort.Strings(ptrs)
-	return fencingSnap{events: strings.Join(evs, " "), pointers: strings.Join(ptrs, " "), orders: strings.Join(sh.items(), ","), dedup: sh.deduplicated()}
+	return fencingSnap{events: strings.Join(evs, " "), pointers: strings.Join(ptrs, " "), orders: strings.Join(sh.Items(), ","), dedup: sh.Deduplicated()}
 }
 
 func fencingClient(t *testing.T, dir, addr string) *client.Client {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/client"
+	"github.com/amber-run/amber/internal/chaos"
 	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
@@ -245,11 +246,11 @@ func TestE2ENodesEffectFailover(t *testing.T) {
 	if !hasTemplate("python") {
 		t.Skip("no python template (the http tool runs python in the sandbox)")
 	}
-	sh, err := startShop("book")
+	sh, err := chaos.StartShop("book")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sh.close()
+	defer sh.Close()
 	shared, adminKey := sharedStores(t, dir)
 	var flags []string
 	for _, f := range shared {
@@ -257,14 +258,14 @@ func TestE2ENodesEffectFailover(t *testing.T) {
 			flags = append(flags, f)
 		}
 	}
-	flags = append(flags, "--egress-host", "shop.test=127.0.0.1", "--egress-allow", fmt.Sprintf("shop.test:%d", sh.port))
+	flags = append(flags, "--egress-host", "shop.test=127.0.0.1", "--egress-allow", fmt.Sprintf("shop.test:%d", sh.Port))
 	a := startNode(t, bin, dir, "node-a", adminKey, flags)
 	b := startNode(t, bin, dir, "node-b", adminKey, flags)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	script := []map[string]any{
 		{"tool_calls": []any{map[string]any{"name": "http", "input": map[string]any{"method": "POST",
-			"url": fmt.Sprintf("http://shop.test:%d/orders", sh.port), "headers": map[string]string{"Content-Type": "application/json"},
+			"url": fmt.Sprintf("http://shop.test:%d/orders", sh.Port), "headers": map[string]string{"Content-Type": "application/json"},
 			"body": `{"item":"book","qty":1}`}}}},
 		{"text": "ordered"},
 	}
@@ -277,14 +278,14 @@ func TestE2ENodesEffectFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-sh.arrived:
+	case <-sh.Arrived:
 	case <-time.After(4 * time.Minute):
 		t.Fatalf("the order never reached the shop\n%s", tail(quiet(a.log()), 40))
 	}
 	// The shop has booked it and holds the answer: a dies now.
 	a.stop(syscall.SIGKILL)
 	destroyLeftovers(t, filepath.Join(a.dataDir, "drivers", enginetest.DriverName()))
-	close(sh.release)
+	close(sh.Release)
 	waitForOr(t, 4*time.Minute, "the session to finish on node-b", func() string { return tail(quiet(b.log()), 60) }, func() bool {
 		l, err := b.cl.SessionEvents(ctx, se.ID, 0, 1000)
 		return err == nil && countType(l.Events, "session.assistant_message") >= 2 && lastStatus(l.Events) == "idle"
@@ -293,7 +294,7 @@ func TestE2ENodesEffectFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if items, dedup := sh.items(), sh.deduplicated(); len(items) != 1 || dedup != 1 {
+	if items, dedup := sh.Items(), sh.Deduplicated(); len(items) != 1 || dedup != 1 {
 		var evs []string
 		for _, ev := range l.Events {
 			p := string(ev.Payload)

@@ -1,4 +1,4 @@
-package main
+package chaos
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 // (a process tree) and an environment variable only it has; files in /root;
 // a tmpfs file (/dev/shm); a SQLite database in the sandbox; outbound HTTP
 // effects to the harness's ledger (gvisor: through the egress gateway); and
-// a client following the session's events over SSE (chaos.go). Every tool
+// a client following the session's events over SSE (run.go). Every tool
 // output is deterministic (the counter counts calls, not time), so a run
 // can be compared with the golden run byte for byte.
 
