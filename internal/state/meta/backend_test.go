@@ -384,7 +384,7 @@ func TestFailoverPlan(t *testing.T) {
 		}
 		return ok
 	}
-	plan := []FailoverAssignment{{"sbx-f1", "dead", "n1"}, {"sbx-f2", "dead", "n2"}, {"sbx-f3", "dead", "n2"}}
+	plan := []FailoverAssignment{{SandboxID: "sbx-f1", DeadNode: "dead", Target: "n1"}, {SandboxID: "sbx-f2", DeadNode: "dead", Target: "n2"}, {SandboxID: "sbx-f3", DeadNode: "dead", Target: "n2"}}
 	if !claim("dead", "n1", plan...) {
 		t.Fatal("claim of a dead node with a plan lost")
 	}
@@ -435,17 +435,17 @@ func TestFailoverPlan(t *testing.T) {
 	if _, err := s.Insert(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
-	if !claim("gone", "n1", FailoverAssignment{"sbx-f4", "gone", "n3"}) {
+	if !claim("gone", "n1", FailoverAssignment{SandboxID: "sbx-f4", DeadNode: "gone", Target: "n3"}) {
 		t.Fatal("claim with a plan lost")
 	}
 	g, err := s.GetNode(ctx, "gone")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := s.ClaimDeadNode(ctx, "gone", g.Epoch, "n2", FailoverAssignment{"sbx-f4", "gone", "n2"}); err != nil || ok {
+	if ok, err := s.ClaimDeadNode(ctx, "gone", g.Epoch, "n2", FailoverAssignment{SandboxID: "sbx-f4", DeadNode: "gone", Target: "n2"}); err != nil || ok {
 		t.Fatalf("second claim: %v %v", ok, err)
 	}
-	if got := pending(); len(got) != 2 || got[1] != (FailoverAssignment{"sbx-f4", "gone", "n3"}) {
+	if got := pending(); len(got) != 2 || got[1] != (FailoverAssignment{SandboxID: "sbx-f4", DeadNode: "gone", Target: "n3"}) {
 		t.Fatalf("pending after a claim with a plan and a losing one: %+v", got)
 	}
 }

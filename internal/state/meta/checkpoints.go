@@ -12,74 +12,6 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 )
 
-// CheckpointState is where a checkpoint is in its life.
-//
-//	pending ──▶ committed ──Delete──▶ deleted
-//	   └──────▶ failed
-//
-// A pending row is written before the first byte of the image (intent
-// before effect); the image becomes visible in the blob store at its commit
-// pointer, and the row becomes committed after that. A daemon that dies in
-// between finds the row pending at its next start and settles it by asking
-// the blob store whether the pointer exists (engine.reconcileCheckpoints).
-type CheckpointState string
-
-// The checkpoint states.
-const (
-	CheckpointPending   CheckpointState = "pending"
-	CheckpointCommitted CheckpointState = "committed"
-	CheckpointFailed    CheckpointState = "failed"
-	CheckpointDeleted   CheckpointState = "deleted"
-)
-
-// Checkpoint is one row of the checkpoints table: what the engine knows of
-// a checkpoint whose image lives in the chunk store under (Tenant, ID).
-type Checkpoint struct {
-	ID        string          `json:"id"`
-	Tenant    string          `json:"tenant"`
-	SandboxID string          `json:"sandbox_id"`
-	State     CheckpointState `json:"state"`
-	Reason    string          `json:"reason,omitempty"`
-	// Parent is the sandbox's previous committed checkpoint ("" if none):
-	// the chunk store skips looking up the chunks it already holds.
-	Parent string `json:"parent,omitempty"`
-	// Tag, when set, exempts the checkpoint from retention.
-	Tag string `json:"tag,omitempty"`
-	// Stream and Seq are the log position of the cut: every event of
-	// Stream up to Seq happened before it, none after. EventSeq is the
-	// position of the sandbox.checkpointed event (which carries the
-	// checkpoint reference the log may be truncated to).
-	Stream   string `json:"stream"`
-	Seq      uint64 `json:"seq"`
-	EventSeq uint64 `json:"event_seq,omitempty"`
-	// What the image needs to be restored.
-	Driver          string `json:"driver"`
-	Template        string `json:"template"`
-	TemplateVersion string `json:"template_version"`
-	// Filled once committed.
-	ManifestDigest string          `json:"manifest_digest,omitempty"`
-	ImageDigest    string          `json:"image_digest,omitempty"`
-	Stats          CheckpointStats `json:"stats"`
-	Created        time.Time       `json:"created"`
-	Updated        time.Time       `json:"updated"`
-}
-
-// CheckpointStats are the figures of one checkpoint.
-type CheckpointStats struct {
-	FrozenNS    int64 `json:"frozen_ns"`
-	DumpNS      int64 `json:"dump_ns"`
-	UploadNS    int64 `json:"upload_ns"`
-	TotalNS     int64 `json:"total_ns"`
-	MemoryBytes int64 `json:"memory_bytes"`
-	LayerBytes  int64 `json:"layer_bytes"`
-	// ImageBytes is the image's size; StoredBytes what this checkpoint
-	// added to the store after deduplication and compression.
-	ImageBytes  int64 `json:"image_bytes"`
-	StoredBytes int64 `json:"stored_bytes"`
-	Chunks      int   `json:"chunks"`
-	NewChunks   int   `json:"new_chunks"`
-}
-
 const checkpointSchema = `
 CREATE TABLE IF NOT EXISTS checkpoints (
 	id               TEXT PRIMARY KEY,
@@ -135,13 +67,6 @@ func (s *Store) Checkpoint(ctx context.Context, id string) (Checkpoint, error) {
 		return c, errdefs.NotFoundf("checkpoint %s", id)
 	}
 	return c, err
-}
-
-// CheckpointFilter selects rows for Checkpoints; zero fields select all.
-type CheckpointFilter struct {
-	Tenant    string
-	SandboxID string
-	States    []CheckpointState
 }
 
 // Checkpoints returns the matching checkpoints, oldest first.

@@ -25,11 +25,6 @@ CREATE TABLE IF NOT EXISTS failover_plan (
 	planned_ns INTEGER NOT NULL
 ) STRICT;`
 
-// FailoverAssignment is one sandbox of a dead node assigned to a target.
-type FailoverAssignment struct {
-	SandboxID, DeadNode, Target string
-}
-
 // planFailover records plan in transaction t (ClaimDeadNode,
 // ClaimLostNode): one row per sandbox, a sandbox planned before re-planned.
 func planFailover(ctx context.Context, t *tx, now int64, plan []FailoverAssignment) error {

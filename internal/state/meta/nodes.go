@@ -45,45 +45,6 @@ CREATE TABLE IF NOT EXISTS node_cordons (
 // undrained (SetNodeState live). An operator drains a node to take it out
 // of service; a restart must not put it back.
 
-// NodeState is a node row's state.
-type NodeState string
-
-// The node states.
-const (
-	NodeLive     NodeState = "live"
-	NodeDraining NodeState = "draining" // live, takes no new sandboxes
-	NodeDead     NodeState = "dead"     // claimed by taken_by after its lease expired
-	NodeLeft     NodeState = "left"     // stopped cleanly
-)
-
-// NodeCapacity is what a node offers and uses, reported at every heartbeat.
-type NodeCapacity struct {
-	MemoryBytes     int64    `json:"memory_bytes"`      // memory for sandboxes
-	MaxSandboxes    int      `json:"max_sandboxes"`     // 0: no limit
-	Sandboxes       int      `json:"sandboxes"`         // running now
-	UsedMemoryBytes int64    `json:"used_memory_bytes"` // sum of their limits
-	Templates       []string `json:"templates"`         // template versions cached on the node
-	Driver          string   `json:"driver"`
-}
-
-// Node is one row of the nodes table.
-type Node struct {
-	ID        string       `json:"id"`
-	Addr      string       `json:"addr"` // its API, host:port, reachable by the other nodes
-	Epoch     uint64       `json:"epoch"`
-	State     NodeState    `json:"state"`
-	Capacity  NodeCapacity `json:"capacity"`
-	Started   time.Time    `json:"started"`
-	Heartbeat time.Time    `json:"heartbeat"`
-	Expires   time.Time    `json:"expires"`
-	TakenBy   string       `json:"taken_by,omitempty"`
-}
-
-// Alive reports whether n's lease runs at now.
-func (n Node) Alive(now time.Time) bool {
-	return (n.State == NodeLive || n.State == NodeDraining) && now.Before(n.Expires)
-}
-
 const nodeCols = `id, addr, epoch, state, capacity, started_ns, heartbeat_ns, expires_ns, taken_by`
 
 // RegisterNode records that node n runs from now with a lease of ttl, one

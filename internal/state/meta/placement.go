@@ -16,50 +16,6 @@ import (
 // the one running the fewest sandboxes, then the one with the most free
 // memory, then the smallest id (so that the choice is deterministic).
 
-// HasRoom reports whether a node with capacity c can take one more
-// sandbox: fewer than MaxSandboxes run (0: no limit) and the memory its
-// sandboxes may use is below its memory (0: unknown, no limit).
-func (c NodeCapacity) HasRoom() bool {
-	if c.MaxSandboxes > 0 && c.Sandboxes >= c.MaxSandboxes {
-		return false
-	}
-	if c.MemoryBytes > 0 && c.UsedMemoryBytes >= c.MemoryBytes {
-		return false
-	}
-	return true
-}
-
-// Full names why c has no room ("" when it has).
-func (c NodeCapacity) Full() string {
-	switch {
-	case c.MaxSandboxes > 0 && c.Sandboxes >= c.MaxSandboxes:
-		return fmt.Sprintf("full (%d of %d sandboxes)", c.Sandboxes, c.MaxSandboxes)
-	case c.MemoryBytes > 0 && c.UsedMemoryBytes >= c.MemoryBytes:
-		return fmt.Sprintf("full (%d of %d bytes of memory given to sandboxes)", c.UsedMemoryBytes, c.MemoryBytes)
-	}
-	return ""
-}
-
-// HasTemplate reports whether the node reported template name (a name,
-// or name:version / name@version) among the templates it holds.
-func (c NodeCapacity) HasTemplate(name string) bool {
-	if name == "" {
-		return false
-	}
-	base := func(s string) string {
-		if i := strings.IndexAny(s, ":@"); i >= 0 {
-			return s[:i]
-		}
-		return s
-	}
-	for _, t := range c.Templates {
-		if t == name || base(t) == base(name) {
-			return true
-		}
-	}
-	return false
-}
-
 // Place picks the node for a new sandbox of template among nodes, leaving
 // out node exclude (the node that asks: it is draining or full). Without a
 // candidate it fails naming every node and why it was left out:

@@ -11,16 +11,6 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 )
 
-// Exposure is a sandbox port reachable through the daemon's proxy. Only the
-// SHA-256 of its token is kept (HashKey).
-type Exposure struct {
-	SandboxID string
-	Port      int
-	Tenant    string
-	TokenHash string
-	Created   time.Time
-}
-
 // PutExposure records (or replaces, with a new token) the exposure of
 // e.SandboxID's port e.Port. Created is set from the clock.
 func (s *Store) PutExposure(ctx context.Context, e Exposure) (Exposure, error) {

@@ -6,44 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 
 	"github.com/amber-run/amber/core/errdefs"
 )
-
-// TenantQuota bounds what a tenant may use. Zero fields mean no limit.
-// Only the operator sets it (a tenant's own keys may read it).
-type TenantQuota struct {
-	// Sandboxes not destroyed (running, stopped, crashed), forks included.
-	MaxSandboxes int `json:"max_sandboxes,omitempty"`
-	// The sum of those sandboxes' memory and CPU limits.
-	MaxMemoryBytes int64 `json:"max_memory_bytes,omitempty"`
-	MaxMilliCPUs   int64 `json:"max_millicpus,omitempty"`
-	// Bytes the tenant's committed checkpoints added to the store.
-	MaxCheckpointBytes int64 `json:"max_checkpoint_bytes,omitempty"`
-	// API requests per second (a burst of twice as many is allowed).
-	RequestsPerSecond float64 `json:"requests_per_second,omitempty"`
-	// Budgets bound what the tenant may consume per calendar month (UTC),
-	// by usage meter name (engine.Meters). Enforced from the usage records
-	// (engine/budget.go).
-	Budgets map[string]float64 `json:"budgets,omitempty"`
-}
-
-// Check validates q.
-func (q TenantQuota) Check() error {
-	if q.MaxSandboxes < 0 || q.MaxMemoryBytes < 0 || q.MaxMilliCPUs < 0 || q.MaxCheckpointBytes < 0 || q.RequestsPerSecond < 0 {
-		return errdefs.InvalidArgumentf("quota values must not be negative (0 means no limit)")
-	}
-	if len(q.Budgets) > 64 {
-		return errdefs.InvalidArgumentf("at most 64 budgets")
-	}
-	for m, v := range q.Budgets {
-		if !(v > 0) || math.IsInf(v, 0) {
-			return errdefs.InvalidArgumentf("budget %q: %v is not a positive number (remove a budget to lift it)", m, v)
-		}
-	}
-	return nil
-}
 
 const quotaSchema = `
 CREATE TABLE IF NOT EXISTS tenant_quotas (

@@ -30,14 +30,6 @@ CREATE TABLE IF NOT EXISTS tenant_cas (
 	created_ns INTEGER NOT NULL
 ) STRICT;`
 
-// SealedSecret is a secret as stored: its value sealed, its bindings clear.
-type SealedSecret struct {
-	Tenant, Name string
-	Sealed       []byte
-	Hosts        []string
-	Updated      time.Time
-}
-
 // PutSecret stores (or replaces) a sealed secret.
 func (s *Store) PutSecret(ctx context.Context, x SealedSecret) error {
 	hosts, _ := json.Marshal(x.Hosts)

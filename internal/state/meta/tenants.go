@@ -9,30 +9,19 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/metadata"
 )
 
-// DefaultTenant is the operator's tenant. It always exists; the key
-// `amber up` writes to DATA_DIR/admin.key belongs to it, and an admin-scoped
-// key of it may manage every tenant.
-const DefaultTenant = "default"
+// DefaultTenant is the operator's tenant (metadata.DefaultTenant).
+const DefaultTenant = metadata.DefaultTenant
 
 // OperatorKeyName is the name of the operator's key, the one in
 // DATA_DIR/admin.key. It is rotated by deleting that file and restarting
 // `amber up`, not through the API.
 const OperatorKeyName = "admin"
 
-// TenantActive is the state of a tenant whose keys work. (It is the only
-// state so far; the column is there for suspension.)
-const TenantActive = "active"
-
-// Tenant is one row of the tenants table: a team that shares the daemon.
-// Its sandboxes, checkpoints and keys carry its ID.
-type Tenant struct {
-	ID      string
-	Name    string // for people; defaults to ID
-	State   string
-	Created time.Time
-}
+// TenantActive is the state of a tenant whose keys work (metadata.TenantActive).
+const TenantActive = metadata.TenantActive
 
 // tenantsSchema is shared by the schema and migration 2 → 3.
 const tenantsSchema = `
