@@ -2,44 +2,30 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/amber-run/amber/console"
 	"github.com/amber-run/amber/core/blob"
 	"github.com/amber-run/amber/core/eventlog"
-	"github.com/amber-run/amber/internal/cluster"
-	"github.com/amber-run/amber/internal/edge/server"
-	"github.com/amber-run/amber/internal/egress"
 	"github.com/amber-run/amber/internal/egress/gateway"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/host/faults"
 	"github.com/amber-run/amber/internal/host/fence"
-	"github.com/amber-run/amber/internal/host/takeover"
 	"github.com/amber-run/amber/internal/obs/logging"
-	"github.com/amber-run/amber/internal/obs/metrics"
 	"github.com/amber-run/amber/internal/obs/tracing"
 	"github.com/amber-run/amber/internal/session"
-	"github.com/amber-run/amber/internal/state/audit"
 	"github.com/amber-run/amber/internal/state/chunkstore"
 	"github.com/amber-run/amber/internal/state/meta"
-	"github.com/amber-run/amber/internal/state/secretstore"
 	"github.com/amber-run/amber/lib/failpoint"
-	"github.com/amber-run/amber/stores/postgres"
-	"github.com/amber-run/amber/stores/sqlite"
 )
 
 type upOptions struct {
@@ -189,325 +175,29 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	if tp.Enabled() {
 		lg.Info("sending traces over OTLP/HTTP", "endpoint", tp.Endpoint)
 	}
-	dataDir, err := filepath.Abs(g.resolvedDataDir())
-	if err != nil {
+	d := &upDaemon{g: g, o: o, lg: lg, tp: tp}
+	// Undone before the traces are flushed, last first (up_wire.go).
+	defer d.close()
+	if err := d.lockDataDir(); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(dataDir, 0o711); err != nil {
-		return fmt.Errorf("data dir: %w", err)
-	}
-	if err := o.shared.resolve(o.addr); err != nil {
-		return err
-	}
-	if o.takeOver && o.shared.shared() {
-		return usageError{fmt.Errorf("--take-over is for a daemon on its own data dir; nodes on shared stores (--store) are fenced by their node lease")}
-	}
-	unlock, err := lockDataDir(dataDir)
-	takingOver := err != nil && o.takeOver // the lock's holder is alive (stopped, hung)
-	switch {
-	case err != nil && o.takeOver:
-		// The holder of the lock is alive (stopped, hung): the data-dir
-		// lease decides, below.
-		lg.Warn("data dir is locked; taking it over once the other daemon's lease expires", "data_dir", dataDir, "err", err)
-	case err != nil:
-		return fmt.Errorf("%w\nfix: stop it, or start with --take-over if it is hung (it is fenced once its lease expires)", err)
-	default:
-		defer unlock()
-	}
-	if o.leaseTTL < time.Second {
-		return usageError{fmt.Errorf("--lease-ttl %s: at least 1s", o.leaseTTL)}
-	}
-
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-
-	// Check before touching any state: a missing runtime or template is
-	// the operator's to fix, with the command named.
-	hosts, err := parseHosts(o.egress.hosts)
-	if err != nil {
-		return err
-	}
-	defEgress, err := defaultEgress(o.egress.allow)
-	if err != nil {
-		return err
-	}
-	egressCeiling, err := ceilingEgress(o.egress.ceiling)
-	if err != nil {
-		return err
-	}
-	var enet *egress.Network
-	if o.egress.enabled && o.driver == "gvisor" {
-		if enet, err = newEgressNetwork(dataDir, lg); err != nil {
-			return err
-		}
-		defer enet.Close()
-	}
-	drv, err := newDriver(o.driver, dataDir, cacheDir(), enet, o.shared.cgroupParent(o.driver), lg)
-	if err != nil {
-		return err
-	}
-	if err := drv.Check(ctx); err != nil {
-		// The driver's message names the command that fixes it.
-		return fmt.Errorf("driver %s is not ready: %w", o.driver, err)
-	}
-	// Test and chaos runs only (AMBER_TEST_FAILPOINTS); nil otherwise.
-	fps, err := testFailpoints(drv, lg)
-	if err != nil {
-		return usageError{err}
-	}
-	defer writeFailpointCounts(fps)
-	// openDB opens a database of the data dir; taking over, it may have to
-	// end a holder stopped inside a write transaction (takeover.go).
-	openDB := func(what string) func(open func() error) error {
-		return func(open func() error) error {
-			if !takingOver {
-				return open()
-			}
-			_, err := takeover.Open(ctx, what, filepath.Join(dataDir, "daemon.lock"), o.leaseTTL, lg, func() (struct{}, error) { return struct{}{}, open() })
+	d.defer_(stop)
+	for _, step := range []func(context.Context) error{
+		d.openDriver,      // the driver and the egress network, checked before any state is touched
+		d.openMeta,        // metadata, the admin key, the node's name
+		d.openLog,         // the event log, behind the data-dir lease (or the node lease)
+		d.openCheckpoints, // checkpoints, blobs, templates, the warm pool
+		func(context.Context) error { return d.openObservers() },
+		d.startGateway,
+		d.startEngine,
+		func(ctx context.Context) error { return d.startSessions(ctx, modelProviders) },
+	} {
+		if err := step(ctx); err != nil {
 			return err
 		}
 	}
-	var m *meta.Store
-	if err := openDB("meta.db")(func() (err error) {
-		m, err = meta.Open(o.shared.metaSpec(dataDir), meta.Options{Failpoints: fps})
-		return err
-	}); err != nil {
-		return err
-	}
-	defer m.Close()
-	keyPath, created, err := ensureAdminKey(ctx, m, dataDir, o.shared.shared())
-	if err != nil {
-		return fmt.Errorf("admin key: %w", err)
-	}
-	if created {
-		lg.Info("wrote a new admin API key", "path", keyPath)
-	}
-	host, _ := os.Hostname()
-	nodeName := o.shared.nodeID // what the engine's Options.Node becomes
-	if nodeName == "" {
-		if nodeName = host; nodeName == "" {
-			nodeName = "amber"
-		}
-	}
-	var log eventlog.Store
-	var pgLog *postgres.Store                  // the shared log: leases are taken over on it
-	var fenceCheck func(context.Context) error // the data-dir lease, for the gateway (nil: shared stores)
-	if o.shared.shared() {
-		// Nodes on shared stores are fenced by their node lease
-		// (internal/cluster), not by a data-dir lease.
-		if pgLog, err = openSharedLog(ctx, o.shared.store, lg); err != nil {
-			return err
-		}
-		defer pgLog.Close()
-		log = faults.Log(pgLog, fps)
-	} else {
-		var sqlog *sqlite.Store
-		if err := openDB("events.db")(func() (err error) {
-			sqlog, err = sqlite.Open(filepath.Join(dataDir, "events.db"), sqlite.Options{Logger: lg.With("component", "eventlog")})
-			return err
-		}); err != nil {
-			return err
-		}
-		defer sqlog.Close()
-		// The data-dir lease (internal/host/fence): every write to the log
-		// checks it first, so a daemon that was paused and taken over
-		// writes nothing.
-		var dl *fence.Lease
-		err := openDB("events.db")(func() (err error) {
-			dl, err = fence.Take(ctx, sqlog, fence.Options{Holder: "daemon/" + host, TTL: o.leaseTTL, TakeOver: o.takeOver,
-				Waiting: func(cur eventlog.Lease) {
-					lg.Warn("waiting for the other daemon's data-dir lease to expire", "epoch", cur.Epoch, "expires", cur.Expires)
-				},
-				OnFenced: func(err error) {
-					// Exit at once, without cleanup: the sandboxes, the pool
-					// and the data dir are the new daemon's.
-					lg.Error("fenced: another daemon took this data dir over; exiting without touching anything", "err", err)
-					os.Exit(exitFenced)
-				}})
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		if o.takeOver {
-			n, err := sweepLeases(ctx, sqlog, m, engine.LeaseHolder(nodeName))
-			if err != nil {
-				return err
-			}
-			lg.Warn("took the data dir over", "epoch", dl.Epoch(), "streams_fenced", n)
-		}
-		go dl.Keep(ctx)
-		fenceCheck = dl.Check
-		log = dl.Log(faults.Log(sqlog, fps)) // faults: sqlog itself unless failpoints are armed
-	}
-
-	if o.keep < 0 {
-		return usageError{fmt.Errorf("--keep-checkpoints %d: must be 0 (keep all) or more", o.keep)}
-	}
-	ckpts, bs, workDir, err := openCheckpointStore(ctx, dataDir, o.blobs, o.shared.masterKeyFile, fps, lg)
-	if err != nil {
-		return err
-	}
-	// Template versions: cached under DATA_DIR/templates, stored in the
-	// blob store; the setup scripts' templates are adopted at first use.
-	tdir := filepath.Join(cacheDir(), "templates")
-	cat, err := engine.NewCatalog(engine.CatalogOptions{Dir: tdir, Root: filepath.Join(dataDir, "templates"),
-		Blobs: bs, Chunks: ckpts, Logger: lg.With("component", "templates")})
-	if err != nil {
-		return err
-	}
-	if len(cat.Names()) == 0 {
-		return fmt.Errorf("no templates under %s\nfix: run `make setup` (as root) in the amber source tree; it builds the minimal and python templates", tdir)
-	}
-	pool, err := parsePool(o.pool, cat.Names())
-	if err != nil {
-		return err
-	}
-	mx := metrics.New(m)
-	tlog := mx.Log(log) // appends timed for amber_log_append_seconds
-	reg := eventlog.NewRegistry()
-	audit.RegisterEvents(reg)
-	trail, err := openAudit(tlog, dataDir, o.auditKeyFile, o.shared)
-	if err != nil {
-		return err
-	}
-	hop, err := nodeHop(o.nodeTokenFile)
-	if err != nil {
-		return err
-	}
-	serveTLS, peersTLS, err := nodeTLS(o.tlsCert, o.tlsKey, o.nodeCA)
-	if err != nil {
-		return err
-	}
-	hop.TLS = peersTLS
-	if o.shared.shared() && hop.Token == "" {
-		lg.Warn("calls forwarded between nodes are not authenticated: give every node and API server the same --node-token-file")
-	}
-	var gw *gateway.Gateway
-	var meterTo atomic.Pointer[engine.Engine] // set once the engine exists
-	var secrets *secretstore.Store
-	var tenantCA func(context.Context, string) ([]byte, error)
-	if enet != nil {
-		roots, err := upstreamRoots(o.egress.caFiles)
-		if err != nil {
-			return err
-		}
-		key, err := loadMasterKey(dataDir, o.shared.masterKeyFile, chunkstore.MasterKeySize)
-		if err != nil {
-			return err
-		}
-		if secrets, err = secretstore.New(m, key); err != nil {
-			return err
-		}
-		gw = newGateway(ctx, tlog, reg, trail, hosts, o.egress.journal, fps, fenceCheck, secrets, roots, tp, lg, &meterTo, mx)
-		tenantCA = secrets.CACert
-		defer gw.Close()
-		enet.SetServer(gw)
-	}
-	eng, err := engine.New(engine.Options{
-		Gateway: gw, Network: enet, Egress: defEgress, EgressCeiling: egressCeiling, TenantCA: tenantCA,
-		Driver: drv, Meta: m, Log: tlog, Registry: reg, Templates: cat, Observer: mx,
-		Pool: pool, WatchInterval: o.watch, Logger: lg.With("component", "engine"),
-		Checkpoints: ckpts, WorkDir: workDir, KeepCheckpoints: o.keep, IdleTimeout: o.idle, Audit: trail,
-		Tracer: tp, MeterInterval: o.meterInterval, Node: o.shared.nodeID, Shared: o.shared.shared(),
-	})
-	if err != nil {
-		return err
-	}
-	meterTo.Store(eng) // the gateway's decisions are metered from here on
-	// On shared stores the node registers (a new lease epoch) before it
-	// reconciles its rows, and heartbeats and watches the others after.
-	var node *cluster.Node
-	if o.shared.shared() {
-		node, err = cluster.Join(ctx, cluster.Options{Meta: m, Engine: eng, Leases: pgLog, Addr: o.shared.advertise,
-			TTL: o.shared.ttl, Heartbeat: o.shared.heartbeat, Capacity: nodeCapacity(m, eng, cat.Names(), o.shared.maxSandboxes),
-			Logger: lg.With("component", "cluster"), Failpoints: fps})
-		if err != nil {
-			return err
-		}
-	}
-	if err := eng.Start(ctx); err != nil {
-		return err
-	}
-	if node != nil {
-		node.Run(ctx)
-		// Stopped first (defers run last first): a clean stop leaves the
-		// node's sandboxes running and marks it left, not dead.
-		defer func() {
-			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			node.Close(cctx, true)
-		}()
-	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := eng.Close(cctx); err != nil {
-			lg.Error("stop engine", "err", err)
-		}
-	}()
-
-	harness := &session.Harness{Log: tlog, Registry: reg, Meta: m, Boxes: session.EngineSandboxes{E: eng},
-		Logger: lg.With("component", "sessions"), Holder: engine.LeaseHolder(eng.NodeID()), Failpoints: fps}
-	if secrets != nil { // a nil *Store in the interface would not be nil
-		harness.Secrets = secrets
-	}
-	harness.Providers = modelProviders            // the operator's; a tenant names no environment variable
-	harness.EgressAllows = eng.TenantEgressAllows // a tenant's own model endpoint meets its egress allowlist
-	if o.shared.shared() {
-		// A session runs on the node that runs its sandbox; one without a
-		// sandbox yet, or whose sandbox row is unreadable, is woken here
-		// too (its stream lease decides who runs it).
-		harness.Owns = func(ctx context.Context, se meta.Session) bool {
-			if se.SandboxID == "" {
-				return true
-			}
-			sb, err := m.Get(ctx, se.SandboxID)
-			return err != nil || sb.Node == eng.NodeID()
-		}
-	}
-	sessions := session.NewManager(harness)
-	if node != nil {
-		node.SetSessions(sessions) // a takeover wakes the dead node's sessions here
-	}
-	eng.SetModelUsage(session.ModelUsage(tlog, m)) // model tokens in usage reports
-	// Closed before the engine (defers run last first).
-	defer sessions.Close()
-	// Sessions that were working when the last daemon stopped go on.
-	if err := sessions.Start(ctx); err != nil {
-		return fmt.Errorf("wake sessions: %w", err)
-	}
-
-	ln, err := net.Listen("tcp", o.addr)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w (is another amber up running? pick another --addr)", o.addr, err)
-	}
-	scheme := "http://"
-	if serveTLS != nil {
-		ln, scheme = tls.NewListener(ln, serveTLS), "https://"
-	}
-	addrFile := filepath.Join(dataDir, "addr")
-	if err := writeFileAtomic(addrFile, []byte(strings.TrimPrefix(scheme, "http://")+ln.Addr().String()+"\n"), 0o644); err != nil {
-		return err
-	}
-	defer os.Remove(addrFile)
-	sopts := server.Options{Engine: eng, Meta: m, Audit: trail, Secrets: secrets, Metrics: mx, Tracer: tp, Logger: lg.With("component", "api"), Version: version, Sessions: sessions, Console: console.Assets()}
-	if node != nil {
-		sopts.Router = node
-	}
-	sopts.Hop = hop
-	o.edge.apply(&sopts)
-	api := server.New(sopts)
-	srv := &http.Server{
-		Handler:           api,
-		ReadHeaderTimeout: 10 * time.Second,
-		// Larger headers get net/http's 431 before any handler runs.
-		MaxHeaderBytes: server.MaxHeaderBytes,
-	}
-	srv.RegisterOnShutdown(api.CloseStreams)
-	lg.Info("amber is up", "addr", scheme+ln.Addr().String(), "driver", drv.Name(), "data_dir", dataDir,
-		"templates", strings.Join(cat.Names(), ","), "admin_key", keyPath)
-	return serve(ctx, srv, ln, lg)
+	return d.serve(ctx)
 }
 
 // openCheckpointStore opens the chunk store of checkpoints on the blob
