@@ -91,15 +91,15 @@ func (e *Engine) MonthToDate(ctx context.Context, tenant string) (map[string]flo
 	now := e.clock.Now()
 	month := monthStart(now)
 	key := month.Format("2006-01")
-	e.budget.mu.Lock()
-	defer e.budget.mu.Unlock()
-	if e.budget.tenants == nil {
-		e.budget.tenants = map[string]*monthSums{}
+	e.mtr.budget.mu.Lock()
+	defer e.mtr.budget.mu.Unlock()
+	if e.mtr.budget.tenants == nil {
+		e.mtr.budget.tenants = map[string]*monthSums{}
 	}
-	ms := e.budget.tenants[tenant]
+	ms := e.mtr.budget.tenants[tenant]
 	if ms == nil {
 		ms = &monthSums{sums: map[string]map[string]float64{}}
-		e.budget.tenants[tenant] = ms
+		e.mtr.budget.tenants[tenant] = ms
 	}
 	err := e.readAfter(ctx, UsageStream(tenant), &ms.through, func(ev eventlog.Event) error {
 		var r UsageRecord
@@ -140,9 +140,9 @@ func (e *Engine) MonthToDate(ctx context.Context, tenant string) (map[string]flo
 // up (see the comment at the top): the state of the last refresh, or a
 // refresh for a tenant not seen yet.
 func (e *Engine) checkBudgets(ctx context.Context, tenant string) error {
-	e.budget.mu.Lock()
-	o, ok := e.budget.over[tenant]
-	e.budget.mu.Unlock()
+	e.mtr.budget.mu.Lock()
+	o, ok := e.mtr.budget.over[tenant]
+	e.mtr.budget.mu.Unlock()
 	if !ok {
 		var err error
 		if o, err = e.refreshBudget(ctx, tenant); err != nil {
@@ -169,12 +169,12 @@ func (e *Engine) refreshBudget(ctx context.Context, tenant string) (budgetOver, 
 			return o, err
 		}
 	}
-	e.budget.mu.Lock()
-	if e.budget.over == nil {
-		e.budget.over = map[string]budgetOver{}
+	e.mtr.budget.mu.Lock()
+	if e.mtr.budget.over == nil {
+		e.mtr.budget.over = map[string]budgetOver{}
 	}
-	e.budget.over[tenant] = o
-	e.budget.mu.Unlock()
+	e.mtr.budget.over[tenant] = o
+	e.mtr.budget.mu.Unlock()
 	return o, nil
 }
 
@@ -216,14 +216,14 @@ func (e *Engine) overBudget(ctx context.Context, tenant string, q meta.TenantQuo
 // every tenant that has used up a budget (called after each metering
 // interval, which refreshed the states).
 func (e *Engine) enforceBudgets(ctx context.Context) {
-	e.budget.mu.Lock()
+	e.mtr.budget.mu.Lock()
 	over := map[string]budgetOver{}
-	for t, o := range e.budget.over {
+	for t, o := range e.mtr.budget.over {
 		if o.meter != "" {
 			over[t] = o
 		}
 	}
-	e.budget.mu.Unlock()
+	e.mtr.budget.mu.Unlock()
 	for tenant, o := range over {
 		rows, err := e.meta.List(ctx, e.mine(meta.Filter{Tenant: &tenant, States: []meta.State{meta.StateRunning}}))
 		if err != nil {
@@ -246,3 +246,15 @@ func (e *Engine) enforceBudgets(ctx context.Context) {
 		}
 	}
 }
+
+// budgetHooks is budgets' lifecycleObserver (lifecycle.go): a sandbox of a
+// tenant whose budget is used up is not restored or resumed.
+type budgetHooks struct{ e *Engine }
+
+func (budgetHooks) stopping(context.Context, string) {}
+
+func (h budgetHooks) admit(ctx context.Context, tenant string) error {
+	return h.e.checkBudgets(ctx, tenant)
+}
+
+func (budgetHooks) keepFrom(context.Context, string, string) (uint64, error) { return 0, nil }

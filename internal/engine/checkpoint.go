@@ -1,6 +1,7 @@
 package engine
 
-// Checkpoint, restore, fork and recover.
+// Checkpoint, and the checkpoints' records (restore, fork and recover:
+// restore.go).
 //
 // # Checkpoint: durability order
 //
@@ -28,20 +29,6 @@ package engine
 // collector removes the chunks. A crash between the pointer and the row
 // commit is settled from the log: the checkpoint counts only if its
 // sandbox.checkpointed event is there; otherwise its pointer is deleted.
-//
-// # Restore
-//
-// The image is fetched into a work directory and verified chunk by chunk
-// (a damaged or missing object is errdefs.ErrDataLoss naming it; nothing
-// runs), the manifest's driver, runtime build and CPU features must be this
-// node's (hostcompat.go), the sandbox's template is the exact version the
-// image was cut on (fetched from the blob store when this node has no
-// copy, whatever the template's tag names now), and then the driver
-// restores it: in place (the same sandbox id, its running incarnation
-// killed first; the row goes restoring → running, one
-// generation on) or as a new sandbox (a fork; the original keeps running).
-// The sandbox.restored event is the fidelity report: processes, memory,
-// files and connections the driver brought back.
 
 import (
 	"context"
@@ -96,7 +83,7 @@ func (e *Engine) checkpointer() (sandbox.Checkpointer, error) {
 	if !ok || !e.drv.Capabilities().Checkpoint {
 		return nil, errdefs.FailedPreconditionf("driver %s cannot checkpoint", e.drv.Name())
 	}
-	if e.ckpts == nil {
+	if e.ck.store == nil {
 		return nil, errdefs.FailedPreconditionf("this daemon has no checkpoint store")
 	}
 	return cp, nil
@@ -134,12 +121,12 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 		span.SetAttributes(tracing.CheckpointID.String(ck.ID), tracing.StoredBytes.Int64(ck.Stats.StoredBytes))
 	}
 	tracing.End(span, err)
-	if e.obs != nil && (err == nil || ck.ID != "") {
+	if e.ck.obs != nil && (err == nil || ck.ID != "") {
 		kind := ""
 		if err != nil {
 			kind = errdefs.Kind(err)
 		}
-		e.obs.Checkpoint(e.drv.Name(), ck.Tenant, kind, time.Duration(ck.Stats.FrozenNS), time.Since(start), ck.Stats.StoredBytes)
+		e.ck.obs.Checkpoint(e.drv.Name(), ck.Tenant, kind, time.Duration(ck.Stats.FrozenNS), time.Since(start), ck.Stats.StoredBytes)
 	}
 	return ck, err
 }
@@ -167,30 +154,7 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	if sb.State != meta.StateRunning {
 		return meta.Checkpoint{}, errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
 	}
-	// The template version is in the blob store before any checkpoint
-	// that needs it (its chunks, then its record; then this checkpoint's
-	// chunks, manifest and pointer), so any node can restore it.
-	digest, err := e.tmpl.Digest(ctx, sb.Template, sb.TemplateVersion)
-	if err != nil {
-		return meta.Checkpoint{}, fmt.Errorf("checkpoint %s: %w", id, err)
-	}
-	if err := e.tmpl.Store().Push(ctx, digest); err != nil {
-		return meta.Checkpoint{}, fmt.Errorf("checkpoint %s: store template %s version %s: %w", id, sb.Template, sb.TemplateVersion, err)
-	}
-	hostMeta := map[string]string{}
-	if err := e.hostMeta(ctx, hostMeta); err != nil {
-		return meta.Checkpoint{}, fmt.Errorf("checkpoint %s: %w", id, err)
-	}
-	bounds, err := e.log.Bounds(ctx, Stream(id))
-	if err != nil {
-		return meta.Checkpoint{}, fmt.Errorf("checkpoint %s: log position: %w", id, err)
-	}
-	parent, _ := e.latestCheckpoint(ctx, id)
-	ck, err := e.meta.InsertCheckpoint(ctx, meta.Checkpoint{
-		ID: newCheckpointID(), Tenant: sb.Tenant, SandboxID: id, State: meta.CheckpointPending,
-		Parent: parent.ID, Tag: r.Tag, Stream: Stream(id), Seq: bounds.Head,
-		Driver: sb.Driver, Template: sb.Template, TemplateVersion: sb.TemplateVersion,
-	})
+	ck, parent, hostMeta, err := e.checkpointIntent(ctx, id, sb, r.Tag)
 	if err != nil {
 		return ck, err
 	}
@@ -204,7 +168,7 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 		return ck, err
 	}
 
-	dir := filepath.Join(e.workDir, "cut-"+ck.ID)
+	dir := filepath.Join(e.ck.workDir, "cut-"+ck.ID)
 	defer os.RemoveAll(dir)
 	start := time.Now()
 	report(r.Progress, Progress{Phase: "cut"})
@@ -212,7 +176,7 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	cut.Lock()
 	releaseEgress := e.holdEgress(id)
 	if r.Stop {
-		e.meterFinal(ctx, id) // its cgroup goes with the cut
+		e.stopping(ctx, id) // its cgroup goes with the cut
 	}
 	cs, err := cp.Checkpoint(ctx, id, dir, sandbox.CheckpointOptions{LeaveStopped: r.Stop})
 	if err == nil {
@@ -252,14 +216,8 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 		MemoryBytes: cs.MemoryBytes, LayerBytes: cs.LayerBytes, Stopped: r.Stop}
 	var eventSeq uint64
 	upStart := time.Now()
-	pm := map[string]string{
-		"sandbox": id, "stream": ck.Stream, "seq": strconv.FormatUint(ck.Seq, 10), metaDriver: sb.Driver,
-		metaTemplate: sb.Template, metaTemplateVersion: sb.TemplateVersion,
-	}
-	for k, v := range hostMeta {
-		pm[k] = v
-	}
-	res, err := e.ckpts.Put(ctx, sb.Tenant, ck.ID, dir, chunkstore.PutOptions{
+	pm := manifestMeta(id, ck, sb, hostMeta)
+	res, err := e.ck.store.Put(ctx, sb.Tenant, ck.ID, dir, chunkstore.PutOptions{
 		Parent: parent.ID,
 		Meta:   pm,
 		Progress: func(p chunkstore.Progress) {
@@ -288,7 +246,7 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	case err != nil && eventSeq == 0:
 		if res.Published {
 			// Visible in storage but not in the log: it must not count.
-			if _, derr := e.ckpts.DeleteCheckpoint(context.WithoutCancel(ctx), sb.Tenant, ck.ID); derr != nil {
+			if _, derr := e.ck.store.DeleteCheckpoint(context.WithoutCancel(ctx), sb.Tenant, ck.ID); derr != nil {
 				lg.Error("delete checkpoint the log does not reference", "err", derr)
 			}
 		}
@@ -309,14 +267,7 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 		return ck, err // committed in storage and log; the next start settles the row
 	}
 	if r.Stop {
-		reason := stoppedAtCutReason
-		if r.stopReason != "" {
-			reason = r.stopReason
-		}
-		if sb, err = e.meta.SetState(ctx, id, meta.StateStopped, reason, meta.StateRunning); err != nil {
-			return ck, err
-		}
-		if err := e.appendEvents(ctx, sb, lifecycleEvent(sb, EventKilled, StatePayload{State: string(sb.State), Reason: reason})); err != nil {
+		if sb, err = e.stoppedAtCut(ctx, id, r.stopReason); err != nil {
 			return ck, err
 		}
 	}
@@ -326,6 +277,65 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	lg.InfoContext(ctx, "checkpoint committed", "frozen", cs.Frozen.Round(time.Millisecond), "total", time.Since(start).Round(time.Millisecond),
 		"image_bytes", res.Size, "stored_bytes", res.StoredBytes, "new_chunks", res.NewChunks, "chunks", res.Chunks)
 	return ck, nil
+}
+
+// checkpointIntent pushes sandbox id's template version to the blob store,
+// reads this host's metadata and the log position of the cut, and records
+// the intent: a pending row (steps 0 and 1 of the order above). It
+// returns the row, the checkpoint's parent and the host metadata. Called
+// with the sandbox's lock held.
+func (e *Engine) checkpointIntent(ctx context.Context, id string, sb meta.Sandbox, tag string) (ck, parent meta.Checkpoint, hostMeta map[string]string, err error) {
+	// The template version is in the blob store before any checkpoint
+	// that needs it (its chunks, then its record; then this checkpoint's
+	// chunks, manifest and pointer), so any node can restore it.
+	digest, err := e.tpl.cat.Digest(ctx, sb.Template, sb.TemplateVersion)
+	if err != nil {
+		return ck, parent, nil, fmt.Errorf("checkpoint %s: %w", id, err)
+	}
+	if err := e.tpl.cat.Store().Push(ctx, digest); err != nil {
+		return ck, parent, nil, fmt.Errorf("checkpoint %s: store template %s version %s: %w", id, sb.Template, sb.TemplateVersion, err)
+	}
+	hostMeta = map[string]string{}
+	if err := e.hostMeta(ctx, hostMeta); err != nil {
+		return ck, parent, nil, fmt.Errorf("checkpoint %s: %w", id, err)
+	}
+	bounds, err := e.log.Bounds(ctx, Stream(id))
+	if err != nil {
+		return ck, parent, nil, fmt.Errorf("checkpoint %s: log position: %w", id, err)
+	}
+	parent, _ = e.latestCheckpoint(ctx, id)
+	ck, err = e.meta.InsertCheckpoint(ctx, meta.Checkpoint{
+		ID: newCheckpointID(), Tenant: sb.Tenant, SandboxID: id, State: meta.CheckpointPending,
+		Parent: parent.ID, Tag: tag, Stream: Stream(id), Seq: bounds.Head,
+		Driver: sb.Driver, Template: sb.Template, TemplateVersion: sb.TemplateVersion,
+	})
+	return ck, parent, hostMeta, err
+}
+
+// manifestMeta is the metadata the manifest of ck, a checkpoint of
+// sandbox id, carries: where it was cut and on what host (hostMeta).
+func manifestMeta(id string, ck meta.Checkpoint, sb meta.Sandbox, hostMeta map[string]string) map[string]string {
+	pm := map[string]string{
+		"sandbox": id, "stream": ck.Stream, "seq": strconv.FormatUint(ck.Seq, 10), metaDriver: sb.Driver,
+		metaTemplate: sb.Template, metaTemplateVersion: sb.TemplateVersion,
+	}
+	for k, v := range hostMeta {
+		pm[k] = v
+	}
+	return pm
+}
+
+// stoppedAtCut records that sandbox id, left stopped by its committed
+// checkpoint, is stopped (reason, default stoppedAtCutReason).
+func (e *Engine) stoppedAtCut(ctx context.Context, id, reason string) (meta.Sandbox, error) {
+	if reason == "" {
+		reason = stoppedAtCutReason
+	}
+	sb, err := e.meta.SetState(ctx, id, meta.StateStopped, reason, meta.StateRunning)
+	if err != nil {
+		return sb, err
+	}
+	return sb, e.appendEvents(ctx, sb, lifecycleEvent(sb, EventKilled, StatePayload{State: string(sb.State), Reason: reason}))
 }
 
 // stoppedAtCutReason is the reason of a sandbox stopped by its own
@@ -339,31 +349,31 @@ func (e *Engine) holdLease(ctx context.Context, id string) (eventlog.Lease, erro
 	return e.holdStreamLease(ctx, id, Stream(id), "sandbox "+id)
 }
 
-// holdStreamLease is holdLease for any stream; key names it in e.leases.
+// holdStreamLease is holdLease for any stream; key names it in e.lease.held.
 func (e *Engine) holdStreamLease(ctx context.Context, key, stream, what string) (eventlog.Lease, error) {
-	e.leasesMu.Lock()
-	l, ok := e.leases[key]
-	e.leasesMu.Unlock()
+	e.lease.mu.Lock()
+	l, ok := e.lease.held[key]
+	e.lease.mu.Unlock()
 	var err error
 	if ok {
-		l, err = e.log.Renew(ctx, l, e.leaseTTL)
+		l, err = e.log.Renew(ctx, l, e.lease.ttl)
 	} else {
-		l, err = e.log.Acquire(ctx, stream, e.node, e.leaseTTL)
+		l, err = e.log.Acquire(ctx, stream, e.lease.holder, e.lease.ttl)
 		if errdefs.IsConflict(err) {
 			err = errdefs.Fencedf("%s: another node holds its stream: %v", what, err)
 		}
 	}
 	if err != nil {
 		if errdefs.IsFenced(err) {
-			e.leasesMu.Lock()
-			delete(e.leases, key)
-			e.leasesMu.Unlock()
+			e.lease.mu.Lock()
+			delete(e.lease.held, key)
+			e.lease.mu.Unlock()
 		}
 		return l, err
 	}
-	e.leasesMu.Lock()
-	e.leases[key] = l
-	e.leasesMu.Unlock()
+	e.lease.mu.Lock()
+	e.lease.held[key] = l
+	e.lease.mu.Unlock()
 	return l, nil
 }
 
@@ -419,292 +429,14 @@ func (e *Engine) DeleteCheckpoint(ctx context.Context, tenant, id string) error 
 	if ck.State == meta.CheckpointPending {
 		return errdefs.FailedPreconditionf("checkpoint %s is being written", id)
 	}
-	if e.ckpts == nil {
+	if e.ck.store == nil {
 		return errdefs.FailedPreconditionf("this daemon has no checkpoint store")
 	}
-	if _, err := e.ckpts.DeleteCheckpoint(ctx, ck.Tenant, ck.ID); err != nil && !errdefs.IsNotFound(err) {
+	if _, err := e.ck.store.DeleteCheckpoint(ctx, ck.Tenant, ck.ID); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("delete checkpoint %s: %w", id, err)
 	}
 	_, err = e.meta.SetCheckpointState(ctx, id, meta.CheckpointDeleted, "deleted on request")
 	return err
-}
-
-// Restore brings checkpoint r.Checkpoint back: into its own sandbox, or
-// into a new one when r.AsNew.
-func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (meta.Sandbox, error) {
-	ck, err := e.GetCheckpoint(ctx, r.Tenant, r.Checkpoint)
-	if err != nil {
-		return meta.Sandbox{}, err
-	}
-	target := ck.SandboxID
-	if r.AsNew {
-		target = ""
-	}
-	return e.restore(ctx, ck, target, r.Progress)
-}
-
-// Recover restores sandbox id in place from its latest committed
-// checkpoint (for a fork without checkpoints of its own: the checkpoint it
-// was forked from).
-func (e *Engine) Recover(ctx context.Context, tenant, id string, progress func(Progress)) (meta.Sandbox, error) {
-	return e.RecoverTo(ctx, tenant, id, 0, progress)
-}
-
-// RecoverTo is Recover to the state as of event toEvent of the sandbox's
-// stream: the newest committed checkpoint whose cut is at or before that
-// event (0: the newest of all).
-func (e *Engine) RecoverTo(ctx context.Context, tenant, id string, toEvent uint64, progress func(Progress)) (meta.Sandbox, error) {
-	sb, err := e.Get(ctx, tenant, id)
-	if err != nil {
-		return sb, err
-	}
-	var ck meta.Checkpoint
-	if toEvent > 0 {
-		cks, err := e.meta.Checkpoints(ctx, meta.CheckpointFilter{SandboxID: id, States: []meta.CheckpointState{meta.CheckpointCommitted}})
-		if err != nil {
-			return sb, err
-		}
-		for _, c := range cks {
-			if c.Seq <= toEvent {
-				ck = c
-			}
-		}
-		if ck.ID == "" {
-			return sb, errdefs.FailedPreconditionf("sandbox %s has no checkpoint cut at or before event %d", id, toEvent)
-		}
-		return e.restore(ctx, ck, id, progress)
-	}
-	ck, err = e.latestCheckpoint(ctx, id)
-	if errdefs.IsNotFound(err) && sb.Origin != "" {
-		ck, err = e.meta.Checkpoint(ctx, sb.Origin)
-	}
-	if errdefs.IsNotFound(err) {
-		return sb, errdefs.FailedPreconditionf("sandbox %s has no checkpoint to recover from", id)
-	}
-	if err != nil {
-		return sb, err
-	}
-	return e.restore(ctx, ck, id, progress)
-}
-
-// restore restores ck into sandbox target (a new sandbox when target is "").
-func (e *Engine) restore(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress)) (meta.Sandbox, error) {
-	if err := e.checkBudgets(ctx, ck.Tenant); err != nil {
-		return meta.Sandbox{}, err
-	}
-	return e.restoreWith(ctx, ck, target, progress, false)
-}
-
-// restoreWith is restore; with resumeIdle it restores target only if it is
-// still stopped for being idle and returns it as it is when it runs again.
-func (e *Engine) restoreWith(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress), resumeIdle bool) (meta.Sandbox, error) {
-	start := time.Now()
-	ctx, span := e.span(ctx, "engine.restore", ck.Tenant, target, tracing.CheckpointID.String(ck.ID))
-	sb, err := e.restoreOnce(ctx, ck, target, progress, resumeIdle)
-	if sb.ID != "" {
-		span.SetAttributes(tracing.SandboxID.String(sb.ID))
-	}
-	tracing.End(span, err)
-	if e.obs != nil {
-		kind := ""
-		if err != nil {
-			kind = errdefs.Kind(err)
-		}
-		e.obs.Restore(e.drv.Name(), kind, time.Since(start))
-	}
-	return sb, err
-}
-
-func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress), resumeIdle bool) (meta.Sandbox, error) {
-	cp, err := e.checkpointer()
-	if err != nil {
-		return meta.Sandbox{}, err
-	}
-	if ck.State != meta.CheckpointCommitted {
-		return meta.Sandbox{}, errdefs.FailedPreconditionf("checkpoint %s is %s, not committed", ck.ID, ck.State)
-	}
-	if ck.Driver != e.drv.Name() {
-		return meta.Sandbox{}, errdefs.FailedPreconditionf("checkpoint %s was cut by driver %s; this daemon runs %s", ck.ID, ck.Driver, e.drv.Name())
-	}
-	// What the image depends on: refused before anything is fetched.
-	m, err := e.ckpts.Manifest(ctx, ck.Tenant, ck.ID)
-	if err != nil {
-		return meta.Sandbox{}, fmt.Errorf("checkpoint %s: %w", ck.ID, err)
-	}
-	if err := e.checkImageCompat(ctx, ck, m); err != nil {
-		return meta.Sandbox{}, err
-	}
-	// Exactly the template version the image was cut on, whatever the
-	// template's tag says now (fetched from the blob store if this node
-	// has no copy).
-	tmpl, err := e.tmpl.Version(ctx, ck.Template, ck.TemplateVersion)
-	if errdefs.IsNotFound(err) {
-		return meta.Sandbox{}, errdefs.FailedPreconditionf("checkpoint %s was cut on template %s version %s, which neither this node nor the blob store has (a memory image runs only on the files it was cut on): %v",
-			ck.ID, ck.Template, ck.TemplateVersion, err)
-	}
-	if err != nil {
-		return meta.Sandbox{}, fmt.Errorf("checkpoint %s was cut on template %s version %s, which this node cannot provide (a memory image runs only on the files it was cut on): %w",
-			ck.ID, ck.Template, ck.TemplateVersion, err)
-	}
-	src, err := e.meta.Get(ctx, ck.SandboxID)
-	if err != nil {
-		return meta.Sandbox{}, err
-	}
-
-	// Fetch and verify before touching any sandbox.
-	dir := filepath.Join(e.workDir, "fetch-"+strings.TrimPrefix(newID(), "sbx-"))
-	defer os.RemoveAll(dir)
-	report(progress, Progress{Phase: "fetch"})
-	fetchStart := time.Now()
-	rr, err := e.ckpts.Restore(ctx, ck.Tenant, ck.ID, dir, chunkstore.RestoreOptions{
-		Progress: func(p chunkstore.Progress) { report(progress, Progress{Phase: "fetch", Done: p.Done, Total: p.Total}) },
-	})
-	if err != nil {
-		return meta.Sandbox{}, fmt.Errorf("fetch checkpoint %s: %w", ck.ID, err)
-	}
-	fetched := time.Since(fetchStart)
-
-	var sb meta.Sandbox
-	replaced := false
-	keepConns := false // see restoreKeepsConnections
-	if target == "" {
-		release, err := e.reserveSandbox(ctx, ck.Tenant, src.Limits)
-		if err != nil {
-			return meta.Sandbox{}, err
-		}
-		defer release()
-		sb = meta.Sandbox{ID: newID(), Tenant: ck.Tenant, Template: ck.Template, TemplateVersion: ck.TemplateVersion,
-			Driver: ck.Driver, Limits: src.Limits, Env: src.Env, State: meta.StateRestoring, Origin: ck.ID, Policy: src.Policy, Node: e.nodeID}
-		defer e.lock(sb.ID)()
-		if sb, err = e.meta.Insert(ctx, sb); err != nil {
-			return sb, err
-		}
-	} else {
-		defer e.lock(target)()
-		if sb, err = e.meta.Get(ctx, target); err != nil {
-			return sb, err
-		}
-		if err := e.ownedHere(sb); err != nil {
-			return sb, err
-		}
-		if resumeIdle && sb.State == meta.StateRunning {
-			return sb, nil // another call resumed it
-		}
-		if resumeIdle && !suspended(sb) {
-			return sb, errdefs.FailedPreconditionf("sandbox %s is %s, not running", sb.ID, sb.State)
-		}
-		switch sb.State {
-		case meta.StateRunning, meta.StateStopped, meta.StateCrashed:
-		case meta.StateRestoring:
-			// Under its lock, so no restore of it is under way: one that
-			// failed or died half-way left the row so (and maybe the
-			// sandbox running). It is restored again.
-		case meta.StateDestroyed:
-			return sb, errdefs.FailedPreconditionf("sandbox %s is destroyed; restore checkpoint %s as a new sandbox", sb.ID, ck.ID)
-		default:
-			return sb, errdefs.FailedPreconditionf("sandbox %s is %s", sb.ID, sb.State)
-		}
-		// A fenced node restores nothing.
-		if _, err := e.holdLease(ctx, sb.ID); err != nil {
-			return sb, err
-		}
-		keepConns = e.restoreKeepsConnections(ctx, sb, ck)
-		if sb.State == meta.StateRunning || sb.State == meta.StateRestoring {
-			replaced = sb.State == meta.StateRunning
-			if err := e.killAndWait(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
-				return sb, err
-			}
-		}
-		if sb, err = e.meta.SetState(ctx, sb.ID, meta.StateRestoring, "restoring from "+ck.ID, sb.State); err != nil {
-			return sb, err
-		}
-	}
-	lg := e.lg.With("sandbox_id", sb.ID, "checkpoint_id", ck.ID)
-	report(progress, Progress{Phase: "restore"})
-	// Connections through the gateway whose sandbox end will not come
-	// back as it was are reset first (see restoreKeepsConnections).
-	if !keepConns {
-		e.resetEgress(sb.ID, "restore from "+ck.ID)
-	}
-	// The re-run's requests are numbered from the cut restored from; the
-	// run starts before the sandbox does.
-	err = e.startRun(ctx, sb, ck.ID, false)
-	var rs sandbox.RestoreStats
-	if err == nil {
-		// The driver rebuilds the layer: no file operation meanwhile
-		// (see cutLock).
-		cut := e.cutLock(sb.ID)
-		cut.Lock()
-		rs, err = cp.Restore(ctx, sandbox.Spec{ID: sb.ID, Tenant: sb.Tenant, Template: tmpl, Limits: sb.Limits, Env: sb.Env}, dir, sandbox.RestoreOptions{})
-		cut.Unlock()
-	}
-	if err != nil {
-		// The row leaves "restoring": a new sandbox is destroyed, one
-		// restored in place is crashed (and can be restored again).
-		cleanup := context.WithoutCancel(ctx)
-		reason := fmt.Sprintf("restore from %s failed: %v", ck.ID, err)
-		if target == "" {
-			if derr := e.drv.Destroy(cleanup, sb.ID); derr != nil {
-				lg.Error("destroy after failed restore", "err", derr)
-			}
-			_, _ = e.meta.SetState(cleanup, sb.ID, meta.StateDestroyed, reason)
-		} else if merr := e.markCrashed(cleanup, sb, EventCrashed, reason); merr != nil {
-			lg.Error("record failed restore", "err", merr)
-		}
-		return sb, fmt.Errorf("restore %s from %s: %w", sb.ID, ck.ID, err)
-	}
-	if sb, err = e.meta.Restored(ctx, sb.ID, ck.ID); err != nil {
-		return sb, err
-	}
-	var evs []eventlog.Event
-	if target == "" {
-		evs = append(evs, lifecycleEvent(sb, EventCreated, CreatedPayload{
-			Template: sb.Template, TemplateVersion: sb.TemplateVersion, Driver: sb.Driver, Limits: sb.Limits}))
-	}
-	evs = append(evs, lifecycleEvent(sb, EventRestored, RestoredPayload{
-		Checkpoint: ck.ID, From: ck.SandboxID, Seq: ck.Seq, Generation: sb.Generation, ImageDigest: rr.Manifest.ImageDigest,
-		Processes: rs.Processes, MemoryBytes: rs.MemoryBytes, Files: rs.Files,
-		ConnectionsRestored: rs.ConnectionsRestored, ConnectionsReset: rs.ConnectionsReset, Lazy: rs.Lazy,
-		FetchNS: int64(fetched), RunningNS: int64(rs.Running), Replaced: replaced,
-	}))
-	if err := e.appendEvents(ctx, sb, evs...); err != nil {
-		return sb, err
-	}
-	lg.InfoContext(ctx, "sandbox restored", "fork", target == "", "fetch", fetched.Round(time.Millisecond),
-		"running", rs.Running.Round(time.Millisecond), "processes", rs.Processes)
-	return sb, nil
-}
-
-// specFor is the driver spec that runs sb under id.
-func (e *Engine) specFor(sb meta.Sandbox, id string) sandbox.Spec {
-	t, _ := e.tmpl.Version(context.Background(), sb.Template, sb.TemplateVersion)
-	return sandbox.Spec{ID: id, Tenant: sb.Tenant, Template: t, Limits: sb.Limits, Env: sb.Env}
-}
-
-// killAndWait SIGKILLs sandbox id and waits until the driver reports it
-// stopped.
-func (e *Engine) killAndWait(ctx context.Context, id string) error {
-	e.meterFinal(ctx, id)
-	if err := e.drv.Kill(ctx, id); err != nil {
-		return fmt.Errorf("kill %s before restoring it: %w", id, err)
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		in, err := e.drv.Inspect(ctx, id)
-		if err != nil && !errdefs.IsNotFound(err) {
-			return err
-		}
-		if err != nil || in.State != sandbox.StateRunning {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return errdefs.Unavailablef("sandbox %s still runs 30s after SIGKILL", id)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }
 
 // reconcileCheckpoints settles the checkpoints a previous daemon left
@@ -718,11 +450,11 @@ func (e *Engine) reconcileCheckpoints(ctx context.Context) error {
 	}
 	for _, ck := range pend {
 		lg := e.lg.With("checkpoint_id", ck.ID, "sandbox_id", ck.SandboxID)
-		if e.ckpts == nil {
+		if e.ck.store == nil {
 			lg.Warn("pending checkpoint left alone: this daemon has no checkpoint store")
 			continue
 		}
-		info, err := e.ckpts.Stat(ctx, ck.Tenant, ck.ID)
+		info, err := e.ck.store.Stat(ctx, ck.Tenant, ck.ID)
 		if err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("reconcile checkpoint %s: %w", ck.ID, err)
 		}
@@ -733,7 +465,7 @@ func (e *Engine) reconcileCheckpoints(ctx context.Context) error {
 			}
 			if seq > 0 {
 				ck.ManifestDigest, ck.EventSeq = info.ManifestDigest, seq
-				if m, merr := e.ckpts.Manifest(ctx, ck.Tenant, ck.ID); merr == nil {
+				if m, merr := e.ck.store.Manifest(ctx, ck.Tenant, ck.ID); merr == nil {
 					ck.ImageDigest, ck.Stats.ImageBytes = m.ImageDigest, m.Size
 				}
 				if _, err := e.meta.CommitCheckpoint(ctx, ck); err != nil {
@@ -742,7 +474,7 @@ func (e *Engine) reconcileCheckpoints(ctx context.Context) error {
 				lg.Info("pending checkpoint was committed before the daemon stopped")
 				continue
 			}
-			if _, err := e.ckpts.DeleteCheckpoint(ctx, ck.Tenant, ck.ID); err != nil && !errdefs.IsNotFound(err) {
+			if _, err := e.ck.store.DeleteCheckpoint(ctx, ck.Tenant, ck.ID); err != nil && !errdefs.IsNotFound(err) {
 				return fmt.Errorf("reconcile checkpoint %s: %w", ck.ID, err)
 			}
 		}
@@ -784,7 +516,7 @@ func (e *Engine) findCheckpointEvent(ctx context.Context, ck meta.Checkpoint) (u
 // sandbox.checkpointed event of the oldest one kept — the log keeps what a
 // restore of any kept checkpoint may need to replay, nothing older.
 func (e *Engine) retain(ctx context.Context, sb meta.Sandbox) error {
-	keep := e.keep
+	keep := e.ck.keep
 	if p := e.tenantPolicy(ctx, sb.Tenant); p.KeepCheckpoints > 0 {
 		keep = p.KeepCheckpoints
 	}
@@ -803,7 +535,7 @@ func (e *Engine) retain(ctx context.Context, sb meta.Sandbox) error {
 			}
 			continue
 		}
-		if _, err := e.ckpts.DeleteCheckpoint(ctx, ck.Tenant, ck.ID); err != nil && !errdefs.IsNotFound(err) {
+		if _, err := e.ck.store.DeleteCheckpoint(ctx, ck.Tenant, ck.ID); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("retention: delete %s: %w", ck.ID, err)
 		}
 		if _, err := e.meta.SetCheckpointState(ctx, ck.ID, meta.CheckpointDeleted, "retention"); err != nil {
@@ -811,12 +543,12 @@ func (e *Engine) retain(ctx context.Context, sb meta.Sandbox) error {
 		}
 		e.auditSystem(ctx, ck.Tenant, "checkpoint.retention_delete", ck.ID, nil)
 	}
-	keepFrom, err := e.meterKeepFrom(ctx, sb.Tenant, sb.ID)
+	keepFrom, err := e.keepFrom(ctx, sb.Tenant, sb.ID)
 	if err != nil {
-		return fmt.Errorf("retention: metering cursor of %s: %w", sb.ID, err)
+		return fmt.Errorf("retention: %w", err)
 	}
 	if keepFrom > 0 && keepFrom < oldestKept {
-		oldestKept = keepFrom // not past what metering has yet to count
+		oldestKept = keepFrom // not past what metering has yet to count (lifecycle.go)
 	}
 	if oldestKept > 1 {
 		if err := e.log.Truncate(ctx, Stream(sb.ID), oldestKept); err != nil {

@@ -63,10 +63,10 @@ func (e *Engine) egressPolicy(ctx context.Context, sb meta.Sandbox) (meta.Egress
 	case tp.Egress != nil:
 		p = *tp.Egress
 	default:
-		p = e.defEgress
+		p = e.egr.def
 	}
-	if e.egressCeiling != nil {
-		p = intersectEgress(p, *e.egressCeiling)
+	if e.egr.ceiling != nil {
+		p = intersectEgress(p, *e.egr.ceiling)
 	}
 	return p, nil
 }
@@ -82,12 +82,12 @@ func (e *Engine) TenantEgressAllows(ctx context.Context, tenant, host string, po
 	if err != nil {
 		return false, fmt.Errorf("tenant policy of %s: %w", tenant, err)
 	}
-	p := e.defEgress
+	p := e.egr.def
 	if tp.Egress != nil {
 		p = *tp.Egress
 	}
-	if e.egressCeiling != nil {
-		p = intersectEgress(p, *e.egressCeiling)
+	if e.egr.ceiling != nil {
+		p = intersectEgress(p, *e.egr.ceiling)
 	}
 	gp := gatewayPolicy(p)
 	return gp.Allows(host, port), nil
@@ -106,7 +106,7 @@ func gatewayPolicy(p meta.EgressPolicy) gateway.Policy {
 // startRun starts run of sb in the gateway (resume: continue its
 // numbering). Sandboxes without a tenant (the warm pool) have no run yet.
 func (e *Engine) startRun(ctx context.Context, sb meta.Sandbox, run string, resume bool) error {
-	if e.gw == nil || sb.Tenant == "" {
+	if e.egr.gw == nil || sb.Tenant == "" {
 		return nil
 	}
 	pol, err := e.egressPolicy(ctx, sb)
@@ -120,7 +120,7 @@ func (e *Engine) startRun(ctx context.Context, sb meta.Sandbox, run string, resu
 	if err != nil {
 		return err
 	}
-	if err := e.gw.StartRun(ctx, gateway.Run{Tenant: sb.Tenant, Sandbox: sb.ID, ID: run, Epoch: l.Epoch,
+	if err := e.egr.gw.StartRun(ctx, gateway.Run{Tenant: sb.Tenant, Sandbox: sb.ID, ID: run, Epoch: l.Epoch,
 		Policy: gatewayPolicy(pol), Resume: resume}); err != nil {
 		return fmt.Errorf("egress run %s of %s: %w", run, sb.ID, err)
 	}
@@ -129,17 +129,17 @@ func (e *Engine) startRun(ctx context.Context, sb meta.Sandbox, run string, resu
 
 // holdEgress begins a cut of sandbox id in the gateway (see Hold).
 func (e *Engine) holdEgress(id string) func() {
-	if e.gw == nil {
+	if e.egr.gw == nil {
 		return func() {}
 	}
-	release, _ := e.gw.Hold(id, egressHoldTimeout)
+	release, _ := e.egr.gw.Hold(id, egressHoldTimeout)
 	return release
 }
 
 // prepareEgress writes what a new sandbox needs to use the gateway: its
 // resolv.conf names the gateway's DNS.
 func (e *Engine) prepareEgress(ctx context.Context, id string) error {
-	if e.gw == nil {
+	if e.egr.gw == nil {
 		return nil
 	}
 	fs, err := e.drv.Files(ctx, id)
@@ -156,11 +156,11 @@ func (e *Engine) prepareEgress(ctx context.Context, id string) error {
 // its sockets in the gateway namespace are opened again and its run
 // resumes where the journal left it.
 func (e *Engine) reattachEgress(ctx context.Context, sb meta.Sandbox) error {
-	if e.gw == nil {
+	if e.egr.gw == nil {
 		return nil
 	}
-	if e.net != nil {
-		if err := e.net.Listen(sb.ID); err != nil {
+	if e.egr.net != nil {
+		if err := e.egr.net.Listen(sb.ID); err != nil {
 			return err
 		}
 	}
@@ -344,10 +344,10 @@ func (e *Engine) Reconcile(ctx context.Context, tenant, id string, r gateway.Res
 	if _, err := e.Get(ctx, tenant, id); err != nil {
 		return Effect{}, err
 	}
-	if e.gw == nil {
+	if e.egr.gw == nil {
 		return Effect{}, errdefs.FailedPreconditionf("this daemon runs no egress gateway: nothing to reconcile")
 	}
-	if _, err := e.gw.Reconcile(ctx, id, r); err != nil {
+	if _, err := e.egr.gw.Reconcile(ctx, id, r); err != nil {
 		return Effect{}, err
 	}
 	fxs, err := e.Effects(ctx, tenant, id)
@@ -374,10 +374,10 @@ const (
 // the gateway verifies (the gateway terminates it with leaves this CA
 // signs). A template without a bundle gets one holding just this CA.
 func (e *Engine) installCA(ctx context.Context, sb meta.Sandbox) error {
-	if e.gw == nil || e.tenantCA == nil || sb.Tenant == "" {
+	if e.egr.gw == nil || e.egr.tenantCA == nil || sb.Tenant == "" {
 		return nil
 	}
-	cert, err := e.tenantCA(ctx, sb.Tenant)
+	cert, err := e.egr.tenantCA(ctx, sb.Tenant)
 	if err != nil {
 		return fmt.Errorf("egress CA of tenant %s: %w", sb.Tenant, err)
 	}
@@ -413,10 +413,10 @@ func (e *Engine) installCA(ctx context.Context, sb meta.Sandbox) error {
 // resetEgress resets sandbox id's connections through the gateway: its side
 // of them is gone for good (see egress.Network.ResetConnections).
 func (e *Engine) resetEgress(id, why string) {
-	if e.net == nil {
+	if e.egr.net == nil {
 		return
 	}
-	if n := e.net.ResetConnections(id); n > 0 {
+	if n := e.egr.net.ResetConnections(id); n > 0 {
 		e.lg.Info("egress connections reset", "sandbox", id, "connections", n, "why", why)
 	}
 }

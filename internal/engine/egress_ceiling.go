@@ -47,8 +47,8 @@ type egressCeiling struct {
 // policy itself must lie within).
 func (e *Engine) ceilings(ctx context.Context, tenant string, withTenant bool) ([]egressCeiling, error) {
 	var cs []egressCeiling
-	if e.egressCeiling != nil {
-		cs = append(cs, egressCeiling{"the operator's", *e.egressCeiling})
+	if e.egr.ceiling != nil {
+		cs = append(cs, egressCeiling{"the operator's", *e.egr.ceiling})
 	}
 	if withTenant {
 		tp, err := e.meta.TenantPolicy(ctx, tenant)

@@ -125,57 +125,95 @@ type Options struct {
 }
 
 // Engine is the sandbox manager. It is safe for concurrent use.
+//
+// Its core is the lifecycle (create, kill, destroy, reconcile), the
+// per-sandbox lock and the event log; each capability keeps its state in
+// its own field: checkpointing and restore (ck), the warm pool (pool),
+// leases, failover and moves (lease), recovery policies, idle stops and
+// quotas (pol), egress runs (egr), metering and budgets (mtr), templates
+// (tpl). Metering and budgets watch the lifecycle through hooks
+// (lifecycle.go): the checkpoint and restore code does not call them.
 type Engine struct {
 	drv   sandbox.Driver
 	meta  *meta.Store
 	log   eventlog.Store
 	reg   *eventlog.Registry
-	tmpl  *Catalog
 	clock clock.Clock
 	lg    *slog.Logger
 	watch time.Duration
 
 	locks sync.Map // sandbox id → *sync.Mutex: serialises lifecycle changes
 	cuts  sync.Map // sandbox id → *sync.RWMutex: a cut (writer) excludes calls into the sandbox (ops.go)
+	life  []lifecycleObserver
+
+	audit  *audit.Trail
+	tracer trace.Tracer
+	bg     background
+
+	tpl   templates
 	pool  *pool
+	ck    checkpointing
+	lease leasing
+	pol   policies
+	egr   egressRuns
+	mtr   meter
+}
 
-	ckpts    *chunkstore.Store
-	workDir  string
-	node     string // lease holder: "node/" + nodeID
-	nodeID   string // Options.Node: the value of meta.Sandbox.Node for rows this engine runs
-	shared   bool
-	leaseTTL time.Duration
-	leasesMu sync.Mutex
-	leases   map[string]eventlog.Lease // sandbox id → the lease this engine holds on its stream
-
-	policies     sync.Map // sandbox id → *policyState
-	fastEvery    int
-	fastInterval time.Duration
-	keep         int
-	audit        *audit.Trail
-	obs          Observer
-	gw           *gateway.Gateway
-	net          *egress.Network
-	defEgress    meta.EgressPolicy
-	modelUsageFn ModelUsage // metering.go
-	tenantCA     func(ctx context.Context, tenant string) ([]byte, error)
-	tracer       trace.Tracer
-	idle         time.Duration
-	activity     sync.Map        // sandbox id → time.Time of the last call into it
-	quotaLocks   sync.Map        // tenant → *sync.Mutex (quota.go)
-	gcs          sync.Map        // tenant → *gcState (gc.go)
-	bg           context.Context // background work; set by Start
-	meterEvery   time.Duration
-	meter        metering
-	budget       budgetState // budget.go
-
-	egressCeiling *meta.EgressPolicy // the operator's (egress_ceiling.go)
-
-	cpuFeatures func() ([]string, error)
-	tmplMu      sync.RWMutex // template_ops.go: a version's removal excludes new sandbox rows
-
+// background is the engine's background work; set by Start.
+type background struct {
+	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+}
+
+// templates is the template catalog and the lock a version's removal takes
+// (template_ops.go: it excludes new sandbox rows).
+type templates struct {
+	cat *Catalog
+	mu  sync.RWMutex
+}
+
+// checkpointing is the state of checkpoints and restores (checkpoint.go,
+// restore.go, gc.go, hostcompat.go).
+type checkpointing struct {
+	store       *chunkstore.Store
+	workDir     string
+	keep        int
+	obs         Observer
+	cpuFeatures func() ([]string, error)
+	gcs         sync.Map // tenant → *gcState (gc.go)
+}
+
+// leasing is this node's identity and the leases it holds on sandbox
+// streams (failover.go, move.go).
+type leasing struct {
+	holder string // lease holder: "node/" + nodeID
+	nodeID string // Options.Node: the value of meta.Sandbox.Node for rows this engine runs
+	shared bool
+	ttl    time.Duration
+	mu     sync.Mutex
+	held   map[string]eventlog.Lease // sandbox id → the lease this engine holds on its stream
+}
+
+// policies is the per-sandbox and per-tenant state of recovery policies
+// (policy.go), idle stops (idle.go) and quotas (quota.go).
+type policies struct {
+	states       sync.Map // sandbox id → *policyState
+	fastEvery    int
+	fastInterval time.Duration
+	idle         time.Duration
+	activity     sync.Map // sandbox id → time.Time of the last call into it
+	quotaLocks   sync.Map // tenant → *sync.Mutex (quota.go)
+}
+
+// egressRuns is what starts and polices sandboxes' egress runs (egress.go,
+// egress_ceiling.go).
+type egressRuns struct {
+	gw       *gateway.Gateway
+	net      *egress.Network
+	def      meta.EgressPolicy
+	ceiling  *meta.EgressPolicy // the operator's (egress_ceiling.go)
+	tenantCA func(ctx context.Context, tenant string) ([]byte, error)
 }
 
 // New returns an Engine. Call Start before serving requests.
@@ -214,15 +252,17 @@ func New(o Options) (*Engine, error) {
 	if o.FastInterval <= 0 {
 		o.FastInterval = 30 * time.Second
 	}
-	e := &Engine{drv: o.Driver, meta: o.Meta, log: o.Log, reg: o.Registry, tmpl: o.Templates,
-		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval,
-		ckpts: o.Checkpoints, workDir: o.WorkDir, node: "node/" + o.Node, nodeID: o.Node, shared: o.Shared, leaseTTL: o.LeaseTTL,
-		leases: map[string]eventlog.Lease{}, fastEvery: o.FastEvery, fastInterval: o.FastInterval, keep: o.KeepCheckpoints, idle: o.IdleTimeout, audit: o.Audit, obs: o.Observer,
-		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeEngine),
-		gw:     o.Gateway, net: o.Network, defEgress: o.Egress, egressCeiling: o.EgressCeiling, tenantCA: o.TenantCA}
-	e.cpuFeatures = o.CPUFeatures
-	if e.cpuFeatures == nil {
-		e.cpuFeatures = HostCPUFeatures
+	e := &Engine{drv: o.Driver, meta: o.Meta, log: o.Log, reg: o.Registry,
+		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval, audit: o.Audit,
+		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeEngine)}
+	e.tpl.cat = o.Templates
+	e.ck = checkpointing{store: o.Checkpoints, workDir: o.WorkDir, keep: o.KeepCheckpoints, obs: o.Observer}
+	e.lease = leasing{holder: "node/" + o.Node, nodeID: o.Node, shared: o.Shared, ttl: o.LeaseTTL, held: map[string]eventlog.Lease{}}
+	e.pol = policies{fastEvery: o.FastEvery, fastInterval: o.FastInterval, idle: o.IdleTimeout}
+	e.egr = egressRuns{gw: o.Gateway, net: o.Network, def: o.Egress, ceiling: o.EgressCeiling, tenantCA: o.TenantCA}
+	e.ck.cpuFeatures = o.CPUFeatures
+	if e.ck.cpuFeatures == nil {
+		e.ck.cpuFeatures = HostCPUFeatures
 	}
 	for name := range o.Pool {
 		if _, err := o.Templates.Get(name); err != nil {
@@ -230,11 +270,13 @@ func New(o Options) (*Engine, error) {
 		}
 	}
 	e.pool = newPool(e, o.Pool)
-	e.meterEvery = o.MeterInterval
-	if e.meterEvery == 0 {
-		e.meterEvery = defaultMeterInterval
+	e.mtr.every = o.MeterInterval
+	if e.mtr.every == 0 {
+		e.mtr.every = defaultMeterInterval
 	}
-	e.meter = metering{sbx: map[string]*sbxMeter{}, unsent: map[string][]eventlog.Event{}}
+	e.mtr.state = metering{sbx: map[string]*sbxMeter{}, unsent: map[string][]eventlog.Event{}}
+	e.observe(meterHooks{e})
+	e.observe(budgetHooks{e})
 	return e, nil
 }
 
@@ -242,7 +284,7 @@ func New(o Options) (*Engine, error) {
 func (e *Engine) Driver() sandbox.Driver { return e.drv }
 
 // Templates returns the template catalog.
-func (e *Engine) Templates() *Catalog { return e.tmpl }
+func (e *Engine) Templates() *Catalog { return e.tpl.cat }
 
 // Start reconciles the metadata with the driver (see reconcile.go), then
 // starts the warm pool and the watch loop. It returns once reconciliation is
@@ -252,36 +294,36 @@ func (e *Engine) Start(ctx context.Context) error {
 		return err
 	}
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	e.cancel, e.bg = cancel, bg
+	e.bg.cancel, e.bg.ctx = cancel, bg
 	if err := e.reconcileCheckpoints(ctx); err != nil {
 		cancel()
 		return err
 	}
 	e.pool.start(bg)
-	if e.ckpts != nil {
-		e.wg.Add(1)
+	if e.ck.store != nil {
+		e.bg.wg.Add(1)
 		go func() {
-			defer e.wg.Done()
+			defer e.bg.wg.Done()
 			e.policyLoop(bg)
 		}()
 		// Always: a tenant's policy may set an idle timeout.
-		e.wg.Add(1)
+		e.bg.wg.Add(1)
 		go func() {
-			defer e.wg.Done()
+			defer e.bg.wg.Done()
 			e.idleLoop(bg)
 		}()
 	}
-	if e.meterEvery > 0 {
-		e.wg.Add(1)
+	if e.mtr.every > 0 {
+		e.bg.wg.Add(1)
 		go func() {
-			defer e.wg.Done()
+			defer e.bg.wg.Done()
 			e.meterLoop(bg)
 		}()
 	}
 	if e.watch > 0 {
-		e.wg.Add(1)
+		e.bg.wg.Add(1)
 		go func() {
-			defer e.wg.Done()
+			defer e.bg.wg.Done()
 			e.watchLoop(bg)
 		}()
 	}
@@ -292,10 +334,10 @@ func (e *Engine) Start(ctx context.Context) error {
 // are waiting (they belong to nobody). Tenants' sandboxes keep running: the
 // next daemon reattaches them.
 func (e *Engine) Close(ctx context.Context) error {
-	if e.cancel != nil {
-		e.cancel()
+	if e.bg.cancel != nil {
+		e.bg.cancel()
 	}
-	e.wg.Wait()
+	e.bg.wg.Wait()
 	return e.pool.drain(ctx, "warm pool drained at shutdown")
 }
 
@@ -374,7 +416,7 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (sb meta.Sandbox, 
 	if r.Tenant == "" {
 		return meta.Sandbox{}, errdefs.InvalidArgumentf("create: tenant is empty")
 	}
-	t, err := e.tmpl.Get(r.Template)
+	t, err := e.tpl.cat.Get(r.Template)
 	if err != nil {
 		return meta.Sandbox{}, err
 	}
@@ -447,12 +489,12 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (sb meta.Sandbox, 
 func (e *Engine) coldCreate(ctx context.Context, t sandbox.Template, tenant string, limits sandbox.Limits, env []string, pooled bool, policy string) (meta.Sandbox, error) {
 	id := newID()
 	defer e.lock(id)()
-	e.tmplMu.RLock()
-	sb, err := e.meta.Insert(ctx, meta.Sandbox{Node: e.nodeID,
+	e.tpl.mu.RLock()
+	sb, err := e.meta.Insert(ctx, meta.Sandbox{Node: e.lease.nodeID,
 		ID: id, Tenant: tenant, Template: t.Name, TemplateVersion: t.Version, Driver: e.drv.Name(),
 		Limits: limits, Env: env, State: meta.StateCreating, Pooled: pooled, Policy: policy,
 	})
-	e.tmplMu.RUnlock()
+	e.tpl.mu.RUnlock()
 	if err != nil {
 		return sb, err
 	}
@@ -513,7 +555,7 @@ func (e *Engine) Destroy(ctx context.Context, tenant, id string) error {
 
 func (e *Engine) destroy(ctx context.Context, sb meta.Sandbox, reason string) error {
 	if sb.State != meta.StateDestroyed {
-		e.meterFinal(ctx, sb.ID)
+		e.stopping(ctx, sb.ID)
 		if err := e.drv.Destroy(ctx, sb.ID); err != nil {
 			return fmt.Errorf("destroy %s: %w", sb.ID, err)
 		}
@@ -521,8 +563,8 @@ func (e *Engine) destroy(ctx context.Context, sb meta.Sandbox, reason string) er
 		if sb, err = e.meta.SetState(ctx, sb.ID, meta.StateDestroyed, reason); err != nil {
 			return err
 		}
-		if e.gw != nil {
-			e.gw.EndSandbox(sb.ID)
+		if e.egr.gw != nil {
+			e.egr.gw.EndSandbox(sb.ID)
 		}
 		e.lg.Info("sandbox destroyed", "sandbox_id", sb.ID, "reason", reason)
 	}
@@ -549,7 +591,7 @@ func (e *Engine) Kill(ctx context.Context, tenant, id string) (meta.Sandbox, err
 	if sb.State != meta.StateRunning {
 		return sb, errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
 	}
-	e.meterFinal(ctx, id)
+	e.stopping(ctx, id)
 	if err := e.drv.Kill(ctx, id); err != nil {
 		return sb, fmt.Errorf("kill %s: %w", id, err)
 	}

@@ -138,9 +138,9 @@ func (e *Engine) appendEvents(ctx context.Context, sb meta.Sandbox, evs ...event
 	// Once a sandbox was checkpointed its stream has a lease (see
 	// holdLease): append under this engine's epoch, taking the lease again
 	// after a restart; a stream another node holds stays fenced.
-	e.leasesMu.Lock()
-	epoch := e.leases[sb.ID].Epoch
-	e.leasesMu.Unlock()
+	e.lease.mu.Lock()
+	epoch := e.lease.held[sb.ID].Epoch
+	e.lease.mu.Unlock()
 	_, err := e.log.Append(ctx, Stream(sb.ID), epoch, eventlog.Any, evs...)
 	if errdefs.IsFenced(err) && epoch == 0 {
 		var l eventlog.Lease

@@ -17,7 +17,7 @@ func (e *Engine) EnforceBudgets(ctx context.Context) { e.enforceBudgets(ctx) }
 // SetUnsentUsage makes evs the tenant's batch whose append failed, as if
 // its answer had been lost.
 func (e *Engine) SetUnsentUsage(tenant string, evs []eventlog.Event) {
-	e.meter.unsent[tenant] = evs
+	e.mtr.state.unsent[tenant] = evs
 }
 
 // DropLocal is the stale-copy sweep's destroy of sandbox id (failover.go).

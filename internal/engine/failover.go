@@ -37,7 +37,7 @@ import (
 // and reconcile at start).
 
 // NodeID returns the node id this engine runs as (Options.Node).
-func (e *Engine) NodeID() string { return e.nodeID }
+func (e *Engine) NodeID() string { return e.lease.nodeID }
 
 // LeaseHolder returns the holder name of the leases this engine takes on
 // sandbox streams for node id.
@@ -45,16 +45,16 @@ func LeaseHolder(node string) string { return "node/" + node }
 
 // mine restricts f to this node's rows when the stores are shared.
 func (e *Engine) mine(f meta.Filter) meta.Filter {
-	if e.shared {
-		f.Node = &e.nodeID
+	if e.lease.shared {
+		f.Node = &e.lease.nodeID
 	}
 	return f
 }
 
 // ownedHere refuses to act on a sandbox that runs on another node.
 func (e *Engine) ownedHere(sb meta.Sandbox) error {
-	if e.shared && sb.Node != e.nodeID {
-		return errdefs.Fencedf("sandbox %s runs on node %q, not on this node (%s)", sb.ID, sb.Node, e.nodeID)
+	if e.lease.shared && sb.Node != e.lease.nodeID {
+		return errdefs.Fencedf("sandbox %s runs on node %q, not on this node (%s)", sb.ID, sb.Node, e.lease.nodeID)
 	}
 	return nil
 }
@@ -64,9 +64,9 @@ func (e *Engine) ownedHere(sb meta.Sandbox) error {
 // (this node was declared dead and the sandbox restored elsewhere) and is
 // destroyed; anything else is left alone.
 func (e *Engine) unknownSandbox(ctx context.Context, id string) {
-	if e.shared {
+	if e.lease.shared {
 		sb, err := e.meta.Get(ctx, id)
-		if err == nil && sb.Node != e.nodeID {
+		if err == nil && sb.Node != e.lease.nodeID {
 			e.lg.Warn("destroying a stale copy: the sandbox now runs on another node", "sandbox_id", id, "node", sb.Node)
 			e.dropLocal(ctx, id)
 			return
@@ -89,7 +89,7 @@ func (e *Engine) dropLocal(ctx context.Context, id string) {
 // move back, which hold the lock while they move the row here) — then the
 // copy is this node's own and stays.
 func (e *Engine) dropLocked(ctx context.Context, id string) {
-	if sb, err := e.meta.Get(ctx, id); err == nil && sb.Node == e.nodeID {
+	if sb, err := e.meta.Get(ctx, id); err == nil && sb.Node == e.lease.nodeID {
 		e.lg.Info("not a stale copy any more: the sandbox was moved back to this node", "sandbox_id", id)
 		return
 	}
@@ -97,10 +97,10 @@ func (e *Engine) dropLocked(ctx context.Context, id string) {
 	if err := e.drv.Destroy(ctx, id); err != nil && !errdefs.IsNotFound(err) {
 		e.lg.Error("destroy stale copy", "sandbox_id", id, "err", err)
 	}
-	e.leasesMu.Lock()
-	delete(e.leases, id)
-	delete(e.leases, "effects:"+id)
-	e.leasesMu.Unlock()
+	e.lease.mu.Lock()
+	delete(e.lease.held, id)
+	delete(e.lease.held, "effects:"+id)
+	e.lease.mu.Unlock()
 }
 
 // DiscardStale destroys every sandbox this node's driver runs whose row
@@ -121,7 +121,7 @@ func (e *Engine) DiscardStale(ctx context.Context) (int, error) {
 	var busy []meta.Sandbox
 	for _, in := range infos {
 		sb, err := e.meta.Get(ctx, in.ID)
-		if err != nil || sb.Node == e.nodeID {
+		if err != nil || sb.Node == e.lease.nodeID {
 			continue
 		}
 		unlock, ok := e.tryLock(in.ID)
@@ -157,7 +157,7 @@ type Adopted struct {
 // its node). It fails with ErrFenced when another node moved the row first.
 func (e *Engine) Adopt(ctx context.Context, id, from string, leases map[string]eventlog.Lease) (Adopted, error) {
 	if l, ok := leases["sandbox"]; ok {
-		if l.Stream != Stream(id) || l.Holder != e.node {
+		if l.Stream != Stream(id) || l.Holder != e.lease.holder {
 			return Adopted{}, errdefs.InvalidArgumentf("adopt %s: lease %s held by %s is not this node's lease on its stream", id, l.Stream, l.Holder)
 		}
 	}
@@ -192,15 +192,15 @@ func (e *Engine) Adopt(ctx context.Context, id, from string, leases map[string]e
 // whether the sandbox is to be restored from its checkpoint.
 func (e *Engine) adoptRow(ctx context.Context, id, from string, leases map[string]eventlog.Lease) (ad Adopted, restore bool, err error) {
 	defer e.lock(id)()
-	e.leasesMu.Lock()
+	e.lease.mu.Lock()
 	if l, ok := leases["sandbox"]; ok {
-		e.leases[id] = l
+		e.lease.held[id] = l
 	}
 	if l, ok := leases["effects"]; ok && l.Stream == gateway.Stream(id) {
-		e.leases["effects:"+id] = l
+		e.lease.held["effects:"+id] = l
 	}
-	e.leasesMu.Unlock()
-	sb, err := e.meta.MoveSandbox(ctx, id, from, e.nodeID)
+	e.lease.mu.Unlock()
+	sb, err := e.meta.MoveSandbox(ctx, id, from, e.lease.nodeID)
 	if err != nil {
 		return Adopted{Sandbox: sb}, false, err
 	}

@@ -30,10 +30,10 @@ var gcRetry = time.Second
 
 // collect schedules a garbage collection of tenant's chunks.
 func (e *Engine) collect(tenant string) {
-	if e.ckpts == nil || e.bg == nil {
+	if e.ck.store == nil || e.bg.ctx == nil {
 		return
 	}
-	v, _ := e.gcs.LoadOrStore(tenant, &gcState{})
+	v, _ := e.ck.gcs.LoadOrStore(tenant, &gcState{})
 	st := v.(*gcState)
 	st.mu.Lock()
 	if st.running {
@@ -43,13 +43,13 @@ func (e *Engine) collect(tenant string) {
 	}
 	st.running = true
 	st.mu.Unlock()
-	e.wg.Add(1)
+	e.bg.wg.Add(1)
 	go func() {
-		defer e.wg.Done()
+		defer e.bg.wg.Done()
 		for {
 			e.collectOnce(tenant)
 			st.mu.Lock()
-			if !st.again || e.bg.Err() != nil {
+			if !st.again || e.bg.ctx.Err() != nil {
 				st.running = false
 				st.mu.Unlock()
 				return
@@ -61,8 +61,8 @@ func (e *Engine) collect(tenant string) {
 }
 
 func (e *Engine) collectOnce(tenant string) {
-	for attempt := 0; attempt < 120 && e.bg.Err() == nil; attempt++ {
-		res, err := e.ckpts.GC(e.bg, tenant)
+	for attempt := 0; attempt < 120 && e.bg.ctx.Err() == nil; attempt++ {
+		res, err := e.ck.store.GC(e.bg.ctx, tenant)
 		switch {
 		case err == nil && !res.Deferred:
 			if res.DeletedChunks > 0 || res.DeletedManifests > 0 {
@@ -75,7 +75,7 @@ func (e *Engine) collectOnce(tenant string) {
 			return
 		}
 		select { // deferred by a live writer, or another collector: later
-		case <-e.bg.Done():
+		case <-e.bg.ctx.Done():
 			return
 		case <-time.After(gcRetry):
 		}

@@ -88,7 +88,7 @@ func (e *Engine) hostMeta(ctx context.Context, m map[string]string) error {
 		return err
 	}
 	m[metaRuntimeBuild] = rb
-	feats, err := e.cpuFeatures()
+	feats, err := e.ck.cpuFeatures()
 	if err != nil {
 		return err
 	}
@@ -119,7 +119,7 @@ func (e *Engine) checkImageCompat(ctx context.Context, ck meta.Checkpoint, m *ch
 		}
 	}
 	if rec := strings.Fields(mm[metaCPUFeatures]); len(rec) > 0 {
-		have, err := e.cpuFeatures()
+		have, err := e.ck.cpuFeatures()
 		if err != nil {
 			return err
 		}

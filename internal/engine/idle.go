@@ -41,7 +41,7 @@ func idleStopped(sb meta.Sandbox) bool {
 func suspended(sb meta.Sandbox) bool { return idleStopped(sb) || budgetStopped(sb) }
 
 // touch records activity in sandbox id.
-func (e *Engine) touch(id string) { e.activity.Store(id, time.Now()) }
+func (e *Engine) touch(id string) { e.pol.activity.Store(id, time.Now()) }
 
 // idleTimeout is how long a sandbox of tenant may be idle (0: forever): the
 // tenant's policy, else the daemon's.
@@ -49,14 +49,14 @@ func (e *Engine) idleTimeout(ctx context.Context, tenant string) time.Duration {
 	if p := e.tenantPolicy(ctx, tenant); p.IdleTimeout > 0 {
 		return p.IdleTimeout
 	}
-	return e.idle
+	return e.pol.idle
 }
 
 // idleLoop stops sandboxes idle for longer than their idle timeout.
 func (e *Engine) idleLoop(ctx context.Context) {
 	every := time.Second
-	if e.idle > 0 {
-		every = min(max(e.idle/4, 100*time.Millisecond), time.Second)
+	if e.pol.idle > 0 {
+		every = min(max(e.pol.idle/4, 100*time.Millisecond), time.Second)
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -75,7 +75,7 @@ func (e *Engine) idleLoop(ctx context.Context) {
 			if sb.Pooled || sb.Driver != e.drv.Name() {
 				continue
 			}
-			last, ok := e.activity.Load(sb.ID)
+			last, ok := e.pol.activity.Load(sb.ID)
 			if !ok {
 				// First sight (e.g. after a restart): idle from now.
 				e.touch(sb.ID)
@@ -126,7 +126,7 @@ func (e *Engine) resume(ctx context.Context, sb meta.Sandbox) (meta.Sandbox, err
 	if resumeForbidden(ctx) {
 		return sb, errNotResumed(sb)
 	}
-	if err := e.checkBudgets(ctx, sb.Tenant); err != nil {
+	if err := e.admit(ctx, sb.Tenant); err != nil {
 		return sb, err
 	}
 	ck, err := e.latestCheckpoint(ctx, sb.ID)

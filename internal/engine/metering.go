@@ -189,7 +189,7 @@ type metering struct {
 // meterState returns sb's state, creating it from the log (the last
 // cpu_seconds record of sb) when the engine has none. Called with mu held.
 func (e *Engine) meterState(ctx context.Context, sb meta.Sandbox, now time.Time) *sbxMeter {
-	m := e.meter.sbx[sb.ID]
+	m := e.mtr.state.sbx[sb.ID]
 	if m != nil && m.gen >= 0 {
 		return m
 	}
@@ -211,7 +211,7 @@ func (e *Engine) meterState(ctx context.Context, sb meta.Sandbox, now time.Time)
 	if m.lastSample.IsZero() || m.lastSample.After(now) {
 		m.lastSample = now
 	}
-	e.meter.sbx[sb.ID] = m
+	e.mtr.state.sbx[sb.ID] = m
 	return m
 }
 
@@ -291,7 +291,7 @@ func (e *Engine) applyLocked(ctx context.Context, sb meta.Sandbox, u sandbox.Usa
 // meterFinal samples sb one last time before the engine stops its
 // processes (see the package comment); errors are logged.
 func (e *Engine) meterFinal(ctx context.Context, id string) {
-	if e.meterEvery <= 0 {
+	if e.mtr.every <= 0 {
 		return
 	}
 	sb, err := e.meta.Get(ctx, id)
@@ -306,24 +306,24 @@ func (e *Engine) meterFinal(ctx context.Context, id string) {
 		}
 		return
 	}
-	e.meter.mu.Lock()
-	defer e.meter.mu.Unlock()
+	e.mtr.state.mu.Lock()
+	defer e.mtr.state.mu.Unlock()
 	e.applyLocked(ctx, sb, u, now, now)
 }
 
 // meterCount adds n to one of sandbox id's counting meters.
 func (e *Engine) meterCount(tenant, id, meter string, n int64) {
-	if e.meterEvery <= 0 || tenant == "" || n == 0 {
+	if e.mtr.every <= 0 || tenant == "" || n == 0 {
 		return
 	}
-	e.meter.mu.Lock()
-	defer e.meter.mu.Unlock()
-	m := e.meter.sbx[id]
+	e.mtr.state.mu.Lock()
+	defer e.mtr.state.mu.Unlock()
+	m := e.mtr.state.sbx[id]
 	if m == nil {
 		// Not sampled yet: its baseline comes from the log at the first
 		// sample (gen -1 never matches a row: the first sample resets it).
 		m = &sbxMeter{tenant: tenant, gen: -1}
-		e.meter.sbx[id] = m
+		e.mtr.state.sbx[id] = m
 	}
 	switch meter {
 	case MeterEgressRequests:
@@ -355,7 +355,7 @@ func (e *Engine) MeterDecision(d gateway.Decision) {
 func (e *Engine) meterLoop(ctx context.Context) {
 	for {
 		now := e.clock.Now()
-		next := now.Truncate(e.meterEvery).Add(e.meterEvery)
+		next := now.Truncate(e.mtr.every).Add(e.mtr.every)
 		t := time.NewTimer(next.Sub(now))
 		select {
 		case <-ctx.Done():
@@ -373,11 +373,11 @@ func (e *Engine) meterLoop(ctx context.Context) {
 // meterTick closes the interval ending at end: sample, build, append (see
 // the durability order above).
 func (e *Engine) meterTick(ctx context.Context, end time.Time) error {
-	if !end.After(e.meter.lastEnd) {
+	if !end.After(e.mtr.state.lastEnd) {
 		return nil
 	}
-	e.meter.lastEnd = end
-	start := end.Add(-e.meterEvery)
+	e.mtr.state.lastEnd = end
+	start := end.Add(-e.mtr.every)
 	rows, err := e.meta.List(ctx, e.mine(meta.Filter{States: []meta.State{meta.StateRunning}}))
 	if err != nil {
 		return err
@@ -405,7 +405,7 @@ func (e *Engine) meterTick(ctx context.Context, end time.Time) error {
 		}
 		readings = append(readings, reading{sb, u, e.clock.Now()})
 	}
-	e.meter.mu.Lock()
+	e.mtr.state.mu.Lock()
 	running := map[string]bool{}
 	for _, r := range readings {
 		e.applyLocked(ctx, r.sb, r.u, r.at, end)
@@ -415,7 +415,7 @@ func (e *Engine) meterTick(ctx context.Context, end time.Time) error {
 	// gateway's decisions are counted meanwhile), add what was found.
 	type cursor struct{ sbx, eff uint64 }
 	cursors := map[string]cursor{}
-	for id, m := range e.meter.sbx {
+	for id, m := range e.mtr.state.sbx {
 		if !m.cursors {
 			e.ensureCursors(ctx, id, m)
 		}
@@ -423,7 +423,7 @@ func (e *Engine) meterTick(ctx context.Context, end time.Time) error {
 			cursors[id] = cursor{m.sbxSeq, m.effSeq}
 		}
 	}
-	e.meter.mu.Unlock()
+	e.mtr.state.mu.Unlock()
 	found := map[string]logCounts{}
 	for id, c := range cursors {
 		n, err := e.countLogs(ctx, id, c.sbx, c.eff)
@@ -433,9 +433,9 @@ func (e *Engine) meterTick(ctx context.Context, end time.Time) error {
 		}
 		found[id] = n
 	}
-	e.meter.mu.Lock()
+	e.mtr.state.mu.Lock()
 	for id, n := range found {
-		m := e.meter.sbx[id]
+		m := e.mtr.state.sbx[id]
 		if m == nil || m.sbxSeq != cursors[id].sbx || m.effSeq != cursors[id].eff {
 			continue // only this loop moves cursors; be safe anyway
 		}
@@ -449,14 +449,14 @@ func (e *Engine) meterTick(ctx context.Context, end time.Time) error {
 	}
 	batches := map[string][]eventlog.Event{}
 	var ids []string
-	for id := range e.meter.sbx {
+	for id := range e.mtr.state.sbx {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
 	for _, id := range ids {
-		m := e.meter.sbx[id]
+		m := e.mtr.state.sbx[id]
 		if !running[id] && m.idle() {
-			delete(e.meter.sbx, id) // stopped and fully recorded; the log has its baseline
+			delete(e.mtr.state.sbx, id) // stopped and fully recorded; the log has its baseline
 			continue
 		}
 		rec := func(meter string, q float64) {
@@ -488,7 +488,7 @@ func (e *Engine) meterTick(ctx context.Context, end time.Time) error {
 		}
 		m.cpuNS, m.memGiBs = 0, 0
 	}
-	e.meter.mu.Unlock()
+	e.mtr.state.mu.Unlock()
 
 	// Checkpoint storage: the tenant's committed checkpoints' stored bytes
 	// (after deduplication) × the interval.
@@ -498,40 +498,47 @@ func (e *Engine) meterTick(ctx context.Context, end time.Time) error {
 			continue
 		}
 		batches[t.ID] = append(batches[t.ID], usageEvent(t.ID, UsageRecord{Meter: MeterStorageGiBHours,
-			Start: start, End: end, Quantity: float64(n) / gib * e.meterEvery.Hours()}))
+			Start: start, End: end, Quantity: float64(n) / gib * e.mtr.every.Hours()}))
 	}
 
-	var errs []error
-	names := map[string]bool{}
-	for t := range batches {
-		names[t] = true
-	}
-	for t := range e.meter.unsent {
-		names[t] = true
-	}
-	for t := range names {
-		if old := e.meter.unsent[t]; len(old) > 0 {
-			if err := e.appendUsage(ctx, t, old); err != nil {
-				// Keep both: the old batch first, the new one next time.
-				e.meter.unsent[t] = append(old, batches[t]...)
-				errs = append(errs, err)
-				continue
-			}
-			delete(e.meter.unsent, t)
-		}
-		if len(batches[t]) == 0 {
-			continue
-		}
-		if err := e.appendUsage(ctx, t, batches[t]); err != nil {
-			e.meter.unsent[t] = batches[t]
-			errs = append(errs, err)
-		}
-	}
+	errs := e.sendUsage(ctx, batches)
 	e.refreshBudgets(ctx, tenants) // usage changed: budgets are worked out again (budget.go)
 	if len(errs) > 0 {
 		return fmt.Errorf("append usage: %w (kept for the next interval)", errs[0])
 	}
 	return nil
+}
+
+// sendUsage appends each tenant's batch of usage events, after what an
+// earlier interval could not send; what fails is kept for the next one.
+func (e *Engine) sendUsage(ctx context.Context, batches map[string][]eventlog.Event) []error {
+	var errs []error
+	names := map[string]bool{}
+	for t := range batches {
+		names[t] = true
+	}
+	for t := range e.mtr.state.unsent {
+		names[t] = true
+	}
+	for t := range names {
+		if old := e.mtr.state.unsent[t]; len(old) > 0 {
+			if err := e.appendUsage(ctx, t, old); err != nil {
+				// Keep both: the old batch first, the new one next time.
+				e.mtr.state.unsent[t] = append(old, batches[t]...)
+				errs = append(errs, err)
+				continue
+			}
+			delete(e.mtr.state.unsent, t)
+		}
+		if len(batches[t]) == 0 {
+			continue
+		}
+		if err := e.appendUsage(ctx, t, batches[t]); err != nil {
+			e.mtr.state.unsent[t] = batches[t]
+			errs = append(errs, err)
+		}
+	}
+	return errs
 }
 
 func usageEvent(tenant string, r UsageRecord) eventlog.Event {
@@ -570,7 +577,7 @@ func (e *Engine) appendUsage(ctx context.Context, tenant string, evs []eventlog.
 	if err != nil {
 		return fmt.Errorf("%s: %w", UsageStream(tenant), err)
 	}
-	if uo, ok := e.obs.(UsageObserver); ok && !res.Duplicate {
+	if uo, ok := e.ck.obs.(UsageObserver); ok && !res.Duplicate {
 		for _, ev := range evs {
 			var r UsageRecord
 			if json.Unmarshal(ev.Payload, &r) == nil {
@@ -690,17 +697,42 @@ type ModelUsage func(ctx context.Context, tenant string, from, to time.Time) ([]
 
 // SetModelUsage makes usage reports include model tokens.
 func (e *Engine) SetModelUsage(f ModelUsage) {
-	e.meter.mu.Lock()
-	e.modelUsageFn = f
-	e.meter.mu.Unlock()
+	e.mtr.state.mu.Lock()
+	e.mtr.modelUsageFn = f
+	e.mtr.state.mu.Unlock()
 }
 
 func (e *Engine) modelUsage(ctx context.Context, tenant string, from, to time.Time) ([]UsageRecord, error) {
-	e.meter.mu.Lock()
-	f := e.modelUsageFn
-	e.meter.mu.Unlock()
+	e.mtr.state.mu.Lock()
+	f := e.mtr.modelUsageFn
+	e.mtr.state.mu.Unlock()
 	if f == nil {
 		return nil, nil
 	}
 	return f(ctx, tenant, from, to)
+}
+
+// meter is the state of metering (metering.go) and budgets (budget.go).
+type meter struct {
+	every        time.Duration
+	state        metering
+	budget       budgetState
+	modelUsageFn ModelUsage
+}
+
+// meterHooks is metering's lifecycleObserver (lifecycle.go): a sandbox is
+// sampled one last time before it stops, and retention keeps what metering
+// has yet to count.
+type meterHooks struct{ e *Engine }
+
+func (h meterHooks) stopping(ctx context.Context, id string) { h.e.meterFinal(ctx, id) }
+
+func (meterHooks) admit(context.Context, string) error { return nil }
+
+func (h meterHooks) keepFrom(ctx context.Context, tenant, id string) (uint64, error) {
+	n, err := h.e.meterKeepFrom(ctx, tenant, id)
+	if err != nil {
+		return 0, fmt.Errorf("metering cursor of %s: %w", id, err)
+	}
+	return n, nil
 }

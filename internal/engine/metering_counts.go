@@ -112,15 +112,15 @@ func (e *Engine) readAfter(ctx context.Context, stream string, seq *uint64, fn f
 // the lowest sequence number that must stay (0: no bound — metering off,
 // or the sandbox's counts were kept by a daemon of before the cursors).
 func (e *Engine) meterKeepFrom(ctx context.Context, tenant, id string) (uint64, error) {
-	if e.meterEvery <= 0 {
+	if e.mtr.every <= 0 {
 		return 0, nil
 	}
-	e.meter.mu.Lock()
-	if m := e.meter.sbx[id]; m != nil && m.cursors {
-		defer e.meter.mu.Unlock()
+	e.mtr.state.mu.Lock()
+	if m := e.mtr.state.sbx[id]; m != nil && m.cursors {
+		defer e.mtr.state.mu.Unlock()
 		return m.sbxSeq + 1, nil
 	}
-	e.meter.mu.Unlock()
+	e.mtr.state.mu.Unlock()
 	// Not tracked now: its cursor is in its newest cpu_seconds record.
 	rec, ok, err := e.lastUsage(ctx, tenant, id)
 	switch {

@@ -85,17 +85,17 @@ func (e *Engine) Redirect(ctx context.Context, id, to string) (meta.Sandbox, err
 // sandbox that is no longer stopped for a move (another call restored it)
 // is returned as it is.
 func (e *Engine) MoveIn(ctx context.Context, id string, leases map[string]eventlog.Lease) (meta.Sandbox, error) {
-	if l, ok := leases["sandbox"]; ok && (l.Stream != Stream(id) || l.Holder != e.node) {
+	if l, ok := leases["sandbox"]; ok && (l.Stream != Stream(id) || l.Holder != e.lease.holder) {
 		return meta.Sandbox{}, errdefs.InvalidArgumentf("move %s in: lease %s held by %s is not this node's lease on its stream", id, l.Stream, l.Holder)
 	}
-	e.leasesMu.Lock()
+	e.lease.mu.Lock()
 	if l, ok := leases["sandbox"]; ok {
-		e.leases[id] = l
+		e.lease.held[id] = l
 	}
 	if l, ok := leases["effects"]; ok && l.Stream == gateway.Stream(id) {
-		e.leases["effects:"+id] = l
+		e.lease.held["effects:"+id] = l
 	}
-	e.leasesMu.Unlock()
+	e.lease.mu.Unlock()
 	sb, err := e.meta.Get(ctx, id)
 	if err != nil {
 		return sb, err

@@ -61,7 +61,7 @@ func (e *Engine) tenantPolicy(ctx context.Context, tenant string) meta.TenantPol
 
 // fastParams are the fast policy's thresholds for tenant.
 func (e *Engine) fastParams(ctx context.Context, tenant string) (every int, interval time.Duration) {
-	every, interval = e.fastEvery, e.fastInterval
+	every, interval = e.pol.fastEvery, e.pol.fastInterval
 	p := e.tenantPolicy(ctx, tenant)
 	if p.FastEvery > 0 {
 		every = p.FastEvery
@@ -82,7 +82,7 @@ type policyState struct {
 }
 
 func (e *Engine) policyState(id string) *policyState {
-	st, _ := e.policies.LoadOrStore(id, &policyState{last: time.Now()})
+	st, _ := e.pol.states.LoadOrStore(id, &policyState{last: time.Now()})
 	return st.(*policyState)
 }
 
@@ -111,21 +111,21 @@ func (e *Engine) afterExec(ctx context.Context, sb meta.Sandbox) error {
 func (e *Engine) fastCheckpoint(sb meta.Sandbox) {
 	st := e.policyState(sb.ID)
 	st.mu.Lock()
-	if st.running || e.bg == nil {
+	if st.running || e.bg.ctx == nil {
 		st.mu.Unlock()
 		return
 	}
 	st.running, st.execs = true, 0
 	st.mu.Unlock()
-	e.wg.Add(1)
+	e.bg.wg.Add(1)
 	go func() {
-		defer e.wg.Done()
-		ck, err := e.Checkpoint(e.bg, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID})
-		e.auditSystem(e.bg, sb.Tenant, "checkpoint.fast_policy", sb.ID+" "+ck.ID, err)
+		defer e.bg.wg.Done()
+		ck, err := e.Checkpoint(e.bg.ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID})
+		e.auditSystem(e.bg.ctx, sb.Tenant, "checkpoint.fast_policy", sb.ID+" "+ck.ID, err)
 		st.mu.Lock()
 		st.running, st.last = false, time.Now()
 		st.mu.Unlock()
-		if err != nil && e.bg.Err() == nil {
+		if err != nil && e.bg.ctx.Err() == nil {
 			e.lg.Warn("fast-policy checkpoint failed", "sandbox_id", sb.ID, "err", err)
 		}
 	}()
@@ -134,7 +134,7 @@ func (e *Engine) fastCheckpoint(sb meta.Sandbox) {
 // policyLoop checkpoints fast-policy sandboxes that ran execs since their
 // last checkpoint and whose last one is FastInterval old.
 func (e *Engine) policyLoop(ctx context.Context) {
-	t := time.NewTicker(min(e.fastInterval, time.Second))
+	t := time.NewTicker(min(e.pol.fastInterval, time.Second))
 	defer t.Stop()
 	for {
 		select {

@@ -77,9 +77,9 @@ func newPool(e *Engine, want map[string]int) *pool {
 func (p *pool) start(ctx context.Context) {
 	for name := range p.want {
 		p.setFilling(name, true, "") // before any claim can look
-		p.e.wg.Add(1)
+		p.e.bg.wg.Add(1)
 		go func() {
-			defer p.e.wg.Done()
+			defer p.e.bg.wg.Done()
 			p.fill(ctx, name)
 		}()
 	}
@@ -118,7 +118,7 @@ func (p *pool) fill(ctx context.Context, name string) {
 				continue
 			}
 		}
-		t, err := p.e.tmpl.Get(name)
+		t, err := p.e.tpl.cat.Get(name)
 		if err == nil {
 			p.setFilling(name, true, "")
 			var sb meta.Sandbox
@@ -268,7 +268,7 @@ func (p *pool) forget(name, id string) {
 // adopt puts a pooled sandbox found running after a restart back in the pool,
 // or destroys it when its template changed or the pool is full.
 func (p *pool) adopt(ctx context.Context, sb meta.Sandbox) {
-	t, err := p.e.tmpl.Get(sb.Template)
+	t, err := p.e.tpl.cat.Get(sb.Template)
 	p.mu.Lock()
 	fits := err == nil && t.Version == sb.TemplateVersion && t.Limits == sb.Limits && len(p.ready[sb.Template]) < p.want[sb.Template]
 	if fits {

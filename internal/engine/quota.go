@@ -27,14 +27,14 @@ type QuotaObserver interface {
 // refuse is the refusal of tenant's quota (its meta.TenantQuota field
 // name, e.g. "max_sandboxes"): it tells the observer and returns the error.
 func (e *Engine) refuse(tenant, quota, format string, args ...any) error {
-	if qo, ok := e.obs.(QuotaObserver); ok {
+	if qo, ok := e.ck.obs.(QuotaObserver); ok {
 		qo.QuotaRejected(tenant, quota)
 	}
 	return errdefs.ResourceExhaustedf(format, args...)
 }
 
 func (e *Engine) quotaLock(tenant string) func() {
-	m, _ := e.quotaLocks.LoadOrStore(tenant, &sync.Mutex{})
+	m, _ := e.pol.quotaLocks.LoadOrStore(tenant, &sync.Mutex{})
 	mu := m.(*sync.Mutex)
 	mu.Lock()
 	return mu.Unlock

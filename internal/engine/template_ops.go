@@ -94,7 +94,7 @@ func (e *Engine) templateRefs(ctx context.Context) (map[string]*TemplateRefs, er
 	out := map[string]*TemplateRefs{}
 	get := func(v string) *TemplateRefs {
 		if _, err := templatestore.ParseDigest(v); err != nil {
-			if v2, err := e.tmpl.Store().Version(ctx, v); err == nil {
+			if v2, err := e.tpl.cat.Store().Version(ctx, v); err == nil {
 				v = v2.Digest // an old version string: an alias
 			}
 		}
@@ -103,7 +103,7 @@ func (e *Engine) templateRefs(ctx context.Context) (map[string]*TemplateRefs, er
 		}
 		return out[v]
 	}
-	tags, err := e.tmpl.Store().Tags()
+	tags, err := e.tpl.cat.Store().Tags()
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +139,7 @@ func (e *Engine) templateRefs(ctx context.Context) (map[string]*TemplateRefs, er
 // with its references. A setup-script template not used yet is not a
 // version yet (it is digested at its first use: see Catalog).
 func (e *Engine) ListTemplates(ctx context.Context) ([]TemplateInfo, error) {
-	st := e.tmpl.Store()
+	st := e.tpl.cat.Store()
 	local, err := st.Local()
 	if err != nil {
 		return nil, err
@@ -182,12 +182,12 @@ func (e *Engine) ListTemplates(ctx context.Context) ([]TemplateInfo, error) {
 // InspectTemplate returns the version ref names ("name", "name@digest",
 // "digest"), fetching it if needed, with its references.
 func (e *Engine) InspectTemplate(ctx context.Context, ref string) (TemplateInfo, error) {
-	v, err := e.tmpl.Store().Resolve(ctx, ref)
+	v, err := e.tpl.cat.Store().Resolve(ctx, ref)
 	if err != nil {
 		return TemplateInfo{}, err
 	}
 	ti := TemplateInfo{Version: v, Local: true}
-	ti.Stored, _ = e.tmpl.Store().Stored(ctx, v.Digest)
+	ti.Stored, _ = e.tpl.cat.Store().Stored(ctx, v.Digest)
 	refs, err := e.templateRefs(ctx)
 	if err != nil {
 		return ti, err
@@ -203,7 +203,7 @@ func (e *Engine) ImportTemplate(ctx context.Context, name string, r io.Reader, d
 	if err := ValidateLimits(d.Limits); err != nil {
 		return templatestore.ImportResult{}, err
 	}
-	res, err := e.tmpl.Store().Import(ctx, name, r, d)
+	res, err := e.tpl.cat.Store().Import(ctx, name, r, d)
 	if err == nil {
 		e.lg.Info("template imported", "name", name, "version", res.Version.Short(), "existed", res.Existed, "previous", templatestore.Short(res.Previous))
 	}
@@ -212,17 +212,17 @@ func (e *Engine) ImportTemplate(ctx context.Context, name string, r io.Reader, d
 
 // TagTemplate points tag name at the version ref names.
 func (e *Engine) TagTemplate(ctx context.Context, name, ref string) (templatestore.Version, error) {
-	v, err := e.tmpl.Store().Resolve(ctx, ref)
+	v, err := e.tpl.cat.Store().Resolve(ctx, ref)
 	if err != nil {
 		return v, err
 	}
-	return v, e.tmpl.Store().Tag(ctx, name, v.Digest)
+	return v, e.tpl.cat.Store().Tag(ctx, name, v.Digest)
 }
 
 // RemoveTemplate removes a tag ("name": the versions stay) or a version
 // ("name@sha256:…" or "sha256:…"), which must not be referenced.
 func (e *Engine) RemoveTemplate(ctx context.Context, ref string) error {
-	st := e.tmpl.Store()
+	st := e.tpl.cat.Store()
 	if !strings.Contains(ref, "@") && !strings.HasPrefix(ref, "sha256:") {
 		tags, err := st.Tags()
 		if err != nil {
@@ -243,8 +243,8 @@ func (e *Engine) RemoveTemplate(ctx context.Context, ref string) error {
 	if _, err := templatestore.ParseDigest(digest); err != nil {
 		return err
 	}
-	e.tmplMu.Lock()
-	defer e.tmplMu.Unlock()
+	e.tpl.mu.Lock()
+	defer e.tpl.mu.Unlock()
 	refs, err := e.templateRefs(ctx)
 	if err != nil {
 		return err
@@ -274,8 +274,8 @@ func (e *Engine) GCTemplates(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	e.tmplMu.Lock()
-	defer e.tmplMu.Unlock()
+	e.tpl.mu.Lock()
+	defer e.tpl.mu.Unlock()
 	refs, err := e.templateRefs(ctx) // again, under the lock
 	if err != nil {
 		return nil, err
@@ -285,7 +285,7 @@ func (e *Engine) GCTemplates(ctx context.Context) ([]string, error) {
 		if r := refs[ti.Digest]; r != nil && !r.Empty() {
 			continue
 		}
-		if err := e.tmpl.Store().Remove(ctx, ti.Digest); err != nil {
+		if err := e.tpl.cat.Store().Remove(ctx, ti.Digest); err != nil {
 			return removed, fmt.Errorf("gc template version %s: %w", ti.Short(), err)
 		}
 		removed = append(removed, ti.Digest)
@@ -293,7 +293,7 @@ func (e *Engine) GCTemplates(ctx context.Context) ([]string, error) {
 	if len(removed) > 0 {
 		e.lg.Info("template versions collected", "count", len(removed))
 	}
-	if err := e.tmpl.Store().CollectChunks(ctx); err != nil {
+	if err := e.tpl.cat.Store().CollectChunks(ctx); err != nil {
 		return removed, fmt.Errorf("gc template chunks: %w", err)
 	}
 	return removed, nil
@@ -340,7 +340,7 @@ func (e *Engine) Upgrade(ctx context.Context, r UpgradeRequest) (meta.Sandbox, e
 	if err != nil {
 		return old, err
 	}
-	t, err := e.tmpl.GetContext(ctx, r.Template)
+	t, err := e.tpl.cat.GetContext(ctx, r.Template)
 	if err != nil {
 		return old, err
 	}
@@ -355,9 +355,9 @@ func (e *Engine) Upgrade(ctx context.Context, r UpgradeRequest) (meta.Sandbox, e
 	if err != nil {
 		return old, fmt.Errorf("upgrade %s: checkpoint: %w", old.ID, err)
 	}
-	dir := filepath.Join(e.workDir, "upgrade-"+strings.TrimPrefix(newID(), "sbx-"))
+	dir := filepath.Join(e.ck.workDir, "upgrade-"+strings.TrimPrefix(newID(), "sbx-"))
 	defer os.RemoveAll(dir)
-	if _, err := e.ckpts.Restore(ctx, ck.Tenant, ck.ID, dir, chunkstore.RestoreOptions{}); err != nil {
+	if _, err := e.ck.store.Restore(ctx, ck.Tenant, ck.ID, dir, chunkstore.RestoreOptions{}); err != nil {
 		return old, fmt.Errorf("upgrade %s: fetch checkpoint %s: %w", old.ID, ck.ID, err)
 	}
 	release, err := e.reserveSandbox(ctx, r.Tenant, old.Limits)

@@ -1,0 +1,319 @@
+package engine
+
+// Restore, fork and recover (the checkpoint's order: checkpoint.go).
+//
+// # Restore
+//
+// The image is fetched into a work directory and verified chunk by chunk
+// (a damaged or missing object is errdefs.ErrDataLoss naming it; nothing
+// runs), the manifest's driver, runtime build and CPU features must be this
+// node's (hostcompat.go), the sandbox's template is the exact version the
+// image was cut on (fetched from the blob store when this node has no
+// copy, whatever the template's tag names now), and then the driver
+// restores it: in place (the same sandbox id, its running incarnation
+// killed first; the row goes restoring → running, one
+// generation on) or as a new sandbox (a fork; the original keeps running).
+// The sandbox.restored event is the fidelity report: processes, memory,
+// files and connections the driver brought back.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/obs/tracing"
+	"github.com/amber-run/amber/internal/state/chunkstore"
+	"github.com/amber-run/amber/internal/state/meta"
+)
+
+// Restore brings checkpoint r.Checkpoint back: into its own sandbox, or
+// into a new one when r.AsNew.
+func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (meta.Sandbox, error) {
+	ck, err := e.GetCheckpoint(ctx, r.Tenant, r.Checkpoint)
+	if err != nil {
+		return meta.Sandbox{}, err
+	}
+	target := ck.SandboxID
+	if r.AsNew {
+		target = ""
+	}
+	return e.restore(ctx, ck, target, r.Progress)
+}
+
+// Recover restores sandbox id in place from its latest committed
+// checkpoint (for a fork without checkpoints of its own: the checkpoint it
+// was forked from).
+func (e *Engine) Recover(ctx context.Context, tenant, id string, progress func(Progress)) (meta.Sandbox, error) {
+	return e.RecoverTo(ctx, tenant, id, 0, progress)
+}
+
+// RecoverTo is Recover to the state as of event toEvent of the sandbox's
+// stream: the newest committed checkpoint whose cut is at or before that
+// event (0: the newest of all).
+func (e *Engine) RecoverTo(ctx context.Context, tenant, id string, toEvent uint64, progress func(Progress)) (meta.Sandbox, error) {
+	sb, err := e.Get(ctx, tenant, id)
+	if err != nil {
+		return sb, err
+	}
+	var ck meta.Checkpoint
+	if toEvent > 0 {
+		cks, err := e.meta.Checkpoints(ctx, meta.CheckpointFilter{SandboxID: id, States: []meta.CheckpointState{meta.CheckpointCommitted}})
+		if err != nil {
+			return sb, err
+		}
+		for _, c := range cks {
+			if c.Seq <= toEvent {
+				ck = c
+			}
+		}
+		if ck.ID == "" {
+			return sb, errdefs.FailedPreconditionf("sandbox %s has no checkpoint cut at or before event %d", id, toEvent)
+		}
+		return e.restore(ctx, ck, id, progress)
+	}
+	ck, err = e.latestCheckpoint(ctx, id)
+	if errdefs.IsNotFound(err) && sb.Origin != "" {
+		ck, err = e.meta.Checkpoint(ctx, sb.Origin)
+	}
+	if errdefs.IsNotFound(err) {
+		return sb, errdefs.FailedPreconditionf("sandbox %s has no checkpoint to recover from", id)
+	}
+	if err != nil {
+		return sb, err
+	}
+	return e.restore(ctx, ck, id, progress)
+}
+
+// restore restores ck into sandbox target (a new sandbox when target is "").
+func (e *Engine) restore(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress)) (meta.Sandbox, error) {
+	if err := e.admit(ctx, ck.Tenant); err != nil {
+		return meta.Sandbox{}, err
+	}
+	return e.restoreWith(ctx, ck, target, progress, false)
+}
+
+// restoreWith is restore; with resumeIdle it restores target only if it is
+// still stopped for being idle and returns it as it is when it runs again.
+func (e *Engine) restoreWith(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress), resumeIdle bool) (meta.Sandbox, error) {
+	start := time.Now()
+	ctx, span := e.span(ctx, "engine.restore", ck.Tenant, target, tracing.CheckpointID.String(ck.ID))
+	sb, err := e.restoreOnce(ctx, ck, target, progress, resumeIdle)
+	if sb.ID != "" {
+		span.SetAttributes(tracing.SandboxID.String(sb.ID))
+	}
+	tracing.End(span, err)
+	if e.ck.obs != nil {
+		kind := ""
+		if err != nil {
+			kind = errdefs.Kind(err)
+		}
+		e.ck.obs.Restore(e.drv.Name(), kind, time.Since(start))
+	}
+	return sb, err
+}
+
+func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress), resumeIdle bool) (meta.Sandbox, error) {
+	cp, err := e.checkpointer()
+	if err != nil {
+		return meta.Sandbox{}, err
+	}
+	if ck.State != meta.CheckpointCommitted {
+		return meta.Sandbox{}, errdefs.FailedPreconditionf("checkpoint %s is %s, not committed", ck.ID, ck.State)
+	}
+	if ck.Driver != e.drv.Name() {
+		return meta.Sandbox{}, errdefs.FailedPreconditionf("checkpoint %s was cut by driver %s; this daemon runs %s", ck.ID, ck.Driver, e.drv.Name())
+	}
+	tmpl, err := e.restoreTemplate(ctx, ck)
+	if err != nil {
+		return meta.Sandbox{}, err
+	}
+	src, err := e.meta.Get(ctx, ck.SandboxID)
+	if err != nil {
+		return meta.Sandbox{}, err
+	}
+
+	// Fetch and verify before touching any sandbox.
+	dir := filepath.Join(e.ck.workDir, "fetch-"+strings.TrimPrefix(newID(), "sbx-"))
+	defer os.RemoveAll(dir)
+	report(progress, Progress{Phase: "fetch"})
+	fetchStart := time.Now()
+	rr, err := e.ck.store.Restore(ctx, ck.Tenant, ck.ID, dir, chunkstore.RestoreOptions{
+		Progress: func(p chunkstore.Progress) { report(progress, Progress{Phase: "fetch", Done: p.Done, Total: p.Total}) },
+	})
+	if err != nil {
+		return meta.Sandbox{}, fmt.Errorf("fetch checkpoint %s: %w", ck.ID, err)
+	}
+	fetched := time.Since(fetchStart)
+
+	var sb meta.Sandbox
+	replaced := false
+	keepConns := false // see restoreKeepsConnections
+	if target == "" {
+		release, err := e.reserveSandbox(ctx, ck.Tenant, src.Limits)
+		if err != nil {
+			return meta.Sandbox{}, err
+		}
+		defer release()
+		sb = meta.Sandbox{ID: newID(), Tenant: ck.Tenant, Template: ck.Template, TemplateVersion: ck.TemplateVersion,
+			Driver: ck.Driver, Limits: src.Limits, Env: src.Env, State: meta.StateRestoring, Origin: ck.ID, Policy: src.Policy, Node: e.lease.nodeID}
+		defer e.lock(sb.ID)()
+		if sb, err = e.meta.Insert(ctx, sb); err != nil {
+			return sb, err
+		}
+	} else {
+		defer e.lock(target)()
+		if sb, err = e.meta.Get(ctx, target); err != nil {
+			return sb, err
+		}
+		if err := e.ownedHere(sb); err != nil {
+			return sb, err
+		}
+		if resumeIdle && sb.State == meta.StateRunning {
+			return sb, nil // another call resumed it
+		}
+		if resumeIdle && !suspended(sb) {
+			return sb, errdefs.FailedPreconditionf("sandbox %s is %s, not running", sb.ID, sb.State)
+		}
+		switch sb.State {
+		case meta.StateRunning, meta.StateStopped, meta.StateCrashed:
+		case meta.StateRestoring:
+			// Under its lock, so no restore of it is under way: one that
+			// failed or died half-way left the row so (and maybe the
+			// sandbox running). It is restored again.
+		case meta.StateDestroyed:
+			return sb, errdefs.FailedPreconditionf("sandbox %s is destroyed; restore checkpoint %s as a new sandbox", sb.ID, ck.ID)
+		default:
+			return sb, errdefs.FailedPreconditionf("sandbox %s is %s", sb.ID, sb.State)
+		}
+		// A fenced node restores nothing.
+		if _, err := e.holdLease(ctx, sb.ID); err != nil {
+			return sb, err
+		}
+		keepConns = e.restoreKeepsConnections(ctx, sb, ck)
+		if sb.State == meta.StateRunning || sb.State == meta.StateRestoring {
+			replaced = sb.State == meta.StateRunning
+			if err := e.killAndWait(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
+				return sb, err
+			}
+		}
+		if sb, err = e.meta.SetState(ctx, sb.ID, meta.StateRestoring, "restoring from "+ck.ID, sb.State); err != nil {
+			return sb, err
+		}
+	}
+	lg := e.lg.With("sandbox_id", sb.ID, "checkpoint_id", ck.ID)
+	report(progress, Progress{Phase: "restore"})
+	// Connections through the gateway whose sandbox end will not come
+	// back as it was are reset first (see restoreKeepsConnections).
+	if !keepConns {
+		e.resetEgress(sb.ID, "restore from "+ck.ID)
+	}
+	// The re-run's requests are numbered from the cut restored from; the
+	// run starts before the sandbox does.
+	err = e.startRun(ctx, sb, ck.ID, false)
+	var rs sandbox.RestoreStats
+	if err == nil {
+		// The driver rebuilds the layer: no file operation meanwhile
+		// (see cutLock).
+		cut := e.cutLock(sb.ID)
+		cut.Lock()
+		rs, err = cp.Restore(ctx, sandbox.Spec{ID: sb.ID, Tenant: sb.Tenant, Template: tmpl, Limits: sb.Limits, Env: sb.Env}, dir, sandbox.RestoreOptions{})
+		cut.Unlock()
+	}
+	if err != nil {
+		// The row leaves "restoring": a new sandbox is destroyed, one
+		// restored in place is crashed (and can be restored again).
+		cleanup := context.WithoutCancel(ctx)
+		reason := fmt.Sprintf("restore from %s failed: %v", ck.ID, err)
+		if target == "" {
+			if derr := e.drv.Destroy(cleanup, sb.ID); derr != nil {
+				lg.Error("destroy after failed restore", "err", derr)
+			}
+			_, _ = e.meta.SetState(cleanup, sb.ID, meta.StateDestroyed, reason)
+		} else if merr := e.markCrashed(cleanup, sb, EventCrashed, reason); merr != nil {
+			lg.Error("record failed restore", "err", merr)
+		}
+		return sb, fmt.Errorf("restore %s from %s: %w", sb.ID, ck.ID, err)
+	}
+	if sb, err = e.meta.Restored(ctx, sb.ID, ck.ID); err != nil {
+		return sb, err
+	}
+	var evs []eventlog.Event
+	if target == "" {
+		evs = append(evs, lifecycleEvent(sb, EventCreated, CreatedPayload{
+			Template: sb.Template, TemplateVersion: sb.TemplateVersion, Driver: sb.Driver, Limits: sb.Limits}))
+	}
+	evs = append(evs, lifecycleEvent(sb, EventRestored, RestoredPayload{
+		Checkpoint: ck.ID, From: ck.SandboxID, Seq: ck.Seq, Generation: sb.Generation, ImageDigest: rr.Manifest.ImageDigest,
+		Processes: rs.Processes, MemoryBytes: rs.MemoryBytes, Files: rs.Files,
+		ConnectionsRestored: rs.ConnectionsRestored, ConnectionsReset: rs.ConnectionsReset, Lazy: rs.Lazy,
+		FetchNS: int64(fetched), RunningNS: int64(rs.Running), Replaced: replaced,
+	}))
+	if err := e.appendEvents(ctx, sb, evs...); err != nil {
+		return sb, err
+	}
+	lg.InfoContext(ctx, "sandbox restored", "fork", target == "", "fetch", fetched.Round(time.Millisecond),
+		"running", rs.Running.Round(time.Millisecond), "processes", rs.Processes)
+	return sb, nil
+}
+
+// restoreTemplate checks what ck's image depends on (refused before
+// anything is fetched) and returns exactly the template version it was cut
+// on, whatever the template's tag says now (fetched from the blob store if
+// this node has no copy).
+func (e *Engine) restoreTemplate(ctx context.Context, ck meta.Checkpoint) (sandbox.Template, error) {
+	m, err := e.ck.store.Manifest(ctx, ck.Tenant, ck.ID)
+	if err != nil {
+		return sandbox.Template{}, fmt.Errorf("checkpoint %s: %w", ck.ID, err)
+	}
+	if err := e.checkImageCompat(ctx, ck, m); err != nil {
+		return sandbox.Template{}, err
+	}
+	tmpl, err := e.tpl.cat.Version(ctx, ck.Template, ck.TemplateVersion)
+	if errdefs.IsNotFound(err) {
+		return tmpl, errdefs.FailedPreconditionf("checkpoint %s was cut on template %s version %s, which neither this node nor the blob store has (a memory image runs only on the files it was cut on): %v",
+			ck.ID, ck.Template, ck.TemplateVersion, err)
+	}
+	if err != nil {
+		return tmpl, fmt.Errorf("checkpoint %s was cut on template %s version %s, which this node cannot provide (a memory image runs only on the files it was cut on): %w",
+			ck.ID, ck.Template, ck.TemplateVersion, err)
+	}
+	return tmpl, nil
+}
+
+// specFor is the driver spec that runs sb under id.
+func (e *Engine) specFor(sb meta.Sandbox, id string) sandbox.Spec {
+	t, _ := e.tpl.cat.Version(context.Background(), sb.Template, sb.TemplateVersion)
+	return sandbox.Spec{ID: id, Tenant: sb.Tenant, Template: t, Limits: sb.Limits, Env: sb.Env}
+}
+
+// killAndWait SIGKILLs sandbox id and waits until the driver reports it
+// stopped.
+func (e *Engine) killAndWait(ctx context.Context, id string) error {
+	e.stopping(ctx, id)
+	if err := e.drv.Kill(ctx, id); err != nil {
+		return fmt.Errorf("kill %s before restoring it: %w", id, err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		in, err := e.drv.Inspect(ctx, id)
+		if err != nil && !errdefs.IsNotFound(err) {
+			return err
+		}
+		if err != nil || in.State != sandbox.StateRunning {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errdefs.Unavailablef("sandbox %s still runs 30s after SIGKILL", id)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
