@@ -18,93 +18,6 @@ import (
 func newSessionCmd(g *globalFlags) *cobra.Command {
 	c := &cobra.Command{Use: "session", Short: "Durable agent sessions: create, list, show, send events, follow the log"}
 
-	var file, model, modelName, provider, baseURL, keySecret, script, template, policy, system string
-	var maxTurns, maxTokens int
-	var maxWall time.Duration
-	create := &cobra.Command{
-		Use:   "create [-f DEFINITION.json] [--model scripted|anthropic|openai] [--script TURNS.json] [flags]",
-		Short: "Create a session and print its id",
-		Args:  exactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			def := map[string]any{}
-			if file != "" {
-				b, err := os.ReadFile(file)
-				if err != nil {
-					return err
-				}
-				if err := json.Unmarshal(b, &def); err != nil {
-					return usageError{fmt.Errorf("%s: %v", file, err)}
-				}
-			}
-			m, _ := def["model"].(map[string]any)
-			if m == nil {
-				m = map[string]any{}
-			}
-			set := func(dst map[string]any, k string, v any, on bool) {
-				if on {
-					dst[k] = v
-				}
-			}
-			set(m, "adapter", model, model != "")
-			set(m, "name", modelName, modelName != "")
-			set(m, "provider", provider, provider != "")
-			set(m, "base_url", baseURL, baseURL != "")
-			set(m, "api_key_secret", keySecret, keySecret != "")
-			if script != "" {
-				b, err := os.ReadFile(script)
-				if err != nil {
-					return err
-				}
-				var turns any
-				if err := json.Unmarshal(b, &turns); err != nil {
-					return usageError{fmt.Errorf("%s: %v", script, err)}
-				}
-				m["script"] = turns
-			}
-			def["model"] = m
-			set(def, "template", template, template != "")
-			set(def, "policy", policy, policy != "")
-			set(def, "system", system, system != "")
-			lim, _ := def["limits"].(map[string]any)
-			if lim == nil {
-				lim = map[string]any{}
-			}
-			set(lim, "max_turns", maxTurns, maxTurns > 0)
-			set(lim, "max_tokens", maxTokens, maxTokens > 0)
-			set(lim, "max_wall_ns", maxWall.Nanoseconds(), maxWall > 0)
-			if len(lim) > 0 {
-				def["limits"] = lim
-			}
-			cl, err := g.client()
-			if err != nil {
-				return err
-			}
-			s, err := cl.CreateSession(cmd.Context(), def)
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return printJSON(cmd, s)
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), s.ID)
-			return nil
-		},
-	}
-	f := create.Flags()
-	f.StringVarP(&file, "file", "f", "", "the session definition as JSON (flags override its fields)")
-	f.StringVar(&model, "model", "", "model adapter: scripted, anthropic or openai")
-	f.StringVar(&modelName, "model-name", "", "the model's name at the provider")
-	f.StringVar(&provider, "provider", "", "a model provider the operator configured (amber up --model-provider) and offers your tenant")
-	f.StringVar(&baseURL, "base-url", "", "your own model API's base URL (dialled through the egress deny list; sent no key of the operator's)")
-	f.StringVar(&keySecret, "api-key-secret", "", "your tenant's secret (amber secret set) holding the API key; it must be bound to the endpoint's host")
-	f.StringVar(&script, "script", "", "the scripted model's turns (a JSON array)")
-	f.StringVar(&template, "template", "", "sandbox template (default python)")
-	f.StringVar(&policy, "policy", "", "recovery policy: strict (default) or fast")
-	f.StringVar(&system, "system", "", "system prompt")
-	f.IntVar(&maxTurns, "max-turns", 0, "pause after this many model calls")
-	f.IntVar(&maxTokens, "max-tokens", 0, "pause after this many tokens")
-	f.DurationVar(&maxWall, "max-wall", 0, "pause after this long")
-
 	ls := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
@@ -193,6 +106,103 @@ func newSessionCmd(g *globalFlags) *cobra.Command {
 	send.Flags().StringVar(&payload, "payload", "", "event payload as JSON")
 	send.Flags().StringVar(&evID, "id", "", "idempotency id: the same id and content are appended once")
 
+	c.AddCommand(newSessionCreateCmd(g), ls, show, send, newSessionEventsCmd(g))
+	return c
+}
+
+// newSessionCreateCmd is amber session create.
+func newSessionCreateCmd(g *globalFlags) *cobra.Command {
+	var file, model, modelName, provider, baseURL, keySecret, script, template, policy, system string
+	var maxTurns, maxTokens int
+	var maxWall time.Duration
+	create := &cobra.Command{
+		Use:   "create [-f DEFINITION.json] [--model scripted|anthropic|openai] [--script TURNS.json] [flags]",
+		Short: "Create a session and print its id",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			def := map[string]any{}
+			if file != "" {
+				b, err := os.ReadFile(file)
+				if err != nil {
+					return err
+				}
+				if err := json.Unmarshal(b, &def); err != nil {
+					return usageError{fmt.Errorf("%s: %v", file, err)}
+				}
+			}
+			m, _ := def["model"].(map[string]any)
+			if m == nil {
+				m = map[string]any{}
+			}
+			set := func(dst map[string]any, k string, v any, on bool) {
+				if on {
+					dst[k] = v
+				}
+			}
+			set(m, "adapter", model, model != "")
+			set(m, "name", modelName, modelName != "")
+			set(m, "provider", provider, provider != "")
+			set(m, "base_url", baseURL, baseURL != "")
+			set(m, "api_key_secret", keySecret, keySecret != "")
+			if script != "" {
+				b, err := os.ReadFile(script)
+				if err != nil {
+					return err
+				}
+				var turns any
+				if err := json.Unmarshal(b, &turns); err != nil {
+					return usageError{fmt.Errorf("%s: %v", script, err)}
+				}
+				m["script"] = turns
+			}
+			def["model"] = m
+			set(def, "template", template, template != "")
+			set(def, "policy", policy, policy != "")
+			set(def, "system", system, system != "")
+			lim, _ := def["limits"].(map[string]any)
+			if lim == nil {
+				lim = map[string]any{}
+			}
+			set(lim, "max_turns", maxTurns, maxTurns > 0)
+			set(lim, "max_tokens", maxTokens, maxTokens > 0)
+			set(lim, "max_wall_ns", maxWall.Nanoseconds(), maxWall > 0)
+			if len(lim) > 0 {
+				def["limits"] = lim
+			}
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			s, err := cl.CreateSession(cmd.Context(), def)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(cmd, s)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), s.ID)
+			return nil
+		},
+	}
+	f := create.Flags()
+	f.StringVarP(&file, "file", "f", "", "the session definition as JSON (flags override its fields)")
+	f.StringVar(&model, "model", "", "model adapter: scripted, anthropic or openai")
+	f.StringVar(&modelName, "model-name", "", "the model's name at the provider")
+	f.StringVar(&provider, "provider", "", "a model provider the operator configured (amber up --model-provider) and offers your tenant")
+	f.StringVar(&baseURL, "base-url", "", "your own model API's base URL (dialled through the egress deny list; sent no key of the operator's)")
+	f.StringVar(&keySecret, "api-key-secret", "", "your tenant's secret (amber secret set) holding the API key; it must be bound to the endpoint's host")
+	f.StringVar(&script, "script", "", "the scripted model's turns (a JSON array)")
+	f.StringVar(&template, "template", "", "sandbox template (default python)")
+	f.StringVar(&policy, "policy", "", "recovery policy: strict (default) or fast")
+	f.StringVar(&system, "system", "", "system prompt")
+	f.IntVar(&maxTurns, "max-turns", 0, "pause after this many model calls")
+	f.IntVar(&maxTokens, "max-tokens", 0, "pause after this many tokens")
+	f.DurationVar(&maxWall, "max-wall", 0, "pause after this long")
+	return create
+}
+
+// newSessionEventsCmd is amber session events.
+func newSessionEventsCmd(g *globalFlags) *cobra.Command {
 	var after uint64
 	var follow bool
 	var until string
@@ -267,9 +277,7 @@ func newSessionCmd(g *globalFlags) *cobra.Command {
 	events.Flags().Uint64Var(&after, "after", 0, "print the events after this sequence number")
 	events.Flags().BoolVar(&follow, "follow", false, "stream new events as they are appended")
 	events.Flags().StringVar(&until, "until", "", "with --follow: exit once the session reaches this status (e.g. idle)")
-
-	c.AddCommand(create, ls, show, send, events)
-	return c
+	return events
 }
 
 var errUntil = errors.New("status reached")
