@@ -146,6 +146,8 @@ func newLogger(cmd *cobra.Command, format, levelName string) (*slog.Logger, erro
 	return lg, nil
 }
 
+// runUp is amber up: the logger, the tracer, then the steps of up_wire.go
+// in order, and the API served until a signal.
 func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 	lg, err := newLogger(cmd, o.logFormat, o.logLevel)
 	if err != nil {
@@ -182,7 +184,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-	d.defer_(stop)
+	d.atExit(stop)
 	for _, step := range []func(context.Context) error{
 		d.openDriver,      // the driver and the egress network, checked before any state is touched
 		d.openMeta,        // metadata, the admin key, the node's name

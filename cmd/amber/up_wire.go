@@ -41,7 +41,7 @@ import (
 
 // The steps of amber up (runUp, up.go), in the order they run. Each step
 // reads what the steps before it set in the upDaemon and sets its own part;
-// what a step must undo on the way out it registers with d.defer, and
+// what a step must undo on the way out it registers with d.atExit, and
 // runUp undoes it all, last first, as the defers of one function would:
 // the sessions before the engine, the engine before the gateway and the
 // stores, the stores before the data dir's lock.
@@ -103,9 +103,9 @@ type upDaemon struct {
 	sessions *session.Manager
 }
 
-// defer registers f to run on the way out, before what was registered
+// atExit registers f to run on the way out, before what was registered
 // earlier.
-func (d *upDaemon) defer_(f func()) { d.undo = append(d.undo, f) }
+func (d *upDaemon) atExit(f func()) { d.undo = append(d.undo, f) }
 
 // close runs what the steps registered, last first.
 func (d *upDaemon) close() {
@@ -143,7 +143,7 @@ func (d *upDaemon) lockDataDir() error {
 	case err != nil:
 		return fmt.Errorf("%w\nfix: stop it, or start with --take-over if it is hung (it is fenced once its lease expires)", err)
 	default:
-		d.defer_(unlock)
+		d.atExit(unlock)
 	}
 	if o.leaseTTL < time.Second {
 		return usageError{fmt.Errorf("--lease-ttl %s: at least 1s", o.leaseTTL)}
@@ -171,7 +171,7 @@ func (d *upDaemon) openDriver(ctx context.Context) error {
 		if d.enet, err = newEgressNetwork(d.dataDir, lg); err != nil {
 			return err
 		}
-		d.defer_(func() { d.enet.Close() })
+		d.atExit(func() { d.enet.Close() })
 	}
 	d.drv, err = newDriver(o.driver, d.dataDir, cacheDir(), d.enet, o.shared.cgroupParent(o.driver), lg)
 	if err != nil {
@@ -187,7 +187,7 @@ func (d *upDaemon) openDriver(ctx context.Context) error {
 		return usageError{err}
 	}
 	d.fps = fps
-	d.defer_(func() { writeFailpointCounts(fps) })
+	d.atExit(func() { writeFailpointCounts(fps) })
 	return nil
 }
 
@@ -215,7 +215,7 @@ func (d *upDaemon) openMeta(ctx context.Context) error {
 		return err
 	}
 	d.m = m
-	d.defer_(func() { m.Close() })
+	d.atExit(func() { m.Close() })
 	keyPath, created, err := ensureAdminKey(ctx, m, d.dataDir, o.shared.shared())
 	if err != nil {
 		return fmt.Errorf("admin key: %w", err)
@@ -247,7 +247,7 @@ func (d *upDaemon) openLog(ctx context.Context) error {
 			return err
 		}
 		pgLog := d.pgLog
-		d.defer_(func() { pgLog.Close() })
+		d.atExit(func() { pgLog.Close() })
 		d.log = faults.Log(pgLog, fps)
 		return nil
 	}
@@ -258,7 +258,7 @@ func (d *upDaemon) openLog(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	d.defer_(func() { sqlog.Close() })
+	d.atExit(func() { sqlog.Close() })
 	// The data-dir lease (internal/host/fence): every write to the log
 	// checks it first, so a daemon that was paused and taken over
 	// writes nothing.
@@ -367,7 +367,7 @@ func (d *upDaemon) startGateway(ctx context.Context) error {
 	d.gw = newGateway(ctx, d.tlog, d.reg, d.trail, d.hosts, o.egress.journal, d.fps, d.fenceCheck, d.secrets, roots, d.tp, d.lg, &d.meterTo, d.mx)
 	d.tenantCA = d.secrets.CACert
 	gw := d.gw
-	d.defer_(func() { gw.Close() })
+	d.atExit(func() { gw.Close() })
 	d.enet.SetServer(gw)
 	return nil
 }
@@ -406,13 +406,13 @@ func (d *upDaemon) startEngine(ctx context.Context) error {
 		node.Run(ctx)
 		// Stopped first (undone last first): a clean stop leaves the
 		// node's sandboxes running and marks it left, not dead.
-		d.defer_(func() {
+		d.atExit(func() {
 			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			node.Close(cctx, true)
 		})
 	}
-	d.defer_(func() {
+	d.atExit(func() {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if err := eng.Close(cctx); err != nil {
@@ -452,7 +452,7 @@ func (d *upDaemon) startSessions(ctx context.Context, modelProviders map[string]
 	}
 	eng.SetModelUsage(session.ModelUsage(tlog, m)) // model tokens in usage reports
 	// Closed before the engine (undone last first).
-	d.defer_(sessions.Close)
+	d.atExit(sessions.Close)
 	// Sessions that were working when the last daemon stopped go on.
 	if err := sessions.Start(ctx); err != nil {
 		return fmt.Errorf("wake sessions: %w", err)
@@ -476,7 +476,7 @@ func (d *upDaemon) serve(ctx context.Context) error {
 	if err := writeFileAtomic(addrFile, []byte(strings.TrimPrefix(scheme, "http://")+ln.Addr().String()+"\n"), 0o644); err != nil {
 		return err
 	}
-	d.defer_(func() { os.Remove(addrFile) })
+	d.atExit(func() { os.Remove(addrFile) })
 	sopts := server.Options{Engine: d.eng, Meta: d.m, Audit: d.trail, Secrets: d.secrets, Metrics: d.mx, Tracer: d.tp, Logger: lg.With("component", "api"), Version: version, Sessions: d.sessions, Console: console.Assets()}
 	if d.node != nil {
 		sopts.Router = d.node
