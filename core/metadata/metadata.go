@@ -32,11 +32,11 @@
 //
 // # Backends
 //
-// internal/state/meta implements Store over SQLite (DATA_DIR/meta.db) and
+// stores/sqlmeta implements Store over SQLite (DATA_DIR/meta.db) and
 // PostgreSQL (a shared deployment); the conformance suite
 // core/metadata/metatest runs against both, and a data dir or schema made by
 // an earlier version opens and serves unchanged (the schemas migrate
-// forward, never back).
+// forward, never back). internal/state/meta is the domain layer over it.
 package metadata
 
 import (

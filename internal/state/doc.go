@@ -3,7 +3,9 @@
 // templates (internal/state/chunkstore, internal/state/templatestore), sealed
 // secrets (internal/state/secretstore) and the audit trail
 // (internal/state/audit). The secret store implements the egress gateway's
-// Secrets and TLSTerminator, hence its one import outside state.
+// Secrets and TLSTerminator, hence its import outside state; the metadata
+// store's domain layer (internal/state/meta) opens its SQL backend
+// (stores/sqlmeta), hence that one.
 //
-// May import: core, lib, internal/egress/gateway.
+// May import: core, lib, internal/egress/gateway, stores/sqlmeta.
 package state

@@ -64,18 +64,3 @@ const (
 
 // checkDestPattern validates a "host:port" destination pattern.
 func checkDestPattern(s string) error { return metadata.CheckDestPattern(s) }
-
-// Store implements the contract, resource by resource.
-var (
-	_ metadata.Store       = (*Store)(nil)
-	_ metadata.Sandboxes   = (*Store)(nil)
-	_ metadata.Checkpoints = (*Store)(nil)
-	_ metadata.Egress      = (*Store)(nil)
-	_ metadata.Tenants     = (*Store)(nil)
-	_ metadata.Keys        = (*Store)(nil)
-	_ metadata.Secrets     = (*Store)(nil)
-	_ metadata.Nodes       = (*Store)(nil)
-	_ metadata.Sessions    = (*Store)(nil)
-	_ metadata.Ports       = (*Store)(nil)
-	_ metadata.Idempotency = (*Store)(nil)
-)
