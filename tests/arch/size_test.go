@@ -24,8 +24,6 @@ const (
 // remove them, and this map is emptied when their work has landed.
 var pending = map[string]bool{
 	"internal/engine":     true,
-	"cmd/amber":           true,
-	"internal/chaos":      true,
 	"internal/state/meta": true,
 	"core/metadata":       true,
 }
