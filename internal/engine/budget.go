@@ -247,8 +247,9 @@ func (e *Engine) enforceBudgets(ctx context.Context) {
 	}
 }
 
-// budgetHooks is budgets' lifecycleObserver (lifecycle.go): a sandbox of a
-// tenant whose budget is used up is not restored or resumed.
+// budgetHooks is budgets' lifecycleObserver (lifecycle.go): a tenant whose
+// budget is used up starts no new work (no sandbox created, restored or
+// resumed, no exec), and a sandbox it stopped is suspended.
 type budgetHooks struct{ e *Engine }
 
 func (budgetHooks) stopping(context.Context, string) {}
@@ -256,5 +257,7 @@ func (budgetHooks) stopping(context.Context, string) {}
 func (h budgetHooks) admit(ctx context.Context, tenant string) error {
 	return h.e.checkBudgets(ctx, tenant)
 }
+
+func (budgetHooks) suspends(sb meta.Sandbox) bool { return budgetStopped(sb) }
 
 func (budgetHooks) keepFrom(context.Context, string, string) (uint64, error) { return 0, nil }

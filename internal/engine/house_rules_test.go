@@ -119,6 +119,20 @@ func TestEngineHouseRules(t *testing.T) {
 		names = append(names, p)
 	}
 	sort.Strings(names)
+	// What each function and Engine method outside the billing files names
+	// (refs) and calls (callees: f(…) and e.f(…)).
+	refs, callees := map[string][]string{}, map[string][]string{}
+	for _, p := range names {
+		if billing(p) {
+			continue
+		}
+		for _, d := range files[p].Decls {
+			if fd, ok := d.(*ast.FuncDecl); ok && fd.Body != nil && (fd.Recv == nil || recvName(fd.Recv) == "Engine") {
+				refs[fd.Name.Name] = idents(fd.Body)
+				callees[fd.Name.Name] = called(fd.Body)
+			}
+		}
+	}
 	for _, p := range names {
 		if !restoring(p) {
 			continue
@@ -133,6 +147,36 @@ func TestEngineHouseRules(t *testing.T) {
 			}
 			return true
 		})
+		// Nor through what it calls: a restore does not pass through the
+		// billing files.
+		via := map[string]string{}
+		var queue []string
+		for _, id := range called(files[p]) {
+			if _, ok := via[id]; !ok && refs[id] != nil {
+				via[id] = ""
+				queue = append(queue, id)
+			}
+		}
+		for len(queue) > 0 {
+			fn := queue[0]
+			queue = queue[1:]
+			for _, id := range refs[fn] {
+				if from, ok := billed[id]; ok && !seen[id] {
+					seen[id] = true
+					path := fn
+					for f := via[fn]; f != ""; f = via[f] {
+						path = f + " → " + path
+					}
+					t.Errorf("%s reaches %s (declared in %s) through %s", p, id, from, path)
+				}
+			}
+			for _, id := range callees[fn] {
+				if _, ok := via[id]; !ok && refs[id] != nil {
+					via[id] = fn
+					queue = append(queue, id)
+				}
+			}
+		}
 	}
 	if _, err := os.Stat("lifecycle.go"); err != nil {
 		t.Errorf("lifecycle.go (the hooks metering and budgets register) is missing: %v", err)
@@ -149,4 +193,38 @@ func recvName(fl *ast.FieldList) string {
 		return id.Name
 	}
 	return ""
+}
+
+// idents are the identifiers in n.
+func idents(n ast.Node) []string {
+	var out []string
+	ast.Inspect(n, func(n ast.Node) bool {
+		if id, ok := n.(*ast.Ident); ok {
+			out = append(out, id.Name)
+		}
+		return true
+	})
+	return out
+}
+
+// called are the names of the functions n calls directly (f(…)) and of
+// the Engine methods it calls on its receiver (e.f(…)).
+func called(n ast.Node) []string {
+	var out []string
+	ast.Inspect(n, func(n ast.Node) bool {
+		c, ok := n.(*ast.CallExpr)
+		if !ok {
+			return true
+		}
+		switch f := c.Fun.(type) {
+		case *ast.Ident:
+			out = append(out, f.Name)
+		case *ast.SelectorExpr:
+			if x, ok := f.X.(*ast.Ident); ok && x.Name == "e" {
+				out = append(out, f.Sel.Name)
+			}
+		}
+		return true
+	})
+	return out
 }

@@ -36,9 +36,19 @@ func idleStopped(sb meta.Sandbox) bool {
 	return sb.State == meta.StateStopped && sb.Reason == idleReason
 }
 
-// suspended: stopped by the engine (idle, or a used-up budget: budget.go)
-// and resumed by the next call.
-func suspended(sb meta.Sandbox) bool { return idleStopped(sb) || budgetStopped(sb) }
+// suspended: stopped by the engine (idle, or by a lifecycle observer: a
+// used-up budget, budget.go) and resumed by the next call.
+func (e *Engine) suspended(sb meta.Sandbox) bool {
+	if idleStopped(sb) {
+		return true
+	}
+	for _, o := range e.life {
+		if o.suspends(sb) {
+			return true
+		}
+	}
+	return false
+}
 
 // touch records activity in sandbox id.
 func (e *Engine) touch(id string) { e.pol.activity.Store(id, time.Now()) }

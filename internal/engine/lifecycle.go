@@ -1,6 +1,10 @@
 package engine
 
-import "context"
+import (
+	"context"
+
+	"github.com/amber-run/amber/internal/state/meta"
+)
 
 // lifecycleObserver is a capability that watches the sandbox lifecycle from
 // outside it: metering (metering.go) and budgets (budget.go) register one in
@@ -10,9 +14,12 @@ type lifecycleObserver interface {
 	// stopping is told before sandbox id's cgroup goes (a kill, a destroy,
 	// a cut that leaves it stopped): the last chance to read it.
 	stopping(ctx context.Context, id string)
-	// admit is asked before a sandbox of tenant is brought back (restore,
-	// resume); an error refuses it.
+	// admit is asked before new work of tenant (a sandbox created,
+	// restored or resumed, an exec); an error refuses it.
 	admit(ctx context.Context, tenant string) error
+	// suspends says whether the observer stopped sb itself: it is
+	// suspended, and the next call into it resumes it (idle.go).
+	suspends(sb meta.Sandbox) bool
 	// keepFrom is the lowest sequence of sandbox id's stream the observer
 	// still needs (0: no need); retention truncates no higher.
 	keepFrom(ctx context.Context, tenant, id string) (uint64, error)
@@ -28,7 +35,7 @@ func (e *Engine) stopping(ctx context.Context, id string) {
 	}
 }
 
-// admit asks the observers whether a sandbox of tenant may come back.
+// admit asks the observers whether tenant may start new work.
 func (e *Engine) admit(ctx context.Context, tenant string) error {
 	for _, o := range e.life {
 		if err := o.admit(ctx, tenant); err != nil {

@@ -729,6 +729,8 @@ func (h meterHooks) stopping(ctx context.Context, id string) { h.e.meterFinal(ct
 
 func (meterHooks) admit(context.Context, string) error { return nil }
 
+func (meterHooks) suspends(meta.Sandbox) bool { return false }
+
 func (h meterHooks) keepFrom(ctx context.Context, tenant, id string) (uint64, error) {
 	n, err := h.e.meterKeepFrom(ctx, tenant, id)
 	if err != nil {

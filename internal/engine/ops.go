@@ -51,7 +51,7 @@ func (e *Engine) enter(ctx context.Context, tenant, id string) (meta.Sandbox, fu
 		if err != nil {
 			return sb, nil, err
 		}
-		if suspended(sb) && attempt < 3 {
+		if e.suspended(sb) && attempt < 3 {
 			if _, err := e.resume(ctx, sb); err != nil {
 				return sb, nil, err
 			}
@@ -127,7 +127,7 @@ func (e *Engine) Exec(ctx context.Context, tenant, id string, spec sandbox.ExecS
 	if err := validateExec(spec); err != nil {
 		return sandbox.ExitStatus{}, err
 	}
-	if err := e.checkBudgets(ctx, tenant); err != nil {
+	if err := e.admit(ctx, tenant); err != nil {
 		return sandbox.ExitStatus{}, err
 	}
 	sb, unlock, err := e.enter(ctx, tenant, id)
@@ -149,7 +149,7 @@ func (e *Engine) StartProcess(ctx context.Context, tenant, id string, spec sandb
 	if err := validateExec(spec); err != nil {
 		return 0, err
 	}
-	if err := e.checkBudgets(ctx, tenant); err != nil {
+	if err := e.admit(ctx, tenant); err != nil {
 		return 0, err
 	}
 	sb, unlock, err := e.enter(ctx, tenant, id)
@@ -218,8 +218,8 @@ func (e *Engine) Files(ctx context.Context, tenant, id string) (sandbox.FS, erro
 	if sb.State == meta.StateDestroyed || sb.State == meta.StateCreating {
 		return nil, errdefs.FailedPreconditionf("sandbox %s is %s", id, sb.State)
 	}
-	frozen := suspended(sb) && resumeForbidden(ctx) // read from its layer, not resumed (idle.go)
-	if suspended(sb) && !frozen {
+	frozen := e.suspended(sb) && resumeForbidden(ctx) // read from its layer, not resumed (idle.go)
+	if e.suspended(sb) && !frozen {
 		if _, err := e.resume(ctx, sb); err != nil {
 			return nil, err
 		}

@@ -63,7 +63,7 @@ func (e *Engine) SetTenantQuota(ctx context.Context, tenant string, q meta.Tenan
 // sandbox's row exists; without one, it locks nothing (creates of a tenant
 // without quota run in parallel).
 func (e *Engine) reserveSandbox(ctx context.Context, tenant string, l sandbox.Limits) (release func(), err error) {
-	if err := e.checkBudgets(ctx, tenant); err != nil {
+	if err := e.admit(ctx, tenant); err != nil {
 		return nil, err
 	}
 	q, err := e.meta.TenantQuota(ctx, tenant)

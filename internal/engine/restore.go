@@ -177,7 +177,7 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 		if resumeIdle && sb.State == meta.StateRunning {
 			return sb, nil // another call resumed it
 		}
-		if resumeIdle && !suspended(sb) {
+		if resumeIdle && !e.suspended(sb) {
 			return sb, errdefs.FailedPreconditionf("sandbox %s is %s, not running", sb.ID, sb.State)
 		}
 		switch sb.State {
