@@ -1,9 +1,13 @@
-// Package sqlmeta is the daemon's metadata store: one row per sandbox it ever
-// made (who owns it, which template, which driver, its limits and its
-// lifecycle state), the tenants, and the hashes of the API keys it accepts.
+// Package sqlmeta is the daemon's metadata store (the contract
+// core/metadata): one row per sandbox it ever made (who owns it, which
+// template, which driver, its limits and its lifecycle state), the tenants,
+// and the hashes of the API keys it accepts. Its callers reach it through
+// internal/state/meta, the domain layer.
 //
 // It is a SQLite database (modernc.org/sqlite, WAL, synchronous=FULL) in
-// DATA_DIR/meta.db, so every acknowledged change survives power loss. The
+// DATA_DIR/meta.db, so every acknowledged change survives power loss, or a
+// PostgreSQL schema many nodes share (postgres.go): one set of statements,
+// rewritten for PostgreSQL by dialect.go. The
 // engine writes a sandbox's row before it asks the driver to create anything,
 // which is what lets it find every sandbox again after a daemon crash: a
 // driver sandbox without a row cannot exist, a row without a driver sandbox is

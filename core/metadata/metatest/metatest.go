@@ -1,5 +1,5 @@
 // Package metatest is the conformance suite of metadata.Store: every
-// backend (SQLite and PostgreSQL, internal/state/meta) runs Run against
+// backend (SQLite and PostgreSQL, stores/sqlmeta) runs Run against
 // itself and must pass all of it.
 package metatest
 
