@@ -270,11 +270,7 @@ func New(o Options) (*Engine, error) {
 		}
 	}
 	e.pool = newPool(e, o.Pool)
-	e.mtr.every = o.MeterInterval
-	if e.mtr.every == 0 {
-		e.mtr.every = defaultMeterInterval
-	}
-	e.mtr.state = metering{sbx: map[string]*sbxMeter{}, unsent: map[string][]eventlog.Event{}}
+	e.mtr.init(o.MeterInterval)
 	e.observe(meterHooks{e})
 	e.observe(budgetHooks{e})
 	return e, nil

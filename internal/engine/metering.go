@@ -720,6 +720,16 @@ type meter struct {
 	modelUsageFn ModelUsage
 }
 
+// init sets the metering interval (0: defaultMeterInterval; negative
+// disables metering) and empties the state.
+func (m *meter) init(every time.Duration) {
+	m.every = every
+	if m.every == 0 {
+		m.every = defaultMeterInterval
+	}
+	m.state = metering{sbx: map[string]*sbxMeter{}, unsent: map[string][]eventlog.Event{}}
+}
+
 // meterHooks is metering's lifecycleObserver (lifecycle.go): a sandbox is
 // sampled one last time before it stops, and retention keeps what metering
 // has yet to count.
