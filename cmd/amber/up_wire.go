@@ -225,7 +225,7 @@ func (d *upDaemon) openMeta(ctx context.Context) error {
 		lg.Info("wrote a new admin API key", "path", keyPath)
 	}
 	d.host, _ = os.Hostname()
-	d.nodeName = o.shared.nodeID // what the engine's Options.Node becomes
+	d.nodeName = o.shared.nodeID // what the engine's Options.Cluster.Node becomes
 	if d.nodeName == "" {
 		if d.nodeName = d.host; d.nodeName == "" {
 			d.nodeName = "amber"
@@ -378,11 +378,23 @@ func (d *upDaemon) startGateway(ctx context.Context) error {
 func (d *upDaemon) startEngine(ctx context.Context) error {
 	o, lg := d.o, d.lg
 	eng, err := engine.New(engine.Options{
-		Gateway: d.gw, Network: d.enet, Egress: d.defEgress, EgressCeiling: d.egressCeiling, TenantCA: d.tenantCA,
-		Driver: d.drv, Meta: d.m, Log: d.tlog, Registry: d.reg, Templates: d.cat, Observer: d.mx,
-		Pool: d.pool, WatchInterval: o.watch, Logger: lg.With("component", "engine"),
-		Checkpoints: d.ckpts, WorkDir: d.workDir, KeepCheckpoints: o.keep, IdleTimeout: o.idle, Audit: d.trail,
-		Tracer: d.tp, MeterInterval: o.meterInterval, Node: o.shared.nodeID, Shared: o.shared.shared(),
+		Driver:        d.drv,
+		Meta:          d.m,
+		Log:           d.tlog,
+		Registry:      d.reg,
+		Templates:     d.cat,
+		Observer:      d.mx,
+		Pool:          d.pool,
+		WatchInterval: o.watch,
+		Logger:        lg.With("component", "engine"),
+		Checkpoints:   d.ckpts,
+		WorkDir:       d.workDir,
+		Audit:         d.trail,
+		Tracer:        d.tp,
+		MeterInterval: o.meterInterval,
+		Egress:        engine.EgressOptions{Gateway: d.gw, Network: d.enet, Default: d.defEgress, Ceiling: d.egressCeiling, TenantCA: d.tenantCA},
+		Recovery:      engine.RecoveryOptions{KeepCheckpoints: o.keep, IdleTimeout: o.idle},
+		Cluster:       engine.ClusterOptions{Node: o.shared.nodeID, Shared: o.shared.shared()},
 	})
 	if err != nil {
 		return err

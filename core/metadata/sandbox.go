@@ -53,7 +53,7 @@ type Sandbox struct {
 	// Policy is the recovery policy: "" (checkpoints on request only),
 	// "fast" or "strict" (see engine/policy.go).
 	Policy string `json:"policy,omitempty"`
-	// Node is the node that runs the sandbox (its engine's Options.Node):
+	// Node is the node that runs the sandbox (its engine's Options.Cluster.Node):
 	// on shared stores, each node manages only its own rows, and a
 	// sandbox moves to another node only by a fenced takeover
 	// (SetNode; see docs/deploy.md).

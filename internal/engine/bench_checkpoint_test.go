@@ -95,7 +95,7 @@ func TestBenchCheckpoint(t *testing.T) {
 			sizes = append(sizes, v)
 		}
 	}
-	env := enginetest.New(t, engine.Options{KeepCheckpoints: 2})
+	env := enginetest.New(t, engine.Options{Recovery: engine.RecoveryOptions{KeepCheckpoints: 2}})
 	if _, err := env.Catalog.Get("python"); err != nil {
 		t.Skipf("template python is not installed (scripts/setup/python-template.sh): %v", err)
 	}

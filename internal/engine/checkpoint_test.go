@@ -258,7 +258,7 @@ func testCheckpointRestoreFork(t *testing.T, drv string) {
 // commit, a stale lease, a crash between intent and commit, and a damaged
 // chunk: no failed checkpoint is ever visible, and a damaged one never runs.
 func TestCheckpointCommitFailures(t *testing.T) {
-	env := enginetest.NewFor(t, "gvisor", engine.Options{LeaseTTL: 200 * time.Millisecond})
+	env := enginetest.NewFor(t, "gvisor", engine.Options{Cluster: engine.ClusterOptions{LeaseTTL: 200 * time.Millisecond}})
 	e := env.Engine
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -383,7 +383,7 @@ func TestCheckpointCommitFailures(t *testing.T) {
 // (checkpoints are counted from the log).
 func TestCheckpointRetention(t *testing.T) {
 	// Metering's loop idles; the test closes intervals by hand.
-	env := enginetest.NewFor(t, "gvisor", engine.Options{KeepCheckpoints: 2, MeterInterval: 24 * time.Hour})
+	env := enginetest.NewFor(t, "gvisor", engine.Options{MeterInterval: 24 * time.Hour, Recovery: engine.RecoveryOptions{KeepCheckpoints: 2}})
 	e := env.Engine
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

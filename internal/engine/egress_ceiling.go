@@ -14,7 +14,7 @@ import (
 // Egress policy precedence. Three parties set egress policy, each within
 // the one above it:
 //
-//   - the operator: Options.EgressCeiling (`amber up --egress-ceiling`),
+//   - the operator: Options.Egress.Ceiling (`amber up --egress-ceiling`),
 //     the most any tenant's sandbox may reach (nil: no ceiling);
 //   - a tenant admin: the tenant policy's Egress (PUT
 //     /v1/tenants/{t}/policy), both the default of the tenant's sandboxes

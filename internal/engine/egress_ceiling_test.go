@@ -21,7 +21,7 @@ import (
 // after a policy was set).
 func TestEgressCeiling(t *testing.T) {
 	ceiling := &meta.EgressPolicy{Allow: []string{"*.example.com:443", "pypi.org:443"}, RequestsPerSecond: 50}
-	env := enginetest.New(t, engine.Options{EgressCeiling: ceiling})
+	env := enginetest.New(t, engine.Options{Egress: engine.EgressOptions{Ceiling: ceiling}})
 	e := env.Engine
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -75,7 +75,7 @@ func TestEgressCeiling(t *testing.T) {
 	// policy cut to a narrower operator ceiling (as after a restart with
 	// another --egress-ceiling).
 	env.SetOptions(func(o *engine.Options) {
-		o.EgressCeiling = &meta.EgressPolicy{Allow: []string{"pypi.org:443", "*.example.com:8443"}, RequestsPerSecond: 10}
+		o.Egress.Ceiling = &meta.EgressPolicy{Allow: []string{"pypi.org:443", "*.example.com:8443"}, RequestsPerSecond: 10}
 	})
 	env.Restart(t)
 	e = env.Engine
@@ -101,7 +101,7 @@ func TestEgressCeiling(t *testing.T) {
 // ceiling.
 func TestTenantEgressAllows(t *testing.T) {
 	ceiling := &meta.EgressPolicy{Allow: []string{"*.example.com:443", "api.anthropic.com:443"}}
-	env := enginetest.New(t, engine.Options{EgressCeiling: ceiling, Egress: meta.EgressPolicy{Allow: []string{"api.anthropic.com:443"}}})
+	env := enginetest.New(t, engine.Options{Egress: engine.EgressOptions{Ceiling: ceiling, Default: meta.EgressPolicy{Allow: []string{"api.anthropic.com:443"}}}})
 	e := env.Engine
 	ctx := context.Background()
 	check := func(tenant, host string, port uint16, want bool) {

@@ -68,6 +68,31 @@ type Options struct {
 	// system's temp dir). It should be on the same disk as the driver's
 	// state: images are as large as the sandbox's memory.
 	WorkDir string
+	// Cluster is this node's place among others (leases, shared stores).
+	Cluster ClusterOptions
+	// Recovery tunes the recovery policies, retention and idle stops.
+	Recovery RecoveryOptions
+	// Audit, when set, records what the engine does on its own (idle
+	// stops, policy checkpoints, retention) as actor "system".
+	Audit *audit.Trail
+	// Observer, when set, is told about checkpoints and restores.
+	Observer Observer
+	// Egress is the node's egress gateway and the policies above tenants'.
+	Egress EgressOptions
+	// Tracer makes the spans of create, exec, checkpoint and restore
+	// (trace.go); nil: no spans.
+	Tracer trace.TracerProvider
+	// CPUFeatures reports this host's user-visible CPU features, recorded
+	// in every checkpoint and required at restore (default
+	// HostCPUFeatures; see hostcompat.go).
+	CPUFeatures func() ([]string, error)
+	// MeterInterval is the metering interval (metering.go; default 10s,
+	// negative disables metering).
+	MeterInterval time.Duration
+}
+
+// ClusterOptions place an engine among other nodes (Options.Cluster).
+type ClusterOptions struct {
 	// Node names this daemon as the holder of the leases it takes on
 	// sandbox streams (default: the host name).
 	Node string
@@ -81,6 +106,11 @@ type Options struct {
 	// LeaseTTL is how long a sandbox stream's lease lasts without renewal
 	// (default 30s); checkpoint commits renew it.
 	LeaseTTL time.Duration
+}
+
+// RecoveryOptions tune the recovery policies, retention and idle stops
+// (Options.Recovery).
+type RecoveryOptions struct {
 	// FastEvery and FastInterval tune the fast recovery policy (default
 	// 10 execs, 30s; see policy.go).
 	FastEvery    int
@@ -92,36 +122,26 @@ type Options struct {
 	// IdleTimeout, when > 0, checkpoints and stops a sandbox after this
 	// long without a call into it; the next call resumes it (idle.go).
 	IdleTimeout time.Duration
-	// Audit, when set, records what the engine does on its own (idle
-	// stops, policy checkpoints, retention) as actor "system".
-	Audit *audit.Trail
-	// Observer, when set, is told about checkpoints and restores.
-	Observer Observer
+}
+
+// EgressOptions are the node's egress gateway and the policies above
+// tenants' (Options.Egress).
+type EgressOptions struct {
 	// Gateway, when set, is the node's egress gateway: the engine starts
 	// each sandbox's run at create, cut and restore (egress.go). Network
 	// is its plumbing (the driver was given it too); the engine reopens a
-	// sandbox's sockets after a daemon restart. Egress is the policy of
+	// sandbox's sockets after a daemon restart. Default is the policy of
 	// sandboxes whose tenant set none (the zero policy reaches nothing).
 	Gateway *gateway.Gateway
 	Network *egress.Network
-	Egress  meta.EgressPolicy
-	// EgressCeiling, when set, is the operator's egress ceiling: no tenant
+	Default meta.EgressPolicy
+	// Ceiling, when set, is the operator's egress ceiling: no tenant
 	// or sandbox policy reaches beyond it (egress_ceiling.go).
-	EgressCeiling *meta.EgressPolicy
+	Ceiling *meta.EgressPolicy
 	// TenantCA returns the certificate (PEM) of the CA the gateway signs a
 	// tenant's TLS with; it is added to the trust store of the tenant's
 	// sandboxes when they are created. Nil: no TLS termination.
 	TenantCA func(ctx context.Context, tenant string) ([]byte, error)
-	// Tracer makes the spans of create, exec, checkpoint and restore
-	// (trace.go); nil: no spans.
-	Tracer trace.TracerProvider
-	// CPUFeatures reports this host's user-visible CPU features, recorded
-	// in every checkpoint and required at restore (default
-	// HostCPUFeatures; see hostcompat.go).
-	CPUFeatures func() ([]string, error)
-	// MeterInterval is the metering interval (metering.go; default 10s,
-	// negative disables metering).
-	MeterInterval time.Duration
 }
 
 // Engine is the sandbox manager. It is safe for concurrent use.
@@ -188,7 +208,7 @@ type checkpointing struct {
 // streams (failover.go, move.go).
 type leasing struct {
 	holder string // lease holder: "node/" + nodeID
-	nodeID string // Options.Node: the value of meta.Sandbox.Node for rows this engine runs
+	nodeID string // Options.Cluster.Node: the value of meta.Sandbox.Node for rows this engine runs
 	shared bool
 	ttl    time.Duration
 	mu     sync.Mutex
@@ -237,29 +257,29 @@ func New(o Options) (*Engine, error) {
 	if o.WorkDir == "" {
 		o.WorkDir = os.TempDir()
 	}
-	if o.Node == "" {
-		o.Node, _ = os.Hostname()
-		if o.Node == "" {
-			o.Node = "amber"
+	if o.Cluster.Node == "" {
+		o.Cluster.Node, _ = os.Hostname()
+		if o.Cluster.Node == "" {
+			o.Cluster.Node = "amber"
 		}
 	}
-	if o.LeaseTTL <= 0 {
-		o.LeaseTTL = 30 * time.Second
+	if o.Cluster.LeaseTTL <= 0 {
+		o.Cluster.LeaseTTL = 30 * time.Second
 	}
-	if o.FastEvery <= 0 {
-		o.FastEvery = 10
+	if o.Recovery.FastEvery <= 0 {
+		o.Recovery.FastEvery = 10
 	}
-	if o.FastInterval <= 0 {
-		o.FastInterval = 30 * time.Second
+	if o.Recovery.FastInterval <= 0 {
+		o.Recovery.FastInterval = 30 * time.Second
 	}
 	e := &Engine{drv: o.Driver, meta: o.Meta, log: o.Log, reg: o.Registry,
 		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval, audit: o.Audit,
 		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeEngine)}
 	e.tpl.cat = o.Templates
-	e.ck = checkpointing{store: o.Checkpoints, workDir: o.WorkDir, keep: o.KeepCheckpoints, obs: o.Observer}
-	e.lease = leasing{holder: "node/" + o.Node, nodeID: o.Node, shared: o.Shared, ttl: o.LeaseTTL, held: map[string]eventlog.Lease{}}
-	e.pol = policies{fastEvery: o.FastEvery, fastInterval: o.FastInterval, idle: o.IdleTimeout}
-	e.egr = egressRuns{gw: o.Gateway, net: o.Network, def: o.Egress, ceiling: o.EgressCeiling, tenantCA: o.TenantCA}
+	e.ck = checkpointing{store: o.Checkpoints, workDir: o.WorkDir, keep: o.Recovery.KeepCheckpoints, obs: o.Observer}
+	e.lease = leasing{holder: "node/" + o.Cluster.Node, nodeID: o.Cluster.Node, shared: o.Cluster.Shared, ttl: o.Cluster.LeaseTTL, held: map[string]eventlog.Lease{}}
+	e.pol = policies{fastEvery: o.Recovery.FastEvery, fastInterval: o.Recovery.FastInterval, idle: o.Recovery.IdleTimeout}
+	e.egr = egressRuns{gw: o.Egress.Gateway, net: o.Egress.Network, def: o.Egress.Default, ceiling: o.Egress.Ceiling, tenantCA: o.Egress.TenantCA}
 	e.ck.cpuFeatures = o.CPUFeatures
 	if e.ck.cpuFeatures == nil {
 		e.ck.cpuFeatures = HostCPUFeatures

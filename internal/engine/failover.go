@@ -11,7 +11,7 @@ import (
 	"github.com/amber-run/amber/internal/state/meta"
 )
 
-// Many nodes on shared stores (Options.Shared; docs/deploy.md).
+// Many nodes on shared stores (Options.Cluster.Shared; docs/deploy.md).
 //
 // Each sandbox row names the node that runs it (meta.Sandbox.Node) and an
 // engine manages only its own rows. A sandbox changes node only by a
@@ -36,7 +36,7 @@ import (
 // sandboxes that now run elsewhere are stale and destroyed (DiscardStale,
 // and reconcile at start).
 
-// NodeID returns the node id this engine runs as (Options.Node).
+// NodeID returns the node id this engine runs as (Options.Cluster.Node).
 func (e *Engine) NodeID() string { return e.lease.nodeID }
 
 // LeaseHolder returns the holder name of the leases this engine takes on

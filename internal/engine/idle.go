@@ -1,6 +1,6 @@
 package engine
 
-// Idle sandboxes are checkpointed and stopped after Options.IdleTimeout
+// Idle sandboxes are checkpointed and stopped after Options.Recovery.IdleTimeout
 // without a call into them (exec, start, ps, signal, wait, files, a port
 // request), and resumed from that checkpoint by the next such call, which
 // waits for the restore and then proceeds: the caller sees a slower call,

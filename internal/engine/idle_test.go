@@ -17,7 +17,7 @@ import (
 // stopped after the idle timeout; two execs arriving together resume it
 // once, and its in-memory counter continues.
 func TestIdleStopAndResume(t *testing.T) {
-	env := enginetest.NewFor(t, "gvisor", engine.Options{IdleTimeout: 2 * time.Second})
+	env := enginetest.NewFor(t, "gvisor", engine.Options{Recovery: engine.RecoveryOptions{IdleTimeout: 2 * time.Second}})
 	e := env.Engine
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -20,7 +20,7 @@ import (
 // never. It logs each policy's exec round trip (median of 9), measured in
 // the same run, for docs/benchmarks.md.
 func TestRecoveryPolicies(t *testing.T) {
-	env := enginetest.NewFor(t, "gvisor", engine.Options{FastEvery: 3, FastInterval: time.Hour})
+	env := enginetest.NewFor(t, "gvisor", engine.Options{Recovery: engine.RecoveryOptions{FastEvery: 3, FastInterval: time.Hour}})
 	e := env.Engine
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -16,7 +16,7 @@ import (
 // "stale"). Under the lock the row is read again: this node's copy stays;
 // once the row is really another node's, the copy goes.
 func TestStaleSweepSparesAdoptedCopy(t *testing.T) {
-	env := enginetest.New(t, engine.Options{Node: "n1", Shared: true})
+	env := enginetest.New(t, engine.Options{Cluster: engine.ClusterOptions{Node: "n1", Shared: true}})
 	e, ctx := env.Engine, ctxT(t)
 	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal"})
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 // console watching its graphs) still stops when idle, and reading the
 // stats of the stopped sandbox does not resume it.
 func TestStatsIsNotActivity(t *testing.T) {
-	env := enginetest.NewFor(t, "gvisor", engine.Options{IdleTimeout: 5 * time.Second})
+	env := enginetest.NewFor(t, "gvisor", engine.Options{Recovery: engine.RecoveryOptions{IdleTimeout: 5 * time.Second}})
 	e := env.Engine
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -20,7 +20,7 @@ import (
 // a 409 naming the write-scope key that would resume it, and no restore
 // happens; the next write-scope call resumes it as before.
 func TestReadScopeDoesNotResume(t *testing.T) {
-	c, env, url := newAPIWith(t, engine.Options{IdleTimeout: 2 * time.Second})
+	c, env, url := newAPIWith(t, engine.Options{Recovery: engine.RecoveryOptions{IdleTimeout: 2 * time.Second}})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const readKey = "amber_test_read_key_0123456789abcdef"
