@@ -23,8 +23,8 @@ import (
 // into it is refused rather than resuming it; raising the budget lets the
 // next call resume it from that checkpoint with its files.
 //
-// It runs on several calendars (the wall clock moved, running at its pace):
-// today, seconds after midnight of the 1st (the 24 h interval closed by hand
+// It runs on several calendars (the wall clock moved, running at its pace,
+// never today's date): mid-month, seconds after midnight of the 1st (the 24 h interval closed by hand
 // began in the previous month: its CPU is still this month's), a leap day
 // and the night of a DST change (UTC has none; a local zone must not leak in).
 func TestUsageBudget(t *testing.T) {
@@ -32,7 +32,7 @@ func TestUsageBudget(t *testing.T) {
 		name string
 		at   time.Time
 	}{
-		{"today", time.Now()},
+		{"mid-month", time.Date(2027, 6, 15, 12, 0, 0, 0, time.UTC)},
 		{"first-of-month", time.Date(2027, 1, 1, 0, 0, 3, 0, time.UTC)},
 		// Mid-day: at 23:59:58 the metering loop's own 24 h boundary would
 		// close Feb 29's interval during the burn and rightly charge that
