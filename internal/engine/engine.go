@@ -25,6 +25,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base32"
+	"errors"
 	"fmt"
 	"github.com/amber-run/amber/internal/egress"
 	"github.com/amber-run/amber/internal/egress/gateway"
@@ -302,16 +303,50 @@ func (e *Engine) Driver() sandbox.Driver { return e.drv }
 // Templates returns the template catalog.
 func (e *Engine) Templates() *Catalog { return e.tpl.cat }
 
+// startStep runs one step of Start, again with backoff (100 ms doubling
+// to 5 s) while it fails with an error a retry may cure — a store that
+// answered one read with an error, a database restarting — until ctx ends:
+// a daemon heals from a transient fault at start instead of exiting. Both
+// reconciles are idempotent (each compares what is recorded with what
+// runs and converges), so a step that failed half-way is run whole again.
+// A lasting error (fenced, data loss, invalid, denied, failed
+// precondition) ends Start at once.
+func (e *Engine) startStep(ctx context.Context, name string, step func(context.Context) error) error {
+	wait := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := step(ctx)
+		if err == nil || lastingStartError(err) {
+			return err
+		}
+		e.lg.Warn("start: a step failed; trying it again", "step", name, "attempt", attempt, "retry_in", wait, "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%s: %w (gave up after %d attempts: %v)", name, err, attempt, ctx.Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// lastingStartError reports whether err is of a kind a retry cannot cure.
+func lastingStartError(err error) bool {
+	return errdefs.IsFenced(err) || errdefs.IsDataLoss(err) || errdefs.IsInvalidArgument(err) ||
+		errors.Is(err, errdefs.ErrPermissionDenied) || errors.Is(err, errdefs.ErrFailedPrecondition)
+}
+
 // Start reconciles the metadata with the driver (see reconcile.go), then
 // starts the warm pool and the watch loop. It returns once reconciliation is
-// done; the pool fills in the background.
+// done (each reconcile tried again while its errors are transient:
+// startStep); the pool fills in the background.
 func (e *Engine) Start(ctx context.Context) error {
-	if err := e.reconcile(ctx); err != nil {
+	if err := e.startStep(ctx, "reconcile sandboxes", e.reconcile); err != nil {
 		return err
 	}
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.bg.cancel, e.bg.ctx = cancel, bg
-	if err := e.reconcileCheckpoints(ctx); err != nil {
+	if err := e.startStep(ctx, "reconcile checkpoints", e.reconcileCheckpoints); err != nil {
 		cancel()
 		return err
 	}

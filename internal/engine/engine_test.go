@@ -14,6 +14,7 @@ import (
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/engine/enginetest"
 	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/lib/failpoint"
 )
 
 func TestMain(m *testing.M) { enginetest.Main(m) }
@@ -296,5 +297,45 @@ func TestClaimWaitsForPoolFill(t *testing.T) {
 	}
 	if !sb.FromPool {
 		t.Fatalf("create during the first fill was cold: %+v", sb)
+	}
+}
+
+// TestStartRetriesTransientStoreErrors: a daemon whose metadata store
+// fails reads at start (a database restarting, one read answered with an
+// error: what stopped `amber up` in a chaos run) keeps trying its start-up
+// reconciles with backoff and comes up once the store answers, its
+// sandbox reconciled, instead of exiting.
+func TestStartRetriesTransientStoreErrors(t *testing.T) {
+	env := enginetest.New(t, engine.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	sb, err := env.Engine.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Cold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fps := failpoint.New()
+	transient := errors.New("injected: connection reset by peer")
+	fails := 0
+	fps.ArmEach("meta.read", 1, func(string) error {
+		if fails < 3 { // the first three reads of the new daemon fail
+			fails++
+			return transient
+		}
+		return nil
+	})
+	env.MetaFailpoints = fps
+	start := time.Now()
+	env.Restart(t) // t.Fatal if Start returns an error
+	if fails != 3 {
+		t.Fatalf("the store failed %d reads at start, want 3 (the failpoint is not on the start path?)", fails)
+	}
+	t.Logf("started after %d failed reads in %v", fails, time.Since(start).Round(time.Millisecond))
+	got, err := env.Engine.Get(ctx, "default", sb.ID)
+	if err != nil || got.State != meta.StateRunning {
+		t.Fatalf("after the start: %+v %v, want the sandbox running", got, err)
+	}
+	var out strings.Builder
+	if st, err := env.Engine.Exec(ctx, "default", sb.ID, sandbox.ExecSpec{Args: []string{"echo", "ok"}, Stdout: &out}); err != nil || st.Code != 0 || strings.TrimSpace(out.String()) != "ok" {
+		t.Fatalf("exec after the start: %v %+v %q", err, st, out.String())
 	}
 }

@@ -148,8 +148,12 @@ type Env struct {
 	Blobs string
 	// FailAt, when set, is the chunk store's failpoint (chunkstore.Config.FailAt).
 	FailAt func(step string) error
-	opts   engine.Options
-	driver string
+	// MetaFailpoints, when set, are the metadata store's failpoints
+	// (meta.Options.Failpoints: "meta.read", "meta.write") from the next
+	// open (Restart) on.
+	MetaFailpoints *failpoint.Set
+	opts           engine.Options
+	driver         string
 }
 
 // TestMasterKey is the checkpoint store's master key in tests.
@@ -195,7 +199,7 @@ func NewWithDriverFailpoints(t testing.TB, driver string, opts engine.Options, f
 func (env *Env) open(t testing.TB) {
 	t.Helper()
 	var err error
-	if env.Meta, err = meta.Open(filepath.Join(env.Dir, "meta.db"), meta.Options{}); err != nil {
+	if env.Meta, err = meta.Open(filepath.Join(env.Dir, "meta.db"), meta.Options{Failpoints: env.MetaFailpoints}); err != nil {
 		t.Fatal(err)
 	}
 	if env.Log, err = sqlite.Open(filepath.Join(env.Dir, "events.db"), sqlite.Options{Logger: Logger(t)}); err != nil {
