@@ -122,14 +122,18 @@ func TestTakeOverWaitsForALiveHolder(t *testing.T) {
 	defer st.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	a, err := Take(ctx, st, Options{Holder: "daemon/h", TTL: 300 * time.Millisecond})
+	// A 2 s lease renewed every 500 ms: a loaded CI host's fsync stalled
+	// one renewal 451 ms, past a 300 ms lease, and the taker rightly took
+	// over; the property tested (a renewing holder is never taken over)
+	// needs a lease longer than the host's worst commit.
+	a, err := Take(ctx, st, Options{Holder: "daemon/h", TTL: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	go a.Keep(ctx)
-	tctx, tcancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	tctx, tcancel := context.WithTimeout(ctx, 5*time.Second)
 	defer tcancel()
-	if _, err := Take(tctx, st, Options{Holder: "daemon/h", TTL: 300 * time.Millisecond, TakeOver: true}); err == nil {
+	if _, err := Take(tctx, st, Options{Holder: "daemon/h", TTL: 2 * time.Second, TakeOver: true}); err == nil {
 		t.Fatal("took the data dir over from a daemon that renews its lease")
 	}
 	if err := a.Check(ctx); err != nil {
