@@ -154,12 +154,14 @@ type Report struct {
 }
 
 type chaos struct {
-	o      *Options
-	out    io.Writer
-	start  time.Time
-	calib  map[string]int // golden run's failpoint hit counts
-	golden chaosOutcome
-	goldD  time.Duration
+	o     *Options
+	out   io.Writer
+	start time.Time
+	calib map[string]int // golden run's failpoint hit counts
+	// goldenAnswers are when the golden run's model answers were streamed.
+	goldenAnswers []time.Time
+	golden        chaosOutcome
+	goldD         time.Duration
 }
 
 func (c *chaos) say(format string, args ...any) {
@@ -429,7 +431,8 @@ func (c *chaos) plan(seed int64, k int) []*chaosFault {
 		dur := func(lo, hi int) string { return fmt.Sprintf("%dms", lo+rng.Intn(hi-lo)) }
 		switch cl {
 		case fcSandboxKill, fcDaemonKill, fcBothKill:
-			f.AtAnswer, f.AtMS = 1+rng.Intn(max(1, answers-2)), rng.Int63n(2000)
+			f.AtAnswer = 1 + rng.Intn(max(1, answers-2))
+			f.AtMS = rng.Int63n(c.killWindowMS(f.AtAnswer))
 		case fcTornCheckpoint:
 			p := pick("blob.write", "chunkstore.chunks", "chunkstore.manifest", "chunkstore.publish")
 			f.point, f.Spec = p, fmt.Sprintf("%s=%d:kill-daemon", p, n(p))
@@ -452,6 +455,19 @@ func (c *chaos) plan(seed int64, k int) []*chaosFault {
 		plan = append(plan, f)
 	}
 	return plan
+}
+
+// killWindowMS bounds the moment of a kill the harness does itself, in
+// milliseconds after the n-th model answer: 2 s, or less when the golden
+// run went from that answer to its last one faster (4/5 of that gap), so
+// the moment comes before the run ends (a fast driver finished the last
+// answers within 1.3 s, and its kill was never observed).
+func (c *chaos) killWindowMS(n int) int64 {
+	w := int64(2000)
+	if g := c.goldenAnswers; n >= 1 && n <= len(g) {
+		w = min(w, max(1, g[len(g)-1].Sub(g[n-1]).Milliseconds()*4/5))
+	}
+	return w
 }
 
 // rearm draws again the hit numbers of the faults not yet observed when a
@@ -534,6 +550,19 @@ func (s *chaosStream) answerAt(n int) (time.Time, bool) {
 		}
 	}
 	return time.Time{}, false
+}
+
+// answerTimes returns when the stream showed each model answer.
+func (s *chaosStream) answerTimes() []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []time.Time
+	for i, ev := range s.evs {
+		if ev.Type == "session.assistant_message" {
+			out = append(out, s.at[i])
+		}
+	}
+	return out
 }
 
 // progress is the fraction of the run's model answers recorded so far.

@@ -132,6 +132,9 @@ func (c *chaos) runOnce(ctx context.Context, seed int64, plan []*chaosFault) (r 
 	if !ok {
 		return r
 	}
+	if plan == nil {
+		c.goldenAnswers = st.answerTimes() // kills' moments are drawn within these gaps
+	}
 	return c.collect(ctx, r, plan, st, runStart, cl, se, ack, sh, shopURL, effects, stopStream)
 }
 
