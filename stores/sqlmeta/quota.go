@@ -3,11 +3,7 @@ package sqlmeta
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
-	"errors"
 	"fmt"
-
-	"github.com/amber-run/amber/core/errdefs"
 )
 
 const quotaSchema = `
@@ -19,19 +15,7 @@ CREATE TABLE IF NOT EXISTS tenant_quotas (
 
 // TenantQuota returns tenant's quota (no limits if none was set).
 func (s *Store) TenantQuota(ctx context.Context, tenant string) (TenantQuota, error) {
-	var q TenantQuota
-	var raw string
-	err := s.db.QueryRowContext(ctx, `SELECT quota FROM tenant_quotas WHERE tenant = ?`, tenant).Scan(&raw)
-	if errors.Is(err, sql.ErrNoRows) {
-		return q, nil
-	}
-	if err != nil {
-		return q, fmt.Errorf("tenant quota %s: %w", tenant, err)
-	}
-	if err := json.Unmarshal([]byte(raw), &q); err != nil {
-		return q, errdefs.DataLossf("tenant quota %s does not decode: %v", tenant, err)
-	}
-	return q, nil
+	return getTenantDoc[TenantQuota](ctx, s, quotaDoc, tenant)
 }
 
 // SetTenantQuota replaces tenant's quota; the tenant must exist.
@@ -39,17 +23,7 @@ func (s *Store) SetTenantQuota(ctx context.Context, tenant string, q TenantQuota
 	if err := q.Check(); err != nil {
 		return err
 	}
-	if _, err := s.GetTenant(ctx, tenant); err != nil {
-		return err
-	}
-	b, _ := json.Marshal(q)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO tenant_quotas (tenant, quota, updated_ns) VALUES (?,?,?)
-		ON CONFLICT(tenant) DO UPDATE SET quota = excluded.quota, updated_ns = excluded.updated_ns`,
-		tenant, string(b), s.clock.Now().UnixNano())
-	if err != nil {
-		return fmt.Errorf("set tenant quota %s: %w", tenant, err)
-	}
-	return nil
+	return s.setTenantDoc(ctx, quotaDoc, tenant, q)
 }
 
 // CheckpointBytes is what tenant's committed checkpoints added to the store.
