@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"syscall"
 	"time"
@@ -130,16 +131,7 @@ func (a *agent) output(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	fl, _ := w.(http.Flusher)
 	p.mu.Lock()
-	switch {
-	case off < p.ring.start():
-		lost := p.ring.start() - off
-		off = p.ring.start()
-		p.mu.Unlock()
-		if agentproto.WriteFrame(w, agentproto.LostFrame(off, lost)) != nil {
-			return
-		}
-		p.mu.Lock()
-	case off > p.ring.end:
+	if off > p.ring.end {
 		off = p.ring.end
 		p.mu.Unlock()
 		if agentproto.WriteFrame(w, agentproto.Frame{Kind: agentproto.Rewound, Offset: off}) != nil {
@@ -148,12 +140,13 @@ func (a *agent) output(w http.ResponseWriter, r *http.Request) {
 		p.mu.Lock()
 	}
 	for {
-		frames, next := p.ring.from(off, 1<<20)
-		if next < p.ring.start() { // fell out while we were writing
-			lost := p.ring.start() - off
-			frames, next = nil, p.ring.start()
-			frames = append(frames, agentproto.LostFrame(next, lost))
+		var frames []agentproto.Frame
+		if start := p.ring.start(); off < start { // fell out while we were away
+			frames = append(frames, agentproto.LostFrame(start, start-off))
+			off = start
 		}
+		more, next := p.ring.from(off, 1<<20)
+		frames = append(frames, more...)
 		done := p.done()
 		var exit agentproto.Exit
 		if done {
@@ -202,10 +195,21 @@ func (a *agent) stdin(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// signal signals a process of the sandbox: one the agent started, or any
+// other (the agent is the sandbox's root; it refuses to signal itself).
 func (a *agent) signal(w http.ResponseWriter, r *http.Request) {
-	p, ok := a.proc(w, r)
-	if !ok {
+	pid, err := strconv.Atoi(r.PathValue("pid"))
+	if err != nil || pid <= 0 {
+		writeErr(w, errors.Join(errInvalid, errors.New("bad pid")))
 		return
+	}
+	if pid == os.Getpid() {
+		writeErr(w, errors.Join(errInvalid, errors.New("that is the sandbox's agent")))
+		return
+	}
+	p, _ := a.procs.get(pid)
+	if p == nil {
+		p = &proc{pid: pid, changed: make(chan struct{})}
 	}
 	var s agentproto.Signal
 	if err := decode(r, &s); err != nil {

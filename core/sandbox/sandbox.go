@@ -242,3 +242,31 @@ type FS interface {
 	TarOut(ctx context.Context, path string, w io.Writer) error
 	TarIn(ctx context.Context, dir string, r io.Reader) error
 }
+
+// OutputReader is implemented by a driver whose sandboxes keep each
+// process's output in the sandbox (the agent's ring), numbered by byte
+// offset, so that a client re-attaches to a running or ended process from
+// the last offset it saw, after a checkpoint, a restore or a daemon restart.
+// The engine finds it by type assertion.
+type OutputReader interface {
+	// Output gives fn the output of process pid from offset on, in order,
+	// each byte once, then (follow) the process's end. A Rewound frame
+	// says the sandbox was restored to a cut older than offset: the stream
+	// goes on from the frame's offset. A Lost frame says bytes fell out of
+	// the bounded ring: the stream goes on from its offset. Without follow
+	// it returns once the output written so far is sent. A pid the agent
+	// does not know is ErrNotFound; fn's error ends the stream and is
+	// returned.
+	Output(ctx context.Context, id string, pid int, offset int64, follow bool, fn func(OutputFrame) error) error
+}
+
+// OutputFrame is one piece of a process's output stream.
+type OutputFrame struct {
+	// Kind is "stdout", "stderr", "exited", "rewound" or "lost".
+	Kind   string
+	Offset int64
+	Data   []byte
+	// Exit is set on "exited"; Lost counts the bytes of a "lost" frame.
+	Exit *ExitStatus
+	Lost int64
+}

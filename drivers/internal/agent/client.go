@@ -318,6 +318,7 @@ func (c *Client) Processes(ctx context.Context) ([]agentproto.Process, error) {
 
 // Wait waits for a process the agent started to end.
 func (c *Client) Wait(ctx context.Context, pid int) (agentproto.Exit, error) {
+	var broke time.Time
 	for {
 		resp, err := c.do(ctx, "GET", "/v1/processes/"+strconv.Itoa(pid)+"/wait", nil, nil)
 		if err == nil {
@@ -333,6 +334,11 @@ func (c *Client) Wait(ctx context.Context, pid int) (agentproto.Exit, error) {
 			err = c.unavailable(derr)
 		}
 		if !errdefs.IsUnavailable(err) {
+			return agentproto.Exit{}, err
+		}
+		if broke.IsZero() {
+			broke = time.Now()
+		} else if time.Since(broke) > ReattachWindow {
 			return agentproto.Exit{}, err
 		}
 		if err := c.reattachPause(ctx); err != nil {

@@ -180,3 +180,21 @@ func (c *Client) Exec(ctx context.Context, spec sandbox.ExecSpec, base agentprot
 	}
 	return sandbox.ExitStatus{Code: exit.Code, Signal: exit.Signal, TimedOut: exit.TimedOut}, nil
 }
+
+// SandboxOutput is Output in the terms of sandbox.OutputReader: what a
+// driver's Output method returns.
+func (c *Client) SandboxOutput(ctx context.Context, pid int, offset int64, follow bool, fn func(sandbox.OutputFrame) error) error {
+	return c.Output(ctx, pid, offset, follow, func(f agentproto.Frame) error {
+		of := sandbox.OutputFrame{Kind: f.Kind.String(), Offset: f.Offset, Data: f.Data}
+		switch f.Kind {
+		case agentproto.Exited:
+			e, _ := f.Exit()
+			of.Exit = &sandbox.ExitStatus{Code: e.Code, Signal: e.Signal, TimedOut: e.TimedOut}
+			of.Data = nil
+		case agentproto.Lost:
+			of.Lost = f.LostBytes()
+			of.Data = nil
+		}
+		return fn(of)
+	})
+}
