@@ -2,8 +2,8 @@ package agent
 
 import (
 	"bytes"
-	"errors"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
