@@ -15,8 +15,11 @@ BIN := bin/amber
 
 .PHONY: build test test-unit test-extended test-fencing test-partition bench bench-failover fuzz chaos demo vet clean console
 
+# amber-agent is static (no cgo): it runs inside sandboxes whatever their
+# template holds. It is looked up next to bin/amber.
 build:
 	$(GO) build -tags $(GOTAGS) -o $(BIN) ./cmd/amber
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(dir $(BIN))amber-agent ./cmd/amber-agent
 
 vet:
 	$(GO) vet -tags $(GOTAGS) ./...
@@ -61,6 +64,7 @@ fuzz:
 	$(FUZZ) -fuzz '^FuzzCheckDestPattern$$' ./internal/state/meta
 	$(FUZZ) -fuzz '^FuzzDNSAnswer$$' ./internal/egress
 	$(FUZZ) -fuzz '^FuzzParse$$' ./drivers/internal/procwait
+	$(FUZZ) -fuzz '^FuzzReadFrame$$' ./lib/agentproto
 	$(FUZZ) -fuzz '^FuzzParseDF$$' ./internal/engine
 	$(FUZZ) -fuzz '^FuzzSessionDefinition$$' ./internal/session
 	$(FUZZ) -fuzz '^FuzzAnthropicSSE$$' ./internal/session

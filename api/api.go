@@ -316,10 +316,15 @@ type ExecRequest struct {
 	TimeoutMS int64    `json:"timeout_ms,omitempty"`
 }
 
-// ExecFrame is one line of an exec response stream: output
+// ExecFrame is one line of an exec response stream: the command's pid
+// ({"pid":…}, when the sandbox reports it), output
 // ({"stream":"stdout","data":…}), then exactly one last frame holding Exit
 // or Error.
 type ExecFrame struct {
+	// PID, in a first frame of its own, is the command's sandbox pid
+	// (sandboxes with the in-sandbox agent): GET …/processes/{pid}/output
+	// re-attaches to its output from an offset if the stream breaks.
+	PID    int         `json:"pid,omitempty"`
 	Stream string      `json:"stream,omitempty"` // "stdout" or "stderr"
 	Data   []byte      `json:"data,omitempty"`
 	Exit   *ExitStatus `json:"exit,omitempty"`
@@ -343,6 +348,25 @@ type StartProcessRequest struct {
 // StartProcessResponse gives the started process's sandbox-side PID.
 type StartProcessResponse struct {
 	PID int `json:"pid"`
+}
+
+// OutputFrame is one line of GET …/processes/{pid}/output: a process's
+// output from a byte offset (stdout and stderr counted together, in the
+// order the process wrote them), or a marker. A client that keeps the offset
+// after the last byte it got re-attaches from there (after a dropped
+// connection, a daemon restart, a checkpoint or a restore) and gets each byte
+// once. "rewound": the sandbox was restored to a cut older than the offset
+// asked for, so the stream goes on from Offset (output the client saw from
+// there on was not kept by the restore). "lost": Lost bytes before Offset
+// fell out of the process's bounded output ring. "exited" is last (with
+// follow) and holds Exit; "error" ends a stream that failed.
+type OutputFrame struct {
+	Stream string      `json:"stream"` // stdout, stderr, exited, rewound, lost, error
+	Offset int64       `json:"offset"`
+	Data   []byte      `json:"data,omitempty"`
+	Exit   *ExitStatus `json:"exit,omitempty"`
+	Lost   int64       `json:"lost,omitempty"`
+	Error  *ErrorBody  `json:"error,omitempty"`
 }
 
 // SignalRequest sends a signal (POST …/processes/{pid}/signal): a name

@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 	enginetest.RunInitHooks()
 	code := m.Run()
 	if builtBin != "" {
-		os.Remove(builtBin)
+		os.RemoveAll(filepath.Dir(builtBin))
 	}
 	os.Exit(code)
 }
@@ -44,7 +44,13 @@ func buildAmber(t *testing.T) string {
 		amberBin = b
 		return b
 	}
-	out := filepath.Join(os.TempDir(), fmt.Sprintf("amber-e2e-%d", os.Getpid()))
+	// A directory of its own: amber-agent goes next to amber, where the
+	// daemon looks for it (as `make build` puts both in bin/).
+	dir, err := os.MkdirTemp("", fmt.Sprintf("amber-e2e-%d-", os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "amber")
 	args := []string{"build", "-o", out}
 	if buildTags != "" {
 		args = append(args, "-tags", buildTags)
@@ -52,6 +58,11 @@ func buildAmber(t *testing.T) string {
 	cmd := exec.Command("go", append(args, ".")...)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, b)
+	}
+	cmd = exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "amber-agent"), "../amber-agent")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build amber-agent: %v\n%s", err, b)
 	}
 	amberBin, builtBin = out, out
 	return out

@@ -28,7 +28,10 @@ amber's own as they are produced, and amber exits with the command's exit code
 
 With -d, the command starts in the background instead (it keeps running
 between execs; its output goes to /run/amber/proc/<pid>.log inside the
-sandbox) and amber prints its PID.
+sandbox, and 'amber logs SBX PID -f' follows it) and amber prints its PID.
+Either way the command is a child of the sandbox's own init (its agent), so
+it and everything it leaves running are part of every checkpoint and come
+back with a restore.
 
 With -i, amber's stdin is streamed to the command; without it the command's
 stdin is empty. -t runs the command on a pseudo-terminal. With --json, amber

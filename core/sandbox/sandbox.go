@@ -121,6 +121,10 @@ type ExecSpec struct {
 	TTY bool
 	// Timeout kills the command (SIGKILL) after this long; 0 means none.
 	Timeout time.Duration
+	// Started, when set, is called with the command's sandbox pid once it
+	// runs, before any output (drivers whose sandboxes keep output, see
+	// OutputReader; others do not call it).
+	Started func(pid int)
 }
 
 // ExitStatus is how a command ended.

@@ -241,3 +241,27 @@ func (e *Engine) Files(ctx context.Context, tenant, id string) (sandbox.FS, erro
 	}
 	return &heldFS{fs: fs, hold: func() func() { return e.inSandbox(id) }}, nil
 }
+
+// ProcessOutput streams process pid's output from offset to fn (see
+// sandbox.OutputReader): the output is kept inside the sandbox, so a client
+// re-attaches with the offset it had after a dropped connection, a daemon
+// restart, a checkpoint or a restore. Like Wait, it holds nothing a
+// checkpoint waits for: the sandbox lock is only taken to find the sandbox.
+func (e *Engine) ProcessOutput(ctx context.Context, tenant, id string, pid int, offset int64, follow bool, fn func(sandbox.OutputFrame) error) error {
+	if pid <= 0 {
+		return errdefs.InvalidArgumentf("pid %d is not a process", pid)
+	}
+	if offset < 0 {
+		return errdefs.InvalidArgumentf("offset %d is negative", offset)
+	}
+	or, ok := e.drv.(sandbox.OutputReader)
+	if !ok {
+		return errdefs.NotImplementedf("the %s driver keeps no process output", e.drv.Name())
+	}
+	_, unlock, err := e.enter(ctx, tenant, id)
+	if err != nil {
+		return err
+	}
+	unlock()
+	return or.Output(ctx, id, pid, offset, follow, fn)
+}

@@ -145,6 +145,9 @@ func (c *Client) Exec(ctx context.Context, spec sandbox.ExecSpec, base agentprot
 		}
 		return sandbox.ExitStatus{}, err
 	}
+	if spec.Started != nil {
+		spec.Started(pid)
+	}
 	sctx, stopStdin := context.WithCancel(ctx)
 	defer stopStdin()
 	if spec.Stdin != nil {

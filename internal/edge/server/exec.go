@@ -113,6 +113,9 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, c *call) error {
 		Args: req.Args, Env: req.Env, Cwd: req.Cwd, TTY: req.TTY,
 		Timeout: time.Duration(req.TimeoutMS) * time.Millisecond,
 		Stdin:   stdin, Stdout: streamWriter{fw, "stdout"}, Stderr: streamWriter{fw, "stderr"},
+		// The command's sandbox pid comes first: with it a client whose
+		// stream broke re-attaches (GET …/processes/{pid}/output).
+		Started: func(pid int) { _ = fw.write(api.ExecFrame{PID: pid}) },
 	})
 	if keyRevoked(ctx) {
 		err = errKeyRevoked // the command was ended with the stream

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"net/http"
 	"strconv"
 	"strings"
@@ -104,4 +105,76 @@ func ParseSignal(s string) (syscall.Signal, error) {
 		return sig, nil
 	}
 	return 0, errdefs.InvalidArgumentf("unknown signal %q (use a name like TERM or a number)", s)
+}
+
+// processOutput streams a process's output as ndjson OutputFrames from
+// ?offset= (see api.OutputFrame). Like waitProcess, it is one of the
+// tenant's streams: a revoked key ends it, and a client that hangs up ends
+// the stream, never the process. An error after the first frame is sent as
+// a last "error" frame.
+func (s *Server) processOutput(w http.ResponseWriter, r *http.Request, c *call) error {
+	pid, err := strconv.Atoi(r.PathValue("pid"))
+	if err != nil || pid <= 0 {
+		return errdefs.InvalidArgumentf("pid %q is not a process id", r.PathValue("pid"))
+	}
+	q := r.URL.Query()
+	var offset int64
+	if v := q.Get("offset"); v != "" {
+		if offset, err = strconv.ParseInt(v, 10, 64); err != nil || offset < 0 {
+			return errdefs.InvalidArgumentf("offset %q is not a byte offset", v)
+		}
+	}
+	follow := false
+	if v := q.Get("follow"); v != "" {
+		if follow, err = strconv.ParseBool(v); err != nil {
+			return errdefs.InvalidArgumentf("follow %q is not true or false", v)
+		}
+	}
+	ctx, endStream, err := s.beginStream(w, r, c)
+	if err != nil {
+		return err
+	}
+	defer endStream()
+	fl, _ := w.(http.Flusher)
+	enc := json.NewEncoder(w)
+	started := false
+	err = s.eng.ProcessOutput(ctx, c.tenant, r.PathValue("id"), pid, offset, follow, func(f sandbox.OutputFrame) error {
+		if !started {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(http.StatusOK)
+			started = true
+		}
+		fr := api.OutputFrame{Stream: f.Kind, Offset: f.Offset, Data: f.Data, Lost: f.Lost}
+		if f.Exit != nil {
+			fr.Exit = &api.ExitStatus{Code: f.Exit.Code, Signal: f.Exit.Signal, TimedOut: f.Exit.TimedOut}
+		}
+		if err := enc.Encode(fr); err != nil {
+			return err
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+		return nil
+	})
+	if keyRevoked(ctx) {
+		if !started {
+			return errKeyRevoked
+		}
+		err = errKeyRevoked
+	}
+	if err != nil && r.Context().Err() != nil {
+		return nil // the client hung up
+	}
+	if err == nil && !started {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		w.WriteHeader(http.StatusOK)
+		return nil
+	}
+	if err != nil && started {
+		body := errBody(err)
+		c.lg.WarnContext(r.Context(), "output stream failed", "pid", pid, "err", err)
+		_ = enc.Encode(api.OutputFrame{Stream: "error", Error: &body})
+		return nil
+	}
+	return err
 }

@@ -246,6 +246,8 @@ class Client:
             if f.get("exit") is not None:
                 x = f["exit"]
                 return ExecResult(x.get("code", 0), x.get("signal"), x.get("timed_out", False), b"".join(out), b"".join(err))
+            if not f.get("stream"):
+                continue  # the {"pid": ...} frame
             data = base64.b64decode(f.get("data") or "")
             (out if f.get("stream") == "stdout" else err).append(data)
             if on_output:

@@ -783,6 +783,7 @@ export class Execution implements AsyncIterable<ExecChunk> {
         this.#done = true;
         return;
       }
+      if (!f.stream) continue; // the {"pid":…} frame
       const chunk: ExecChunk = { stream: f.stream === "stderr" ? "stderr" : "stdout", data: fromBase64(f.data) };
       (chunk.stream === "stdout" ? this.#out : this.#err).push(chunk.data);
       yield chunk;

@@ -898,6 +898,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/processes/{pid}/output": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Stream a process's output from a byte offset; re-attach after any break
+         * @description The output of a process of the sandbox that the daemon started (exec or background), kept inside the sandbox in a bounded ring (1 MiB per process by default), so it survives a daemon restart, a checkpoint and a restore. Frames are newline-delimited JSON (OutputFrame). offset (default 0) is where to start: pass the offset after the last byte you got to continue without a gap or a repeat. With follow=true the stream goes on until the process ends and its last frame is 'exited'; without, it ends once the output so far is sent. A 'rewound' frame means the sandbox was restored to an older cut than the offset (output from the frame's offset on is being produced again); a 'lost' frame means bytes fell out of the ring. Only sandboxes running the in-sandbox agent keep output this way (others: 501).
+         */
+        get: operations["processOutput"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1004,6 +1024,8 @@ export interface components {
             timeout_ms?: number;
         };
         ExecFrame: {
+            /** @description The command's sandbox pid, in a first frame of its own: GET /v1/sandboxes/{id}/processes/{pid}/output re-attaches to its output */
+            pid?: number;
             /** @enum {string} */
             stream?: "stdout" | "stderr";
             /** Format: byte */
@@ -1533,6 +1555,18 @@ export interface components {
             moved?: components["schemas"]["DrainMove"];
             /** @description The node holds no sandboxes (the last frame) */
             done?: boolean;
+            error?: components["schemas"]["ErrorBody"];
+        };
+        OutputFrame: {
+            /** @enum {string} */
+            stream: "stdout" | "stderr" | "exited" | "rewound" | "lost" | "error";
+            /** Format: int64 */
+            offset: number;
+            /** Format: byte */
+            data?: string;
+            exit?: components["schemas"]["ExitStatus"];
+            /** Format: int64 */
+            lost?: number;
             error?: components["schemas"]["ErrorBody"];
         };
     };
@@ -3901,6 +3935,45 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Node"];
+                };
+            };
+            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            default: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    processOutput: {
+        parameters: {
+            query?: {
+                /** @description Byte offset to start from */
+                offset?: number;
+                /** @description Keep streaming until the process ends */
+                follow?: boolean;
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+                /** @description Sandbox-side PID */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The stream of frames */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-ndjson": components["schemas"]["OutputFrame"];
                 };
             };
             /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
