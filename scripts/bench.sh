@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 out=${AMBER_BENCH_OUT:-/tmp/amber-bench-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
 export AMBER_BENCH=1 CGO_ENABLED=1
-all="sqlite postgres gvisor criu engine engine-criu engine-ckpt engine-ckpt-criu server chunkstore egress"
+all="sqlite postgres gvisor criu engine engine-criu engine-ckpt engine-ckpt-criu server exec exec-criu chunkstore egress"
 for b in ${BENCH:-$all}; do
     echo "== $b (load: $(cut -d' ' -f1-3 /proc/loadavg))"
     case $b in
@@ -21,6 +21,8 @@ for b in ${BENCH:-$all}; do
     engine-ckpt) cmd=(go test -tags seccomp -count=1 -run TestBenchCheckpoint -v -timeout 90m ./internal/engine) ;;
     engine-ckpt-criu) cmd=(env AMBER_TEST_DRIVER=criu go test -tags seccomp -count=1 -run TestBenchCheckpoint -v -timeout 90m ./internal/engine) ;;
     server)      cmd=(go test -tags seccomp -count=1 -run TestBenchAPIClaim -v ./internal/edge/server) ;;
+    exec)        cmd=(go test -tags seccomp -count=1 -run TestBenchExecREST -v ./internal/edge/server) ;;
+    exec-criu)   cmd=(env AMBER_TEST_DRIVER=criu go test -tags seccomp -count=1 -run TestBenchExecREST -v ./internal/edge/server) ;;
     chunkstore)  cmd=(go test -count=1 -run TestBenchReport -v -timeout 30m ./internal/state/chunkstore) ;;
     egress)      cmd=(go test -count=5 -run '^$' -bench BenchmarkEgress -benchtime 1000x ./internal/egress) ;;
     *) echo "unknown benchmark $b (have: $all)" >&2; exit 2 ;;
