@@ -230,6 +230,39 @@ func TestHungAgentIsUnavailable(t *testing.T) {
 }
 
 func TestWatch(t *testing.T) {
-	t.Skip("watch client: TODO")
-	_ = filepath.Join
+	c, _ := hostAgent(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ready := make(chan struct{})
+	evs := make(chan agentproto.WatchEvent, 100)
+	go func() {
+		_ = c.Watch(ctx, dir, true, ready, func(e agentproto.WatchEvent) error { evs <- e; return nil })
+	}()
+	<-ready
+	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{filepath.Join(dir, "sub") + " create": false, filepath.Join(dir, "sub", "f") + " write": false}
+	for seen := 0; seen < len(want); {
+		select {
+		case e := <-evs:
+			k := e.Path + " " + e.Op
+			if done, ok := want[k]; ok && !done {
+				want[k] = true
+				seen++
+			}
+			if k == filepath.Join(dir, "sub")+" create" {
+				time.Sleep(50 * time.Millisecond) // the agent adds its watch on the new directory
+				if err := os.WriteFile(filepath.Join(dir, "sub", "f"), []byte("x"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+		case <-ctx.Done():
+			t.Fatalf("events seen: %v", want)
+		}
+	}
+	if err := c.Watch(ctx, "relative", false, nil, func(agentproto.WatchEvent) error { return nil }); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("relative path: %v", err)
+	}
 }

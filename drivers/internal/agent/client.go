@@ -381,3 +381,39 @@ func (c *Client) Stdin(ctx context.Context, pid int, r io.Reader, closeAfter boo
 // readerOnly hides a reader's other methods (WriteTo, Len) from net/http,
 // which would otherwise buffer or size it.
 type readerOnly struct{ io.Reader }
+
+// Watch streams changes under path inside the sandbox (recursive: every
+// directory below it too) to fn until ctx ends or fn fails. The first call
+// of fn may come before the watch is in place only if the agent was slow to
+// answer; Watch returns once the agent has acknowledged the watch only
+// through ready (closed then), which may be nil.
+func (c *Client) Watch(ctx context.Context, path string, recursive bool, ready chan<- struct{}, fn func(agentproto.WatchEvent) error) error {
+	q := url.Values{"path": {path}}
+	if recursive {
+		q.Set("recursive", "1")
+	}
+	resp, err := c.do(ctx, "GET", "/v1/watch", q, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if ready != nil {
+		close(ready)
+	}
+	dec := json.NewDecoder(io.LimitReader(resp.Body, 1<<62))
+	for {
+		var ev agentproto.WatchEvent
+		if err := dec.Decode(&ev); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return c.unavailable(err)
+		}
+		if len(ev.Path) > 4096 || len(ev.Op) > 16 {
+			return c.unavailable(errors.New("watch event out of bounds"))
+		}
+		if err := fn(ev); err != nil {
+			return err
+		}
+	}
+}
