@@ -58,7 +58,11 @@ func main() {
 	a := newAgent(token)
 	a.ignoreTermination()
 	go a.reap()
-	ln, err := net.Listen("tcp", addr)
+	// Plain TCP, never MPTCP (Go's listeners use MPTCP where the kernel
+	// has it): CRIU cannot dump an MPTCP socket.
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	ln, err := lc.Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		log.Fatalf("listen %s: %v", addr, err)
 	}
