@@ -119,12 +119,22 @@ type ExecSpec struct {
 	Stdout, Stderr io.Writer
 	// TTY runs the command on a pseudo-terminal; Stderr is merged into Stdout.
 	TTY bool
+	// Size is the terminal's first size (zero: 80×24); each value from
+	// Resize changes it while the command runs (drivers with the
+	// in-sandbox agent; others keep the first size).
+	Size   WindowSize
+	Resize <-chan WindowSize
 	// Timeout kills the command (SIGKILL) after this long; 0 means none.
 	Timeout time.Duration
 	// Started, when set, is called with the command's sandbox pid once it
 	// runs, before any output (drivers whose sandboxes keep output, see
 	// OutputReader; others do not call it).
 	Started func(pid int)
+}
+
+// WindowSize is a terminal's size in characters.
+type WindowSize struct {
+	Rows, Cols uint16
 }
 
 // ExitStatus is how a command ended.

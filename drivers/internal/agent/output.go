@@ -125,6 +125,7 @@ func (c *Client) Exec(ctx context.Context, spec sandbox.ExecSpec, base agentprot
 	s := base
 	s.Args = spec.Args
 	s.TTY = spec.TTY
+	s.Rows, s.Cols = spec.Size.Rows, spec.Size.Cols
 	s.Stdin = spec.Stdin != nil
 	if spec.Timeout > 0 {
 		s.TimeoutMS = max(1, spec.Timeout.Milliseconds())
@@ -152,6 +153,21 @@ func (c *Client) Exec(ctx context.Context, spec sandbox.ExecSpec, base agentprot
 	defer stopStdin()
 	if spec.Stdin != nil {
 		go func() { _ = c.Stdin(sctx, pid, spec.Stdin, true) }()
+	}
+	if spec.TTY && spec.Resize != nil {
+		go func() {
+			for {
+				select {
+				case <-sctx.Done():
+					return
+				case ws, ok := <-spec.Resize:
+					if !ok {
+						return
+					}
+					_ = c.Resize(sctx, pid, ws.Rows, ws.Cols)
+				}
+			}
+		}()
 	}
 	stdout, stderr := spec.Stdout, spec.Stderr
 	if stdout == nil {

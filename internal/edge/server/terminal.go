@@ -39,8 +39,11 @@ import (
 // input; the server sends the terminal's output as binary messages and, when
 // the shell ends, a text message {"exit":{"code":…}} (or {"error":…}) before
 // closing; it ends so, with an error, when the key that issued its ticket is
-// revoked (streams.go), and counts as one of the tenant's streams. The size is fixed at open (?cols=&rows=, exported as COLUMNS and
-// LINES): the drivers' TTY exec has no resize yet.
+// revoked (streams.go), and counts as one of the tenant's streams. The
+// first size is ?cols=&rows= (also exported as COLUMNS and LINES). With
+// &control=1 a text message {"resize":{"cols":C,"rows":R}} changes it
+// (sandboxes with the in-sandbox agent); without, every message is input,
+// so that a paste of that text is typed, not obeyed.
 
 // ticketTTL is how long a terminal ticket may wait to be used.
 const ticketTTL = 30 * time.Second
@@ -117,6 +120,7 @@ func (s *Server) terminalWS(w http.ResponseWriter, r *http.Request) {
 	lg = lg.With(logging.TenantID, tk.tenant, "key", tk.key.Name)
 	cols := boundedQueryInt(r, "cols", 80, 10, 500)
 	rows := boundedQueryInt(r, "rows", 24, 5, 200)
+	control := r.URL.Query().Get("control") == "1"
 	sctx, endStream, err := s.openStreams.begin(s, w, r.Context(), tk.tenant, tk.key)
 	if err != nil {
 		writeError(w, err)
@@ -148,13 +152,21 @@ func (s *Server) terminalWS(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 
 	inR, inW := io.Pipe()
+	resize := make(chan sandbox.WindowSize, 4)
 	go func() {
 		defer inW.Close()
 		for {
-			_, b, err := conn.Read(wctx)
+			typ, b, err := conn.Read(wctx)
 			if err != nil {
 				cancel() // the browser went away: end the shell
 				return
+			}
+			if ws, ok := resizeMessage(typ, b); control && ok {
+				select {
+				case resize <- ws:
+				default: // the shell is slow to take sizes: the next one wins
+				}
+				continue
 			}
 			if _, err := inW.Write(b); err != nil {
 				return
@@ -164,6 +176,7 @@ func (s *Server) terminalWS(w http.ResponseWriter, r *http.Request) {
 	out := wsWriter{ctx: wctx, c: conn}
 	st, err := s.eng.Exec(ctx, tk.tenant, id, sandbox.ExecSpec{
 		Args: []string{"/bin/sh", "-i"}, TTY: true, Stdin: inR, Stdout: out, Stderr: out,
+		Size: sandbox.WindowSize{Rows: uint16(rows), Cols: uint16(cols)}, Resize: resize,
 		Env: []string{"TERM=xterm-256color", "COLUMNS=" + strconv.Itoa(cols), "LINES=" + strconv.Itoa(rows)},
 	})
 	inR.Close()
@@ -202,4 +215,23 @@ func boundedQueryInt(r *http.Request, name string, def, lo, hi int) int {
 		return def
 	}
 	return min(max(v, lo), hi)
+}
+
+// resizeMessage reads a text message {"resize":{"cols":C,"rows":R}}, with
+// the bounds of the first size.
+func resizeMessage(typ websocket.MessageType, b []byte) (sandbox.WindowSize, bool) {
+	if typ != websocket.MessageText || len(b) > 256 || len(b) == 0 || b[0] != '{' {
+		return sandbox.WindowSize{}, false
+	}
+	var m struct {
+		Resize *struct {
+			Cols int `json:"cols"`
+			Rows int `json:"rows"`
+		} `json:"resize"`
+	}
+	if json.Unmarshal(b, &m) != nil || m.Resize == nil ||
+		m.Resize.Cols < 10 || m.Resize.Cols > 500 || m.Resize.Rows < 5 || m.Resize.Rows > 200 {
+		return sandbox.WindowSize{}, false
+	}
+	return sandbox.WindowSize{Rows: uint16(m.Resize.Rows), Cols: uint16(m.Resize.Cols)}, true
 }

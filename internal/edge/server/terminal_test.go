@@ -167,3 +167,50 @@ func TestSandboxStats(t *testing.T) {
 		t.Fatalf("stats of a killed sandbox: %d, want 412", code)
 	}
 }
+
+// TestTerminalResize: with control=1 a resize message changes the
+// terminal's size while the shell runs; without it the same text is input.
+func TestTerminalResize(t *testing.T) {
+	c, _, base := newAPI(t)
+	ctx := ctxT(t)
+	sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Template: "minimal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, tk := postTicket(t, base, testKey, sb.ID)
+	conn, _, err := websocket.Dial(ctx, wsURL(base, tk.Path)+"&cols=90&rows=30&control=1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseNow()
+	if err := conn.Write(ctx, websocket.MessageBinary, []byte("stty size; read x; stty size; exit 0\n")); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	resized := false
+	for {
+		typ, b, err := conn.Read(rctx)
+		if err != nil {
+			t.Fatalf("read: %v; output so far %q", err, out.String())
+		}
+		if typ == websocket.MessageText {
+			break // the exit
+		}
+		out.Write(b)
+		if !resized && strings.Contains(out.String(), "30 90") {
+			resized = true
+			if err := conn.Write(ctx, websocket.MessageText, []byte(`{"resize":{"cols":120,"rows":40}}`)); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(300 * time.Millisecond) // the resize goes its own way to the agent
+			if err := conn.Write(ctx, websocket.MessageBinary, []byte("\n")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if !strings.Contains(out.String(), "30 90") || !strings.Contains(out.String(), "40 120") {
+		t.Fatalf("terminal output %q: want the first size 30 90, then 40 120", out.String())
+	}
+}
