@@ -65,6 +65,7 @@ var requests = map[string]routeRequest{
 	"GET /v1/sandboxes/{id}/checkpoints":             {query: "all=true"},
 	"DELETE /v1/tenants/{tenant}/keys/{name}":        {},
 	"POST /v1/sandboxes/{id}/processes/{pid}/wait":   {},
+	"GET /v1/sandboxes/{id}/processes/{pid}/output":  {query: "offset=0"},
 	"DELETE /v1/sandboxes/{id}/ports/{port}":         {},
 	"GET /v1/sandboxes/{id}/ports":                   {},
 	"GET /v1/checkpoints/{id}":                       {},

@@ -211,6 +211,14 @@ func TestOpenAPIMatchesRealResponses(t *testing.T) {
 	pid := map[string]string{"id": sb.ID, "pid": fmt.Sprint(started.PID)}
 	c.call("POST", "/v1/sandboxes/{id}/processes/{pid}/signal", fmt.Sprintf("/v1/sandboxes/%s/processes/%d/signal", sb.ID, started.PID), pid, api.SignalRequest{Signal: "TERM"}, nil)
 	c.call("POST", "/v1/sandboxes/{id}/processes/{pid}/wait", fmt.Sprintf("/v1/sandboxes/%s/processes/%d/wait", sb.ID, started.PID), pid, nil, nil)
+	var echoed api.StartProcessResponse
+	c.call("POST", "/v1/sandboxes/{id}/processes", "/v1/sandboxes/"+sb.ID+"/processes", id, api.StartProcessRequest{Args: []string{"sh", "-c", "echo out; echo err >&2"}}, &echoed)
+	epid := map[string]string{"id": sb.ID, "pid": fmt.Sprint(echoed.PID)}
+	var last api.OutputFrame
+	c.call("GET", "/v1/sandboxes/{id}/processes/{pid}/output", fmt.Sprintf("/v1/sandboxes/%s/processes/%d/output?offset=0&follow=true", sb.ID, echoed.PID), epid, nil, &last)
+	if last.Stream != "exited" || last.Exit == nil || last.Offset != 8 {
+		t.Errorf("the output stream's last frame: %+v, want exited at offset 8", last)
+	}
 	c.call("POST", "/v1/sandboxes/{id}/files/mkdir", "/v1/sandboxes/"+sb.ID+"/files/mkdir?path=/work", id, nil, nil)
 	c.call("GET", "/v1/sandboxes/{id}/files", "/v1/sandboxes/"+sb.ID+"/files?path=/work", id, nil, nil)
 	c.call("GET", "/v1/sandboxes/{id}/files", "/v1/sandboxes/"+sb.ID+"/files?path=/work&stat=true", id, nil, nil)
