@@ -42,19 +42,24 @@ const (
 
 // imageMeta is <imageDir>/image.json.
 type imageMeta struct {
-	Version      int              `json:"version"`
-	Driver       string           `json:"driver"`
-	RunscVersion string           `json:"runsc_version"`
-	RunscFlags   []string         `json:"runsc_flags"`
-	SpecVersion  int              `json:"spec_version,omitempty"` // record.SpecVersion
-	ID           string           `json:"id"`
-	Tenant       string           `json:"tenant,omitempty"`
-	Template     sandbox.Template `json:"template"`
-	Limits       sandbox.Limits   `json:"limits"`
-	Env          []string         `json:"env,omitempty"`
-	Cwd          string           `json:"cwd"`
-	UID          uint32           `json:"uid"`
-	GID          uint32           `json:"gid"`
+	Version      int      `json:"version"`
+	Driver       string   `json:"driver"`
+	RunscVersion string   `json:"runsc_version"`
+	RunscFlags   []string `json:"runsc_flags"`
+	SpecVersion  int      `json:"spec_version,omitempty"` // record.SpecVersion
+	// AgentBuild and AgentToken (spec generation 2 on) are the record's:
+	// the restored init is the agent of that build, which holds that
+	// token in its memory. The token is why image.json is 0600.
+	AgentBuild string           `json:"agent_build,omitempty"`
+	AgentToken string           `json:"agent_token,omitempty"`
+	ID         string           `json:"id"`
+	Tenant     string           `json:"tenant,omitempty"`
+	Template   sandbox.Template `json:"template"`
+	Limits     sandbox.Limits   `json:"limits"`
+	Env        []string         `json:"env,omitempty"`
+	Cwd        string           `json:"cwd"`
+	UID        uint32           `json:"uid"`
+	GID        uint32           `json:"gid"`
 	// SandboxCreated is when the sandbox was first created; Taken when
 	// this cut was made.
 	SandboxCreated time.Time `json:"sandbox_created"`
@@ -115,6 +120,16 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		return stats, err
 	}
 
+	if rec.SpecVersion >= 2 {
+		// No agent connection may be open at the cut (holdAgentDials);
+		// streams re-attach once the dials are let through again,
+		// after the resume below (defers run last first).
+		letDial, err := d.holdAgentDials(ctx, id)
+		if err != nil {
+			return stats, fmt.Errorf("checkpoint %s: %w", id, err)
+		}
+		defer letDial()
+	}
 	// Freeze.
 	if _, err := d.run(ctx, rec, "pause", runtimeID(id)); err != nil {
 		return stats, fmt.Errorf("checkpoint %s: %w", id, classify(id, err))
@@ -180,6 +195,8 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		RunscVersion:   rec.RunscVersion,
 		RunscFlags:     rec.RunscFlags,
 		SpecVersion:    rec.SpecVersion,
+		AgentBuild:     rec.AgentBuild,
+		AgentToken:     rec.AgentToken,
 		ID:             id,
 		Tenant:         rec.Tenant,
 		Template:       rec.Template,
@@ -265,11 +282,18 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 		RunscFlags:   append([]string(nil), meta.RunscFlags...),
 		RunscVersion: meta.RunscVersion,
 		SpecVersion:  meta.SpecVersion,
+		AgentBuild:   meta.AgentBuild,
+		AgentToken:   meta.AgentToken,
 		Cgroup:       d.cgroupPath(id),
 		Netns:        d.netnsPath(id),
 		Created:      meta.SandboxCreated,
 		Phase:        phaseCreating,
 	}
+	if err := d.checkImageAgent(rec, imageDir); err != nil {
+		return stats, err
+	}
+	// Connections into the sandbox's old life are stale.
+	d.dropAgent(id)
 	var l *layer.Layer
 	old, err := d.loadRecord(id)
 	switch {
@@ -330,6 +354,14 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	if err := d.withMountSources(rec, l.Merged(), func() error { return d.restoreRuntime(ctx, rec, filepath.Join(imageDir, imageRunscDir), false) }); err != nil {
 		return stats, err
 	}
+	if rec.SpecVersion >= 2 {
+		// The restored agent listens again; a new connection reaches
+		// it (the old ones died with the old sandbox).
+		d.dropAgent(id)
+		if err := d.waitAgent(ctx, rec); err != nil {
+			return stats, fmt.Errorf("restore %s: %w", id, err)
+		}
+	}
 	tDone := time.Now()
 	rec.Phase = phaseCreated
 	if err := d.saveRecord(rec); err != nil {
@@ -353,6 +385,22 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 		"network", tRunsc.Sub(tNet).Round(time.Millisecond), "runsc", tDone.Sub(tRunsc).Round(time.Millisecond),
 		"stats", time.Since(tStats).Round(time.Millisecond))
 	return stats, nil
+}
+
+// checkImageAgent is asked before anything of a stopped sandbox is
+// replaced: the agent the image's init has mapped must be on this node,
+// and the image must hold its token.
+func (d *Driver) checkImageAgent(rec *record, imageDir string) error {
+	if rec.SpecVersion < 2 {
+		return nil
+	}
+	if _, err := d.agentSource(rec); err != nil {
+		return errdefs.FailedPreconditionf("restore %s: the image's init is amber-agent %s, which this node does not keep (%v); restore it on a node that ran that build, or add that binary to %s", rec.ID, rec.AgentBuild, err, filepath.Join(d.opts.StateDir, "agents"))
+	}
+	if rec.AgentToken == "" {
+		return errdefs.DataLossf("restore %s: image %s names an agent but no token", rec.ID, imageDir)
+	}
+	return nil
 }
 
 // replaceStopped makes way for a restore over the stopped sandbox old (a

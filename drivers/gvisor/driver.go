@@ -14,6 +14,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/drivers/internal/agent"
 	"github.com/amber-run/amber/lib/failpoint"
 )
 
@@ -59,6 +60,11 @@ type Options struct {
 	// Failpoints, when set (tests), are evaluated by the layer archive
 	// (layer.FPArchiveListed, layer.FPExtractMkdir).
 	Failpoints *failpoint.Set
+	// AgentBinary is the amber-agent that new sandboxes run as their init.
+	// Default: agent.FindBinary() ($AMBER_AGENT, else amber-agent next to
+	// the running executable). New copies it into the driver's agent
+	// store (<StateDir>/agents), by digest.
+	AgentBinary string
 }
 
 // Driver runs sandboxes with gVisor's runsc. It is safe for concurrent use:
@@ -72,9 +78,18 @@ type Driver struct {
 	sbxDir   string // <StateDir>/sandboxes
 	netnsDir string // <StateDir>/netns
 	limits   sandbox.Limits
+	// agents keeps every agent build a sandbox or checkpoint of this node
+	// may name; agentBuild is the one New added, which Create gives new
+	// sandboxes.
+	agents     *agent.Store
+	agentBuild string
 
-	mu    sync.Mutex
-	locks map[string]*idLock
+	mu      sync.Mutex
+	locks   map[string]*idLock
+	clients map[string]*agentClient  // by sandbox id (agent.go)
+	cuts    map[string]chan struct{} // sandboxes being cut: agent dials wait (holdAgentDials)
+	dialing map[string]int           // agent dials in progress, by sandbox id
+	calls   map[string]int           // runsc invocations by subcommand (runscCalls)
 }
 
 type idLock struct {
@@ -117,11 +132,18 @@ func New(opts Options) (*Driver, error) {
 		netnsDir: filepath.Join(abs, "netns"),
 		limits:   mergeLimits(opts.Limits, DefaultLimits),
 		locks:    map[string]*idLock{},
+		clients:  map[string]*agentClient{},
+		cuts:     map[string]chan struct{}{},
+		dialing:  map[string]int{},
+		calls:    map[string]int{},
 	}
 	for _, dir := range []string{d.root, d.sbxDir, d.netnsDir} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("gvisor: state dir: %w", err)
 		}
+	}
+	if err := d.openAgentStore(); err != nil {
+		return nil, err
 	}
 	return d, nil
 }

@@ -52,12 +52,25 @@ const killGrace = 10 * time.Second
 // command's process group inside the sandbox with `runsc kill --pgid`
 // (every exec'd process leads a new session and group), which also ends
 // children that did not detach.
+//
+// That is the path of sandboxes of spec generations 0 and 1 (the sh init);
+// a sandbox whose init is the agent (generation 2) runs the command as the
+// agent's child instead (agentExec): no runsc process at all.
 func (d *Driver) Exec(ctx context.Context, id string, spec sandbox.ExecSpec) (sandbox.ExitStatus, error) {
 	rec, err := d.running(id)
 	if err != nil {
 		return sandbox.ExitStatus{}, err
 	}
 	return d.exec(ctx, rec, spec)
+}
+
+// exec runs spec in rec's sandbox to completion: through its agent, or
+// with runsc exec in a sandbox of the sh init's generations.
+func (d *Driver) exec(ctx context.Context, rec *record, spec sandbox.ExecSpec) (sandbox.ExitStatus, error) {
+	if rec.SpecVersion >= 2 {
+		return d.agentExec(ctx, rec, spec)
+	}
+	return d.runscExec(ctx, rec, spec)
 }
 
 // running loads the record of a sandbox that was started.
@@ -82,7 +95,8 @@ type readerOnly struct{ io.Reader }
 // writerOnly does the same for a writer.
 type writerOnly struct{ io.Writer }
 
-func (d *Driver) exec(ctx context.Context, rec *record, spec sandbox.ExecSpec) (sandbox.ExitStatus, error) {
+// runscExec is one `runsc exec` (generations 0 and 1).
+func (d *Driver) runscExec(ctx context.Context, rec *record, spec sandbox.ExecSpec) (sandbox.ExitStatus, error) {
 	if len(spec.Args) == 0 {
 		return sandbox.ExitStatus{}, errdefs.InvalidArgumentf("exec: no command")
 	}
@@ -114,6 +128,7 @@ func (d *Driver) exec(ctx context.Context, rec *record, spec sandbox.ExecSpec) (
 	defer files.remove()
 
 	args := append(d.globalFlags(rec, files.log), "exec", "--process="+files.process, "--internal-pid-file="+files.pid, runtimeID(rec.ID))
+	d.countRunsc(args)
 	cmd := exec.Command(d.runsc, args...)
 	cmd.Env = []string{"PATH=" + defaultPath}
 	var (
@@ -400,8 +415,11 @@ echo $p`
 
 // Start implements sandbox.Driver. The command's stdin is /dev/null and its
 // stdout and stderr go to /run/amber/proc/<pid>.log inside the sandbox;
-// spec's Stdin, Stdout, Stderr, TTY and Timeout do not apply. It needs a
-// POSIX /bin/sh in the template.
+// spec's Stdin, Stdout, Stderr, TTY and Timeout do not apply. In a sandbox
+// whose init is the agent, the agent starts it as its child (agentStart)
+// and also keeps its output for Output; in one of the sh init's
+// generations the init does, as above, which needs a POSIX /bin/sh in the
+// template.
 func (d *Driver) Start(ctx context.Context, id string, spec sandbox.ExecSpec) (int, error) {
 	rec, err := d.running(id)
 	if err != nil {
@@ -412,6 +430,9 @@ func (d *Driver) Start(ctx context.Context, id string, spec sandbox.ExecSpec) (i
 	}
 	if spec.TTY {
 		return 0, errdefs.InvalidArgumentf("start: a background process has no terminal")
+	}
+	if rec.SpecVersion >= 2 {
+		return d.agentStart(ctx, rec, spec)
 	}
 	cwd := spec.Cwd
 	if cwd == "" {
@@ -435,7 +456,7 @@ func (d *Driver) Start(ctx context.Context, id string, spec sandbox.ExecSpec) (i
 	body.WriteString("\n")
 	body.WriteString(procwait.Script(procwait.Dir, setup.String(), `echo "$amber_c" >`+spawnDir+"/"+name+".cpid"))
 	var out, errb bytes.Buffer
-	st, err := d.exec(ctx, rec, sandbox.ExecSpec{
+	st, err := d.runscExec(ctx, rec, sandbox.ExecSpec{
 		Args:    []string{"/bin/sh", "-c", spawnScript, "amber-start", name},
 		Stdin:   strings.NewReader(body.String()),
 		Stdout:  &out,

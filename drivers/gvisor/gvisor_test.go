@@ -27,11 +27,18 @@ func TestConformance(t *testing.T) {
 	tmpl := minimalTemplate(t)
 	stateDir := testStateDir(t)
 	cgParent := testCgroupParent(t, "/amber/gvisor-test")
+	var (
+		mu      sync.Mutex
+		drivers []*Driver
+	)
 	newDriver := func(t *testing.T) sandbox.Driver {
 		d, err := New(Options{StateDir: stateDir, RunscPath: runsc, CgroupParent: cgParent, Logger: testLogger(t)})
 		if err != nil {
 			t.Fatal(err)
 		}
+		mu.Lock()
+		drivers = append(drivers, d)
+		mu.Unlock()
 		return d
 	}
 	probe, err := New(Options{StateDir: stateDir, RunscPath: runsc, CgroupParent: cgParent})
@@ -46,6 +53,19 @@ func TestConformance(t *testing.T) {
 		},
 		Leftovers: probe.leftovers,
 	})
+	// Every sandbox of the suite has the agent as its init: no command
+	// of Exec, Start, Processes, Signal or Wait was a runsc exec.
+	mu.Lock()
+	defer mu.Unlock()
+	execs, forwards := 0, 0
+	for _, d := range drivers {
+		execs += d.runscCalls("exec")
+		forwards += d.runscCalls("port-forward")
+	}
+	t.Logf("runsc invocations of the suite's %d drivers: exec %d, port-forward %d", len(drivers), execs, forwards)
+	if execs != 0 {
+		t.Errorf("the conformance suite ran runsc exec %d times; want 0 (every command goes through the agent)", execs)
+	}
 }
 
 // leftovers lists what the driver keeps on the host for id.

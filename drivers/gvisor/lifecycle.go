@@ -75,6 +75,12 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (_ sandbox.Info,
 		Created:      time.Now().UTC(),
 		Phase:        phaseCreating,
 	}
+	if rec.SpecVersion >= 2 {
+		rec.AgentBuild = d.agentBuild
+		if rec.AgentToken, err = newAgentToken(); err != nil {
+			return sandbox.Info{}, err
+		}
+	}
 	defer func() {
 		if err != nil {
 			// A background context: the caller's may be what failed.
@@ -115,6 +121,12 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (_ sandbox.Info,
 		return sandbox.Info{}, err
 	}
 	d.log.Debug("create: booted", "sandbox", id, "took", time.Since(t0))
+	if rec.SpecVersion >= 2 {
+		if err := d.waitAgent(ctx, rec); err != nil {
+			return sandbox.Info{}, err
+		}
+		d.log.Debug("create: agent ready", "sandbox", id, "took", time.Since(t0))
+	}
 	rec.Phase = phaseCreated
 	if err := d.saveRecord(rec); err != nil {
 		return sandbox.Info{}, err
@@ -212,7 +224,11 @@ func (d *Driver) writeBundle(rec *record, rootfs string) error {
 	if err := os.MkdirAll(d.bundleDir(rec.ID), 0o700); err != nil {
 		return err
 	}
-	b, err := json.MarshalIndent(ociSpec(rec, rootfs, d.mountSource(rec.ID)), "", "  ")
+	agentSrc, err := d.agentSource(rec)
+	if err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(ociSpec(rec, rootfs, d.mountSource(rec.ID), agentSrc), "", "  ")
 	if err != nil {
 		return err
 	}
@@ -341,6 +357,7 @@ func (d *Driver) Kill(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	d.dropAgent(id)
 	if _, err := d.run(ctx, rec, "kill", "--all", runtimeID(id), "KILL"); err != nil {
 		st, ok, serr := d.state(ctx, rec, id)
 		if serr != nil || (ok && st.Status == "running") {
@@ -402,6 +419,7 @@ func (d *Driver) Destroy(ctx context.Context, id string) error {
 	}
 	unlock := d.lock(id)
 	defer unlock()
+	d.dropAgent(id)
 	if err := d.destroy(ctx, id); err != nil {
 		return fmt.Errorf("destroy %s: %w", id, err)
 	}

@@ -41,6 +41,14 @@ func (d *Driver) DialPort(ctx context.Context, id string, port int) (net.Conn, e
 	if err != nil {
 		return nil, err
 	}
+	return d.dialPort(ctx, rec, port)
+}
+
+// dialPort is DialPort for rec in any phase (the agent's client dials
+// while Create and Restore wait for the agent, before the record says
+// created).
+func (d *Driver) dialPort(ctx context.Context, rec *record, port int) (net.Conn, error) {
+	id := rec.ID
 	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
 	// A directory of its own keeps the socket's path short (108 bytes) and

@@ -31,15 +31,19 @@ import (
 // from a restarted one.
 const psScript = `echo $$; for d in /proc/[0-9]*; do s=$(tr '\n' ' ' < $d/stat 2>/dev/null) || continue; [ -n "$s" ] || continue; c=$(tr '\000\n' '\001\002' < $d/cmdline 2>/dev/null); printf 'S %s\nC %s\n' "$s" "$c"; done`
 
-// Processes implements sandbox.Driver by reading /proc inside the sandbox
-// (an exec of the template's /bin/sh).
+// Processes implements sandbox.Driver by reading /proc inside the sandbox:
+// the agent's listing (without the agent), or, in a sandbox of the sh
+// init's generations, an exec of the template's /bin/sh (with the init).
 func (d *Driver) Processes(ctx context.Context, id string) ([]sandbox.Process, error) {
 	rec, err := d.running(id)
 	if err != nil {
 		return nil, err
 	}
+	if rec.SpecVersion >= 2 {
+		return d.agentProcesses(ctx, rec)
+	}
 	var out, errb bytes.Buffer
-	st, err := d.exec(ctx, rec, sandbox.ExecSpec{
+	st, err := d.runscExec(ctx, rec, sandbox.ExecSpec{
 		Args:    []string{"/bin/sh", "-c", psScript},
 		Stdout:  &out,
 		Stderr:  &errb,
@@ -119,7 +123,8 @@ func parseStat(s string) (p sandbox.Process, sid int, ok bool) {
 	return sandbox.Process{PID: pid, PPID: ppid, Args: []string{comm}, StartTicks: start, State: f[0]}, sid, true
 }
 
-// Signal implements sandbox.Driver with `runsc kill --pid`.
+// Signal implements sandbox.Driver through the agent, or with `runsc kill
+// --pid` in a sandbox of the sh init's generations.
 func (d *Driver) Signal(ctx context.Context, id string, pid int, sig os.Signal) error {
 	rec, err := d.running(id)
 	if err != nil {
@@ -131,6 +136,9 @@ func (d *Driver) Signal(ctx context.Context, id string, pid int, sig os.Signal) 
 	}
 	if pid <= 0 {
 		return errdefs.InvalidArgumentf("signal: pid %d", pid)
+	}
+	if rec.SpecVersion >= 2 {
+		return d.agentSignal(ctx, rec, pid, s)
 	}
 	if _, err := d.run(ctx, rec, "kill", "--pid="+strconv.Itoa(pid), runtimeID(id), strconv.Itoa(int(s))); err != nil {
 		if strings.Contains(err.Error(), "no such process") {
@@ -146,12 +154,18 @@ func (d *Driver) Signal(ctx context.Context, id string, pid int, sig os.Signal) 
 // serves as the sandbox's root (writes inside go through to it at once:
 // --overlay2=none), every 100ms; every 2s an exec of Processes checks that
 // the process is still there, and that the sandbox still runs.
+//
+// In a sandbox whose init is the agent, the agent answers (agentWait).
 func (d *Driver) Wait(ctx context.Context, id string, pid int) (sandbox.ExitStatus, error) {
-	if _, err := d.running(id); err != nil {
+	rec, err := d.running(id)
+	if err != nil {
 		return sandbox.ExitStatus{}, err
 	}
 	if pid <= 0 {
 		return sandbox.ExitStatus{}, errdefs.InvalidArgumentf("wait: pid %d", pid)
+	}
+	if rec.SpecVersion >= 2 {
+		return d.agentWait(ctx, rec, pid)
 	}
 	fs, err := d.Files(ctx, id)
 	if err != nil {

@@ -35,6 +35,7 @@ var runtimeFlags = []string{
 // environment of its own (the daemon's is not the sandbox's business).
 // stdin/stdout/stderr are /dev/null unless the caller sets them.
 func (d *Driver) command(ctx context.Context, args ...string) *exec.Cmd {
+	d.countRunsc(args)
 	cmd := exec.CommandContext(ctx, d.runsc, args...)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

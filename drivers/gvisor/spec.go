@@ -8,6 +8,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/drivers/internal/procwait"
+	"github.com/amber-run/amber/lib/agentproto"
 )
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -141,11 +142,16 @@ func rlimits(rec *record) []specs.POSIXRlimit {
 //	0  before NoNewPrivileges: /tmp bound "rbind,rw"
 //	1  NoNewPrivileges on the init (and so on everything it starts);
 //	   /tmp bound "rbind,rw,nosuid,nodev"
+//	2  the init is amber-agent (agentproto.Path, bound read-only from the
+//	   driver's agent store), run as the sandbox's root with the
+//	   sandbox's agent token in its environment; Exec, Start, Signal,
+//	   Processes and Wait go through it (agent.go)
 //
-// Both generations take the /tmp bind's source from a mount the driver
+// Every generation takes the /tmp bind's source from a mount the driver
 // makes by descriptor (see mountSource), never from a path inside the
-// layer.
-const specVersion = 1
+// layer. Generations 0 and 1 keep the sh init and the runsc exec paths:
+// their checkpoints restore, and run, as they were made.
+const specVersion = 2
 
 // createSpecVersion is the generation Create gives a sandbox: specVersion
 // (a test sets 0 to make the sandboxes older drivers made).
@@ -163,8 +169,10 @@ var rootMountPoints = []string{"/proc", "/dev", "/sys", "/tmp"}
 // merged directory). tmpSource is the source of the /tmp bind: a directory
 // of the driver's onto which the layer's /tmp is bound by descriptor while
 // the runtime starts (mountSource), not rootfs+"/tmp", a name the tenant
-// controls and the host would resolve.
-func ociSpec(rec *record, rootfs, tmpSource string) *specs.Spec {
+// controls and the host would resolve. agentSource (generation 2) is the
+// agent binary of rec.AgentBuild in the driver's store: a file of the
+// driver's (0555, in a 0700 directory), never a name inside the layer.
+func ociSpec(rec *record, rootfs, tmpSource, agentSource string) *specs.Spec {
 	lim := rec.Limits
 	mem := lim.MemoryBytes
 	quota := lim.MilliCPUs * cpuPeriod / 1000
@@ -177,13 +185,48 @@ func ociSpec(rec *record, rootfs, tmpSource string) *specs.Spec {
 	if rec.SpecVersion >= 1 {
 		tmpOpts = append(tmpOpts, "nosuid", "nodev")
 	}
+	args, env, user := []string{"/bin/sh", "-c", initScript}, rec.Env, specs.User{UID: rec.UID, GID: rec.GID}
+	if rec.SpecVersion >= 2 {
+		// The agent is the init, as the sandbox's root (in gVisor's
+		// kernel, with defaultCaps only): it starts every process as
+		// the template's user, reads every process's /proc entry and
+		// signals any of them. Its token arrives in its environment,
+		// which the agent clears before it starts anything; the
+		// template's environment is given to the processes it starts,
+		// not used by the agent.
+		args = []string{agentproto.Path}
+		env = append(append([]string(nil), rec.Env...), agentproto.TokenEnv+"="+rec.AgentToken)
+		user = specs.User{}
+	}
+	mounts := []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: noSuid},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: append([]string{"ro"}, noSuid...)},
+		// runsc mounts a tmpfs on an empty /tmp unless the spec
+		// mounts something there. A tmpfs would hold /tmp in the
+		// sandbox's memory (a big temp file would count against the
+		// memory limit, not the disk limit) and out of reach of
+		// Files(). Binding the layer's own /tmp keeps it on disk,
+		// in the writable layer, like every other directory.
+		{Destination: "/tmp", Type: "bind", Source: tmpSource, Options: tmpOpts},
+	}
+	if rec.SpecVersion >= 2 {
+		// Inside /dev's tmpfs: not in the layer (a checkpoint's
+		// layer.tar never holds it, Files never sees it), and the
+		// mount point is made by runsc in the tmpfs, not in a
+		// directory the tenant controls. Read-only: the sandbox's
+		// root cannot change the binary every later restore maps.
+		mounts = append(mounts, specs.Mount{Destination: agentproto.Path, Type: "bind", Source: agentSource, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+	}
 	return &specs.Spec{
 		Version: ociVersion,
 		Process: &specs.Process{
-			Args:         []string{"/bin/sh", "-c", initScript},
-			Env:          rec.Env,
+			Args:         args,
+			Env:          env,
 			Cwd:          "/",
-			User:         specs.User{UID: rec.UID, GID: rec.GID},
+			User:         user,
 			Capabilities: caps(),
 			Rlimits:      rlimits(rec),
 			OOMScoreAdj:  &oom,
@@ -193,20 +236,7 @@ func ociSpec(rec *record, rootfs, tmpSource string) *specs.Spec {
 		},
 		Root:     &specs.Root{Path: rootfs},
 		Hostname: rec.ID,
-		Mounts: []specs.Mount{
-			{Destination: "/proc", Type: "proc", Source: "proc", Options: noSuid},
-			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
-			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
-			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: append([]string{"ro"}, noSuid...)},
-			// runsc mounts a tmpfs on an empty /tmp unless the spec
-			// mounts something there. A tmpfs would hold /tmp in the
-			// sandbox's memory (a big temp file would count against the
-			// memory limit, not the disk limit) and out of reach of
-			// Files(). Binding the layer's own /tmp keeps it on disk,
-			// in the writable layer, like every other directory.
-			{Destination: "/tmp", Type: "bind", Source: tmpSource, Options: tmpOpts},
-		},
+		Mounts:   mounts,
 		Linux: &specs.Linux{
 			CgroupsPath: rec.Cgroup,
 			Resources: &specs.LinuxResources{

@@ -17,7 +17,7 @@ func TestOCISpec(t *testing.T) {
 	rec := &record{ID: "x", Limits: sandbox.Limits{MemoryBytes: 1 << 30, MilliCPUs: 1000, Pids: 100}}
 	const rootfs, src = "/state/sandboxes/x/layer/merged", "/state/sandboxes/x/mnt/tmp"
 	tmpOf := func(rec *record) (opts []string, source string) {
-		for _, m := range ociSpec(rec, rootfs, src).Mounts {
+		for _, m := range ociSpec(rec, rootfs, src, "/state/agents/x/amber-agent").Mounts {
 			if m.Destination == "/tmp" {
 				return m.Options, m.Source
 			}
@@ -26,14 +26,14 @@ func TestOCISpec(t *testing.T) {
 		return nil, ""
 	}
 	rec.SpecVersion = 0
-	if s := ociSpec(rec, rootfs, src); s.Process.NoNewPrivileges {
+	if s := ociSpec(rec, rootfs, src, "/state/agents/x/amber-agent"); s.Process.NoNewPrivileges {
 		t.Error("generation 0 has NoNewPrivileges: its checkpoints would not restore")
 	}
 	if opts, source := tmpOf(rec); !slices.Equal(opts, []string{"rbind", "rw"}) || source != src {
 		t.Errorf("generation 0 /tmp: %q from %q", opts, source)
 	}
 	rec.SpecVersion = specVersion
-	s := ociSpec(rec, rootfs, src)
+	s := ociSpec(rec, rootfs, src, "/state/agents/x/amber-agent")
 	if !s.Process.NoNewPrivileges {
 		t.Error("no NoNewPrivileges")
 	}

@@ -50,6 +50,14 @@ type record struct {
 	// SpecVersion is the generation of its OCI spec (see specVersion);
 	// absent in records of sandboxes created before generation 1.
 	SpecVersion int `json:"spec_version,omitempty"`
+	// AgentBuild (generation 2 on) is the build id of the agent binary the
+	// sandbox's init runs ("sha256:<hex>", a file of the driver's agent
+	// store), and AgentToken the secret every call to that agent carries
+	// (see lib/agentproto). The token is why this file is 0600 in a 0700
+	// directory: it lets its holder run anything as any user of the
+	// sandbox, and nothing outside it.
+	AgentBuild string `json:"agent_build,omitempty"`
+	AgentToken string `json:"agent_token,omitempty"`
 	// Cgroup is the cgroup path (same in every v1 hierarchy).
 	Cgroup string `json:"cgroup"`
 	// Netns is the bind-mounted network namespace the sandbox runs in.

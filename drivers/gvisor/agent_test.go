@@ -1,0 +1,320 @@
+package gvisor
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/core/sandbox/fidelitytest"
+)
+
+// counterScript prints "n" lines, one every 20ms, for ever.
+const counterScript = `i=0; while :; do echo "$i"; i=$((i+1)); sleep 0.02; done`
+
+// lineStream follows a Start'ed process's output through Output and keeps
+// the bytes it got and the offset after them.
+type lineStream struct {
+	mu     sync.Mutex
+	data   []byte
+	offset int64
+	kinds  []string
+}
+
+func (s *lineStream) frame(f sandbox.OutputFrame) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f.Kind != "stdout" && f.Kind != "stderr" {
+		s.kinds = append(s.kinds, f.Kind)
+	}
+	if f.Kind == "stdout" {
+		if f.Offset != s.offset {
+			return fmt.Errorf("frame at %d, want %d", f.Offset, s.offset)
+		}
+		s.data = append(s.data, f.Data...)
+		s.offset = f.Offset + int64(len(f.Data))
+	}
+	return nil
+}
+
+func (s *lineStream) snapshot() (string, int64, []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return string(s.data), s.offset, append([]string(nil), s.kinds...)
+}
+
+// checkCounter checks that out is "0\n1\n…" with no gap or repeat (a
+// last line may be cut short) and returns the number of whole lines.
+func checkCounter(out string) (int, error) {
+	lines := strings.Split(out, "\n")
+	n := 0
+	for i, l := range lines {
+		if i == len(lines)-1 {
+			break // after the last newline: a part of a line, or ""
+		}
+		if l != strconv.Itoa(i) {
+			return n, fmt.Errorf("line %d is %q (gap or repeat)", i, l)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// waitLines waits until s has more than n whole lines.
+func waitLines(t *testing.T, s *lineStream, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		out, _, _ := s.snapshot()
+		if strings.Count(out, "\n") > n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stream has %d lines after 30s, want > %d", strings.Count(out, "\n"), n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestAgentCheckpointMidStream: a checkpoint (left running) taken while an
+// Output stream with follow flows over the agent's connection succeeds, and
+// the stream goes on without a gap or a repeat.
+//
+//	go test -tags seccomp -count=1 -run TestAgentCheckpointMidStream -v ./drivers/gvisor
+func TestAgentCheckpointMidStream(t *testing.T) {
+	runsc := requireHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	d := newTestDriver(t, runsc, "/amber/gvisor-midstream")
+	id := fmt.Sprintf("midstream-%d", os.Getpid())
+	if _, err := d.Create(ctx, sandbox.Spec{ID: id, Template: minimalTemplate(t)}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
+	pid, err := d.Start(ctx, id, sandbox.ExecSpec{Args: []string{"/bin/sh", "-c", counterScript}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s lineStream
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- d.Output(sctx, id, pid, 0, true, s.frame) }()
+	waitLines(t, &s, 20)
+	for i := range 2 {
+		cs, err := d.Checkpoint(ctx, id, filepath.Join(t.TempDir(), "image"), sandbox.CheckpointOptions{})
+		if err != nil {
+			t.Fatalf("checkpoint %d mid-stream: %v", i, err)
+		}
+		out, _, _ := s.snapshot()
+		t.Logf("checkpoint %d mid-stream: frozen %v, total %v; %d lines streamed", i, cs.Frozen, cs.Total, strings.Count(out, "\n"))
+		waitLines(t, &s, strings.Count(out, "\n")+25)
+	}
+	stop()
+	if err := <-done; err != nil && sctx.Err() == nil {
+		t.Fatalf("stream: %v", err)
+	}
+	out, off, kinds := s.snapshot()
+	n, err := checkCounter(out)
+	if err != nil {
+		t.Fatalf("after the checkpoints: %v", err)
+	}
+	if len(kinds) > 0 {
+		t.Errorf("frames other than output: %v", kinds)
+	}
+	t.Logf("%d lines, offset %d, contiguous", n, off)
+}
+
+// heldIn are the processes TestAgentHeldIn starts with plain Execs, by the
+// command line Processes lists for each.
+var heldIn = []struct {
+	name, exec string
+	match      func(args []string) bool
+}{
+	{"http server", `nohup python3 -m http.server 8000 >/dev/null 2>&1 &`,
+		func(a []string) bool { return strings.Contains(strings.Join(a, " "), "http.server 8000") }},
+	// A daemon: the double fork leaves it a child of the init, in a
+	// session of its own, holding the exec's output pipes.
+	{"daemon", `(setsid sleep 1001 &) ; exit 0`,
+		func(a []string) bool { return strings.Join(a, " ") == "sleep 1001" }},
+	{"tree 1", `nohup sh -c 'sh -c "sleep 1002; true"; true' >/dev/null 2>&1 &`,
+		func(a []string) bool { return len(a) == 3 && strings.HasPrefix(a[2], `sh -c "sleep 1002`) }},
+	{"tree 2", "",
+		func(a []string) bool { return len(a) == 3 && a[2] == "sleep 1002; true" }},
+	{"tree 3", "",
+		func(a []string) bool { return strings.Join(a, " ") == "sleep 1002" }},
+}
+
+// findHeldIn returns each heldIn process's pid → start ticks (and the
+// names not found).
+func findHeldIn(ps []sandbox.Process) (map[string]sandbox.Process, []string) {
+	found := map[string]sandbox.Process{}
+	var missing []string
+	for _, h := range heldIn {
+		for _, p := range ps {
+			if h.match(p.Args) {
+				found[h.name] = p
+			}
+		}
+		if _, ok := found[h.name]; !ok {
+			missing = append(missing, h.name)
+		}
+	}
+	return found, missing
+}
+
+// httpAnswers GETs / of the sandbox's port 8000 through DialPort.
+func httpAnswers(ctx context.Context, d *Driver, id string) error {
+	c, err := d.DialPort(ctx, id, 8000)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("GET / HTTP/1.0\r\n\r\n")); err != nil {
+		return err
+	}
+	b := make([]byte, 64)
+	n, _ := io.ReadAtLeast(c, b, 12)
+	if !strings.HasPrefix(string(b[:n]), "HTTP/1.0 200") {
+		return fmt.Errorf("GET / answered %q", b[:n])
+	}
+	return nil
+}
+
+// TestAgentHeldIn is the held-in test of the agent (issue 20): what plain
+// Execs leave running — a server started with nohup, a daemon that double
+// forks, a process tree three deep — is checkpointed, the sandbox killed
+// and restored, and every process is back with its PID and start time; the
+// server answers; a Start'ed process's output, read before the cut, is
+// re-attached from the offset the client had without a gap or a repeat.
+// The same on a sandbox of generation 1 (the sh init, runsc exec) loses
+// the Exec'd processes: gVisor's restore kills what descends from a runsc
+// exec.
+//
+//	go test -tags seccomp -count=1 -run TestAgentHeldIn -v ./drivers/gvisor
+func TestAgentHeldIn(t *testing.T) {
+	runsc := requireHost(t)
+	tmpl := fidelitytest.PythonTemplate(t)
+	t.Run("agent", func(t *testing.T) {
+		if missing := heldInRound(t, runsc, tmpl, specVersion); len(missing) > 0 {
+			t.Errorf("after the restore: %v missing", missing)
+		}
+	})
+	t.Run("sh-init-must-lose", func(t *testing.T) {
+		createSpecVersion = 1
+		defer func() { createSpecVersion = specVersion }()
+		missing := heldInRound(t, runsc, tmpl, 1)
+		if len(missing) == 0 {
+			t.Errorf("a generation 1 sandbox kept every Exec'd process across the restore: the test proves nothing")
+		}
+		t.Logf("generation 1 lost, as it must: %v", missing)
+	})
+}
+
+// heldInRound runs the held-in sequence on a sandbox of generation gen and
+// returns the heldIn processes missing after the restore.
+func heldInRound(t *testing.T, runsc string, tmpl sandbox.Template, gen int) []string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	d := newTestDriver(t, runsc, fmt.Sprintf("/amber/gvisor-heldin%d", gen))
+	id := fmt.Sprintf("heldin%d-%d", gen, os.Getpid())
+	spec := sandbox.Spec{ID: id, Template: tmpl}
+	if _, err := d.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
+	for _, h := range heldIn {
+		if h.exec == "" {
+			continue
+		}
+		begin := time.Now()
+		if out, err := sh(d, id, h.exec); err != nil {
+			t.Fatalf("%s: %v %q", h.name, err, out)
+		}
+		if took := time.Since(begin); took > 10*time.Second {
+			t.Errorf("the exec of %s took %v", h.name, took)
+		}
+	}
+	for deadline := time.Now().Add(60 * time.Second); httpAnswers(ctx, d, id) != nil; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the http server does not answer: %v", httpAnswers(ctx, d, id))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	ps, err := d.Processes(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, missing := findHeldIn(ps)
+	if len(missing) > 0 {
+		t.Fatalf("before the checkpoint: %v missing from %+v", missing, ps)
+	}
+	if before["tree 2"].PPID != before["tree 1"].PID || before["tree 3"].PPID != before["tree 2"].PID {
+		t.Fatalf("not a tree three deep: %+v", before)
+	}
+	var (
+		counter int
+		s       lineStream
+	)
+	if gen >= 2 {
+		if counter, err = d.Start(ctx, id, sandbox.ExecSpec{Args: []string{"/bin/sh", "-c", counterScript}}); err != nil {
+			t.Fatal(err)
+		}
+		sctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- d.Output(sctx, id, counter, 0, true, s.frame) }()
+		waitLines(t, &s, 20)
+		stop()
+		<-done
+	}
+
+	image := filepath.Join(t.TempDir(), "image")
+	if _, err := d.Checkpoint(ctx, id, image, sandbox.CheckpointOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Kill(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Restore(ctx, spec, image, sandbox.RestoreOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if ps, err = d.Processes(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	after, missing := findHeldIn(ps)
+	for name, p := range before {
+		if a, ok := after[name]; ok && (a.PID != p.PID || a.StartTicks != p.StartTicks) {
+			t.Errorf("%s: pid %d (start %d) after the restore, %d (start %d) before", name, a.PID, a.StartTicks, p.PID, p.StartTicks)
+		}
+	}
+	if gen < 2 {
+		return missing
+	}
+	if err := httpAnswers(ctx, d, id); err != nil {
+		t.Errorf("after the restore, the http server: %v", err)
+	}
+	// Re-attach from the offset the client had before the cut.
+	_, off, _ := s.snapshot()
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- d.Output(sctx, id, counter, off, true, s.frame) }()
+	seen, _, _ := s.snapshot()
+	waitLines(t, &s, strings.Count(seen, "\n")+40)
+	stop()
+	if err := <-done; err != nil && sctx.Err() == nil {
+		t.Fatal(err)
+	}
+	out, end, kinds := s.snapshot()
+	n, err := checkCounter(out)
+	if err != nil || len(kinds) > 0 {
+		t.Errorf("output re-attached at %d after the restore: %v, frames %v", off, err, kinds)
+	}
+	t.Logf("generation %d: %d processes back with their pids; output re-attached at %d, %d lines contiguous to %d", gen, len(after), off, n, end)
+	return missing
+}
