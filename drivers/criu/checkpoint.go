@@ -85,6 +85,14 @@ type imageMeta struct {
 	// for the kernel, at the restore; the driver reports these instead
 	// (record.Restored).
 	StartTicks map[int]uint64 `json:"start_ticks,omitempty"`
+	// Init, AgentBuild and AgentToken are the record's: the agent build
+	// the restored agent has mapped (a restore binds that very build from
+	// the agent store, or fails) and the token it holds in its memory.
+	// Empty in images made before the agent (their init is the sh
+	// reaper; they restore to the libcontainer exec path).
+	Init       string `json:"init,omitempty"`
+	AgentBuild string `json:"agent_build,omitempty"`
+	AgentToken string `json:"agent_token,omitempty"`
 }
 
 var _ sandbox.Checkpointer = (*Driver)(nil)
@@ -164,6 +172,13 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	initPid := 0
 	if s, err := ls.c.State(); err == nil {
 		initPid = s.InitProcessPid
+	}
+	if rec.hasAgent() {
+		release, err := d.quiesceAgent(ctx, id, initPid)
+		if err != nil {
+			return stats, err
+		}
+		defer release()
 	}
 
 	// The cut. The v1 freezer gives up ("unable to freeze") when a task
@@ -247,6 +262,9 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		LayerFiles:  files,
 		MemoryBytes: mem,
 		StartTicks:  starts,
+		Init:        rec.Init,
+		AgentBuild:  rec.AgentBuild,
+		AgentToken:  rec.AgentToken,
 	}
 	b, err := json.MarshalIndent(meta, "", "  ")
 	if err != nil {
@@ -359,6 +377,11 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 		return stats, recordErr(spec.ID, err)
 	}
 
+	rec, agentBin, err := d.restoredRecord(spec.ID, meta, tmpl, slot, imageDir)
+	if err != nil {
+		return stats, err
+	}
+
 	unlock := d.lock(spec.ID)
 	defer unlock()
 
@@ -367,18 +390,6 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 		return stats, err
 	}
 
-	rec := &record{
-		Version:  recordVersion,
-		ID:       spec.ID,
-		Tenant:   meta.Tenant,
-		Template: tmpl,
-		Limits:   meta.Limits,
-		Env:      meta.Env,
-		Created:  meta.Created,
-		Phase:    phaseCreating,
-		Slot:     slot,
-		HostID:   meta.HostID,
-	}
 	if err := os.Mkdir(d.recordDir(spec.ID), 0o711); err != nil {
 		return stats, recordErr(spec.ID, err)
 	}
@@ -411,7 +422,7 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	if err := layer.CheckMountPoints(rootfs, rootMountPoints...); err != nil {
 		return stats, recordErr(spec.ID, err)
 	}
-	c, err := libcontainer.Create(d.runc, spec.ID, d.containerConfig(rec, rootfs))
+	c, err := libcontainer.Create(d.runc, spec.ID, d.containerConfig(rec, rootfs, agentBin))
 	if err != nil {
 		return stats, recordErr(spec.ID, fmt.Errorf("libcontainer create: %w", err))
 	}
@@ -453,6 +464,15 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	d.mu.Lock()
 	d.live[spec.ID] = ls
 	d.mu.Unlock()
+	if rec.hasAgent() {
+		// The client's connections went with the killed sandbox's
+		// namespace; its streams re-attach by offset to the restored
+		// agent, whose rings are as of the cut.
+		d.dropAgent(spec.ID, false)
+		if err := d.waitAgent(ctx, ls); err != nil {
+			return stats, err
+		}
+	}
 
 	if pids, err := c.Processes(); err == nil {
 		stats.Processes = len(pids)
@@ -466,6 +486,39 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	}
 	d.log.Info("sandbox restored", "sandbox", spec.ID, "running", stats.Running, "processes", stats.Processes, "memory_bytes", stats.MemoryBytes)
 	return stats, nil
+}
+
+// restoredRecord is the record of sandbox id restored from meta, and the
+// agent binary to bind (empty for an image made before the agent). The
+// restored agent runs the build it had mapped at the cut: this node must
+// have it (FailedPrecondition, before anything is touched).
+func (d *Driver) restoredRecord(id string, meta *imageMeta, tmpl sandbox.Template, slot int, imageDir string) (*record, string, error) {
+	rec := &record{
+		Version:    recordVersion,
+		ID:         id,
+		Tenant:     meta.Tenant,
+		Template:   tmpl,
+		Limits:     meta.Limits,
+		Env:        meta.Env,
+		Created:    meta.Created,
+		Phase:      phaseCreating,
+		Slot:       slot,
+		HostID:     meta.HostID,
+		Init:       meta.Init,
+		AgentBuild: meta.AgentBuild,
+		AgentToken: meta.AgentToken,
+	}
+	if meta.Init != "" && !rec.hasAgent() {
+		return nil, "", errdefs.InvalidArgumentf("checkpoint image %s: init %q unknown to this driver", imageDir, meta.Init)
+	}
+	if rec.hasAgent() && (rec.AgentBuild == "" || rec.AgentToken == "") {
+		return nil, "", errdefs.DataLossf("checkpoint image %s: agent init without its build or token", imageDir)
+	}
+	agentBin, err := d.agentBinary(rec)
+	if err != nil {
+		return nil, "", err
+	}
+	return rec, agentBin, nil
 }
 
 // clearForRestore makes way for a restore of id (d holds its lock): a

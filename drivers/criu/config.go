@@ -2,6 +2,7 @@ package criu
 
 import (
 	"path"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -9,6 +10,8 @@ import (
 	devices "github.com/opencontainers/cgroups/devices/config"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/opencontainers/runc/libcontainer/specconv"
+
+	"github.com/amber-run/amber/lib/agentproto"
 
 	// Without it libcontainer cannot program the devices cgroup and
 	// refuses a config with device rules.
@@ -61,8 +64,16 @@ var rootMountPoints = []string{"/proc", "/dev", "/sys"}
 // its memory cgroup first).
 const oomScoreAdj = 500
 
-// containerConfig is the libcontainer configuration of a sandbox.
-func (d *Driver) containerConfig(rec *record, rootfs string) *configs.Config {
+// containerConfig is the libcontainer configuration of a sandbox. agentBin,
+// when not empty, is the host file of the agent build the sandbox runs as
+// its init: it is bound read-only (and nosuid, nodev) at agentproto.Path,
+// inside /dev's tmpfs, so the mount point is a file of that tmpfs and never
+// one of the writable layer (a checkpoint's layer.tar does not hold it, and
+// the tenant cannot replace the binary the next restore execs). The file is
+// mode 0555 owned by host root, in a directory sandbox root can search
+// (agentBinary): sandbox root, an unprivileged host uid, reads and
+// executes it as "other".
+func (d *Driver) containerConfig(rec *record, rootfs, agentBin string) *configs.Config {
 	const (
 		noexecNosuidNodev = unix.MS_NOEXEC | unix.MS_NOSUID | unix.MS_NODEV
 	)
@@ -138,6 +149,17 @@ func (d *Driver) containerConfig(rec *record, rootfs string) *configs.Config {
 		// libcontainer's Checkpoint/Restore pass this CRIU configuration
 		// file (see criuConfig).
 		Labels: []string{"org.criu.config=" + d.criuConfigPath()},
+	}
+	if agentBin != "" {
+		// After /dev's tmpfs (and before anything else under /dev, which
+		// keeps the order libcontainer mounts in).
+		agentMount := &configs.Mount{
+			Source:      agentBin,
+			Destination: agentproto.Path,
+			Device:      "bind",
+			Flags:       unix.MS_BIND | unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV,
+		}
+		cfg.Mounts = slices.Insert(cfg.Mounts, 2, agentMount)
 	}
 	if d.nofile == 0 { // unknown: inherit the daemon's
 		cfg.Rlimits = cfg.Rlimits[1:]

@@ -26,6 +26,14 @@ func TestConformance(t *testing.T) {
 		}
 		return d
 	}
+	// Issue 20: every command of the suite goes through the agent, none
+	// through libcontainer's exec.
+	execs := libcontainerExecs.Load()
+	defer func() {
+		if n := libcontainerExecs.Load() - execs; n != 0 {
+			t.Errorf("%d commands started with libcontainer's exec during the suite, want 0", n)
+		}
+	}()
 	sandboxtest.Run(t, newDriver, sandboxtest.Options{
 		MinimalTemplate: sandbox.Template{Name: "minimal", RootFS: minimalRootfs(t)},
 		CPUUsage: func(id string) (time.Duration, error) {

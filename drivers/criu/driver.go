@@ -18,6 +18,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/drivers/internal/agent"
 	"github.com/amber-run/amber/lib/failpoint"
 )
 
@@ -82,6 +83,12 @@ type Options struct {
 	// Failpoints, when set (tests), are evaluated by the layer archive
 	// (layer.FPArchiveListed, layer.FPExtractMkdir).
 	Failpoints *failpoint.Set
+	// AgentBinary is the amber-agent binary new sandboxes run as their
+	// init. Empty: agent.FindBinary ($AMBER_AGENT, else amber-agent next
+	// to the executable). New copies it into the agent store
+	// (<StateDir>/agents), which keeps every build a sandbox or a
+	// checkpoint may still name.
+	AgentBinary string
 }
 
 // Driver is the criu sandbox driver. It is safe for concurrent use.
@@ -94,7 +101,14 @@ type Driver struct {
 	mu     sync.Mutex // guards locks and live
 	locks  map[string]*sync.Mutex
 	live   map[string]*liveSandbox
+	agents map[string]*agent.Client // by sandbox id; guarded by mu
+	cuts   map[string]chan struct{} // sandboxes being cut (quiesceAgent); guarded by mu
 	nofile uint64
+
+	// agentStore holds the agent builds; agentBuild is the one new
+	// sandboxes run.
+	agentStore *agent.Store
+	agentBuild string
 }
 
 var _ sandbox.Driver = (*Driver)(nil)
@@ -142,6 +156,8 @@ func New(opts Options) (*Driver, error) {
 		sbxDir: filepath.Join(abs, "sandboxes"),
 		locks:  map[string]*sync.Mutex{},
 		live:   map[string]*liveSandbox{},
+		agents: map[string]*agent.Client{},
+		cuts:   map[string]chan struct{}{},
 	}
 	for _, dir := range []string{abs, d.runc, d.sbxDir, filepath.Join(abs, "slots")} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -158,6 +174,9 @@ func New(opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("criu driver: run dir %s: %w", opts.RunDir, err)
 	}
 	if err := writeFileAtomic(d.criuConfigPath(), []byte(criuConfig), 0o644); err != nil {
+		return nil, fmt.Errorf("criu driver: %w", err)
+	}
+	if err := d.initAgentStore(); err != nil {
 		return nil, fmt.Errorf("criu driver: %w", err)
 	}
 	var rl unix.Rlimit

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -109,15 +110,36 @@ func (d *Driver) running(id string) (*liveSandbox, error) {
 	return ls, nil
 }
 
-// Exec implements sandbox.Driver. The command's stdio are pipes (or a
-// pseudo-terminal) created for this call; no descriptor of the daemon is
-// passed in. libcontainer's init closes every other descriptor before it
-// execs the command.
+// libcontainerExecs counts the commands started with libcontainer's exec
+// (container.Run of a non-init process): only sandboxes without the agent
+// (record.Init empty) still take that path. Tests read it.
+var libcontainerExecs atomic.Int64
+
+// Exec implements sandbox.Driver. In a sandbox whose init is the agent the
+// command is the agent's child (agentExec), its stdio pipes or a
+// pseudo-terminal of the agent's, streamed over the agent's connection; no
+// descriptor of the daemon is passed in. A sandbox made before the agent
+// runs it with libcontainer's exec (legacyExec).
 func (d *Driver) Exec(ctx context.Context, id string, spec sandbox.ExecSpec) (sandbox.ExitStatus, error) {
 	ls, err := d.running(id)
 	if err != nil {
 		return sandbox.ExitStatus{}, err
 	}
+	if len(spec.Args) == 0 {
+		return sandbox.ExitStatus{}, errdefs.InvalidArgumentf("exec: no command")
+	}
+	if ls.rec.hasAgent() {
+		return d.agentExec(ctx, ls, spec)
+	}
+	return d.legacyExec(ctx, ls, spec)
+}
+
+// legacyExec runs a command in the container's namespaces with
+// libcontainer's setns path: the command's stdio are pipes (or a
+// pseudo-terminal) created for this call, and libcontainer's init closes
+// every other descriptor before it execs the command.
+func (d *Driver) legacyExec(ctx context.Context, ls *liveSandbox, spec sandbox.ExecSpec) (sandbox.ExitStatus, error) {
+	id := ls.rec.ID
 	p, err := d.process(ls, spec)
 	if err != nil {
 		return sandbox.ExitStatus{}, err
@@ -155,6 +177,7 @@ func (d *Driver) Exec(ctx context.Context, id string, spec sandbox.ExecSpec) (sa
 	}
 	p.Stdout, p.Stderr = children[1], children[2]
 
+	libcontainerExecs.Add(1)
 	if err := ls.c.Run(p); err != nil {
 		return sandbox.ExitStatus{}, recordErr(id, execError(spec.Args[0], err))
 	}
@@ -378,6 +401,7 @@ func (d *Driver) execTTY(ctx context.Context, ls *liveSandbox, p *libcontainer.P
 	defer parentSock.Close()
 	p.ConsoleSocket = childSock
 	p.ConsoleWidth, p.ConsoleHeight = 80, 24
+	libcontainerExecs.Add(1)
 	err = ls.c.Run(p)
 	childSock.Close()
 	if err != nil {
@@ -489,11 +513,25 @@ var startScript = `mkdir -p ` + procwait.Dir + ` 2>/dev/null; amber_p=$(/bin/sh 
 	procwait.ShQuote(procwait.Script(procwait.Dir, "", `echo "$amber_c"; exec >/dev/null 2>&1`)) +
 	` amber-wait "$@" </dev/null &) && echo "$amber_p"`
 
-// Start implements sandbox.Driver.
+// Start implements sandbox.Driver: through the agent (agentStart), or, in a
+// sandbox made before it, with the procwait waiter started by a
+// libcontainer exec (legacyStart).
 func (d *Driver) Start(ctx context.Context, id string, spec sandbox.ExecSpec) (int, error) {
 	if len(spec.Args) == 0 {
 		return 0, errdefs.InvalidArgumentf("start: no command")
 	}
+	ls, err := d.running(id)
+	if err != nil {
+		return 0, err
+	}
+	if ls.rec.hasAgent() {
+		return d.agentStart(ctx, ls, spec)
+	}
+	return d.legacyStart(ctx, ls, spec)
+}
+
+func (d *Driver) legacyStart(ctx context.Context, ls *liveSandbox, spec sandbox.ExecSpec) (int, error) {
+	id := ls.rec.ID
 	var out, errb strings.Builder
 	wrapped := spec
 	wrapped.Args = append([]string{"/bin/sh", "-c", startScript, "sh"}, spec.Args...)
@@ -501,7 +539,7 @@ func (d *Driver) Start(ctx context.Context, id string, spec sandbox.ExecSpec) (i
 	if wrapped.Timeout == 0 {
 		wrapped.Timeout = 30 * time.Second
 	}
-	st, err := d.Exec(ctx, id, wrapped)
+	st, err := d.legacyExec(ctx, ls, wrapped)
 	if err != nil {
 		return 0, err
 	}

@@ -177,6 +177,8 @@ func (td *testDriver) cleanup() {
 			t.Errorf("cleanup: state left: %s/%s/%s", td.state, sub, e.Name())
 		}
 	}
+	// The agent's copies (agentBinary) are the node's, not a sandbox's.
+	_ = os.RemoveAll(filepath.Join(td.runDir, ".agents"))
 	if bytes.Contains(mounts, []byte(td.runDir)) {
 		t.Errorf("cleanup: mounts left under %s:\n%s", td.runDir, grepLines(string(mounts), td.runDir))
 	}

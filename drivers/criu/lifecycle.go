@@ -20,11 +20,26 @@ import (
 	"github.com/amber-run/amber/drivers/internal/layer"
 )
 
-// reaperScript is the sandbox's init: it sleeps and reaps orphans (the
-// shell's wait reaps any child, including processes re-parented to it),
-// and exits on SIGTERM. It is plain POSIX sh, so it runs on busybox and
-// Debian templates alike.
+// reaperScript is the init of sandboxes made before the agent (record.Init
+// empty; restored from their checkpoints it still runs): it sleeps and
+// reaps orphans (the shell's wait reaps any child, including processes
+// re-parented to it), and exits on SIGTERM. It is plain POSIX sh, so it
+// runs on busybox and Debian templates alike.
 const reaperScript = `trap 'exit 0' TERM; while :; do sleep 86400 & wait; done`
+
+// createLegacy makes Create start sandboxes the way the driver did before
+// the agent (the sh reaper as init, libcontainer exec): tests of that path,
+// which restored old checkpoints still take, set it.
+var createLegacy = false
+
+func legacyInit() *libcontainer.Process {
+	return &libcontainer.Process{
+		Args: []string{"/bin/sh", "-c", reaperScript},
+		Env:  []string{"PATH=" + defaultPath},
+		Cwd:  "/",
+		Init: true,
+	}
+}
 
 // liveSandbox is what the driver holds in memory for a sandbox.
 type liveSandbox struct {
@@ -66,6 +81,12 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (info sandbox.In
 		Created:  time.Now().UTC(),
 		Phase:    phaseCreating,
 	}
+	if !createLegacy {
+		rec.Init, rec.AgentBuild = initAgent, d.agentBuild
+		if rec.AgentToken, err = newAgentToken(); err != nil {
+			return sandbox.Info{}, recordErr(spec.ID, err)
+		}
+	}
 	// Claim the id (its record directory) and then a uid range.
 	if err := os.Mkdir(d.recordDir(spec.ID), 0o711); err != nil {
 		if errors.Is(err, os.ErrExist) {
@@ -105,15 +126,17 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (info sandbox.In
 	if err := d.prepareRootfs(ctx, rec, rootfs); err != nil {
 		return sandbox.Info{}, recordErr(spec.ID, err)
 	}
-	c, err := libcontainer.Create(d.runc, spec.ID, d.containerConfig(rec, rootfs))
+	agentBin, err := d.agentBinary(rec)
+	if err != nil {
+		return sandbox.Info{}, err
+	}
+	c, err := libcontainer.Create(d.runc, spec.ID, d.containerConfig(rec, rootfs, agentBin))
 	if err != nil {
 		return sandbox.Info{}, recordErr(spec.ID, fmt.Errorf("libcontainer create: %w", err))
 	}
-	init := &libcontainer.Process{
-		Args: []string{"/bin/sh", "-c", reaperScript},
-		Env:  []string{"PATH=" + defaultPath},
-		Cwd:  "/",
-		Init: true,
+	init := agentInit(rec)
+	if !rec.hasAgent() {
+		init = legacyInit()
 	}
 	if err := c.Run(init); err != nil {
 		return sandbox.Info{}, recordErr(spec.ID, fmt.Errorf("start init: %w", err))
@@ -126,9 +149,16 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (info sandbox.In
 	if err := d.saveRecord(rec); err != nil {
 		return sandbox.Info{}, recordErr(spec.ID, err)
 	}
+	ls := &liveSandbox{c: c, rec: rec}
 	d.mu.Lock()
-	d.live[spec.ID] = &liveSandbox{c: c, rec: rec}
+	d.live[spec.ID] = ls
 	d.mu.Unlock()
+	// Create returns once the agent answers: the first Exec does not wait.
+	if rec.hasAgent() {
+		if err := d.waitAgent(ctx, ls); err != nil {
+			return sandbox.Info{}, err
+		}
+	}
 	pid, _ := init.Pid()
 	d.log.Info("sandbox created", "sandbox", spec.ID, "template", spec.Template.Name, "init_pid", pid, "host_uid", rec.HostID)
 	return sandbox.Info{ID: spec.ID, State: sandbox.StateRunning, Created: rec.Created, InitPID: pid}, nil
@@ -259,7 +289,9 @@ func (d *Driver) Kill(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	return d.killAll(ctx, ls.c)
+	err = d.killAll(ctx, ls.c)
+	d.dropAgent(id, false) // its streams find the sandbox stopped (Client.Alive)
+	return err
 }
 
 // killAll kills every process of c and waits until libcontainer sees the
@@ -348,6 +380,7 @@ func (d *Driver) destroyLocked(ctx context.Context, id string) error {
 	d.mu.Lock()
 	delete(d.live, id)
 	d.mu.Unlock()
+	d.dropAgent(id, true)
 	var errs []error
 	// 1. The container: kill its processes, wait until it is stopped, and
 	// let libcontainer remove its cgroups and state directory.

@@ -131,7 +131,12 @@ func (d *Driver) sandboxPids(ls *liveSandbox) (map[int]int, map[int]procStatus, 
 
 // Processes implements sandbox.Driver: every process in the sandbox's
 // cgroup, read from the host's /proc, with its sandbox-side PID and PPID
-// (0 when the parent is outside the sandbox, as for a command Exec runs).
+// (0 when the parent is outside the sandbox, as for a command a legacy
+// Exec runs), but the agent: in an agent sandbox PID 1 is the agent,
+// which is the platform's and not the tenant's (the agent's own list
+// leaves itself out the same way). It is read on the host rather than
+// asked of the agent so that start times keep their meaning across a
+// restore (record.Restored, noteRestoredStarts).
 func (d *Driver) Processes(ctx context.Context, id string) ([]sandbox.Process, error) {
 	ls, err := d.container(id)
 	if err != nil {
@@ -148,6 +153,9 @@ func (d *Driver) Processes(ctx context.Context, id string) ([]sandbox.Process, e
 	var offset int64
 	out := make([]sandbox.Process, 0, len(toHost))
 	for sp, hp := range toHost {
+		if sp == 1 && ls.rec.hasAgent() {
+			continue
+		}
 		stat, err := readStat(hp)
 		if err != nil {
 			continue
@@ -172,9 +180,11 @@ func (d *Driver) Processes(ctx context.Context, id string) ([]sandbox.Process, e
 	return out, nil
 }
 
-// Signal implements sandbox.Driver. The sandbox PID is mapped to a host PID,
-// opened as a pidfd and checked again before signalling, so a PID reused
-// between the lookup and the kill is never hit.
+// Signal implements sandbox.Driver. In an agent sandbox the agent sends it
+// (kill(2) inside the sandbox's PID namespace; it refuses its own PID).
+// Otherwise the sandbox PID is mapped to a host PID, opened as a pidfd and
+// checked again before signalling, so a PID reused between the lookup and
+// the kill is never hit.
 func (d *Driver) Signal(ctx context.Context, id string, pid int, sig os.Signal) error {
 	s, ok := sig.(unix.Signal)
 	if !ok {
@@ -186,6 +196,12 @@ func (d *Driver) Signal(ctx context.Context, id string, pid int, sig os.Signal) 
 	ls, err := d.container(id)
 	if err != nil {
 		return err
+	}
+	if ls.rec.hasAgent() {
+		if ls, err = d.running(id); err != nil {
+			return err
+		}
+		return d.agentSignal(ctx, ls, pid, s)
 	}
 	toHost, _, err := d.sandboxPids(ls)
 	if err != nil {
@@ -209,16 +225,22 @@ func (d *Driver) Signal(ctx context.Context, id string, pid int, sig os.Signal) 
 	return nil
 }
 
-// Wait implements sandbox.Driver with drivers/internal/procwait: the exit file the
-// process's waiter writes is read on the host, in the sandbox's root,
-// every 100ms; every 2s the sandbox's cgroup is checked for the process
-// (and the container for still running).
+// Wait implements sandbox.Driver. In an agent sandbox it asks the agent,
+// the process's parent, which keeps the status of the processes it started
+// (the last 512 that ended); for a PID it does not know, and in a sandbox
+// made before the agent, it uses drivers/internal/procwait: the exit file
+// the process's waiter (or the agent) writes is read on the host, in the
+// sandbox's root, every 100ms; every 2s the sandbox's cgroup is checked for
+// the process (and the container for still running).
 func (d *Driver) Wait(ctx context.Context, id string, pid int) (sandbox.ExitStatus, error) {
 	if _, err := d.container(id); err != nil {
 		return sandbox.ExitStatus{}, err
 	}
 	if pid <= 0 {
 		return sandbox.ExitStatus{}, errdefs.InvalidArgumentf("wait: pid %d", pid)
+	}
+	if st, ok, err := d.agentWait(ctx, id, pid); ok {
+		return st, err
 	}
 	fs, err := d.Files(ctx, id)
 	if err != nil {

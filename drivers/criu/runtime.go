@@ -17,9 +17,19 @@ var _ sandbox.RuntimeReporter = (*Driver)(nil)
 var runtimeBuilds sync.Map // criu path → build string
 
 // RuntimeBuild implements sandbox.RuntimeReporter: "criu <version>
-// sha256:<digest of the binary>" (the binary is patched here, so the
-// version alone does not say which build it is), computed once per path.
+// sha256:<digest of the binary> agent sha256:<agent build>" (the CRIU
+// binary is patched here, so the version alone does not say which build it
+// is; the agent build is the binary new sandboxes run as init, which their
+// checkpoints name), computed once per path.
 func (d *Driver) RuntimeBuild(ctx context.Context) (string, error) {
+	b, err := d.criuBuild(ctx)
+	if err != nil {
+		return "", err
+	}
+	return b + " agent " + d.agentBuild, nil
+}
+
+func (d *Driver) criuBuild(ctx context.Context) (string, error) {
 	if b, ok := runtimeBuilds.Load(d.opts.CriuPath); ok {
 		return b.(string), nil
 	}

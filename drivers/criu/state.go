@@ -51,7 +51,25 @@ type record struct {
 	// gives a restored process the restore's start time (see
 	// restoredStart).
 	Restored map[int]restoredStart `json:"restored,omitempty"`
+	// Init is the sandbox's init: initAgent (amber-agent, bound read-only
+	// at agentproto.Path; Exec, Start and Signal go through it) or empty:
+	// a sandbox created, or restored from a checkpoint made, before the
+	// agent, whose init is the sh reaper (reaperScript) and whose
+	// commands still run through libcontainer's exec (legacyExec).
+	Init string `json:"init,omitempty"`
+	// AgentBuild is the agent's build id (agent.Store), which the running
+	// agent has mapped and a checkpoint records; AgentToken authorizes
+	// the daemon's calls to it (agentproto.TokenHeader). The record is
+	// private to root (0600 in a 0700 state directory).
+	AgentBuild string `json:"agent_build,omitempty"`
+	AgentToken string `json:"agent_token,omitempty"`
 }
+
+// initAgent is record.Init of a sandbox whose init is amber-agent.
+const initAgent = "agent"
+
+// hasAgent reports whether the sandbox's init is amber-agent.
+func (r *record) hasAgent() bool { return r.Init == initAgent }
 
 // restoredStart is the original start time of a restored process. It
 // applies only while the process with that PID still has the host start

@@ -50,7 +50,7 @@ func TestSlotOf(t *testing.T) {
 // config's mounts that lie in the layer.
 func TestContainerConfigMountPoints(t *testing.T) {
 	d := plainDriver(t, Options{})
-	cfg := d.containerConfig(&record{ID: "x", Limits: DefaultLimits, HostID: DefaultUIDBase}, "/r")
+	cfg := d.containerConfig(&record{ID: "x", Limits: DefaultLimits, HostID: DefaultUIDBase}, "/r", "/agent")
 	var top []string
 	for _, m := range cfg.Mounts {
 		nested := false
