@@ -83,8 +83,8 @@ func waitLines(t *testing.T, s *lineStream, n int) {
 }
 
 // TestAgentCheckpointMidStream: a checkpoint (left running) taken while an
-// Output stream with follow flows over the agent's connection succeeds, and
-// the stream goes on without a gap or a repeat.
+// Output stream with follow and an Exec's output flow over the agent's
+// connection succeeds, and both go on without a gap or a repeat.
 //
 //	go test -tags seccomp -count=1 -run TestAgentCheckpointMidStream -v ./drivers/gvisor
 func TestAgentCheckpointMidStream(t *testing.T) {
@@ -106,6 +106,17 @@ func TestAgentCheckpointMidStream(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- d.Output(sctx, id, pid, 0, true, s.frame) }()
 	waitLines(t, &s, 20)
+	// An Exec streams its output through the cuts too.
+	execDone := make(chan error, 1)
+	go func() {
+		out, err := sh(d, id, `i=0; while [ $i -lt 150 ]; do echo "$i"; i=$((i+1)); sleep 0.01; done`)
+		if err == nil {
+			if n, cerr := checkCounter(out); cerr != nil || n != 150 {
+				err = fmt.Errorf("exec output across the checkpoints: %d lines, %v", n, cerr)
+			}
+		}
+		execDone <- err
+	}()
 	for i := range 2 {
 		cs, err := d.Checkpoint(ctx, id, filepath.Join(t.TempDir(), "image"), sandbox.CheckpointOptions{})
 		if err != nil {
@@ -118,6 +129,9 @@ func TestAgentCheckpointMidStream(t *testing.T) {
 	stop()
 	if err := <-done; err != nil && sctx.Err() == nil {
 		t.Fatalf("stream: %v", err)
+	}
+	if err := <-execDone; err != nil {
+		t.Error(err)
 	}
 	out, off, kinds := s.snapshot()
 	n, err := checkCounter(out)
@@ -317,4 +331,46 @@ func heldInRound(t *testing.T, runsc string, tmpl sandbox.Template, gen int) []s
 	}
 	t.Logf("generation %d: %d processes back with their pids; output re-attached at %d, %d lines contiguous to %d", gen, len(after), off, n, end)
 	return missing
+}
+
+// TestAgentExecBenchmark measures the round trip of Exec(`true`) through
+// the agent and through runsc exec (a sandbox of generation 1), 200 runs
+// each, in the same run. It runs only with AMBER_GVISOR_BENCH=1:
+//
+//	AMBER_GVISOR_BENCH=1 go test -tags seccomp -count=1 -run TestAgentExecBenchmark -v ./drivers/gvisor
+func TestAgentExecBenchmark(t *testing.T) {
+	if os.Getenv("AMBER_GVISOR_BENCH") != "1" {
+		t.Skip("set AMBER_GVISOR_BENCH=1 to run")
+	}
+	runsc := requireHost(t)
+	ctx := context.Background()
+	d := newTestDriver(t, runsc, "/amber/gvisor-execbench")
+	n := 200
+	if v, err := strconv.Atoi(os.Getenv("AMBER_GVISOR_BENCH_N")); err == nil && v > 0 {
+		n = v
+	}
+	for _, gen := range []int{specVersion, 1} {
+		createSpecVersion = gen
+		id := fmt.Sprintf("execbench%d-%d", gen, os.Getpid())
+		_, err := d.Create(ctx, sandbox.Spec{ID: id, Template: minimalTemplate(t)})
+		createSpecVersion = specVersion
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
+		var ds []time.Duration
+		for range n {
+			begin := time.Now()
+			st, err := d.Exec(ctx, id, sandbox.ExecSpec{Args: []string{"true"}})
+			if err != nil || st.Code != 0 {
+				t.Fatalf("exec: %+v %v", st, err)
+			}
+			ds = append(ds, time.Since(begin))
+		}
+		path := "agent"
+		if gen < 2 {
+			path = "runsc exec (generation 1)"
+		}
+		t.Logf("Exec(true) through %s, %d runs: p50 %v, p90 %v, p99 %v", path, n, pct(ds, 50), pct(ds, 90), pct(ds, 99))
+	}
 }

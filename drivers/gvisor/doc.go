@@ -8,14 +8,31 @@
 // runtime-spec's Go types) whose root is the writable layer's merged
 // directory (drivers/internal/layer: an overlay of a size-bounded ext4 image on the
 // template, which stays read-only and shared), pins a fresh network
-// namespace, and runs `runsc run --detach`. The init (PID 1) is the
-// template's /bin/sh sleeping in a loop and reaping orphans. Exec is one
+// namespace, and runs `runsc run --detach`. The init (PID 1) is amber-agent
+// (cmd/amber-agent, protocol in lib/agentproto), bound read-only at
+// /dev/.amber-agent (in /dev's tmpfs, not in the layer) from the driver's
+// agent store, and run as the sandbox's root with a random per-sandbox
+// token in its environment; Create returns once it answers. Everything
+// that runs inside is the agent's child, started over one HTTP/2
+// connection that the driver's port dialer opens to the agent's port on
+// the sandbox's loopback (agent.go): Exec streams the command's output
+// (stdin, TTY); Start also writes procwait's log and exit files
+// (/run/amber/proc/<pid>.log, .exit) and keeps the output in a ring that
+// Output re-attaches to by byte offset; Wait, Processes (the agent left
+// out) and Signal are agent calls. No `runsc exec` runs for any of them,
+// so every process a command leaves behind (`nohup server &`, a daemon's
+// double fork) is in the init's tree and comes back with a restore. Kill
+// is `runsc kill --all KILL`; Destroy is `runsc delete --force` and the
+// removal of everything below.
+//
+// Sandboxes (and checkpoints) made before the agent — spec generations 0
+// and 1, see specVersion — keep what they were made with: the template's
+// /bin/sh as the init, sleeping in a loop and reaping orphans; Exec is one
 // `runsc exec` per command; Start asks the init to start the process under
-// a waiter that records its exit status in the layer (see Start: a runsc
-// exec'd process does not survive a restore); Wait reads that status on the
-// host (drivers/internal/procwait); Processes reads /proc inside; Signal is
-// `runsc kill --pid`; Kill is `runsc kill --all KILL`; Destroy is
-// `runsc delete --force` and the removal of everything below.
+// a waiter that records its exit status in the layer (a runsc exec'd
+// process does not survive a restore); Wait reads that status on the host
+// (drivers/internal/procwait); Processes reads /proc with an exec; Signal
+// is `runsc kill --pid`. They have no output ring.
 //
 // # runsc flags, and why
 //
@@ -60,7 +77,11 @@
 //
 // Nothing of the daemon's reaches a sandbox. The init's stdio is /dev/null
 // (a host file or pipe there would stay reachable through /proc/1/fd for
-// the sandbox's life). An exec's stdio are pipes that os/exec creates (the
+// the sandbox's life). A process the agent starts has pipes (or a
+// pseudo-terminal) the agent made inside the sandbox; what crosses to the
+// host is bytes over the agent's connection, a Unix socket of the daemon's
+// that runsc hands to the sentry (portdial.go). In a sandbox of the sh
+// init's generations, an exec's stdio are pipes that os/exec creates (the
 // caller's readers and writers are wrapped so that os/exec cannot hand an
 // *os.File through) or, in TTY mode, the replica of a pseudo-terminal
 // opened here; runsc exec is started with no ExtraFiles and with every
@@ -92,9 +113,13 @@
 // Everything is under Options.StateDir:
 //
 //	<StateDir>/runsc-root/            runsc's state (--root)
+//	<StateDir>/agents/<hex>/amber-agent
+//	                                  agent builds by digest (agent.Store),
+//	                                  every build a sandbox or image may name
 //	<StateDir>/netns/<id>             the sandbox's pinned network namespace
 //	<StateDir>/sandboxes/<id>/
-//	    sandbox.json                  this driver's record (versioned)
+//	    sandbox.json                  this driver's record (versioned; 0600:
+//	                                  it holds the agent's token)
 //	    bundle/config.json            the OCI spec
 //	    layer/                        drivers/internal/layer: disk.img, fs/, merged/
 //	    exec/                         per-exec process specs and pid files
@@ -114,17 +139,29 @@
 // owners, times, symlinks, hard links, whiteouts, xattrs); `runsc
 // checkpoint --compression=none --leave-running` into runsc/; `runsc
 // resume`; image.json (format version, runsc version and flags, template,
-// limits, environment). Restore deletes the runtime container of a stopped
+// limits, environment, spec generation, agent build and token; 0600). No
+// connection to the agent may be open at the cut: gVisor cannot save the
+// sentry's port-forward proxy (its waiter entries), and runsc checkpoint
+// fails. Checkpoint therefore holds new agent dials, closes the agent's
+// connections, cuts, resumes and lets the dials through; a stream that
+// was flowing (Exec output, Output, Wait) re-attaches from the last offset
+// it delivered, with no gap and no repeat. Restore deletes the runtime container of a stopped
 // sandbox (or creates the layer from the template on a state directory
 // that never saw it), replaces the upper directory's content from
 // layer.tar with the overlay unmounted, remakes the network namespace and
 // the bundle with the image's flags, and runs `runsc restore --detach`. It
-// refuses an image of another runsc version or template version.
+// refuses an image of another runsc version or template version, and
+// (ErrFailedPrecondition, before it touches anything) one whose agent
+// build is not in this node's store: the restored init maps that very
+// binary. RuntimeBuild names the runsc build and the agent build.
 //
 // gVisor's restore SIGKILLs every process descended from a `runsc exec`
-// (its caller is gone). Background processes are therefore children of
-// the init (Start hands them to it), and survive; a command running under
-// Exec at the time of the cut does not. /tmp is a directory of the layer
+// (its caller is gone). With the agent as the init nothing descends from
+// one: every process, plain Execs included, is restored, and a command
+// that was running under Exec at the cut is back too (its output is in
+// the agent's ring; a client re-attaches by offset). In a sandbox of the
+// sh init's generations, background processes are children of the init
+// (Start hands them to it) and survive; what an Exec started does not. /tmp is a directory of the layer
 // rather than a tmpfs whose presence would have to match at restore.
 // Outside TCP connections do not survive a runsc restore
 // (Capabilities.LiveOutsideTCP is false).

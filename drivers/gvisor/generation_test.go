@@ -2,12 +2,17 @@ package gvisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 )
 
@@ -47,5 +52,111 @@ func TestRestoreGeneration0Image(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("restored generation 0 sandbox: %q lacks %q", out, want)
 		}
+	}
+}
+
+// TestGeneration1KeepsShInit: a sandbox of generation 1 (the sh init, as
+// every sandbox and checkpoint made before the agent) still runs its
+// commands with runsc exec, starts and waits for background processes, and
+// checkpoints and restores as it did; it has no output ring (Output is
+// ErrFailedPrecondition). A restore keeps the generation.
+//
+//	go test -tags seccomp -count=1 -run TestGeneration1KeepsShInit -v ./drivers/gvisor
+func TestGeneration1KeepsShInit(t *testing.T) {
+	runsc := requireHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	d := newTestDriver(t, runsc, "/amber/gvisor-gen1")
+	createSpecVersion = 1
+	t.Cleanup(func() { createSpecVersion = specVersion })
+	id := fmt.Sprintf("gen1-%d", os.Getpid())
+	spec := sandbox.Spec{ID: id, Template: minimalTemplate(t)}
+	if _, err := d.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	createSpecVersion = specVersion
+	t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
+	if out := mustSh(t, d, id, "cat /proc/1/cmdline | tr '\\000' ' '"); !strings.HasPrefix(out, "/bin/sh -c trap") {
+		t.Fatalf("generation 1 init: %q", out)
+	}
+	pid, err := d.Start(ctx, id, sandbox.ExecSpec{Args: []string{"/bin/sh", "-c", "while [ ! -e /tmp/go ]; do sleep 0.1; done; exit 4"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Output(ctx, id, pid, 0, false, func(sandbox.OutputFrame) error { return nil }); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("Output in a generation 1 sandbox: %v, want ErrFailedPrecondition", err)
+	}
+	image := filepath.Join(t.TempDir(), "image")
+	if _, err := d.Checkpoint(ctx, id, image, sandbox.CheckpointOptions{LeaveStopped: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Restore(ctx, spec, image, sandbox.RestoreOptions{}); err != nil {
+		t.Fatalf("restore of a generation 1 image: %v", err)
+	}
+	rec, err := d.loadRecord(id)
+	if err != nil || rec.SpecVersion != 1 || rec.AgentBuild != "" {
+		t.Fatalf("restored record: %+v %v", rec, err)
+	}
+	ps, err := d.Processes(ctx, id)
+	if err != nil || !slices.ContainsFunc(ps, func(p sandbox.Process) bool { return p.PID == 1 }) || !slices.ContainsFunc(ps, func(p sandbox.Process) bool { return p.PID == pid }) {
+		t.Errorf("Processes after the restore: %+v %v; want the sh init and %d", ps, err, pid)
+	}
+	mustSh(t, d, id, "touch /tmp/go")
+	if st, err := d.Wait(ctx, id, pid); err != nil || st.Code != 4 {
+		t.Errorf("Wait after the restore: %+v %v", st, err)
+	}
+	if err := d.Signal(ctx, id, 99999, syscall.SIGTERM); !errdefs.IsNotFound(err) {
+		t.Errorf("Signal to no process: %v", err)
+	}
+	if n := d.runscCalls("exec"); n == 0 {
+		t.Errorf("no runsc exec in a generation 1 sandbox: it did not take the old path")
+	}
+}
+
+// TestRestoreNeedsTheAgentBuild: an image whose agent build this node does
+// not keep is refused with ErrFailedPrecondition before the stopped
+// sandbox is touched; the image restores once the build is there.
+func TestRestoreNeedsTheAgentBuild(t *testing.T) {
+	runsc := requireHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	d := newTestDriver(t, runsc, "/amber/gvisor-agentbuild")
+	id := fmt.Sprintf("agentbuild-%d", os.Getpid())
+	spec := sandbox.Spec{ID: id, Template: minimalTemplate(t)}
+	if _, err := d.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
+	mustSh(t, d, id, "echo kept > /dev/shm/v")
+	image := filepath.Join(t.TempDir(), "image")
+	if _, err := d.Checkpoint(ctx, id, image, sandbox.CheckpointOptions{LeaveStopped: true}); err != nil {
+		t.Fatal(err)
+	}
+	meta, err := readImageMeta(image)
+	if err != nil || meta.SpecVersion != specVersion || meta.AgentBuild != d.agentBuild || meta.AgentToken == "" {
+		t.Fatalf("image meta: %+v %v", meta, err)
+	}
+	b, _ := os.ReadFile(filepath.Join(image, imageMetaName))
+	other := "sha256:" + strings.Repeat("0", 64)
+	if err := os.WriteFile(filepath.Join(image, imageMetaName), []byte(strings.ReplaceAll(string(b), meta.AgentBuild, other)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.Restore(ctx, spec, image, sandbox.RestoreOptions{})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), other) {
+		t.Fatalf("restore with an agent build this node lacks: %v, want ErrFailedPrecondition naming it", err)
+	}
+	t.Logf("refused as it must: %v", err)
+	if err := os.WriteFile(filepath.Join(image, imageMetaName), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Restore(ctx, spec, image, sandbox.RestoreOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustSh(t, d, id, "cat /dev/shm/v"); out != "kept\n" {
+		t.Errorf("after the restore: %q", out)
+	}
+	rb, err := d.RuntimeBuild(ctx)
+	if err != nil || !strings.HasSuffix(rb, " agent "+d.agentBuild) {
+		t.Errorf("RuntimeBuild = %q, %v; want the agent build in it", rb, err)
 	}
 }
