@@ -4,12 +4,47 @@
 //
 // # What a sandbox is here
 //
-// Each sandbox is one libcontainer container whose init is a tiny reaper
-// (the template's /bin/sh sleeping in a loop and reaping orphans). Its root
+// Each sandbox is one libcontainer container whose init is amber-agent
+// (cmd/amber-agent, protocol lib/agentproto; agent.go here). Its root
 // filesystem is an drivers/internal/layer overlay: the template's rootfs, seen
 // through an idmapped mount, under a per-sandbox writable layer with a size
-// limit (an ext4 image on a loop device). Exec runs further processes in
-// the container's namespaces (libcontainer's setns path).
+// limit (an ext4 image on a loop device).
+//
+// # The agent
+//
+// The agent is the container's init (PID 1 of its PID namespace, sandbox
+// root): it reaps orphans, and every process Exec and Start run is its
+// child, started by it inside the sandbox — libcontainer's exec is not used
+// for them. So whatever a plain Exec leaves running (`nohup server &`, a
+// daemon that double-forks) is in the sandbox's tree, part of every
+// checkpoint, and back with its PID after a restore. Its binary is
+// independent of the template: New adds Options.AgentBinary (or
+// agent.FindBinary's) to an agent store, <StateDir>/agents, by digest (the
+// build id), and each sandbox binds its build read-only, nosuid, nodev at
+// agentproto.Path inside /dev's tmpfs — the mount point is a file of that
+// tmpfs, never of the writable layer. The bind's source is a copy under
+// <RunDir>/.agents/<digest>/ (0711 directories, a 0555 file of host root):
+// CRIU opens it from inside the sandbox's user namespace at restore, where
+// the private state directory cannot be searched.
+//
+// The daemon talks to the agent over HTTP/2 on 127.0.0.1:agentproto.Port
+// of the sandbox's own network namespace, connections made with DialPort;
+// one agent.Client per sandbox, cached in the driver. Each request carries
+// the sandbox's agent token, drawn at Create, kept in the record (0600) and
+// in the checkpoint's image.json, and given to the agent in its
+// environment, so a non-root template user cannot ask the agent (root) to
+// start something as root. Create returns once the agent answers, running
+// the build the record names. Exec streams the command's output over the
+// connection; Start's processes also log to /run/amber/proc/<pid>.log and
+// <pid>.exit (procwait's files); Output (sandbox.OutputReader) re-attaches
+// to a process's output ring by offset; Signal and Wait go through the
+// agent; Processes still reads the host's /proc (so a restored process
+// keeps its start time) and leaves the agent out.
+//
+// Sandboxes made before the agent (record.Init empty), and those restored
+// from their checkpoints, keep the old init — the template's /bin/sh
+// sleeping in a loop and reaping orphans — and run commands with
+// libcontainer's exec (setns), as before.
 //
 // # Hardening, and why
 //
@@ -66,9 +101,9 @@
 // libcontainer/nsenter, sets up namespaces before the Go runtime starts).
 // A program that uses this driver must therefore call InitIfRequested as
 // the first statement of main (and a test binary in TestMain). It returns
-// at once in a normal run. Every exec pays for the binary's start (Go
-// runtime and package init functions), so heavy package-level
-// initialisation in the amber binary slows every Exec.
+// at once in a normal run. Every container start (and every exec of a
+// sandbox without the agent) pays for the binary's start (Go runtime and
+// package init functions).
 //
 // Importing the package also locks the main goroutine to the main thread
 // (an init function): libcontainer leaves a thread it moved into a
@@ -104,6 +139,17 @@
 //   - the kernel gives a restored process the restore's start time; the
 //     driver records each process's start time in the image and reports the
 //     original one from Processes (record.Restored).
+//   - the agent: image.json names its build, and the restore binds that
+//     very build from the agent store (the restored process has it mapped);
+//     a node without it refuses the restore (FailedPrecondition). Before
+//     the cut the driver holds new dials to the agent and drops the
+//     client's connections, and waits until the agent's ends are closed,
+//     so no connection of the daemon's is in the image; streams re-attach
+//     by offset once the sandbox thaws (or is restored). CRIU dumps an
+//     open connection too (TcpEstablished; tested), but a restored agent
+//     would keep a half of it whose peer is gone. The agent's listener
+//     must be plain TCP: CRIU cannot dump MPTCP, which Go's net.Listen
+//     uses by default (the init runs with GODEBUG=multipathtcp=0).
 //   - lazy restore (`criu lazy-pages` sharing the restore's work directory,
 //     fs.pipe-max-size >= 4 MiB) needs vm.unprivileged_userfaultfd=1: the
 //     restored tasks open their userfaultfd inside the user namespace.
@@ -115,11 +161,13 @@
 // sandbox under Options.RunDir:
 //
 //	<StateDir>/runc/<id>/            libcontainer's state (state.json)
+//	<StateDir>/agents/<digest>/      agent builds (agent.Store)
 //	<StateDir>/slots/<n>             claim of uid range n (holds the id)
 //	<StateDir>/sandboxes/<id>/       sandbox.json (this driver's record) and
 //	                                 the writable layer (drivers/internal/layer)
 //	<RunDir>/<id>                    bind mount of the layer's merged root:
 //	                                 the container's rootfs
+//	<RunDir>/.agents/<digest>/       the copy of an agent build sandboxes bind
 //
 // StateDir is private to root; RunDir is searchable (not listable) by
 // others, because sandbox root, an unprivileged host uid, must walk to its
