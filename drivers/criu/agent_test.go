@@ -473,3 +473,30 @@ func TestAgentExecLatency(t *testing.T) {
 		t.Logf("exec round trip `true`, %s (n=200): p50 %v p90 %v p99 %v", c.name, pct(ds, 50), pct(ds, 90), pct(ds, 99))
 	}
 }
+
+// TestAgentTenantConnection: a process of the sandbox reaches the agent's
+// port but gets nothing without the token, and a connection it holds open
+// does not stop a checkpoint (the driver's wait for the agent's ends to
+// close is bounded).
+func TestAgentTenantConnection(t *testing.T) {
+	td := newTestDriver(t)
+	requireCriu(t, td)
+	ctx := context.Background()
+	id := td.create(sandbox.Limits{})
+	port := strconv.Itoa(agentproto.Port)
+	if out := td.sh(id, `printf 'GET /v1/health HTTP/1.0\r\n\r\n' | nc 127.0.0.1 `+port+` | head -1`); !strings.Contains(out, " 401 ") {
+		t.Errorf("health without the token from inside: %q, want 401", out)
+	}
+	if _, err := td.Start(ctx, id, sandbox.ExecSpec{Args: []string{"sh", "-c", "sleep 1000 | nc 127.0.0.1 " + port}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // nc connects
+	start := time.Now()
+	if _, err := td.Checkpoint(ctx, id, t.TempDir(), sandbox.CheckpointOptions{}); err != nil {
+		t.Fatalf("checkpoint with a tenant's connection to the agent: %v", err)
+	}
+	t.Logf("checkpoint took %v", time.Since(start))
+	if out := td.sh(id, "echo ok"); out != "ok\n" {
+		t.Fatalf("exec after the checkpoint: %q", out)
+	}
+}

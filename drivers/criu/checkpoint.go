@@ -174,11 +174,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		initPid = s.InitProcessPid
 	}
 	if rec.hasAgent() {
-		release, err := d.quiesceAgent(ctx, id, initPid)
-		if err != nil {
-			return stats, err
-		}
-		defer release()
+		defer d.quiesceAgent(ctx, id, initPid)()
 	}
 
 	// The cut. The v1 freezer gives up ("unable to freeze") when a task
