@@ -34,6 +34,7 @@ type upOptions struct {
 	watch                               time.Duration
 	keep                                int
 	idle                                time.Duration
+	hotTier                             string // --hot-tier: size bound, or "off"
 	meterInterval                       time.Duration
 	egress                              egressOptions
 	shared                              sharedOptions
@@ -85,6 +86,7 @@ are recorded.`,
 	f.StringVar(&o.otlpEndpoint, "otlp-endpoint", "", "send traces over OTLP/HTTP to this collector base URL, e.g. http://127.0.0.1:4318 (default: OTEL_EXPORTER_OTLP_ENDPOINT; none: no traces)")
 	f.StringVar(&o.blobs, "blobs", "", "checkpoint blob store: a directory (default DATA_DIR/blobs) or s3://HOST:PORT/BUCKET[/PREFIX][?secure=false] with keys in AMBER_S3_ACCESS_KEY/AMBER_S3_SECRET_KEY")
 	f.DurationVar(&o.meterInterval, "meter-interval", 10*time.Second, "usage metering interval: every running sandbox's usage is recorded per interval (negative: no metering)")
+	f.StringVar(&o.hotTier, "hot-tier", "8Gi", "disk bound of the node's hot copies of each sandbox's newest checkpoint, from which a restore on this node starts without fetching (\"off\": every restore fetches)")
 	f.DurationVar(&o.idle, "idle-timeout", 0, "checkpoint and stop a sandbox after this long without calls; the next call resumes it (0: never)")
 	f.IntVar(&o.keep, "keep-checkpoints", 0, "keep each sandbox's newest N checkpoints plus tagged ones, delete the rest and truncate its log below them (0: keep all)")
 	f.DurationVar(&o.watch, "watch-interval", 5*time.Second, "how often running sandboxes are checked for a dead init")

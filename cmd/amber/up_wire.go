@@ -377,6 +377,13 @@ func (d *upDaemon) startGateway(ctx context.Context) error {
 // watches the others after.
 func (d *upDaemon) startEngine(ctx context.Context) error {
 	o, lg := d.o, d.lg
+	hotTier := int64(-1)
+	if o.hotTier != "off" {
+		var err error
+		if hotTier, err = parseSize(o.hotTier); err != nil {
+			return fmt.Errorf("--hot-tier: %w", err)
+		}
+	}
 	eng, err := engine.New(engine.Options{
 		Driver:        d.drv,
 		Meta:          d.m,
@@ -393,7 +400,7 @@ func (d *upDaemon) startEngine(ctx context.Context) error {
 		Tracer:        d.tp,
 		MeterInterval: o.meterInterval,
 		Egress:        engine.EgressOptions{Gateway: d.gw, Network: d.enet, Default: d.defEgress, Ceiling: d.egressCeiling, TenantCA: d.tenantCA},
-		Recovery:      engine.RecoveryOptions{KeepCheckpoints: o.keep, IdleTimeout: o.idle},
+		Recovery:      engine.RecoveryOptions{KeepCheckpoints: o.keep, IdleTimeout: o.idle, HotTierBytes: hotTier},
 		Cluster:       engine.ClusterOptions{Node: o.shared.nodeID, Shared: o.shared.shared()},
 	})
 	if err != nil {

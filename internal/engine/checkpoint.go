@@ -169,7 +169,12 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	}
 
 	dir := filepath.Join(e.ck.workDir, "cut-"+ck.ID)
-	defer os.RemoveAll(dir)
+	keptHot := false // the hot tier took dir (hottier.go)
+	defer func() {
+		if !keptHot {
+			os.RemoveAll(dir)
+		}
+	}()
 	start := time.Now()
 	report(r.Progress, Progress{Phase: "cut"})
 	cut := e.cutLock(id)
@@ -266,6 +271,8 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	if ck, err = e.meta.CommitCheckpoint(ctx, ck); err != nil {
 		return ck, err // committed in storage and log; the next start settles the row
 	}
+	// Committed: its image stays on the node as the sandbox's hot copy.
+	keptHot = e.ck.hot.keepAsync(ck, dir)
 	if r.Stop {
 		if sb, err = e.stoppedAtCut(ctx, id, r.stopReason); err != nil {
 			return ck, err
@@ -432,6 +439,7 @@ func (e *Engine) DeleteCheckpoint(ctx context.Context, tenant, id string) error 
 	if e.ck.store == nil {
 		return errdefs.FailedPreconditionf("this daemon has no checkpoint store")
 	}
+	e.ck.hot.drop(ck.ID) // the node keeps no copy of a deleted checkpoint
 	if _, err := e.ck.store.DeleteCheckpoint(ctx, ck.Tenant, ck.ID); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("delete checkpoint %s: %w", id, err)
 	}
@@ -474,6 +482,7 @@ func (e *Engine) reconcileCheckpoints(ctx context.Context) error {
 				lg.Info("pending checkpoint was committed before the daemon stopped")
 				continue
 			}
+			e.ck.hot.drop(ck.ID) // the node keeps no copy of a deleted checkpoint
 			if _, err := e.ck.store.DeleteCheckpoint(ctx, ck.Tenant, ck.ID); err != nil && !errdefs.IsNotFound(err) {
 				return fmt.Errorf("reconcile checkpoint %s: %w", ck.ID, err)
 			}
@@ -535,6 +544,7 @@ func (e *Engine) retain(ctx context.Context, sb meta.Sandbox) error {
 			}
 			continue
 		}
+		e.ck.hot.drop(ck.ID) // the node keeps no copy of a deleted checkpoint
 		if _, err := e.ck.store.DeleteCheckpoint(ctx, ck.Tenant, ck.ID); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("retention: delete %s: %w", ck.ID, err)
 		}

@@ -123,6 +123,10 @@ type RecoveryOptions struct {
 	// IdleTimeout, when > 0, checkpoints and stops a sandbox after this
 	// long without a call into it; the next call resumes it (idle.go).
 	IdleTimeout time.Duration
+	// HotTierBytes bounds the node's hot copies of sandboxes' newest
+	// images (hottier.go): 0 is DefaultHotTierBytes, < 0 keeps none (every
+	// restore fetches from the chunk store).
+	HotTierBytes int64
 }
 
 // EgressOptions are the node's egress gateway and the policies above
@@ -203,6 +207,7 @@ type checkpointing struct {
 	obs         Observer
 	cpuFeatures func() ([]string, error)
 	gcs         sync.Map // tenant → *gcState (gc.go)
+	hot         *hotTier // the node's newest images (hottier.go)
 }
 
 // leasing is this node's identity and the leases it holds on sandbox
@@ -257,6 +262,8 @@ func New(o Options) (*Engine, error) {
 	}
 	if o.WorkDir == "" {
 		o.WorkDir = os.TempDir()
+		// No hot tier in a directory other processes share.
+		o.Recovery.HotTierBytes = -1
 	}
 	if o.Cluster.Node == "" {
 		o.Cluster.Node, _ = os.Hostname()
@@ -277,7 +284,8 @@ func New(o Options) (*Engine, error) {
 		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval, audit: o.Audit,
 		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeEngine)}
 	e.tpl.cat = o.Templates
-	e.ck = checkpointing{store: o.Checkpoints, workDir: o.WorkDir, keep: o.Recovery.KeepCheckpoints, obs: o.Observer}
+	e.ck = checkpointing{store: o.Checkpoints, workDir: o.WorkDir, keep: o.Recovery.KeepCheckpoints, obs: o.Observer,
+		hot: newHotTier(o.WorkDir, o.Recovery.HotTierBytes, o.Logger)}
 	e.lease = leasing{holder: "node/" + o.Cluster.Node, nodeID: o.Cluster.Node, shared: o.Cluster.Shared, ttl: o.Cluster.LeaseTTL, held: map[string]eventlog.Lease{}}
 	e.pol = policies{fastEvery: o.Recovery.FastEvery, fastInterval: o.Recovery.FastInterval, idle: o.Recovery.IdleTimeout}
 	e.egr = egressRuns{gw: o.Egress.Gateway, net: o.Egress.Network, def: o.Egress.Default, ceiling: o.Egress.Ceiling, tenantCA: o.Egress.TenantCA}
@@ -389,6 +397,7 @@ func (e *Engine) Close(ctx context.Context) error {
 		e.bg.cancel()
 	}
 	e.bg.wg.Wait()
+	e.ck.hot.wait()
 	return e.pool.drain(ctx, "warm pool drained at shutdown")
 }
 

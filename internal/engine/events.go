@@ -65,8 +65,11 @@ type RestoredPayload struct {
 	From       string `json:"from"`
 	Seq        uint64 `json:"seq"`
 	Generation int    `json:"generation"`
-	// ImageDigest was verified chunk by chunk before the driver ran.
+	// ImageDigest was verified chunk by chunk before the driver ran, or,
+	// from the node's hot copy (Hot), by its recorded files before and
+	// by their bytes after (internal/engine/hottier.go).
 	ImageDigest string `json:"image_digest"`
+	Hot         bool   `json:"hot,omitempty"`
 	// The driver's account of what it restored.
 	Processes           int   `json:"processes"`
 	MemoryBytes         int64 `json:"memory_bytes"`

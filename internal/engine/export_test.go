@@ -36,3 +36,10 @@ func (e *Engine) CutHeld(id string) bool {
 	}
 	return true
 }
+
+// WaitHotTier waits for the hot copies being made or verified.
+func (e *Engine) WaitHotTier() { e.ck.hot.wait() }
+
+// HotCopy returns the directory of checkpoint id's hot copy and whether
+// it is whole.
+func (e *Engine) HotCopy(id string) (string, bool) { return e.ck.hot.path(id), e.ck.hot.has(id) }

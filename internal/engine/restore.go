@@ -138,17 +138,31 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 		return meta.Sandbox{}, err
 	}
 
-	// Fetch and verify before touching any sandbox.
-	dir := filepath.Join(e.ck.workDir, "fetch-"+strings.TrimPrefix(newID(), "sbx-"))
-	defer os.RemoveAll(dir)
-	report(progress, Progress{Phase: "fetch"})
+	// The node's hot copy, or fetch and verify, before touching any
+	// sandbox.
 	fetchStart := time.Now()
-	rr, err := e.ck.store.Restore(ctx, ck.Tenant, ck.ID, dir, chunkstore.RestoreOptions{
-		Progress: func(p chunkstore.Progress) { report(progress, Progress{Phase: "fetch", Done: p.Done, Total: p.Total}) },
+	dir, verifyHot, err := e.ck.hot.take(ck, e.ck.workDir, func() ([]chunkstore.Entry, error) {
+		m, err := e.ck.store.Manifest(context.WithoutCancel(ctx), ck.Tenant, ck.ID)
+		if err != nil {
+			return nil, err
+		}
+		return m.Entries, nil
 	})
-	if err != nil {
-		return meta.Sandbox{}, fmt.Errorf("fetch checkpoint %s: %w", ck.ID, err)
+	hot := err == nil
+	imageDigest := ck.ImageDigest
+	if !hot {
+		dir = filepath.Join(e.ck.workDir, "fetch-"+strings.TrimPrefix(newID(), "sbx-"))
+		report(progress, Progress{Phase: "fetch"})
+		rr, err := e.ck.store.Restore(ctx, ck.Tenant, ck.ID, dir, chunkstore.RestoreOptions{
+			Progress: func(p chunkstore.Progress) { report(progress, Progress{Phase: "fetch", Done: p.Done, Total: p.Total}) },
+		})
+		if err != nil {
+			os.RemoveAll(dir)
+			return meta.Sandbox{}, fmt.Errorf("fetch checkpoint %s: %w", ck.ID, err)
+		}
+		imageDigest = rr.Manifest.ImageDigest
 	}
+	defer os.RemoveAll(dir)
 	fetched := time.Since(fetchStart)
 
 	var sb meta.Sandbox
@@ -240,6 +254,10 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 		}
 		return sb, fmt.Errorf("restore %s from %s: %w", sb.ID, ck.ID, err)
 	}
+	if hot {
+		// It runs: now read the copy's bytes (hottier.go, Integrity).
+		e.ck.hot.spawn(verifyHot)
+	}
 	if sb, err = e.meta.Restored(ctx, sb.ID, ck.ID); err != nil {
 		return sb, err
 	}
@@ -249,7 +267,7 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 			Template: sb.Template, TemplateVersion: sb.TemplateVersion, Driver: sb.Driver, Limits: sb.Limits}))
 	}
 	evs = append(evs, lifecycleEvent(sb, EventRestored, RestoredPayload{
-		Checkpoint: ck.ID, From: ck.SandboxID, Seq: ck.Seq, Generation: sb.Generation, ImageDigest: rr.Manifest.ImageDigest,
+		Checkpoint: ck.ID, From: ck.SandboxID, Seq: ck.Seq, Generation: sb.Generation, ImageDigest: imageDigest, Hot: hot,
 		Processes: rs.Processes, MemoryBytes: rs.MemoryBytes, Files: rs.Files,
 		ConnectionsRestored: rs.ConnectionsRestored, ConnectionsReset: rs.ConnectionsReset, Lazy: rs.Lazy,
 		FetchNS: int64(fetched), RunningNS: int64(rs.Running), Replaced: replaced,

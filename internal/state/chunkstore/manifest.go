@@ -5,7 +5,11 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
+	"os"
 	"path"
+	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -192,4 +196,55 @@ type pointer struct {
 	Checkpoint    string    `json:"checkpoint"`
 	Manifest      string    `json:"manifest"`
 	CommittedAt   time.Time `json:"committed_at"`
+}
+
+// VerifyTree checks that the regular files of the tree at dir are exactly
+// the regular-file entries of a manifest, each with its size and content
+// digest (reading every byte); top-level names in skip are left out. It is
+// how a copy of an image kept outside the store is checked against its
+// checkpoint. Modes and owners are not compared: a driver may change them
+// on the copy it restores from.
+func VerifyTree(dir string, entries []Entry, skip ...string) error {
+	want := map[string]Entry{}
+	for _, e := range entries {
+		if e.Type == TypeFile {
+			want[e.Path] = e
+		}
+	}
+	got, _, err := scanTree(dir)
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, g := range got {
+		top, _, _ := strings.Cut(g.Path, "/")
+		if g.Type != TypeFile || slices.Contains(skip, top) {
+			continue
+		}
+		w, ok := want[g.Path]
+		if !ok {
+			return errdefs.DataLossf("%s: not in the checkpoint's image", g.Path)
+		}
+		if g.Size != w.Size {
+			return errdefs.DataLossf("%s: %d bytes, the image has %d", g.Path, g.Size, w.Size)
+		}
+		f, err := os.Open(filepath.Join(dir, filepath.FromSlash(g.Path)))
+		if err != nil {
+			return err
+		}
+		h := sha256.New()
+		_, err = io.Copy(h, f)
+		f.Close()
+		if err != nil {
+			return err
+		}
+		if sum := hex.EncodeToString(h.Sum(nil)); sum != w.SHA256 {
+			return errdefs.DataLossf("%s: content sha256 %s, the image has %s", g.Path, sum, w.SHA256)
+		}
+		n++
+	}
+	if n != len(want) {
+		return errdefs.DataLossf("%d of the image's %d files are there", n, len(want))
+	}
+	return nil
 }
