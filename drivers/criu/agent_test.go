@@ -471,6 +471,26 @@ func TestAgentExecLatency(t *testing.T) {
 			ds = append(ds, time.Since(start))
 		}
 		t.Logf("exec round trip `true`, %s (n=200): p50 %v p90 %v p99 %v", c.name, pct(ds, 50), pct(ds, 90), pct(ds, 99))
+		// 100 at once into the one sandbox.
+		start := time.Now()
+		var wg sync.WaitGroup
+		errs := make(chan error, 100)
+		for range 100 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if st, err := td.Exec(ctx, c.id, sandbox.ExecSpec{Args: []string{"true"}}); err != nil || st.Code != 0 {
+					errs <- fmt.Errorf("%+v %v", st, err)
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("%s, concurrent: %v", c.name, err)
+		}
+		took := time.Since(start)
+		t.Logf("100 concurrent execs of `true`, %s: %v (%.0f/s)", c.name, took.Round(time.Millisecond), 100/took.Seconds())
 	}
 }
 
