@@ -53,7 +53,8 @@ type ckptBench struct {
 	incStored                       []int64 // later checkpoints, each after a 1 MiB change
 	incNew                          []int
 	frozen, total                   []time.Duration // the later checkpoints
-	restore, restoreExec            []time.Duration // Engine.Restore; then an exec that sees the process
+	restore, restoreExec            []time.Duration // Engine.Restore (from the node's hot copy); then an exec that sees the process
+	coldRestore                     []time.Duration // Engine.Restore of the same checkpoint with its hot copy dropped (fetched from the chunk store)
 	fetch, drvRunning               []time.Duration // from the sandbox.restored event
 	rawFrozen, rawTotal, rawRestore []time.Duration // the driver without the chunk store
 	rawRestoreExec, lazy, lazyExec  []time.Duration
@@ -177,6 +178,7 @@ func benchCheckpointSize(t *testing.T, env *enginetest.Env, r *ckptBench, n int)
 		r.total = append(r.total, time.Duration(ck.Stats.TotalNS))
 		r.incStored = append(r.incStored, ck.Stats.StoredBytes)
 		r.incNew = append(r.incNew, ck.Stats.NewChunks)
+		e.WaitHotTier() // the hot copy is made after the checkpoint returns
 		if _, err := e.Kill(ctx, "default", id); err != nil {
 			fail("kill: %v", err)
 		}
@@ -197,8 +199,28 @@ func benchCheckpointSize(t *testing.T, env *enginetest.Env, r *ckptBench, n int)
 		if p, err := lastRestored(ctx, e, id); err == nil {
 			r.fetch = append(r.fetch, time.Duration(p.FetchNS))
 			r.drvRunning = append(r.drvRunning, time.Duration(p.RunningNS))
+			if !p.Hot {
+				t.Errorf("restore %d did not start from the hot copy", i)
+			}
 		} else {
 			t.Errorf("restored event: %v", err)
+		}
+		// The same restore from the chunk store: the hot copy dropped.
+		e.WaitHotTier()
+		if _, err := e.Kill(ctx, "default", id); err != nil {
+			fail("kill: %v", err)
+		}
+		if err := waitStopped(ctx, env.Driver, id); err != nil {
+			fail("%v", err)
+		}
+		e.DropHotCopy(ck.ID)
+		t0 = time.Now()
+		if _, err := e.Restore(ctx, engine.RestoreRequest{Tenant: "default", Checkpoint: ck.ID}); err != nil {
+			fail("cold restore %d: %v", i, err)
+		}
+		r.coldRestore = append(r.coldRestore, time.Since(t0))
+		if err := alive(ctx, e, id, pid, logf); err != nil {
+			fail("after cold restore %d: %v", i, err)
 		}
 		if i == 0 {
 			got, err := askCRC(ctx, e, id, logf, 2)
@@ -444,14 +466,14 @@ func (r *ckptBench) summary() string {
 	}
 	s := fmt.Sprintf("%d MiB: setup %s; ckpt#1 frozen %s total %s image %s stored %s; "+
 		"incremental (n=%d) frozen p50 %s total p50 %s stored p50 %s new chunks p50 %d; "+
-		"restore p50 %s p99 %s (+exec p50 %s p99 %s; fetch p50 %s, driver p50 %s); "+
+		"restore p50 %s p99 %s (+exec p50 %s p99 %s; fetch p50 %s, driver p50 %s); cold restore (chunk store) p50 %s; "+
 		"driver-only frozen p50 %s ckpt p50 %s restore p50 %s p99 %s (+exec p50 %s); lazy %s; "+
 		"cold create+setup p50 %s p99 %s (create p50 %s); "+
 		"ratios: restore+exec/cold %s, restore/driver-only %s, frozen/driver-only %s",
 		r.mib, ms(r.setup), ms(r.frozen1), ms(r.total1), mib(r.image), mib(r.stored1),
 		len(r.frozen), ms(q(r.frozen, 50)), ms(q(r.total, 50)), mib(median(r.incStored)), median(r.incNew),
 		ms(q(r.restore, 50)), ms(q(r.restore, 99)), ms(q(r.restoreExec, 50)), ms(q(r.restoreExec, 99)),
-		ms(q(r.fetch, 50)), ms(q(r.drvRunning, 50)),
+		ms(q(r.fetch, 50)), ms(q(r.drvRunning, 50)), ms(q(r.coldRestore, 50)),
 		ms(q(r.rawFrozen, 50)), ms(q(r.rawTotal, 50)), ms(q(r.rawRestore, 50)), ms(q(r.rawRestore, 99)), ms(q(r.rawRestoreExec, 50)),
 		r.lazySummary(),
 		ms(q(r.cold, 50)), ms(q(r.cold, 99)), ms(q(r.coldCreate, 50)),
@@ -478,17 +500,17 @@ func (r *ckptBench) lazySummary() string {
 func markdownTable(rs []*ckptBench) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "driver %s\n\n", enginetest.DriverName())
-	b.WriteString("| touched | image | stored 1st / incr. p50 | frozen 1st / incr. p50 | ckpt total 1st / incr. p50 | restore p50 / p99 | restore+exec p50 / p99 | cold+setup p50 / p99 | restore+exec ÷ cold | driver-only frozen / restore p50 | Amber ÷ driver-only (frozen, restore) |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| touched | image | stored 1st / incr. p50 | frozen 1st / incr. p50 | ckpt total 1st / incr. p50 | restore (hot) p50 / p99 | restore from chunk store p50 | restore+exec p50 / p99 | cold+setup p50 / p99 | restore+exec ÷ cold | driver-only frozen / restore p50 | Amber ÷ driver-only (frozen, restore) |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		if r.fail != "" && len(r.restore) == 0 {
 			fmt.Fprintf(&b, "| %d MiB | failed: %s |||||||||\n", r.mib, r.fail)
 			continue
 		}
-		fmt.Fprintf(&b, "| %d MiB | %s | %s / %s | %s / %s | %s / %s | %s / %s | %s / %s | %s / %s | %s | %s / %s | %s, %s |\n",
+		fmt.Fprintf(&b, "| %d MiB | %s | %s / %s | %s / %s | %s / %s | %s / %s | %s | %s / %s | %s / %s | %s | %s / %s | %s, %s |\n",
 			r.mib, mib(r.image), mib(r.stored1), mib(median(r.incStored)),
 			ms(r.frozen1), ms(q(r.frozen, 50)), ms(r.total1), ms(q(r.total, 50)),
-			ms(q(r.restore, 50)), ms(q(r.restore, 99)), ms(q(r.restoreExec, 50)), ms(q(r.restoreExec, 99)),
+			ms(q(r.restore, 50)), ms(q(r.restore, 99)), ms(q(r.coldRestore, 50)), ms(q(r.restoreExec, 50)), ms(q(r.restoreExec, 99)),
 			ms(q(r.cold, 50)), ms(q(r.cold, 99)), ratio(q(r.restoreExec, 50), q(r.cold, 50)),
 			ms(q(r.rawFrozen, 50)), ms(q(r.rawRestore, 50)),
 			ratio(q(r.frozen, 50), q(r.rawFrozen, 50)), ratio(q(r.restore, 50), q(r.rawRestore, 50)))

@@ -43,3 +43,6 @@ func (e *Engine) WaitHotTier() { e.ck.hot.wait() }
 // HotCopy returns the directory of checkpoint id's hot copy and whether
 // it is whole.
 func (e *Engine) HotCopy(id string) (string, bool) { return e.ck.hot.path(id), e.ck.hot.has(id) }
+
+// DropHotCopy removes checkpoint id's hot copy (the next restore fetches).
+func (e *Engine) DropHotCopy(id string) { e.ck.hot.drop(id) }
