@@ -61,6 +61,23 @@ func TestAgentNoLibcontainerExec(t *testing.T) {
 	if st, err := td.Exec(ctx, id, sandbox.ExecSpec{Args: []string{"sh", "-c", "tty"}, TTY: true, Stdout: &tty}); err != nil || st.Code != 0 || !strings.Contains(tty.String(), "/dev/pts/") {
 		t.Fatalf("tty exec: %+v %v %q", st, err, tty.String())
 	}
+	// The agent's terminal, its first size, resized while it runs; the
+	// command's pid before its output.
+	tty.Reset()
+	resize := make(chan sandbox.WindowSize, 1)
+	started := 0
+	st, err := td.Exec(ctx, id, sandbox.ExecSpec{
+		Args: []string{"sh", "-c", "stty size; read x; stty size"}, TTY: true, Stdout: &tty,
+		Size: sandbox.WindowSize{Rows: 30, Cols: 100}, Resize: resize,
+		Stdin:   readerFunc(func(p []byte) (int, error) { time.Sleep(600 * time.Millisecond); return copy(p, "\n"), io.EOF }),
+		Started: func(pid int) {
+			started = pid
+			time.AfterFunc(150*time.Millisecond, func() { resize <- sandbox.WindowSize{Rows: 40, Cols: 120} })
+		},
+	})
+	if got := strings.ReplaceAll(tty.String(), "\r\n", "\n"); err != nil || st.Code != 0 || started <= 1 || !strings.HasPrefix(got, "30 100\n") || !strings.HasSuffix(got, "40 120\n") {
+		t.Fatalf("tty size and resize: %+v %v started %d %q", st, err, started, got)
+	}
 	if st, err := td.Exec(ctx, id, sandbox.ExecSpec{Args: []string{"sleep", "100"}, Timeout: 200 * time.Millisecond}); err != nil || !st.TimedOut {
 		t.Fatalf("timeout: %+v %v", st, err)
 	}
