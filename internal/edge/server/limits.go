@@ -56,7 +56,7 @@ var DefaultLimits = Limits{
 	MaxArgs:             4096,
 	MaxEnv:              4096,
 	MaxCommandBytes:     1 << 20,
-	MaxExecsPerSandbox:  64,
+	MaxExecsPerSandbox:  256,
 	MaxStreamsPerTenant: 128,
 }
 
