@@ -69,7 +69,7 @@ func TestAgentNoLibcontainerExec(t *testing.T) {
 	st, err := td.Exec(ctx, id, sandbox.ExecSpec{
 		Args: []string{"sh", "-c", "stty size; read x; stty size"}, TTY: true, Stdout: &tty,
 		Size: sandbox.WindowSize{Rows: 30, Cols: 100}, Resize: resize,
-		Stdin:   readerFunc(func(p []byte) (int, error) { time.Sleep(600 * time.Millisecond); return copy(p, "\n"), io.EOF }),
+		Stdin: readerFunc(func(p []byte) (int, error) { time.Sleep(600 * time.Millisecond); return copy(p, "\n"), io.EOF }),
 		Started: func(pid int) {
 			started = pid
 			time.AfterFunc(150*time.Millisecond, func() { resize <- sandbox.WindowSize{Rows: 40, Cols: 120} })
