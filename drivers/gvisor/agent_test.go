@@ -374,3 +374,46 @@ func TestAgentExecBenchmark(t *testing.T) {
 		t.Logf("Exec(true) through %s, %d runs: p50 %v, p90 %v, p99 %v", path, n, pct(ds, 50), pct(ds, 90), pct(ds, 99))
 	}
 }
+
+// TestAgentTemplateUser: with a non-root template user, the agent (root)
+// starts every command as that user, whose processes can read neither the
+// agent's token from its environment nor anything of the init's; the
+// token is in no command's environment.
+func TestAgentTemplateUser(t *testing.T) {
+	runsc := requireHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	d := newTestDriver(t, runsc, "/amber/gvisor-user")
+	id := fmt.Sprintf("user-%d", os.Getpid())
+	tmpl := minimalTemplate(t)
+	tmpl.User, tmpl.Cwd = "1000:1000", "/tmp"
+	if _, err := d.Create(ctx, sandbox.Spec{ID: id, Template: tmpl}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
+	rec, err := d.loadRecord(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := mustSh(t, d, id, `id -u; id -g; pwd; env; cat /proc/1/environ 2>/dev/null && echo READ-INIT-ENV; true`)
+	if !strings.HasPrefix(out, "1000\n1000\n/tmp\n") || strings.Contains(out, "READ-INIT-ENV") || strings.Contains(out, rec.AgentToken) {
+		t.Errorf("as the template user: %q", out)
+	}
+	pid, err := d.Start(ctx, id, sandbox.ExecSpec{Args: []string{"/bin/sh", "-c", "id -u; env"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := d.Wait(ctx, id, pid); err != nil || st.Code != 0 {
+		t.Fatalf("Wait: %+v %v", st, err)
+	}
+	var log strings.Builder
+	if err := d.Output(ctx, id, pid, 0, false, func(f sandbox.OutputFrame) error { log.Write(f.Data); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(log.String(), "1000\n") || strings.Contains(log.String(), rec.AgentToken) {
+		t.Errorf("a Start'ed process's output: %q", log.String())
+	}
+	if st, err := os.Stat(d.recordPath(id)); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("record %v %v, want 0600: it holds the token", st.Mode(), err)
+	}
+}
