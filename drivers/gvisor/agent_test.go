@@ -417,3 +417,45 @@ func TestAgentTemplateUser(t *testing.T) {
 		t.Errorf("record %v %v, want 0600: it holds the token", st.Mode(), err)
 	}
 }
+
+// TestAgentConcurrentExecs: 100 Execs at once into one sandbox all
+// complete with their own output (one connection, a stream each), and no
+// runsc exec runs.
+func TestAgentConcurrentExecs(t *testing.T) {
+	runsc := requireHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	d := newTestDriver(t, runsc, "/amber/gvisor-concurrent")
+	id := fmt.Sprintf("concurrent-%d", os.Getpid())
+	if _, err := d.Create(ctx, sandbox.Spec{ID: id, Template: minimalTemplate(t)}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
+	const n = 100
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	begin := time.Now()
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := sh(d, id, fmt.Sprintf("echo %d; sleep 0.2", i))
+			if err == nil && out != fmt.Sprintf("%d\n", i) {
+				err = fmt.Errorf("exec %d: %q", i, out)
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	took := time.Since(begin)
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	t.Logf("%d concurrent execs (echo; sleep 0.2) in %v: %.0f execs/s; runsc exec %d, port-forward %d", n, took.Round(time.Millisecond), n/took.Seconds(), d.runscCalls("exec"), d.runscCalls("port-forward"))
+	if d.runscCalls("exec") != 0 {
+		t.Errorf("runsc exec ran %d times", d.runscCalls("exec"))
+	}
+}
