@@ -47,8 +47,38 @@ type proc struct {
 	open     int      // output pipes not yet at end of file
 	exit     *agentproto.Exit
 	exitAt   time.Time
+	finished bool // exit recorded and output complete (done): the exit file is written
 	timedOut bool
 	changed  chan struct{} // closed and replaced on every change
+
+	// hold: an attached command (Start.Hold). Its output is not dropped
+	// from the ring before a follower has read it: copyOut waits, and so
+	// the process waits on its full pipe, as behind a pipe to a slow
+	// reader. followers counts the attached output streams; read is the
+	// furthest offset one of them has written out; detached is when the
+	// last one went away (after holdGrace without one, output is dropped
+	// again rather than stopping the process for good).
+	hold      bool
+	followers int
+	read      int64
+	detached  time.Time
+	waiting   int // copyOut goroutines waiting for room (held output)
+}
+
+// holdGrace is how long a held process's output waits for a follower to
+// come back (a client re-attaching after a dropped connection).
+const holdGrace = 30 * time.Second
+
+// mayWrite reports whether n more bytes fit without dropping output no
+// follower has read; p.mu held.
+func (p *proc) mayWrite(n int) bool {
+	if !p.hold {
+		return true
+	}
+	if p.followers == 0 && !p.detached.IsZero() && time.Since(p.detached) > holdGrace {
+		return true
+	}
+	return p.ring.end+int64(n)-p.read <= int64(p.ring.cap)
 }
 
 // notify wakes every reader; p.mu held.
@@ -95,7 +125,7 @@ func (t *table) start(s agentproto.Start) (*proc, error) {
 	if ringCap > agentproto.MaxRing {
 		ringCap = agentproto.MaxRing
 	}
-	p := &proc{ring: newRing(ringCap), changed: make(chan struct{})}
+	p := &proc{ring: newRing(ringCap), changed: make(chan struct{}), hold: s.Hold, detached: time.Now()}
 	var (
 		childFiles []*os.File // the child's ends, closed here after the fork
 		readers    []struct {
@@ -173,11 +203,12 @@ func (t *table) start(s agentproto.Start) (*proc, error) {
 	p.pid = pid
 	p.open = len(readers)
 	t.procs[pid] = p
-	t.mu.Unlock()
-
+	// Before the reaper may see it end: its exit file needs the log.
 	if s.Log {
 		p.logf = openLog(pid, s.UID, s.GID)
 	}
+	t.mu.Unlock()
+
 	for _, r := range readers {
 		go p.copyOut(r.f, r.kind)
 	}
@@ -223,8 +254,19 @@ func (p *proc) copyOut(f *os.File, kind agentproto.FrameKind) {
 		n, err := f.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
+			for !p.mayWrite(n) {
+				changed := p.changed
+				p.waiting++
+				p.mu.Unlock()
+				select {
+				case <-changed:
+				case <-time.After(time.Second): // holdGrace is measured, not signalled
+				}
+				p.mu.Lock()
+				p.waiting--
+			}
 			p.ring.write(kind, buf[:n])
-			if p.logf != nil {
+			if p.logf != nil && !p.finished {
 				_, _ = p.logf.Write(buf[:n])
 			}
 			p.notify()
@@ -236,8 +278,24 @@ func (p *proc) copyOut(f *os.File, kind agentproto.FrameKind) {
 	}
 	p.mu.Lock()
 	p.open--
+	p.finishIfDone()
 	p.notify()
 	p.mu.Unlock()
+}
+
+// finishIfDone records the end once the process ended and its output is
+// complete (done): the exit file is written only then, so a reader of
+// <pid>.exit finds <pid>.log whole; Wait answers only then too. p.mu held.
+func (p *proc) finishIfDone() {
+	if p.finished || !p.done() {
+		return
+	}
+	p.finished = true
+	if p.logf != nil {
+		// The status, as a shell's wait reports it (procwait's format).
+		_ = p.logf.Close()
+		_ = os.WriteFile(filepath.Join(agentproto.LogDir, strconv.Itoa(p.pid)+".exit"), []byte(strconv.Itoa(p.exit.Code)+"\n"), 0o644)
+	}
 }
 
 // reap waits for every child (the agent's own and orphans the kernel
@@ -281,6 +339,30 @@ func (t *table) reapAll() {
 				delete(t.procs, old)
 			}
 		}
+		t.boundEnded()
+	}
+}
+
+// keepEndedBytes bounds the output the table keeps for ended processes,
+// in all: the newest keep theirs, older ones keep only their exit status
+// (a reader then gets a lost frame). The output of running processes is
+// bounded by their rings.
+const keepEndedBytes = 16 << 20
+
+// boundEnded drops the rings of the oldest ended processes beyond
+// keepEndedBytes; t.mu held.
+func (t *table) boundEnded() {
+	var total int64
+	for i := len(t.exited) - 1; i >= 0; i-- {
+		q, ok := t.procs[t.exited[i]]
+		if !ok {
+			continue
+		}
+		q.mu.Lock()
+		if total += int64(q.ring.size); total > keepEndedBytes && q.finished {
+			q.ring.clear()
+		}
+		q.mu.Unlock()
 	}
 }
 
@@ -299,23 +381,23 @@ func (p *proc) ended(ws unix.WaitStatus) {
 		p.stdin.Close()
 		p.stdin = nil
 	}
-	if p.logf != nil {
-		// The status, as a shell's wait reports it (procwait's format).
-		_ = os.WriteFile(filepath.Join(agentproto.LogDir, strconv.Itoa(p.pid)+".exit"), []byte(strconv.Itoa(e.Code)+"\n"), 0o644)
-	}
+	p.finishIfDone()
 	p.notify()
 	// Output still in flight gets drainGrace; then the exit frame goes.
 	time.AfterFunc(drainGrace, func() {
 		p.mu.Lock()
+		p.finishIfDone()
 		p.notify()
 		p.mu.Unlock()
 	})
 }
 
 // done reports whether the exit frame may be sent: the process ended and its
-// pipes are at end of file, or drainGrace has passed. p.mu held.
+// pipes are at end of file, or drainGrace has passed with nothing read from
+// them waiting for room in the ring (descendants that keep the pipes open,
+// `cmd &`, do not hold the exit back). p.mu held.
 func (p *proc) done() bool {
-	return p.exit != nil && (p.open == 0 || time.Since(p.exitAt) >= drainGrace)
+	return p.exit != nil && (p.open == 0 || time.Since(p.exitAt) >= drainGrace && p.waiting == 0)
 }
 
 // writeStdin copies r into the process's stdin; closeAfter closes it at r's

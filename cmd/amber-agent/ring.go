@@ -86,3 +86,8 @@ func (r *ring) from(offset int64, max int) ([]agentproto.Frame, int64) {
 	}
 	return out, offset
 }
+
+// clear drops every kept byte (the offsets go on).
+func (r *ring) clear() {
+	r.chunks, r.size = nil, 0
+}

@@ -127,6 +127,18 @@ func (a *agent) output(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	follow := r.URL.Query().Get("follow") == "1"
+	p.mu.Lock()
+	p.followers++
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.followers--
+		if p.followers == 0 {
+			p.detached = time.Now()
+		}
+		p.notify()
+		p.mu.Unlock()
+	}()
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.WriteHeader(http.StatusOK)
 	fl, _ := w.(http.Flusher)
@@ -160,6 +172,17 @@ func (a *agent) output(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		off = next
+		if len(frames) > 0 {
+			if fl != nil {
+				fl.Flush()
+			}
+			p.mu.Lock()
+			if off > p.read {
+				p.read = off // a held process may write on
+				p.notify()
+			}
+			p.mu.Unlock()
+		}
 		if len(frames) == 0 && (done || !follow) {
 			if done {
 				_ = agentproto.WriteFrame(w, agentproto.ExitFrame(off, exit))
@@ -220,16 +243,14 @@ func (a *agent) signal(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, errors.Join(errInvalid, errors.New("bad signal")))
 		return
 	}
-	p.mu.Lock()
-	ended := p.exit != nil
-	p.mu.Unlock()
 	target := p.pid
 	if s.Group {
 		target = -p.pid
 	}
-	// A process that ended keeps its PID in the table until reaped; a
-	// group may outlive its leader.
-	if err := syscall.Kill(target, syscall.Signal(s.Signal)); err != nil && !(ended && errors.Is(err, syscall.ESRCH)) {
+	// A process that ended is reaped, its PID gone: ESRCH is the answer
+	// (a zombie not yet reaped still takes a signal; a group may outlive
+	// its leader).
+	if err := syscall.Kill(target, syscall.Signal(s.Signal)); err != nil {
 		if errors.Is(err, syscall.ESRCH) {
 			writeErr(w, errors.Join(errNotFound, err))
 			return
@@ -269,9 +290,9 @@ func (a *agent) wait(w http.ResponseWriter, r *http.Request) {
 	}
 	for {
 		p.mu.Lock()
-		e, changed := p.exit, p.changed
+		e, fin, changed := p.exit, p.finished, p.changed
 		p.mu.Unlock()
-		if e != nil {
+		if e != nil && fin {
 			writeJSON(w, e)
 			return
 		}

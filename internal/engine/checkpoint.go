@@ -207,12 +207,8 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 		// image in dir is the sandbox's only copy of its state, and a
 		// failed commit resumes the sandbox from it.
 		defer func() {
-			if committed {
-				return
-			}
-			if _, rerr := cp.Restore(context.WithoutCancel(ctx), e.specFor(sb, id), dir, sandbox.RestoreOptions{}); rerr != nil {
-				lg.Error("resume after failed checkpoint-and-stop", "err", rerr)
-				_ = e.markCrashed(context.WithoutCancel(ctx), sb, EventCrashed, "checkpoint-and-stop failed and the sandbox could not be resumed: "+rerr.Error())
+			if !committed {
+				e.resumeFromCut(ctx, cp, sb, dir)
 			}
 		}()
 	}
@@ -284,6 +280,15 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	lg.InfoContext(ctx, "checkpoint committed", "frozen", cs.Frozen.Round(time.Millisecond), "total", time.Since(start).Round(time.Millisecond),
 		"image_bytes", res.Size, "stored_bytes", res.StoredBytes, "new_chunks", res.NewChunks, "chunks", res.Chunks)
 	return ck, nil
+}
+
+// resumeFromCut brings back sandbox sb, left stopped by a cut into dir
+// whose checkpoint did not commit; one that cannot be is crashed.
+func (e *Engine) resumeFromCut(ctx context.Context, cp sandbox.Checkpointer, sb meta.Sandbox, dir string) {
+	if _, rerr := cp.Restore(context.WithoutCancel(ctx), e.specFor(sb, sb.ID), dir, sandbox.RestoreOptions{}); rerr != nil {
+		e.lg.Error("resume after failed checkpoint-and-stop", "sandbox_id", sb.ID, "err", rerr)
+		_ = e.markCrashed(context.WithoutCancel(ctx), sb, EventCrashed, "checkpoint-and-stop failed and the sandbox could not be resumed: "+rerr.Error())
+	}
 }
 
 // checkpointIntent pushes sandbox id's template version to the blob store,

@@ -114,7 +114,10 @@ func (e *Engine) checkImageCompat(ctx context.Context, ck meta.Checkpoint, m *ch
 		if err != nil {
 			return err
 		}
-		if have != want {
+		// The runtime's part must match; the agent build a driver
+		// appends (" agent sha256:…") is the driver's to judge: it keeps
+		// every agent build a checkpoint names and refuses one it lacks.
+		if runtimePart(have) != runtimePart(want) {
 			return errdefs.FailedPreconditionf("checkpoint %s was cut by runtime build %q; this node runs %q, and a memory image is only restored by the runtime build that wrote it (restore it on a node with that build)", ck.ID, want, have)
 		}
 	}
@@ -138,4 +141,13 @@ func (e *Engine) checkImageCompat(ctx context.Context, ck meta.Checkpoint, m *ch
 		}
 	}
 	return nil
+}
+
+// runtimePart is a runtime build without the agent build the drivers
+// append to it (" agent sha256:…").
+func runtimePart(build string) string {
+	if i := strings.Index(build, " agent "); i >= 0 {
+		return build[:i]
+	}
+	return build
 }

@@ -141,27 +141,11 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 	// The node's hot copy, or fetch and verify, before touching any
 	// sandbox.
 	fetchStart := time.Now()
-	dir, verifyHot, err := e.ck.hot.take(ck, e.ck.workDir, func() ([]chunkstore.Entry, error) {
-		m, err := e.ck.store.Manifest(context.WithoutCancel(ctx), ck.Tenant, ck.ID)
-		if err != nil {
-			return nil, err
-		}
-		return m.Entries, nil
-	})
-	hot := err == nil
-	imageDigest := ck.ImageDigest
-	if !hot {
-		dir = filepath.Join(e.ck.workDir, "fetch-"+strings.TrimPrefix(newID(), "sbx-"))
-		report(progress, Progress{Phase: "fetch"})
-		rr, err := e.ck.store.Restore(ctx, ck.Tenant, ck.ID, dir, chunkstore.RestoreOptions{
-			Progress: func(p chunkstore.Progress) { report(progress, Progress{Phase: "fetch", Done: p.Done, Total: p.Total}) },
-		})
-		if err != nil {
-			os.RemoveAll(dir)
-			return meta.Sandbox{}, fmt.Errorf("fetch checkpoint %s: %w", ck.ID, err)
-		}
-		imageDigest = rr.Manifest.ImageDigest
+	img, err := e.restoreImage(ctx, ck, progress)
+	if err != nil {
+		return meta.Sandbox{}, err
 	}
+	dir, hot, imageDigest := img.dir, img.hot, img.digest
 	defer os.RemoveAll(dir)
 	fetched := time.Since(fetchStart)
 
@@ -256,7 +240,7 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 	}
 	if hot {
 		// It runs: now read the copy's bytes (hottier.go, Integrity).
-		e.ck.hot.spawn(verifyHot)
+		e.ck.hot.spawn(img.verify)
 	}
 	if sb, err = e.meta.Restored(ctx, sb.ID, ck.ID); err != nil {
 		return sb, err
@@ -334,4 +318,37 @@ func (e *Engine) killAndWait(ctx context.Context, id string) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// restoreImage is where a restore of ck reads its image from: the node's
+// hot copy when it has a good one (hottier.go), else the chunk store,
+// fetched into a work directory and verified chunk by chunk. The caller
+// removes dir.
+type restoreImage struct {
+	dir, digest string
+	hot         bool
+	verify      func() // the hot copy's byte check, once the sandbox runs
+}
+
+func (e *Engine) restoreImage(ctx context.Context, ck meta.Checkpoint, progress func(Progress)) (restoreImage, error) {
+	dir, verify, err := e.ck.hot.take(ck, e.ck.workDir, func() ([]chunkstore.Entry, error) {
+		m, err := e.ck.store.Manifest(context.WithoutCancel(ctx), ck.Tenant, ck.ID)
+		if err != nil {
+			return nil, err
+		}
+		return m.Entries, nil
+	})
+	if err == nil {
+		return restoreImage{dir: dir, digest: ck.ImageDigest, hot: true, verify: verify}, nil
+	}
+	dir = filepath.Join(e.ck.workDir, "fetch-"+strings.TrimPrefix(newID(), "sbx-"))
+	report(progress, Progress{Phase: "fetch"})
+	rr, err := e.ck.store.Restore(ctx, ck.Tenant, ck.ID, dir, chunkstore.RestoreOptions{
+		Progress: func(p chunkstore.Progress) { report(progress, Progress{Phase: "fetch", Done: p.Done, Total: p.Total}) },
+	})
+	if err != nil {
+		os.RemoveAll(dir)
+		return restoreImage{}, fmt.Errorf("fetch checkpoint %s: %w", ck.ID, err)
+	}
+	return restoreImage{dir: dir, digest: rr.Manifest.ImageDigest}, nil
 }

@@ -12,9 +12,9 @@
 //
 // Every request carries the header TokenHeader with the sandbox's agent
 // token: a random value the driver gives the agent in its environment at
-// boot (the agent removes it from its own environment before it starts
-// anything, and a process of another user cannot read the init's
-// environment), so a process of a non-root template user cannot ask the
+// boot (the agent removes it from the environment it hands on; its own
+// initial environment, /proc/1/environ, is readable only by the agent's user,
+// the sandbox's root, who may do what the agent does anyway), so a process of a non-root template user cannot ask the
 // agent, which runs as the sandbox's root, to start something as root. The
 // token grants nothing outside the one sandbox; it is not a credential of the
 // host or of a tenant.
@@ -116,6 +116,11 @@ type Start struct {
 	// Log also writes its output to LogDir/<pid>.log and its exit status
 	// to LogDir/<pid>.exit (background processes; see procwait).
 	Log bool `json:"log,omitempty"`
+	// Hold: an attached command (exec). Output no follower has read yet
+	// is never dropped from the ring: the process waits on its full pipe
+	// instead, as behind a slow reader; after 30 s without a follower the
+	// ring drops output again.
+	Hold bool `json:"hold,omitempty"`
 	// TimeoutMS kills its process group after this long (0: never).
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
 	// RingBytes is how much output is kept for re-attach (0: DefaultRing).

@@ -274,8 +274,8 @@ func (c *Client) WaitReady(ctx context.Context) (agentproto.Health, error) {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		h, err := c.Health(cctx)
 		cancel()
-		if err == nil || errors.Is(err, errdefs.ErrFailedPrecondition) {
-			return h, err
+		if err == nil || errors.Is(err, errdefs.ErrFailedPrecondition) || errors.Is(err, errdefs.ErrPermissionDenied) {
+			return h, err // ready, or never will be
 		}
 		last = err
 		select {

@@ -125,6 +125,7 @@ func (c *Client) Exec(ctx context.Context, spec sandbox.ExecSpec, base agentprot
 	s := base
 	s.Args = spec.Args
 	s.TTY = spec.TTY
+	s.Hold = true // the output is streamed to the caller: none may be dropped
 	s.Rows, s.Cols = spec.Size.Rows, spec.Size.Cols
 	s.Stdin = spec.Stdin != nil
 	if spec.Timeout > 0 {
@@ -185,6 +186,10 @@ func (c *Client) Exec(ctx context.Context, spec sandbox.ExecSpec, base agentprot
 			_, _ = stderr.Write(f.Data)
 		case agentproto.Exited:
 			exit, _ = f.Exit()
+		case agentproto.Lost:
+			// Only after 30 s without a reader (Start.Hold): say so, on
+			// the stream the caller reads last.
+			fmt.Fprintf(stderr, "\n[amber: %d bytes of output were lost]\n", f.LostBytes())
 		}
 		return nil
 	})
