@@ -23,9 +23,10 @@ func TestE2EPlainExecSurvivesRecover(t *testing.T) {
 	d := startDaemon(t, bin, dir, addr, "--pool", "0")
 	id := strings.TrimSpace(d.must("sandbox", "create", "--template", "minimal"))
 	d.must("exec", id, "--", "sh", "-c", "mkdir -p /www && echo plain-exec > /www/index.html")
-	d.must("exec", id, "--", "sh", "-c", "nohup httpd -f -p 127.0.0.1:8080 -h /www >/dev/null 2>&1 &")
-	d.must("exec", id, "--", "sh", "-c", `(setsid sh -c 'exec -a amber-daemonized sleep 100000' </dev/null >/dev/null 2>&1 &) ; exit 0`)
-	d.must("exec", id, "--", "sh", "-c", `nohup sh -c 'sh -c "exec -a amber-deep3 sleep 100000" & wait' >/dev/null 2>&1 &`)
+	// (The minimal template's busybox has no nohup: a plain & and setsid.)
+	d.must("exec", id, "--", "sh", "-c", "httpd -f -p 127.0.0.1:8080 -h /www >/dev/null 2>&1 &")
+	d.must("exec", id, "--", "sh", "-c", `(setsid sleep 100001 </dev/null >/dev/null 2>&1 &) ; exit 0`)
+	d.must("exec", id, "--", "sh", "-c", `sh -c 'sh -c "sleep 100002; true" & wait' >/dev/null 2>&1 &`)
 	counter := strings.TrimSpace(d.must("exec", "-d", id, "--", "sh", "-c", `i=0; while :; do i=$((i+1)); echo "n $i"; sleep 0.02; done`))
 
 	type proc struct {
@@ -47,10 +48,16 @@ func TestE2EPlainExecSurvivesRecover(t *testing.T) {
 		}
 		return m
 	}
+	// is: the process runs what (its whole command line, or its program
+	// and arguments that follow), not a shell that mentions it.
+	is := func(p proc, what string) bool {
+		j := strings.Join(p.Args, " ")
+		return j == what || strings.HasPrefix(j, what+" ")
+	}
 	find := func(m map[int]proc, what string) proc {
 		t.Helper()
 		for _, p := range m {
-			if strings.Contains(strings.Join(p.Args, " "), what) {
+			if is(p, what) {
 				return p
 			}
 		}
@@ -61,9 +68,9 @@ func TestE2EPlainExecSurvivesRecover(t *testing.T) {
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		before = procs()
 		ok := 0
-		for _, w := range []string{"httpd", "amber-daemonized", "amber-deep3"} {
+		for _, w := range []string{"httpd", "sleep 100001", "sleep 100002"} {
 			for _, p := range before {
-				if strings.Contains(strings.Join(p.Args, " "), w) {
+				if is(p, w) {
 					ok++
 					break
 				}
@@ -73,7 +80,7 @@ func TestE2EPlainExecSurvivesRecover(t *testing.T) {
 			break
 		}
 	}
-	deep := find(before, "amber-deep3")
+	deep := find(before, "sleep 100002")
 	if mid, ok := before[deep.PPID]; !ok || mid.PPID <= 1 {
 		t.Errorf("the three-deep tree is not three deep: %+v under %+v", deep, mid)
 	}
@@ -81,6 +88,9 @@ func TestE2EPlainExecSurvivesRecover(t *testing.T) {
 		if strings.Contains(strings.Join(p.Args, " "), "amber-agent") {
 			t.Errorf("ps lists the agent: %+v", p)
 		}
+	}
+	if deep.PPID == 0 {
+		t.Fatalf("the three-deep tree: %+v", deep)
 	}
 	page := func() string {
 		out, _, _ := d.amber("exec", id, "--", "wget", "-qO-", "http://127.0.0.1:8080/")
@@ -128,7 +138,7 @@ func TestE2EPlainExecSurvivesRecover(t *testing.T) {
 	d.must("sandbox", "recover", id)
 
 	after := procs()
-	for _, w := range []string{"httpd", "amber-daemonized", "amber-deep3"} {
+	for _, w := range []string{"httpd", "sleep 100001", "sleep 100002"} {
 		b, a := find(before, w), find(after, w)
 		if a.PID != b.PID || a.StartTicks != b.StartTicks {
 			t.Errorf("%s: pid %d (start %d) before, %d (start %d) after the recover", w, b.PID, b.StartTicks, a.PID, a.StartTicks)
