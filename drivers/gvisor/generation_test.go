@@ -160,3 +160,60 @@ func TestRestoreNeedsTheAgentBuild(t *testing.T) {
 		t.Errorf("RuntimeBuild = %q, %v; want the agent build in it", rb, err)
 	}
 }
+
+// TestRestoreImageOfOldDriver restores an image that a driver before the
+// agent made (the sh init, generation 1): its background process is back
+// and counting, its layer is there, and Exec, Start and Wait work (through
+// runsc exec, as before). The image is made by that driver's source:
+//
+//	git archive <commit before the agent> | tar -x -C /tmp/old
+//	(in /tmp/old/drivers/gvisor, a test that creates sandbox "oldimg" of
+//	the minimal template, Starts a counter `echo "$R $i"` and checkpoints
+//	it with LeaveStopped into $OLD_IMAGE)
+//	AMBER_GVISOR_OLD_IMAGE=$OLD_IMAGE go test -tags seccomp -count=1 -run TestRestoreImageOfOldDriver -v ./drivers/gvisor
+func TestRestoreImageOfOldDriver(t *testing.T) {
+	image := os.Getenv("AMBER_GVISOR_OLD_IMAGE")
+	if image == "" {
+		t.Skip("set AMBER_GVISOR_OLD_IMAGE to an image of a driver before the agent")
+	}
+	runsc := requireHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	d := newTestDriver(t, runsc, "/amber/gvisor-oldimage")
+	spec := sandbox.Spec{ID: "oldimg", Template: minimalTemplate(t)}
+	if _, err := d.Restore(ctx, spec, image, sandbox.RestoreOptions{}); err != nil {
+		t.Fatalf("restore of the old driver's image: %v", err)
+	}
+	t.Cleanup(func() { _ = d.Destroy(context.Background(), "oldimg") })
+	ps, err := d.Processes(ctx, "oldimg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	counter := 0
+	for _, p := range ps {
+		if len(p.Args) == 3 && strings.Contains(p.Args[2], `echo "$R $i"`) {
+			counter = p.PID
+		}
+	}
+	if counter == 0 || !slices.ContainsFunc(ps, func(p sandbox.Process) bool { return p.PID == 1 && p.Args[0] == "/bin/sh" }) {
+		t.Fatalf("processes after the restore: %+v", ps)
+	}
+	r := strings.TrimSpace(mustSh(t, d, "oldimg", "cat /dev/shm/r"))
+	log1 := mustSh(t, d, "oldimg", fmt.Sprintf("tail -n1 %s/%d.log", procLogDir, counter))
+	time.Sleep(500 * time.Millisecond)
+	log2 := mustSh(t, d, "oldimg", fmt.Sprintf("tail -n1 %s/%d.log", procLogDir, counter))
+	if !strings.HasPrefix(log1, r+" ") || !strings.HasPrefix(log2, r+" ") || log1 == log2 {
+		t.Errorf("the counter after the restore: %q then %q (its value %s)", log1, log2, r)
+	}
+	if out := mustSh(t, d, "oldimg", "cat /root/f"); out != "layer\n" {
+		t.Errorf("layer: %q", out)
+	}
+	pid, err := d.Start(ctx, "oldimg", sandbox.ExecSpec{Args: []string{"/bin/sh", "-c", "exit 9"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := d.Wait(ctx, "oldimg", pid); err != nil || st.Code != 9 {
+		t.Errorf("Wait: %+v %v", st, err)
+	}
+	t.Logf("restored the old driver's image: counter %d at %q, runsc exec %d", counter, strings.TrimSpace(log2), d.runscCalls("exec"))
+}
