@@ -1,9 +1,14 @@
 package gvisor
 
 import (
+	"archive/tar"
+	"compress/gzip"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -161,20 +166,23 @@ func TestRestoreNeedsTheAgentBuild(t *testing.T) {
 	}
 }
 
-// TestRestoreImageOfOldDriver restores an image that a driver before the
-// agent made (the sh init, generation 1): its background process is back
-// and counting, its layer is there, and Exec, Start and Wait work (through
-// runsc exec, as before). The image is made by that driver's source:
+// TestRestoreImageOfOldDriver restores an image that the driver before the
+// agent made (the sh init, generation 1; testdata/gen1-image.txt says how):
+// its background process is back and counting, its layer is there, and
+// Exec, Start and Wait work (through runsc exec, as before). The image maps
+// the template's busybox: on a host whose minimal template has another
+// busybox the test is skipped. AMBER_GVISOR_OLD_IMAGE names another image
+// directory of the same kind.
 //
-//	git archive <commit before the agent> | tar -x -C /tmp/old
-//	(in /tmp/old/drivers/gvisor, a test that creates sandbox "oldimg" of
-//	the minimal template, Starts a counter `echo "$R $i"` and checkpoints
-//	it with LeaveStopped into $OLD_IMAGE)
-//	AMBER_GVISOR_OLD_IMAGE=$OLD_IMAGE go test -tags seccomp -count=1 -run TestRestoreImageOfOldDriver -v ./drivers/gvisor
+//	go test -tags seccomp -count=1 -run TestRestoreImageOfOldDriver -v ./drivers/gvisor
 func TestRestoreImageOfOldDriver(t *testing.T) {
+	const busybox = "3d9f2889d6782537624a4e1a10e68a2ddd53e0ee8bac02676f27308f42ec6bf6"
 	image := os.Getenv("AMBER_GVISOR_OLD_IMAGE")
 	if image == "" {
-		t.Skip("set AMBER_GVISOR_OLD_IMAGE to an image of a driver before the agent")
+		if sum := fileSHA256(t, filepath.Join(minimalTemplate(t).RootFS, "bin", "busybox")); sum != busybox {
+			t.Skipf("SKIPPED: the minimal template's busybox is %s, the fixture's %s", sum, busybox)
+		}
+		image = extractTarGz(t, "testdata/gen1-image.tar.gz")
 	}
 	runsc := requireHost(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -216,4 +224,53 @@ func TestRestoreImageOfOldDriver(t *testing.T) {
 		t.Errorf("Wait: %+v %v", st, err)
 	}
 	t.Logf("restored the old driver's image: counter %d at %q, runsc exec %d", counter, strings.TrimSpace(log2), d.runscCalls("exec"))
+}
+
+func fileSHA256(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// extractTarGz unpacks a fixture (regular files and directories only)
+// into a new temporary directory.
+func extractTarGz(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	tr := tar.NewReader(zr)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return dir
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, filepath.Clean("/"+h.Name))
+		switch h.Typeflag {
+		case tar.TypeDir:
+			err = os.MkdirAll(p, 0o700)
+		case tar.TypeReg:
+			var b []byte
+			if b, err = io.ReadAll(tr); err == nil {
+				err = os.WriteFile(p, b, 0o600)
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 }
