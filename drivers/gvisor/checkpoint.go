@@ -177,7 +177,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	logFile := filepath.Join(d.dir(id), "checkpoint.log")
 	_ = os.Remove(logFile)
 	if _, err := d.runLogged(ctx, rec, logFile, append(args, runtimeID(id))...); err != nil {
-		return stats, fmt.Errorf("checkpoint %s: %w", id, err)
+		return stats, checkpointError(id, err)
 	}
 	tImage := time.Now()
 	if err := resume(); err != nil {
@@ -385,6 +385,20 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 		"network", tRunsc.Sub(tNet).Round(time.Millisecond), "runsc", tDone.Sub(tRunsc).Round(time.Millisecond),
 		"stats", time.Since(tStats).Round(time.Millisecond))
 	return stats, nil
+}
+
+// checkpointError explains a failed runsc checkpoint. One cause is known
+// and the caller's to fix: a port-forward connection (DialPort) open into
+// the sandbox, whose proxy in the sentry gVisor cannot save (its message
+// is an encoding error about waiter.ChannelNotifier, followed by a
+// goroutine dump that is cut here). The sandbox runs on after it.
+func checkpointError(id string, err error) error {
+	var re *runscError
+	if errors.As(err, &re) && strings.Contains(re.msg, "waiter.ChannelNotifier") {
+		msg, _, _ := strings.Cut(re.msg, "\n")
+		return errdefs.FailedPreconditionf("checkpoint %s: a port-forward connection into the sandbox is open (DialPort), and gVisor cannot save it; close it and checkpoint again (runsc: %.300s)", id, strings.TrimSuffix(msg, ":"))
+	}
+	return fmt.Errorf("checkpoint %s: %w", id, err)
 }
 
 // checkImageAgent is asked before anything of a stopped sandbox is
