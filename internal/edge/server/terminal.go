@@ -40,10 +40,11 @@ import (
 // the shell ends, a text message {"exit":{"code":…}} (or {"error":…}) before
 // closing; it ends so, with an error, when the key that issued its ticket is
 // revoked (streams.go), and counts as one of the tenant's streams. The
-// first size is ?cols=&rows= (also exported as COLUMNS and LINES). With
-// &control=1 a text message {"resize":{"cols":C,"rows":R}} changes it
-// (sandboxes with the in-sandbox agent); without, every message is input,
-// so that a paste of that text is typed, not obeyed.
+// first size is ?cols=&rows= (also exported as COLUMNS and LINES, except
+// with control=1). With &control=1 a text message
+// {"resize":{"cols":C,"rows":R}} changes it (sandboxes with the in-sandbox
+// agent); without, every message is input, so that a paste of that text is
+// typed, not obeyed.
 
 // ticketTTL is how long a terminal ticket may wait to be used.
 const ticketTTL = 30 * time.Second
@@ -174,10 +175,16 @@ func (s *Server) terminalWS(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	out := wsWriter{ctx: wctx, c: conn}
+	env := []string{"TERM=xterm-256color"}
+	if !control {
+		// The size a client that never resizes sees, also where the
+		// terminal cannot be sized (sandboxes without the agent). Not
+		// with resizes: programs prefer these to the terminal's size.
+		env = append(env, "COLUMNS="+strconv.Itoa(cols), "LINES="+strconv.Itoa(rows))
+	}
 	st, err := s.eng.Exec(ctx, tk.tenant, id, sandbox.ExecSpec{
 		Args: []string{"/bin/sh", "-i"}, TTY: true, Stdin: inR, Stdout: out, Stderr: out,
-		Size: sandbox.WindowSize{Rows: uint16(rows), Cols: uint16(cols)}, Resize: resize,
-		Env: []string{"TERM=xterm-256color", "COLUMNS=" + strconv.Itoa(cols), "LINES=" + strconv.Itoa(rows)},
+		Size: sandbox.WindowSize{Rows: uint16(rows), Cols: uint16(cols)}, Resize: resize, Env: env,
 	})
 	inR.Close()
 	if keyRevoked(sctx) {
