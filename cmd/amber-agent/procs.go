@@ -31,9 +31,43 @@ type table struct {
 	mu     sync.Mutex
 	procs  map[int]*proc
 	exited []int // in order of ending
+
+	keys     map[string]int // Start.Key → pid, the newest keepKeys
+	keyOrder []string
 }
 
-func newTable() *table { return &table{procs: map[int]*proc{}} }
+// keepKeys is how many start keys the table remembers.
+const keepKeys = 4096
+
+func newTable() *table { return &table{procs: map[int]*proc{}, keys: map[string]int{}} }
+
+// started returns the process a start with key made, if one did.
+func (t *table) started(key string) (*proc, bool) {
+	if key == "" {
+		return nil, false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	pid, ok := t.keys[key]
+	if !ok {
+		return nil, false
+	}
+	p, ok := t.procs[pid]
+	return p, ok
+}
+
+// rememberKey records key → pid; t.mu held.
+func (t *table) rememberKey(key string, pid int) {
+	if key == "" {
+		return
+	}
+	t.keys[key] = pid
+	t.keyOrder = append(t.keyOrder, key)
+	for len(t.keyOrder) > keepKeys {
+		delete(t.keys, t.keyOrder[0])
+		t.keyOrder = t.keyOrder[1:]
+	}
+}
 
 // proc is one started process.
 type proc struct {
@@ -203,6 +237,7 @@ func (t *table) start(s agentproto.Start) (*proc, error) {
 	p.pid = pid
 	p.open = len(readers)
 	t.procs[pid] = p
+	t.rememberKey(s.Key, pid)
 	// Before the reaper may see it end: its exit file needs the log.
 	if s.Log {
 		p.logf = openLog(pid, s.UID, s.GID)

@@ -100,6 +100,14 @@ func (a *agent) startProcess(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	if len(s.Key) > 128 {
+		writeErr(w, errors.Join(errInvalid, errors.New("key longer than 128 bytes")))
+		return
+	}
+	if p, ok := a.procs.started(s.Key); ok {
+		writeJSON(w, agentproto.Started{PID: p.pid}) // asked again
+		return
+	}
 	p, err := a.procs.start(s)
 	if err != nil {
 		writeErr(w, err)

@@ -189,6 +189,9 @@ func (d *Driver) holdAgentDials(ctx context.Context, id string) (resume func(), 
 			if ac != nil {
 				ac.c.Drop()
 			}
+			if k := d.closePortConns(id); k > 0 {
+				d.log.Info("checkpoint closes the port connections into the sandbox", "sandbox", id, "connections", k)
+			}
 			return resume, nil
 		}
 		if time.Now().After(deadline) {
@@ -281,12 +284,6 @@ func (d *Driver) agentExec(ctx context.Context, rec *record, spec sandbox.ExecSp
 	if err != nil {
 		return sandbox.ExitStatus{}, err
 	}
-	// The agent does not hold a process back while its reader lags: what
-	// the ring cannot keep is lost, and Client.Exec skips the lost frame.
-	// The largest ring makes that need a reader 16 MiB behind (an exec of
-	// 4 MiB of output lost half of it with the default 1 MiB ring). The
-	// ring grows with the output only.
-	base.RingBytes = agentproto.MaxRing
 	st, err := d.agentFor(rec).Exec(ctx, spec, base)
 	if err != nil {
 		return sandbox.ExitStatus{}, d.agentErr(ctx, rec, err)

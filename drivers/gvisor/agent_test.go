@@ -516,3 +516,53 @@ func TestCheckpointWithOpenPortForward(t *testing.T) {
 		t.Fatalf("checkpoint after the close: %v", err)
 	}
 }
+
+// TestCheckpointClosesPortConnections: a connection DialPort handed out
+// (a user's, through the port proxy) does not make a checkpoint fail: the
+// cut closes it (gVisor cannot save the sentry's proxy, and an outside
+// connection does not survive a gVisor restore anyway), and a new one
+// works after the cut.
+func TestCheckpointClosesPortConnections(t *testing.T) {
+	runsc := requireHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	d := newTestDriver(t, runsc, "/amber/gvisor-portconns")
+	id := fmt.Sprintf("portconns-%d", os.Getpid())
+	if _, err := d.Create(ctx, sandbox.Spec{ID: id, Template: minimalTemplate(t)}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
+	mustSh(t, d, id, "mkdir -p /www && echo hi > /www/index.html")
+	if _, err := d.Start(ctx, id, sandbox.ExecSpec{Args: []string{"httpd", "-f", "-p", "127.0.0.1:8080", "-h", "/www"}}); err != nil {
+		t.Fatal(err)
+	}
+	var conn net.Conn
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		c, err := d.DialPort(ctx, id, 8080)
+		if err == nil {
+			conn = c
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dial 8080: %v", err)
+		}
+	}
+	defer conn.Close()
+	if _, err := d.Checkpoint(ctx, id, filepath.Join(t.TempDir(), "image"), sandbox.CheckpointOptions{}); err != nil {
+		t.Fatalf("checkpoint with a port connection open: %v", err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Read(make([]byte, 1)); err == nil {
+		t.Error("the port connection still reads after the cut")
+	}
+	c2, err := d.DialPort(ctx, id, 8080)
+	if err != nil {
+		t.Fatalf("dial after the cut: %v", err)
+	}
+	defer c2.Close()
+	fmt.Fprintf(c2, "GET / HTTP/1.0\r\n\r\n")
+	b, _ := io.ReadAll(c2)
+	if !strings.Contains(string(b), "hi") {
+		t.Fatalf("the server after the cut answered %q", b)
+	}
+}

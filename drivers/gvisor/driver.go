@@ -89,7 +89,10 @@ type Driver struct {
 	clients map[string]*agentClient  // by sandbox id (agent.go)
 	cuts    map[string]chan struct{} // sandboxes being cut: agent dials wait (holdAgentDials)
 	dialing map[string]int           // agent dials in progress, by sandbox id
-	calls   map[string]int           // runsc invocations by subcommand (runscCalls)
+	// portConns are the DialPort connections open, by sandbox id: closed
+	// before a cut (portdial.go).
+	portConns map[string]map[*portConn]struct{}
+	calls     map[string]int // runsc invocations by subcommand (runscCalls)
 }
 
 type idLock struct {
@@ -124,18 +127,19 @@ func New(opts Options) (*Driver, error) {
 	}
 	opts.StateDir = abs
 	d := &Driver{
-		opts:     opts,
-		log:      opts.Logger.With("driver", "gvisor"),
-		runsc:    opts.RunscPath,
-		root:     filepath.Join(abs, "runsc-root"),
-		sbxDir:   filepath.Join(abs, "sandboxes"),
-		netnsDir: filepath.Join(abs, "netns"),
-		limits:   mergeLimits(opts.Limits, DefaultLimits),
-		locks:    map[string]*idLock{},
-		clients:  map[string]*agentClient{},
-		cuts:     map[string]chan struct{}{},
-		dialing:  map[string]int{},
-		calls:    map[string]int{},
+		opts:      opts,
+		log:       opts.Logger.With("driver", "gvisor"),
+		runsc:     opts.RunscPath,
+		root:      filepath.Join(abs, "runsc-root"),
+		sbxDir:    filepath.Join(abs, "sandboxes"),
+		netnsDir:  filepath.Join(abs, "netns"),
+		limits:    mergeLimits(opts.Limits, DefaultLimits),
+		locks:     map[string]*idLock{},
+		clients:   map[string]*agentClient{},
+		cuts:      map[string]chan struct{}{},
+		dialing:   map[string]int{},
+		portConns: map[string]map[*portConn]struct{}{},
+		calls:     map[string]int{},
 	}
 	for _, dir := range []string{d.root, d.sbxDir, d.netnsDir} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
@@ -41,7 +42,63 @@ func (d *Driver) DialPort(ctx context.Context, id string, port int) (net.Conn, e
 	if err != nil {
 		return nil, err
 	}
-	return d.dialPort(ctx, rec, port)
+	// Like the agent's: not while the sandbox is cut, and closed before a
+	// cut (gVisor cannot save a port-forward proxy; see holdAgentDials).
+	release, err := d.agentDial(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	c, err := d.dialPort(ctx, rec, port)
+	if err != nil {
+		return nil, err
+	}
+	pc := &portConn{Conn: c, d: d, id: id}
+	d.mu.Lock()
+	if d.portConns[id] == nil {
+		d.portConns[id] = map[*portConn]struct{}{}
+	}
+	d.portConns[id][pc] = struct{}{}
+	d.mu.Unlock()
+	return pc, nil
+}
+
+// portConn is a connection DialPort handed out. A checkpoint closes it
+// (closePortConns): a connection from outside does not survive a restore
+// under gVisor anyway (Capabilities.LiveOutsideTCP is false), and an open
+// one would make the save fail.
+type portConn struct {
+	net.Conn
+	d    *Driver
+	id   string
+	once sync.Once
+}
+
+func (c *portConn) Close() error {
+	c.once.Do(func() {
+		c.d.mu.Lock()
+		delete(c.d.portConns[c.id], c)
+		if len(c.d.portConns[c.id]) == 0 {
+			delete(c.d.portConns, c.id)
+		}
+		c.d.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+// closePortConns closes every DialPort connection into sandbox id and
+// returns how many there were.
+func (d *Driver) closePortConns(id string) int {
+	d.mu.Lock()
+	var cs []*portConn
+	for c := range d.portConns[id] {
+		cs = append(cs, c)
+	}
+	d.mu.Unlock()
+	for _, c := range cs {
+		c.Close()
+	}
+	return len(cs)
 }
 
 // dialPort is DialPort for rec in any phase (the agent's client dials

@@ -121,6 +121,10 @@ type Start struct {
 	// instead, as behind a slow reader; after 30 s without a follower the
 	// ring drops output again.
 	Hold bool `json:"hold,omitempty"`
+	// Key, when set, makes the start idempotent: a second start with the
+	// key of a recent one answers that one's pid and starts nothing (a
+	// client whose connection broke mid-call asks again).
+	Key string `json:"key,omitempty"`
 	// TimeoutMS kills its process group after this long (0: never).
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
 	// RingBytes is how much output is kept for re-attach (0: DefaultRing).

@@ -302,3 +302,24 @@ func (w *slowWriter) Write(p []byte) (int, error) {
 	w.n += len(p)
 	return len(p), nil
 }
+
+// A start asked twice under one key (the client's connection broke
+// mid-call) starts one process.
+func TestStartKeyIsIdempotent(t *testing.T) {
+	c, _ := hostAgent(t)
+	s := base()
+	s.Args = []string{"sleep", "30"}
+	s.Key = "k-1"
+	p1, err := c.Start(context.Background(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2, err := c.Start(context.Background(), s)
+	if err != nil || p2 != p1 {
+		t.Fatalf("second start under the same key: pid %d (first %d), %v", p2, p1, err)
+	}
+	s.Key = "k-2"
+	if p3, err := c.Start(context.Background(), s); err != nil || p3 == p1 {
+		t.Fatalf("another key: pid %d, %v", p3, err)
+	}
+}

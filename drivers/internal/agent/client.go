@@ -19,6 +19,8 @@ package agent
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -288,10 +290,35 @@ func (c *Client) WaitReady(ctx context.Context) (agentproto.Health, error) {
 
 // Start starts a process and returns its sandbox PID. A program that is not
 // there or cannot run is *Error with Code no_program or not_executable.
+//
+// A connection that breaks during the call (a checkpoint drops them) is
+// dialled again and the start asked again under the same key, which the
+// agent answers with the process it already started: one process, however
+// often it is asked.
 func (c *Client) Start(ctx context.Context, s agentproto.Start) (int, error) {
+	if s.Key == "" {
+		var b [12]byte
+		_, _ = rand.Read(b[:])
+		s.Key = hex.EncodeToString(b[:])
+	}
 	var st agentproto.Started
-	if err := c.call(ctx, "POST", "/v1/processes", s, &st); err != nil {
-		return 0, err
+	var broke time.Time
+	for {
+		err := c.call(ctx, "POST", "/v1/processes", s, &st)
+		if err == nil {
+			break
+		}
+		if !errdefs.IsUnavailable(err) || ctx.Err() != nil {
+			return 0, err
+		}
+		if broke.IsZero() {
+			broke = time.Now()
+		} else if time.Since(broke) > ReattachWindow {
+			return 0, err
+		}
+		if perr := c.reattachPause(ctx); perr != nil {
+			return 0, perr
+		}
 	}
 	if st.PID <= 0 {
 		return 0, c.unavailable(fmt.Errorf("start answered pid %d", st.PID))
