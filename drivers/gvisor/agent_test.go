@@ -2,7 +2,6 @@ package gvisor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/core/sandbox/fidelitytest"
 )
@@ -471,49 +469,6 @@ func TestAgentConcurrentExecs(t *testing.T) {
 	t.Logf("%d concurrent execs (echo; sleep 0.2) in %v: %.0f execs/s; runsc exec %d, port-forward %d", n, took.Round(time.Millisecond), n/took.Seconds(), d.runscCalls("exec"), d.runscCalls("port-forward"))
 	if d.runscCalls("exec") != 0 {
 		t.Errorf("runsc exec ran %d times", d.runscCalls("exec"))
-	}
-}
-
-// TestCheckpointWithOpenPortForward: a DialPort connection the caller keeps
-// open makes a checkpoint fail (gVisor cannot save the sentry's proxy) with
-// ErrFailedPrecondition that says so; the sandbox runs on, and once the
-// connection is closed the checkpoint succeeds. The agent's own
-// connections never stand in the way (see TestAgentCheckpointMidStream).
-func TestCheckpointWithOpenPortForward(t *testing.T) {
-	runsc := requireHost(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	d := newTestDriver(t, runsc, "/amber/gvisor-openpf")
-	id := fmt.Sprintf("openpf-%d", os.Getpid())
-	if _, err := d.Create(ctx, sandbox.Spec{ID: id, Template: minimalTemplate(t)}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
-	if _, err := d.Start(ctx, id, sandbox.ExecSpec{Args: []string{"nc", "-l", "-p", "7000", "-e", "/bin/cat"}}); err != nil {
-		t.Fatal(err)
-	}
-	var c net.Conn
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		var err error
-		if c, err = d.DialPort(ctx, id, 7000); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	_, err := d.Checkpoint(ctx, id, filepath.Join(t.TempDir(), "image"), sandbox.CheckpointOptions{})
-	c.Close()
-	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "port-forward") || len(err.Error()) > 600 {
-		t.Fatalf("checkpoint with an open port forward: %v", err)
-	}
-	t.Logf("refused: %v", err)
-	if out := mustSh(t, d, id, "echo alive"); out != "alive\n" {
-		t.Fatalf("after the failed checkpoint: %q", out)
-	}
-	if _, err := d.Checkpoint(ctx, id, filepath.Join(t.TempDir(), "image"), sandbox.CheckpointOptions{}); err != nil {
-		t.Fatalf("checkpoint after the close: %v", err)
 	}
 }
 
