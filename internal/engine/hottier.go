@@ -189,6 +189,10 @@ func (h *hotTier) keep(ck meta.Checkpoint, cutDir string) error {
 	if hm.Size > h.limit {
 		return nil // bigger than the whole tier: cold only
 	}
+	if !roomFor(cutDir, hm.Size) {
+		h.lg.Warn("hot copy not kept: the disk is nearly full", "checkpoint_id", ck.ID, "bytes", hm.Size)
+		return nil
+	}
 	b, _ := json.Marshal(hm)
 	if err := writeSynced(filepath.Join(cutDir, hotMetaName), b); err != nil {
 		return fmt.Errorf("hot copy of %s: %w", ck.ID, err)
@@ -388,4 +392,23 @@ func syncDir(dir string) {
 		_ = d.Sync()
 		d.Close()
 	}
+}
+
+// minFreeShare is the share of its filesystem the hot tier leaves free: a
+// copy that would eat into it is not kept (the sandboxes' layers and the
+// next cut need the room more).
+const minFreeShare = 0.10
+
+// roomFor reports whether n more bytes on dir's filesystem leave
+// minFreeShare of it free. The copy is a rename of files already written,
+// so it takes no new room; the room counted is what the copy keeps from
+// being freed.
+func roomFor(dir string, n int64) bool {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return true
+	}
+	total := float64(st.Blocks) * float64(st.Bsize)
+	free := float64(st.Bavail) * float64(st.Bsize)
+	return free >= minFreeShare*total
 }
