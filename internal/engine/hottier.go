@@ -63,6 +63,11 @@ const DefaultHotTierBytes = 8 << 30
 
 const hotMetaName = "hot.json"
 
+// verifyBytesPerSec paces the byte check after a hot restore: it runs
+// beside the sandboxes (a restored one is running already) and must not
+// take the disk and a core from them, or from the next cut.
+const verifyBytesPerSec = 64 << 20
+
 // hotTier is the node's hot copies, under dir (one directory per
 // checkpoint). Its methods are safe for concurrent use.
 type hotTier struct {
@@ -344,7 +349,7 @@ func (h *hotTier) take(ck meta.Checkpoint, workDir string, entries func() ([]chu
 			h.lg.Warn("hot copy not checked: no manifest", "checkpoint_id", ck.ID, "err", err)
 			return
 		}
-		if err := chunkstore.VerifyTree(src, es, hotMetaName); err != nil {
+		if err := chunkstore.VerifyTreePaced(src, es, verifyBytesPerSec, hotMetaName); err != nil {
 			h.lg.Error("hot copy does not match its checkpoint; removed", "checkpoint_id", ck.ID, "sandbox_id", ck.SandboxID, "err", err)
 			h.drop(ck.ID)
 		}

@@ -205,6 +205,12 @@ type pointer struct {
 // checkpoint. Modes and owners are not compared: a driver may change them
 // on the copy it restores from.
 func VerifyTree(dir string, entries []Entry, skip ...string) error {
+	return VerifyTreePaced(dir, entries, 0, skip...)
+}
+
+// VerifyTreePaced is VerifyTree reading at most bytesPerSec (0: no bound),
+// for a check that runs beside the sandboxes rather than before one.
+func VerifyTreePaced(dir string, entries []Entry, bytesPerSec int64, skip ...string) error {
 	want := map[string]Entry{}
 	for _, e := range entries {
 		if e.Type == TypeFile {
@@ -233,7 +239,7 @@ func VerifyTree(dir string, entries []Entry, skip ...string) error {
 			return err
 		}
 		h := sha256.New()
-		_, err = io.Copy(h, f)
+		_, err = io.Copy(h, &pacedReader{r: f, rate: bytesPerSec, start: time.Now()})
 		f.Close()
 		if err != nil {
 			return err
@@ -247,4 +253,26 @@ func VerifyTree(dir string, entries []Entry, skip ...string) error {
 		return errdefs.DataLossf("%d of the image's %d files are there", n, len(want))
 	}
 	return nil
+}
+
+// pacedReader reads from r at most rate bytes a second on average.
+type pacedReader struct {
+	r     io.Reader
+	rate  int64
+	start time.Time
+	n     int64
+}
+
+func (p *pacedReader) Read(b []byte) (int, error) {
+	if p.rate > 0 {
+		if len(b) > 1<<20 {
+			b = b[:1<<20]
+		}
+		if ahead := time.Duration(float64(p.n)/float64(p.rate)*float64(time.Second)) - time.Since(p.start); ahead > 0 {
+			time.Sleep(ahead)
+		}
+	}
+	n, err := p.r.Read(b)
+	p.n += int64(n)
+	return n, err
 }
