@@ -336,6 +336,9 @@ type ExitStatus struct {
 	Code     int    `json:"code"`
 	Signal   string `json:"signal,omitempty"`
 	TimedOut bool   `json:"timed_out,omitempty"`
+	// Reason, when the sandbox killed the command: "out of memory (limit
+	// 512 MiB)".
+	Reason string `json:"reason,omitempty"`
 }
 
 // StartProcessRequest starts a background process (POST …/processes).

@@ -85,6 +85,9 @@ prints one JSON object at the end: {"exit":{…},"stdout":…,"stderr":…}.`,
 					return err
 				}
 			}
+			if st.Reason != "" && !g.json {
+				fmt.Fprintf(cmd.ErrOrStderr(), "amber: killed: %s\n", st.Reason)
+			}
 			if code := exitCode(st); code != 0 {
 				return exitError{code}
 			}

@@ -36,6 +36,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -142,6 +143,22 @@ type ExitStatus struct {
 	Code     int    `json:"code"`
 	Signal   string `json:"signal,omitempty"`
 	TimedOut bool   `json:"timed_out,omitempty"`
+	// Reason says why the sandbox killed it, when the sandbox did:
+	// "out of memory (limit 512 MiB)" (its memory cgroup's OOM killer). A
+	// SIGKILL from anyone else has none.
+	Reason string `json:"reason,omitempty"`
+}
+
+// OutOfMemory is the ExitStatus.Reason (and the start of the error) of a
+// command the sandbox's memory limit killed.
+func OutOfMemory(limitBytes int64) string {
+	if limitBytes > 0 && limitBytes%(1<<20) == 0 {
+		return fmt.Sprintf("out of memory (limit %d MiB)", limitBytes>>20)
+	}
+	if limitBytes > 0 {
+		return fmt.Sprintf("out of memory (limit %d bytes)", limitBytes)
+	}
+	return "out of memory"
 }
 
 // Process is a process inside a sandbox, with its sandbox-side PID.

@@ -10,9 +10,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/opencontainers/cgroups/manager"
 	"github.com/opencontainers/runc/libcontainer"
 	"golang.org/x/sys/unix"
 
@@ -240,7 +242,37 @@ func (d *Driver) agentExec(ctx context.Context, ls *liveSandbox, spec sandbox.Ex
 	if err != nil {
 		return sandbox.ExitStatus{}, err
 	}
-	return d.agentClient(ls).Exec(ctx, spec, base)
+	oomBefore := oomKills(ls)
+	st, err := d.agentClient(ls).Exec(ctx, spec, base)
+	if err == nil && (st.Signal == "SIGKILL" || st.Code == 137) && !st.TimedOut && oomBefore >= 0 && oomKills(ls) > oomBefore {
+		// The sandbox's memory cgroup killed a process while the command
+		// ran, and the command died of SIGKILL (or is a shell whose child
+		// did: 137): say so, not just 137.
+		st.Reason = sandbox.OutOfMemory(ls.rec.Limits.MemoryBytes)
+	}
+	return st, err
+}
+
+// oomKills is the oom_kill count of the sandbox's memory cgroup (-1 when
+// it cannot be read).
+func oomKills(ls *liveSandbox) int64 {
+	cm, err := manager.New(ls.c.Config().Cgroups)
+	if err != nil {
+		return -1
+	}
+	b, err := os.ReadFile(filepath.Join(cm.Path("memory"), "memory.oom_control"))
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err == nil {
+				return n
+			}
+		}
+	}
+	return -1
 }
 
 // agentStart is Start through the sandbox's agent: the process is the

@@ -227,7 +227,7 @@ func (d *Driver) agentAlive(ctx context.Context, id string) error {
 		return err
 	}
 	if n := oomKills(rec.Cgroup); n > 0 {
-		return errdefs.ResourceExhaustedf("sandbox %s was stopped by the out-of-memory killer (memory limit %d bytes); its files are kept", id, rec.Limits.MemoryBytes)
+		return errdefs.ResourceExhaustedf("killed: %s: sandbox %s was stopped by the out-of-memory killer; its files are kept", sandbox.OutOfMemory(rec.Limits.MemoryBytes), id)
 	}
 	if rec.Phase != phaseCreated {
 		return nil // being restored: the stream re-attaches once it runs

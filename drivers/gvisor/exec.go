@@ -277,7 +277,7 @@ func (d *Driver) deadOrErr(rec *record, msg string) error {
 	// whole sandbox down (the gVisor kernel and its systrap stubs are one
 	// unit), so one OOM kill explains the failure.
 	if n := oomKills(rec.Cgroup); n > 0 {
-		return errdefs.ResourceExhaustedf("sandbox %s was stopped by the out-of-memory killer (memory limit %d bytes); its files are kept", rec.ID, rec.Limits.MemoryBytes)
+		return errdefs.ResourceExhaustedf("killed: %s: sandbox %s was stopped by the out-of-memory killer; its files are kept", sandbox.OutOfMemory(rec.Limits.MemoryBytes), rec.ID)
 	}
 	// runsc may take a moment to notice that the sandbox died.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -46,6 +46,19 @@ func (s *suite) testMemoryLimit(t *testing.T) {
 	if r.TimedOut {
 		t.Errorf("the hog was not stopped by the limit within a minute (timed out)")
 	}
+	// The user is told why: the exec's status (a killed command) or the
+	// error (a driver that stops the whole sandbox) names the limit.
+	oom := sandbox.OutOfMemory(limit)
+	switch {
+	case err != nil && !strings.Contains(err.Error(), oom):
+		t.Errorf("the hog's error %q does not say %q", err, oom)
+	case err == nil && (r.Signal == "SIGKILL" || r.Code == 137) && r.Reason != oom:
+		t.Errorf("the hog was killed (%+v) without the reason %q", r.ExitStatus, oom)
+	}
+	// A SIGKILL that is not the limit's is not called out of memory.
+	if r, err := s.exec(t, big, sandbox.ExecSpec{Args: []string{"/bin/sh", "-c", "kill -9 $$"}}); err != nil || r.Code != 137 || r.Reason != "" {
+		t.Errorf("kill -9 of the command itself: %+v %v (want SIGKILL and no reason)", r.ExitStatus, err)
+	}
 
 	if r, err := s.exec(t, big, sandbox.ExecSpec{Args: hog, Timeout: time.Minute}); err != nil || r.Code != 0 {
 		t.Errorf("the same hog under a 1 GiB limit: %+v %v %q (the hog must be able to succeed)", r.ExitStatus, err, r.Stdout)

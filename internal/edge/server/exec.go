@@ -126,5 +126,5 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, c *call) error {
 		return fw.write(api.ExecFrame{Error: &eb})
 	}
 	c.lg.InfoContext(r.Context(), "exec done", "args0", req.Args[0], "code", st.Code, "took", time.Since(start).Round(time.Millisecond))
-	return fw.write(api.ExecFrame{Exit: &api.ExitStatus{Code: st.Code, Signal: st.Signal, TimedOut: st.TimedOut}})
+	return fw.write(api.ExecFrame{Exit: &api.ExitStatus{Code: st.Code, Signal: st.Signal, TimedOut: st.TimedOut, Reason: st.Reason}})
 }

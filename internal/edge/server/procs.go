@@ -83,7 +83,7 @@ func (s *Server) waitProcess(w http.ResponseWriter, r *http.Request, c *call) er
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, api.ExitStatus{Code: st.Code, Signal: st.Signal, TimedOut: st.TimedOut})
+	return writeJSON(w, http.StatusOK, api.ExitStatus{Code: st.Code, Signal: st.Signal, TimedOut: st.TimedOut, Reason: st.Reason})
 }
 
 var signals = map[string]syscall.Signal{
@@ -146,7 +146,7 @@ func (s *Server) processOutput(w http.ResponseWriter, r *http.Request, c *call) 
 		}
 		fr := api.OutputFrame{Stream: f.Kind, Offset: f.Offset, Data: f.Data, Lost: f.Lost}
 		if f.Exit != nil {
-			fr.Exit = &api.ExitStatus{Code: f.Exit.Code, Signal: f.Exit.Signal, TimedOut: f.Exit.TimedOut}
+			fr.Exit = &api.ExitStatus{Code: f.Exit.Code, Signal: f.Exit.Signal, TimedOut: f.Exit.TimedOut, Reason: f.Exit.Reason}
 		}
 		if err := enc.Encode(fr); err != nil {
 			return err

@@ -195,7 +195,7 @@ func (s *Server) terminalWS(w http.ResponseWriter, r *http.Request) {
 		eb := errBody(err)
 		msg, _ = json.Marshal(map[string]any{"error": eb})
 	} else {
-		msg, _ = json.Marshal(map[string]any{"exit": api.ExitStatus{Code: st.Code, Signal: st.Signal, TimedOut: st.TimedOut}})
+		msg, _ = json.Marshal(map[string]any{"exit": api.ExitStatus{Code: st.Code, Signal: st.Signal, TimedOut: st.TimedOut, Reason: st.Reason}})
 	}
 	wctx, wcancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer wcancel()

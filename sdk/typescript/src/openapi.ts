@@ -1037,6 +1037,8 @@ export interface components {
             code: number;
             signal?: string;
             timed_out?: boolean;
+            /** @description Why the sandbox killed the command, when it did: "out of memory (limit 512 MiB)" (its memory limit's OOM killer). A SIGKILL from anyone else has none. */
+            reason?: string;
         };
         StartProcessRequest: {
             args: string[];
