@@ -537,3 +537,96 @@ func TestAgentTenantConnection(t *testing.T) {
 		t.Fatalf("exec after the checkpoint: %q", out)
 	}
 }
+
+// TestCheckpointNeverHangs (issue 23): a stopped process (kill -STOP, a
+// shell's Ctrl-Z) made criu dump wait in the kernel for as long as anyone
+// waited, the sandbox frozen and its lock held. Now the checkpoint is
+// refused at once naming the process, the sandbox is not frozen and runs
+// on, no criu process is left, and once the process continues a checkpoint
+// succeeds. A dump that does not end within its deadline is given up: the
+// sandbox is thawed and runs on.
+func TestCheckpointNeverHangs(t *testing.T) {
+	td := newTestDriver(t)
+	d := td.Driver
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	id := td.create(sandbox.Limits{})
+	pid, err := d.Start(ctx, id, sandbox.ExecSpec{Args: []string{"sleep", "1000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Signal(ctx, id, pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	_, err = d.Checkpoint(ctx, id, filepath.Join(t.TempDir(), "img"), sandbox.CheckpointOptions{})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "stopped") || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", pid)) {
+		t.Fatalf("checkpoint with a stopped process: %v after %v", err, time.Since(start))
+	}
+	t.Logf("refused after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	assertThawedAndAlone(t, d, id)
+	if err := d.Signal(ctx, id, pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Checkpoint(ctx, id, filepath.Join(t.TempDir(), "img2"), sandbox.CheckpointOptions{}); err != nil {
+		t.Fatalf("checkpoint once it continued: %v", err)
+	}
+
+	// The deadline: a dump given 1 ms gives up, thaws, and the sandbox runs on.
+	old := dumpTimeout
+	dumpTimeout = time.Millisecond
+	_, err = d.Checkpoint(ctx, id, filepath.Join(t.TempDir(), "img3"), sandbox.CheckpointOptions{})
+	dumpTimeout = old
+	if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "thawed") {
+		t.Fatalf("a dump past its deadline: %v", err)
+	}
+	assertThawedAndAlone(t, d, id)
+}
+
+// assertThawedAndAlone: sandbox id's freezer reads THAWED, no criu process
+// of it is left, and it answers an exec.
+func assertThawedAndAlone(t *testing.T, d *Driver, id string) {
+	t.Helper()
+	matches, _ := filepath.Glob("/sys/fs/cgroup/freezer/*/*/" + id + "/freezer.state")
+	more, _ := filepath.Glob("/sys/fs/cgroup/freezer/*/" + id + "/freezer.state")
+	for _, f := range append(matches, more...) {
+		if b, _ := os.ReadFile(f); strings.TrimSpace(string(b)) != "THAWED" {
+			t.Errorf("%s: %s", f, b)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		left := criuProcessesOf(id)
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("criu processes left: %v", left)
+			break
+		}
+	}
+	var out bytes.Buffer
+	st, err := d.Exec(context.Background(), id, sandbox.ExecSpec{Args: []string{"echo", "alive"}, Stdout: &out})
+	if err != nil || st.Code != 0 || out.String() != "alive\n" {
+		t.Errorf("the sandbox after the checkpoint: %+v %v %q", st, err, out.String())
+	}
+}
+
+// criuProcessesOf lists the criu processes whose command line names id.
+func criuProcessesOf(id string) []string {
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		cl := strings.ReplaceAll(string(b), "\x00", " ")
+		if strings.HasPrefix(cl, "criu") || strings.Contains(cl, "/criu ") {
+			if strings.Contains(cl, id) {
+				out = append(out, e.Name()+": "+cl)
+			}
+		}
+	}
+	return out
+}

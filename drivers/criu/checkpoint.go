@@ -177,6 +177,13 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		defer d.quiesceAgent(ctx, id, initPid)()
 	}
 
+	// A stopped or traced task makes CRIU's seize wait forever under the
+	// frozen cgroup (measured: criu dump in D state for as long as one
+	// waits, the sandbox frozen): refused before anything is frozen.
+	if err := stoppedTasks(cm); err != nil {
+		return stats, errdefs.FailedPreconditionf("checkpoint %s: %v; the sandbox keeps running", id, err)
+	}
+
 	// The cut. The v1 freezer gives up ("unable to freeze") when a task
 	// keeps it FREEZING past libcontainer's retries — seen on a loaded
 	// host: thaw, and try again a few times before failing the checkpoint.
@@ -227,8 +234,11 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	// as Kill does, so that no task outlives the cut.
 	co := criuOpts(criuDir, work)
 	co.LeaveRunning = true
-	if err := ls.c.Checkpoint(co); err != nil {
+	if err := d.dumpWithin(ctx, ls, co, cm); err != nil {
 		b, _ := os.ReadFile(filepath.Join(work, "dump.log"))
+		if errdefs.IsUnavailable(err) {
+			return stats, recordErr(id, err)
+		}
 		return stats, recordErr(id, fmt.Errorf("criu dump: %w (dump.log: %s)", err, lastLines(b, 15)))
 	}
 	if opts.LeaveStopped {
