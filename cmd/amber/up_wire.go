@@ -181,6 +181,17 @@ func (d *upDaemon) openDriver(ctx context.Context) error {
 		// The driver's message names the command that fixes it.
 		return fmt.Errorf("driver %s is not ready: %w", o.driver, err)
 	}
+	// Sandboxes left running by a daemon whose data dir is gone belong to
+	// nobody: they go before this node starts taking new ones.
+	if sw, ok := d.drv.(sandbox.OrphanSweeper); ok {
+		killed, err := sw.SweepOrphans(ctx)
+		for _, k := range killed {
+			lg.Warn("killed an orphan sandbox: its data directory is gone", "what", k)
+		}
+		if err != nil {
+			lg.Warn("orphan sweep", "err", err)
+		}
+	}
 	// Test and chaos runs only (AMBER_TEST_FAILPOINTS); nil otherwise.
 	fps, err := testFailpoints(d.drv, lg)
 	if err != nil {

@@ -301,3 +301,12 @@ type OutputFrame struct {
 	Exit *ExitStatus
 	Lost int64
 }
+
+// OrphanSweeper is implemented by a driver that can find, among the
+// sandboxes running on the host, those no driver can own any more — their
+// driver's state directory is gone (a data directory removed under running
+// sandboxes, its daemon dead) — and kill them. `amber up` sweeps before it
+// starts. It returns a line per process it killed.
+type OrphanSweeper interface {
+	SweepOrphans(ctx context.Context) ([]string, error)
+}
