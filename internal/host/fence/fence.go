@@ -172,7 +172,8 @@ func (f *Lease) renew(ctx context.Context) error {
 	return nil
 }
 
-// Keep renews the lease every TTL/4 until ctx ends or it is fenced.
+// Keep renews the lease every TTL/4, each try bounded by TTL/4, until ctx
+// ends or it is fenced.
 func (f *Lease) Keep(ctx context.Context) {
 	t := time.NewTicker(f.ttl / 4)
 	defer t.Stop()
@@ -182,7 +183,13 @@ func (f *Lease) Keep(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if err := f.renew(ctx); errdefs.IsFenced(err) {
+		// Each renewal has a deadline: a store that hangs one (a lost
+		// connection, a stalled disk) costs that round, not the lease —
+		// the next tick tries again while the lease is still valid.
+		rctx, cancel := context.WithTimeout(ctx, f.ttl/4)
+		err := f.renew(rctx)
+		cancel()
+		if errdefs.IsFenced(err) {
 			return
 		}
 	}

@@ -3,6 +3,7 @@ package fence
 import (
 	"context"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,5 +139,58 @@ func TestTakeOverWaitsForALiveHolder(t *testing.T) {
 	}
 	if err := a.Check(ctx); err != nil {
 		t.Fatalf("the renewing daemon: %v", err)
+	}
+}
+
+// hangingRenew is a log whose Renew hangs (until its context ends) while
+// hang is set: a store that stalls.
+type hangingRenew struct {
+	eventlog.Store
+	hang  atomic.Bool
+	hangs atomic.Int32
+}
+
+func (h *hangingRenew) Renew(ctx context.Context, l eventlog.Lease, ttl time.Duration) (eventlog.Lease, error) {
+	if h.hang.Load() {
+		h.hangs.Add(1)
+		<-ctx.Done()
+		return eventlog.Lease{}, ctx.Err()
+	}
+	return h.Store.Renew(ctx, l, ttl)
+}
+
+// A renewal that hangs (issue 23: every wait on a store has a deadline)
+// costs its round only: Keep goes on, the next renewal keeps the lease, and
+// no take-over succeeds meanwhile — no restart needed.
+func TestKeepSurvivesAHungRenewal(t *testing.T) {
+	st, err := sqlite.Open(filepath.Join(t.TempDir(), "ev.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	h := &hangingRenew{Store: st}
+	const ttl = 2 * time.Second
+	a, err := Take(ctx, h, Options{Holder: "daemon/h", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.hang.Store(true)
+	go a.Keep(ctx)
+	// The first renewal (at ttl/4) hangs; it gives up at ttl/2.
+	for deadline := time.Now().Add(5 * time.Second); h.hangs.Load() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no renewal was tried")
+		}
+	}
+	h.hang.Store(false)
+	tctx, tcancel := context.WithTimeout(ctx, 3*ttl)
+	defer tcancel()
+	if _, err := Take(tctx, st, Options{Holder: "daemon/h", TTL: ttl, TakeOver: true}); err == nil {
+		t.Fatal("the data dir was taken over: Keep stopped renewing after one hung renewal")
+	}
+	if err := a.Check(ctx); err != nil {
+		t.Fatalf("the lease after a hung renewal: %v", err)
 	}
 }
