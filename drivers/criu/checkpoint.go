@@ -184,28 +184,9 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		return stats, errdefs.FailedPreconditionf("checkpoint %s: %v; the sandbox keeps running", id, err)
 	}
 
-	// The cut. The v1 freezer gives up ("unable to freeze") when a task
-	// keeps it FREEZING past libcontainer's retries — seen on a loaded
-	// host: thaw, and try again a few times before failing the checkpoint.
-	frozenAt := time.Now()
-	for attempt := 1; ; attempt++ {
-		err := cm.Freeze(cgroups.Frozen)
-		if err == nil {
-			break
-		}
-		if attempt == freezeAttempts {
-			return stats, recordErr(id, fmt.Errorf("freeze (%d attempts): %w", attempt, err))
-		}
-		d.log.Warn("freeze failed; thawing and trying again", "sandbox", id, "attempt", attempt, "err", err)
-		if terr := cm.Freeze(cgroups.Thawed); terr != nil {
-			return stats, recordErr(id, fmt.Errorf("freeze: %v; thaw: %w", err, terr))
-		}
-		select {
-		case <-ctx.Done():
-			return stats, ctx.Err()
-		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
-		}
-		frozenAt = time.Now()
+	frozenAt, err := freezeRetrying(ctx, d, cm, id)
+	if err != nil {
+		return stats, err
 	}
 	thawed := false
 	thaw := func() {
@@ -677,5 +658,32 @@ func (d *Driver) startLazyPages(criuDir, work string) (*exec.Cmd, error) {
 			_ = cmd.Process.Kill()
 			return nil, errdefs.Unavailablef("criu lazy-pages: no socket after 10s")
 		}
+	}
+}
+
+// freezeRetrying freezes cm, the cut. The v1 freezer gives up ("unable to
+// freeze") when a task keeps it FREEZING past libcontainer's retries — seen
+// on a loaded host: thaw, and try again a few times before failing the
+// checkpoint. It returns when the freeze took hold.
+func freezeRetrying(ctx context.Context, d *Driver, cm cgroups.Manager, id string) (time.Time, error) {
+	frozenAt := time.Now()
+	for attempt := 1; ; attempt++ {
+		err := cm.Freeze(cgroups.Frozen)
+		if err == nil {
+			return frozenAt, nil
+		}
+		if attempt == freezeAttempts {
+			return frozenAt, recordErr(id, fmt.Errorf("freeze (%d attempts): %w", attempt, err))
+		}
+		d.log.Warn("freeze failed; thawing and trying again", "sandbox", id, "attempt", attempt, "err", err)
+		if terr := cm.Freeze(cgroups.Thawed); terr != nil {
+			return frozenAt, recordErr(id, fmt.Errorf("freeze: %v; thaw: %w", err, terr))
+		}
+		select {
+		case <-ctx.Done():
+			return frozenAt, ctx.Err()
+		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
+		}
+		frozenAt = time.Now()
 	}
 }

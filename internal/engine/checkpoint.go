@@ -183,7 +183,7 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	if r.Stop {
 		e.stopping(ctx, id) // its cgroup goes with the cut
 	}
-	cs, err := cp.Checkpoint(ctx, id, dir, sandbox.CheckpointOptions{LeaveStopped: r.Stop})
+	cs, err := e.driverCut(ctx, cp, id, dir, r.Stop)
 	if err == nil {
 		// Requests from here on are the run this cut starts.
 		err = e.startRun(ctx, sb, ck.ID, false)
@@ -280,6 +280,13 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	lg.InfoContext(ctx, "checkpoint committed", "frozen", cs.Frozen.Round(time.Millisecond), "total", time.Since(start).Round(time.Millisecond),
 		"image_bytes", res.Size, "stored_bytes", res.StoredBytes, "new_chunks", res.NewChunks, "chunks", res.Chunks)
 	return ck, nil
+}
+
+// driverCut is the driver's Checkpoint, bounded by DriverTimeout.
+func (e *Engine) driverCut(ctx context.Context, cp sandbox.Checkpointer, id, dir string, stop bool) (sandbox.CheckpointStats, error) {
+	ctx, cancel := context.WithTimeout(ctx, e.ck.drvTimeout)
+	defer cancel()
+	return cp.Checkpoint(ctx, id, dir, sandbox.CheckpointOptions{LeaveStopped: stop})
 }
 
 // resumeFromCut brings back sandbox sb, left stopped by a cut into dir

@@ -123,6 +123,11 @@ type RecoveryOptions struct {
 	// IdleTimeout, when > 0, checkpoints and stops a sandbox after this
 	// long without a call into it; the next call resumes it (idle.go).
 	IdleTimeout time.Duration
+	// DriverTimeout bounds each driver Checkpoint and Restore call (0: 5
+	// minutes): a call the kernel holds ends with the call's error and
+	// the loop that made it goes on, rather than holding the sandbox's
+	// lock for good.
+	DriverTimeout time.Duration
 	// HotTierBytes bounds the node's hot copies of sandboxes' newest
 	// images (hottier.go): 0 is DefaultHotTierBytes, < 0 keeps none (every
 	// restore fetches from the chunk store).
@@ -208,6 +213,7 @@ type checkpointing struct {
 	cpuFeatures func() ([]string, error)
 	gcs         sync.Map // tenant → *gcState (gc.go)
 	hot         *hotTier // the node's newest images (hottier.go)
+	drvTimeout  time.Duration
 }
 
 // leasing is this node's identity and the leases it holds on sandbox
@@ -280,12 +286,15 @@ func New(o Options) (*Engine, error) {
 	if o.Recovery.FastInterval <= 0 {
 		o.Recovery.FastInterval = 30 * time.Second
 	}
+	if o.Recovery.DriverTimeout <= 0 {
+		o.Recovery.DriverTimeout = 5 * time.Minute
+	}
 	e := &Engine{drv: o.Driver, meta: o.Meta, log: o.Log, reg: o.Registry,
 		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval, audit: o.Audit,
 		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeEngine)}
 	e.tpl.cat = o.Templates
 	e.ck = checkpointing{store: o.Checkpoints, workDir: o.WorkDir, keep: o.Recovery.KeepCheckpoints, obs: o.Observer,
-		hot: newHotTier(o.WorkDir, o.Recovery.HotTierBytes, o.Logger)}
+		hot: newHotTier(o.WorkDir, o.Recovery.HotTierBytes, o.Logger), drvTimeout: o.Recovery.DriverTimeout}
 	e.lease = leasing{holder: "node/" + o.Cluster.Node, nodeID: o.Cluster.Node, shared: o.Cluster.Shared, ttl: o.Cluster.LeaseTTL, held: map[string]eventlog.Lease{}}
 	e.pol = policies{fastEvery: o.Recovery.FastEvery, fastInterval: o.Recovery.FastInterval, idle: o.Recovery.IdleTimeout}
 	e.egr = egressRuns{gw: o.Egress.Gateway, net: o.Egress.Network, def: o.Egress.Default, ceiling: o.Egress.Ceiling, tenantCA: o.Egress.TenantCA}

@@ -220,7 +220,9 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 		// (see cutLock).
 		cut := e.cutLock(sb.ID)
 		cut.Lock()
-		rs, err = cp.Restore(ctx, sandbox.Spec{ID: sb.ID, Tenant: sb.Tenant, Template: tmpl, Limits: sb.Limits, Env: sb.Env}, dir, sandbox.RestoreOptions{})
+		dctx, dcancel := context.WithTimeout(ctx, e.ck.drvTimeout)
+		rs, err = cp.Restore(dctx, sandbox.Spec{ID: sb.ID, Tenant: sb.Tenant, Template: tmpl, Limits: sb.Limits, Env: sb.Env}, dir, sandbox.RestoreOptions{})
+		dcancel()
 		cut.Unlock()
 	}
 	if err != nil {

@@ -152,8 +152,11 @@ type Env struct {
 	// (meta.Options.Failpoints: "meta.read", "meta.write") from the next
 	// open (Restart) on.
 	MetaFailpoints *failpoint.Set
-	opts           engine.Options
-	driver         string
+	// WrapDriver, when set, wraps the driver the engine is given, from the
+	// next open (Restart) on (a test's misbehaving driver).
+	WrapDriver func(sandbox.Driver) sandbox.Driver
+	opts       engine.Options
+	driver     string
 }
 
 // TestMasterKey is the checkpoint store's master key in tests.
@@ -207,6 +210,9 @@ func (env *Env) open(t testing.TB) {
 	}
 	o := env.opts
 	o.Driver, o.Meta, o.Log = env.Driver, env.Meta, env.Log
+	if env.WrapDriver != nil {
+		o.Driver = env.WrapDriver(env.Driver)
+	}
 	if o.Logger == nil {
 		o.Logger = Logger(t)
 	}
