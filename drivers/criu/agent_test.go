@@ -630,3 +630,81 @@ func criuProcessesOf(id string) []string {
 	}
 	return out
 }
+
+// inotifyWatcher watches $1 with inotify and prints each event's name.
+const inotifyWatcher = `import ctypes,os,struct,sys
+l=ctypes.CDLL(None)
+fd=l.inotify_init()
+os.makedirs(sys.argv[1], exist_ok=True)
+print('watching', l.inotify_add_watch(fd, sys.argv[1].encode(), 0x100), flush=True)
+while True:
+    b=os.read(fd, 4096)
+    i=0
+    while i < len(b):
+        w,m,c,n=struct.unpack_from('iIII', b, i)
+        print('event', b[i+16:i+16+n].rstrip(b'\0').decode(), flush=True)
+        i+=16+n
+`
+
+// TestCheckpointWithInotifyWatch (issue 23): a program watching a
+// directory of the layer (inotify) made the dump fail ("fsnotify: Can't
+// dump that handle": the overlay does not decode file handles). CRIU now
+// finds the watched path by scanning the sandbox's work directories
+// (irmapScanPaths): the checkpoint succeeds, and after a kill and a restore
+// the watch fires again. A watch outside those directories is refused with
+// an error that says what to do.
+func TestCheckpointWithInotifyWatch(t *testing.T) {
+	td := newTestDriver(t)
+	requireCriu(t, td)
+	tmpl := pythonTemplate(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	id := newID("inotify")
+	if _, err := td.Create(ctx, sandbox.Spec{ID: id, Template: tmpl}); err != nil {
+		t.Fatal(err)
+	}
+	pid, err := td.Start(ctx, id, sandbox.ExecSpec{Args: []string{"python3", "-c", inotifyWatcher, "/root/w"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logf := fmt.Sprintf("/run/amber/proc/%d.log", pid)
+	waitFor := func(what string) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if out := td.sh(id, "cat "+logf); strings.Contains(out, what) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q in the watcher's log: %q", what, td.sh(id, "cat "+logf))
+			}
+		}
+	}
+	waitFor("watching 1")
+	td.sh(id, "touch /root/w/before")
+	waitFor("event before")
+	images := t.TempDir()
+	if _, err := td.Checkpoint(ctx, id, images, sandbox.CheckpointOptions{}); err != nil {
+		t.Fatalf("checkpoint with an inotify watch on the layer: %v", err)
+	}
+	if err := td.Kill(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := td.Restore(ctx, sandbox.Spec{ID: id, Template: tmpl}, images, sandbox.RestoreOptions{}); err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	td.sh(id, "touch /root/w/after")
+	waitFor("event after")
+
+	// Outside the scanned directories: refused, clearly; the sandbox runs on.
+	if _, err := td.Start(ctx, id, sandbox.ExecSpec{Args: []string{"python3", "-c", inotifyWatcher, "/var/cache/w"}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	_, err = td.Checkpoint(ctx, id, t.TempDir(), sandbox.CheckpointOptions{})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "inotify") {
+		t.Fatalf("a watch outside the scanned directories: %v", err)
+	}
+	if out := td.sh(id, "echo alive"); out != "alive\n" {
+		t.Fatalf("after the refused checkpoint: %q", out)
+	}
+}

@@ -2,6 +2,7 @@ package criu
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -219,6 +220,9 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		b, _ := os.ReadFile(filepath.Join(work, "dump.log"))
 		if errdefs.IsUnavailable(err) {
 			return stats, recordErr(id, err)
+		}
+		if bytes.Contains(b, []byte("fsnotify: \tCan't dump that handle")) {
+			return stats, errdefs.FailedPreconditionf("checkpoint %s: a process of the sandbox watches (inotify) a path outside %s, which CRIU cannot find on the sandbox's overlay; watch under one of those, or stop the watch, and checkpoint again (the sandbox keeps running)", id, strings.Join(irmapScanPaths, " "))
 		}
 		return stats, recordErr(id, fmt.Errorf("criu dump: %w (dump.log: %s)", err, lastLines(b, 15)))
 	}

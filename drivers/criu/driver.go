@@ -189,12 +189,24 @@ func New(opts Options) (*Driver, error) {
 // criuConfig is the CRIU configuration file every sandbox's
 // checkpoint/restore uses: libcontainer hands its path to CRIU (settings in
 // it override the RPC options), instead of the host's /etc/criu/runc.conf,
-// which the driver does not control. It is empty for now: the option the
-// driver needs, `network-lock nftables` (CRIU's default iptables-restore is
-// not installed), crashes CRIU 4.1.1 when read from a config file in RPC
-// mode (criu/config.c reads argv[optind], which is NULL there). The
-// checkpoint work passes it over go-criu's RPC, or patches CRIU.
-const criuConfig = ""
+// which the driver does not control. (`network-lock nftables`, which the
+// driver needs too, crashes CRIU 4.1.1 when read from a config file in RPC
+// mode — criu/config.c reads argv[optind], NULL there — so the checkpoint
+// passes it over RPC.)
+//
+// The irmap scan paths: an inotify watch on the sandbox's overlay cannot be
+// dumped by file handle (overlayfs without nfs_export does not decode
+// handles: "fsnotify: Can't dump that handle"), so CRIU finds the watched
+// inode's path by scanning directories of the sandbox's root ("irmap"),
+// by default only /etc, /var/spool, /lib/udev. These are where programs'
+// watched trees are (home and work directories); the scan runs only when a
+// watch exists, inside the frozen window. A watch elsewhere still makes the
+// checkpoint fail, with an error that says so (irmapError).
+var criuConfig = strings.Join(append([]string{""}, irmapScanPaths...), "\nirmap-scan-path ")[1:] + "\n"
+
+// irmapScanPaths are the sandbox directories CRIU searches for the path of
+// a watched inode (criuConfig).
+var irmapScanPaths = []string{"/root", "/home", "/tmp", "/workspace", "/work", "/app", "/srv", "/opt", "/mnt", "/data", "/var/lib", "/usr/local"}
 
 func (d *Driver) criuConfigPath() string { return filepath.Join(d.opts.StateDir, "criu.conf") }
 
