@@ -372,6 +372,14 @@ type OutputFrame struct {
 	Error  *ErrorBody  `json:"error,omitempty"`
 }
 
+// WatchEvent is one line of GET …/files/watch: a change under the watched
+// path, as the sandbox's own kernel saw it. Op is create, write, remove,
+// rename or chmod; "overflow" means events were dropped (Path empty).
+type WatchEvent struct {
+	Path string `json:"path"`
+	Op   string `json:"op"`
+}
+
 // SignalRequest sends a signal (POST …/processes/{pid}/signal): a name
 // ("TERM", "SIGKILL") or a number ("9").
 type SignalRequest struct {

@@ -310,3 +310,20 @@ type OutputFrame struct {
 type OrphanSweeper interface {
 	SweepOrphans(ctx context.Context) ([]string, error)
 }
+
+// Watcher is implemented by a driver that watches files inside the sandbox
+// (inotify, by the sandbox's agent), so that what the sandbox's own
+// processes do is seen. The engine finds it by type assertion.
+type Watcher interface {
+	// Watch gives fn every change under path (recursive: in every
+	// directory below it too, also ones made later) until ctx ends or fn
+	// fails. ready, when not nil, is closed once the watch is in place.
+	Watch(ctx context.Context, id, path string, recursive bool, ready chan<- struct{}, fn func(WatchEvent) error) error
+}
+
+// WatchEvent is one change: Op is create, write, remove, rename or chmod
+// ("overflow": events were dropped; Path is empty).
+type WatchEvent struct {
+	Path string `json:"path"`
+	Op   string `json:"op"`
+}

@@ -457,3 +457,19 @@ func (d *Driver) agentWait(ctx context.Context, id string, pid int) (st sandbox.
 	}
 	return sandbox.ExitStatus{Code: e.Code, Signal: e.Signal, TimedOut: e.TimedOut}, true, nil
 }
+
+var _ sandbox.Watcher = (*Driver)(nil)
+
+// Watch implements sandbox.Watcher through the sandbox's agent.
+func (d *Driver) Watch(ctx context.Context, id, path string, recursive bool, ready chan<- struct{}, fn func(sandbox.WatchEvent) error) error {
+	ls, err := d.running(id)
+	if err != nil {
+		return err
+	}
+	if !ls.rec.hasAgent() {
+		return errdefs.FailedPreconditionf("sandbox %s runs no agent (created before it): no file watch", id)
+	}
+	return d.agentClient(ls).Watch(ctx, path, recursive, ready, func(e agentproto.WatchEvent) error {
+		return fn(sandbox.WatchEvent{Path: e.Path, Op: e.Op})
+	})
+}

@@ -465,3 +465,23 @@ func checkAgentFile(path string) error {
 	}
 	return nil
 }
+
+var _ sandbox.Watcher = (*Driver)(nil)
+
+// Watch implements sandbox.Watcher through the sandbox's agent.
+func (d *Driver) Watch(ctx context.Context, id, path string, recursive bool, ready chan<- struct{}, fn func(sandbox.WatchEvent) error) error {
+	rec, err := d.running(id)
+	if err != nil {
+		return err
+	}
+	if rec.SpecVersion < 2 {
+		return errdefs.FailedPreconditionf("sandbox %s runs the sh init of an older driver (spec generation %d): it has no agent to watch files", id, rec.SpecVersion)
+	}
+	err = d.agentFor(rec).Watch(ctx, path, recursive, ready, func(e agentproto.WatchEvent) error {
+		return fn(sandbox.WatchEvent{Path: e.Path, Op: e.Op})
+	})
+	if err != nil && ctx.Err() == nil {
+		return d.agentErr(ctx, rec, err)
+	}
+	return err
+}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"os"
+	"strings"
 	"sync"
 
 	"github.com/amber-run/amber/core/errdefs"
@@ -264,4 +265,24 @@ func (e *Engine) ProcessOutput(ctx context.Context, tenant, id string, pid int, 
 	}
 	unlock()
 	return or.Output(ctx, id, pid, offset, follow, fn)
+}
+
+// WatchFiles streams changes under path in sandbox id to fn (see
+// sandbox.Watcher) until ctx ends. It holds nothing a checkpoint waits for;
+// a watch that a cut or a restore breaks ends with an error, and the client
+// watches again.
+func (e *Engine) WatchFiles(ctx context.Context, tenant, id, path string, recursive bool, ready chan<- struct{}, fn func(sandbox.WatchEvent) error) error {
+	if !strings.HasPrefix(path, "/") || len(path) > 4096 {
+		return errdefs.InvalidArgumentf("watch: path %.80q is not an absolute sandbox path", path)
+	}
+	w, ok := e.drv.(sandbox.Watcher)
+	if !ok {
+		return errdefs.NotImplementedf("the %s driver cannot watch files", e.drv.Name())
+	}
+	_, unlock, err := e.enter(ctx, tenant, id)
+	if err != nil {
+		return err
+	}
+	unlock()
+	return w.Watch(ctx, id, path, recursive, ready, fn)
 }

@@ -4,8 +4,10 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -270,5 +272,59 @@ func TestErrorsOverTheWire(t *testing.T) {
 	}
 	if info, err := c.Info(ctx); err != nil || info.Tenant != "default" || info.Driver != enginetest.DriverName() {
 		t.Fatalf("info: %+v %v", info, err)
+	}
+}
+
+// TestWatchFiles: a watch through the API sees what the sandbox's own
+// processes (an exec) and the files API do under the path, as they happen.
+func TestWatchFiles(t *testing.T) {
+	c, _, base := newAPI(t)
+	ctx := ctxT(t)
+	sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Template: "minimal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := c.Exec(ctx, sb.ID, api.ExecRequest{Args: []string{"mkdir", "-p", "/root/watched"}}, nil, nil, nil); err != nil || st.Code != 0 {
+		t.Fatalf("mkdir: %+v %v", st, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(wctx, "GET", base+"/v1/sandboxes/"+sb.ID+"/files/watch?path=/root/watched&recursive=true", nil)
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/x-ndjson" {
+		t.Fatalf("watch: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	if st, err := c.Exec(ctx, sb.ID, api.ExecRequest{Args: []string{"sh", "-c", "mkdir /root/watched/sub && sleep 0.2 && echo x > /root/watched/sub/f"}}, nil, nil, nil); err != nil || st.Code != 0 {
+		t.Fatalf("exec: %+v %v", st, err)
+	}
+	want := map[string]bool{"/root/watched/sub create": false, "/root/watched/sub/f write": false}
+	dec := json.NewDecoder(resp.Body)
+	for n := 0; n < len(want); {
+		var e api.WatchEvent
+		if err := dec.Decode(&e); err != nil {
+			t.Fatalf("watch stream: %v (seen %v)", err, want)
+		}
+		if seen, ok := want[e.Path+" "+e.Op]; ok && !seen {
+			want[e.Path+" "+e.Op] = true
+			n++
+		}
+	}
+	// A relative or missing path is refused.
+	for _, q := range []string{"", "path=/no/such/dir"} {
+		req, _ := http.NewRequestWithContext(ctx, "GET", base+"/v1/sandboxes/"+sb.ID+"/files/watch?"+q, nil)
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode < 400 || resp.StatusCode >= 500 {
+			t.Errorf("watch ?%s: %d, want a 4xx", q, resp.StatusCode)
+		}
 	}
 }

@@ -54,6 +54,7 @@ var requests = map[string]routeRequest{
 	"DELETE /v1/sandboxes/{id}/files":                {query: "path=/tmp/authz.txt"},
 	"POST /v1/sandboxes/{id}/files/mkdir":            {query: "path=/tmp/authz-dir"},
 	"GET /v1/sandboxes/{id}/files/tar":               {query: "path=/tmp"},
+	"GET /v1/sandboxes/{id}/files/watch":             {query: "path=/tmp"},
 	"PUT /v1/sandboxes/{id}/files/tar":               {query: "path=/tmp", ctype: "application/x-tar", body: string(make([]byte, 1024))},
 	"POST /v1/sandboxes/{id}/ports":                  {ctype: "application/json", body: `{"port":8080}`},
 	"POST /v1/sandboxes/{id}/checkpoints":            {ctype: "application/json", body: `{}`},

@@ -1,9 +1,11 @@
 package server
 
 import (
+	"encoding/json"
 	"net/http"
 	"os"
 	"path"
+	"sync"
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
@@ -168,4 +170,76 @@ func (s *Server) upload(r *http.Request, what string) (*limitedBody, error) {
 		return nil, errdefs.TooLargef("%s of %s is larger than the daemon's limit of %s (max_upload_bytes)", what, size(r.ContentLength), size(s.limits.MaxUploadBytes))
 	}
 	return b, nil
+}
+
+// watchFiles streams changes under ?path= (recursive=true: below it too)
+// as ndjson WatchEvents until the client goes away (see api.WatchEvent).
+// Like the other streams it is one of the tenant's, ended by a revoked key.
+func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request, c *call) error {
+	p, err := requireQuery(r, "path")
+	if err != nil {
+		return err
+	}
+	recursive, err := queryBool(r, "recursive")
+	if err != nil {
+		return err
+	}
+	ctx, endStream, err := s.beginStream(w, r, c)
+	if err != nil {
+		return err
+	}
+	defer endStream()
+	ready := make(chan struct{})
+	fl := http.NewResponseController(w) // through the middleware's writer
+	enc := json.NewEncoder(w)
+	started := false
+	start := func() {
+		if !started {
+			started = true
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(http.StatusOK)
+			_ = fl.Flush()
+		}
+	}
+	// The answer's head goes once the watch is in place (a client then
+	// knows changes from now on are seen), or with the first change.
+	var mu sync.Mutex
+	finished := false // the handler is answering: nothing more from the goroutine
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-ready:
+			mu.Lock()
+			if !finished {
+				start()
+			}
+			mu.Unlock()
+		case <-done:
+		}
+	}()
+	err = s.eng.WatchFiles(ctx, c.tenant, r.PathValue("id"), path.Clean("/"+p), recursive, ready, func(e sandbox.WatchEvent) error {
+		mu.Lock()
+		defer mu.Unlock()
+		start()
+		if err := enc.Encode(api.WatchEvent{Path: e.Path, Op: e.Op}); err != nil {
+			return err
+		}
+		_ = fl.Flush()
+		return nil
+	})
+	mu.Lock()
+	finished = true
+	mu.Unlock()
+	if r.Context().Err() != nil || (err == nil && started) {
+		return nil // the client went away: the end of a watch
+	}
+	if started {
+		c.lg.InfoContext(r.Context(), "watch ended", "err", err)
+		return nil
+	}
+	if keyRevoked(ctx) {
+		return errKeyRevoked
+	}
+	return err
 }

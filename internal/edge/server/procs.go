@@ -135,7 +135,7 @@ func (s *Server) processOutput(w http.ResponseWriter, r *http.Request, c *call) 
 		return err
 	}
 	defer endStream()
-	fl, _ := w.(http.Flusher)
+	fl := http.NewResponseController(w) // through the middleware's writer
 	enc := json.NewEncoder(w)
 	started := false
 	err = s.eng.ProcessOutput(ctx, c.tenant, r.PathValue("id"), pid, offset, follow, func(f sandbox.OutputFrame) error {
@@ -151,9 +151,7 @@ func (s *Server) processOutput(w http.ResponseWriter, r *http.Request, c *call) 
 		if err := enc.Encode(fr); err != nil {
 			return err
 		}
-		if fl != nil {
-			fl.Flush()
-		}
+		_ = fl.Flush()
 		return nil
 	})
 	if keyRevoked(ctx) {

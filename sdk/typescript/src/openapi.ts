@@ -918,6 +918,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/files/watch": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Stream changes under a path of the sandbox
+         * @description Watches path (and, with recursive=true, every directory below it, also ones made later) with inotify inside the sandbox, so changes the sandbox's own processes make are seen, and streams them as newline-delimited JSON (WatchEvent) until the client closes the connection. The watch is the sandbox's agent's: a checkpoint, restore or daemon restart ends the stream, and the client watches again. Sandboxes without the in-sandbox agent (created before it) answer 412.
+         */
+        get: operations["watchFiles"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1570,6 +1590,11 @@ export interface components {
             /** Format: int64 */
             lost?: number;
             error?: components["schemas"]["ErrorBody"];
+        };
+        WatchEvent: {
+            path: string;
+            /** @enum {string} */
+            op: "create" | "write" | "remove" | "rename" | "chmod" | "overflow";
         };
     };
     responses: never;
@@ -3976,6 +4001,43 @@ export interface operations {
                 };
                 content: {
                     "application/x-ndjson": components["schemas"]["OutputFrame"];
+                };
+            };
+            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            default: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    watchFiles: {
+        parameters: {
+            query: {
+                /** @description The sandbox path to watch */
+                path: string;
+                /** @description Watch every directory below path too */
+                recursive?: boolean;
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The stream of changes */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-ndjson": components["schemas"]["WatchEvent"];
                 };
             };
             /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
