@@ -328,3 +328,53 @@ func TestWatchFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestProcessOutputFollows: a followed output stream delivers each line as
+// the process writes it (not at its end), and a client that re-attaches
+// from its offset gets the rest without a repeat.
+func TestProcessOutputFollows(t *testing.T) {
+	c, _, _ := newAPI(t)
+	ctx := ctxT(t)
+	sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Template: "minimal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := c.StartProcess(ctx, sb.ID, api.StartProcessRequest{Args: []string{"sh", "-c", "for i in 1 2 3 4 5; do echo line$i; sleep 1; done"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	var first time.Duration
+	var got strings.Builder
+	stop := errors.New("enough")
+	var off int64
+	err = c.ProcessOutput(ctx, sb.ID, pid, 0, true, func(f api.OutputFrame) error {
+		if f.Stream == "stdout" {
+			if first == 0 {
+				first = time.Since(start)
+			}
+			got.Write(f.Data)
+			off = f.Offset + int64(len(f.Data))
+			if strings.Count(got.String(), "\n") == 2 {
+				return stop
+			}
+		}
+		return nil
+	})
+	if !errors.Is(err, stop) || first > 3*time.Second {
+		t.Fatalf("follow: %v; first output after %v (the process writes a line a second)", err, first)
+	}
+	var exit *api.ExitStatus
+	err = c.ProcessOutput(ctx, sb.ID, pid, off, true, func(f api.OutputFrame) error {
+		if f.Stream == "stdout" {
+			got.Write(f.Data)
+		}
+		if f.Stream == "exited" {
+			exit = f.Exit
+		}
+		return nil
+	})
+	if err != nil || exit == nil || exit.Code != 0 || got.String() != "line1\nline2\nline3\nline4\nline5\n" {
+		t.Fatalf("re-attached at %d: %v %+v %q", off, err, exit, got.String())
+	}
+}
