@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/drivers/internal/hostproc"
 	"github.com/amber-run/amber/lib/agentproto"
 )
 
@@ -27,18 +28,13 @@ var _ sandbox.OrphanSweeper = (*Driver)(nil)
 // is never touched, whoever's it is; sandboxes of the sh init (before the
 // agent) are not recognized.
 func (d *Driver) SweepOrphans(ctx context.Context) ([]string, error) {
-	ents, err := os.ReadDir("/proc")
+	pids, err := hostproc.Pids()
 	if err != nil {
 		return nil, err
 	}
 	var killed []string
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil || strings.SplitN(string(b), "\x00", 2)[0] != agentproto.Path {
+	for _, pid := range pids {
+		if args := hostproc.Args(pid); len(args) == 0 || args[0] != agentproto.Path {
 			continue
 		}
 		upper := rootUpperDir(pid)
@@ -84,14 +80,7 @@ func rootUpperDir(pid int) string {
 // first), or pid alone when it has none under /amber/, and returns how
 // many it signalled.
 func killCgroupOf(pid int) int {
-	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
-	var dir string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.SplitN(line, ":", 3)
-		if len(f) == 3 && f[1] == "freezer" && strings.HasPrefix(f[2], "/amber/") {
-			dir = filepath.Join("/sys/fs/cgroup/freezer", f[2])
-		}
-	}
+	dir := hostproc.AmberCgroups("/sys/fs/cgroup", pid)["freezer"]
 	if dir == "" {
 		_ = unix.Kill(pid, unix.SIGKILL)
 		return 1

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/drivers/internal/hostproc"
 )
 
 var _ sandbox.OrphanSweeper = (*Driver)(nil)
@@ -24,18 +25,14 @@ var _ sandbox.OrphanSweeper = (*Driver)(nil)
 // and it holds memory, CPU and its network namespace for good. A sandbox
 // whose root directory exists is never touched, whoever's it is.
 func (d *Driver) SweepOrphans(ctx context.Context) ([]string, error) {
-	ents, err := os.ReadDir("/proc")
+	pids, err := hostproc.Pids()
 	if err != nil {
 		return nil, err
 	}
 	var killed []string
 	var cgroups []string
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		args := procArgs(pid)
+	for _, pid := range pids {
+		args := hostproc.Args(pid)
 		if len(args) == 0 || !strings.HasPrefix(filepath.Base(args[0]), "runsc") {
 			continue
 		}
@@ -46,7 +43,9 @@ func (d *Driver) SweepOrphans(ctx context.Context) ([]string, error) {
 		if _, err := os.Lstat(root); !errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
-		cgroups = append(cgroups, amberCgroups(pid)...)
+		for _, dir := range hostproc.AmberCgroups(cgroupRoot, pid) {
+			cgroups = append(cgroups, dir)
+		}
 		if err := syscall.Kill(pid, syscall.SIGKILL); err == nil {
 			killed = append(killed, filepath.Base(args[0])+" pid "+strconv.Itoa(pid)+" (root "+root+")")
 		}
@@ -61,15 +60,6 @@ func (d *Driver) SweepOrphans(ctx context.Context) ([]string, error) {
 	return killed, ctx.Err()
 }
 
-// procArgs is pid's command line.
-func procArgs(pid int) []string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil || len(b) == 0 {
-		return nil
-	}
-	return strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
-}
-
 // flagValue is the value of --name=value (or --name value) in args.
 func flagValue(args []string, name string) string {
 	for i, a := range args {
@@ -81,23 +71,4 @@ func flagValue(args []string, name string) string {
 		}
 	}
 	return ""
-}
-
-// amberCgroups lists the v1 cgroup directories of pid under an /amber/
-// parent (the drivers' parents), for removal once it has exited.
-func amberCgroups(pid int) []string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.SplitN(line, ":", 3)
-		if len(f) != 3 || !strings.HasPrefix(f[2], "/amber/") || f[1] == "" {
-			continue
-		}
-		ctrl := strings.TrimPrefix(f[1], "name=")
-		out = append(out, filepath.Join(cgroupRoot, ctrl, f[2]))
-	}
-	return out
 }
