@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/drivers/internal/agent"
+	"github.com/amber-run/amber/drivers/internal/hostproc"
 	"github.com/amber-run/amber/lib/agentproto"
 )
 
@@ -135,13 +135,12 @@ func newAgentToken() (string, error) {
 // from its own environment before it starts anything); the agent hands
 // every process it starts the whole environment the call names.
 //
-// GODEBUG=multipathtcp=0: Go's net.Listen makes an MPTCP socket where the
-// kernel has MPTCP (the default since Go 1.24), and CRIU cannot dump one
-// ("inet: Unsupported proto 262"); the agent's listener must be plain TCP.
+// (The agent's listener is plain TCP by its own choice — CRIU cannot dump
+// the MPTCP sockets Go's net.Listen makes by default.)
 func agentInit(rec *record) *libcontainer.Process {
 	env := []string{"PATH=" + defaultPath}
 	env = append(env, rec.Template.Env...)
-	env = append(env, "GODEBUG=multipathtcp=0", agentproto.TokenEnv+"="+rec.AgentToken)
+	env = append(env, agentproto.TokenEnv+"="+rec.AgentToken)
 	return &libcontainer.Process{
 		Args: []string{agentproto.Path},
 		Env:  env,
@@ -260,19 +259,7 @@ func oomKills(ls *liveSandbox) int64 {
 	if err != nil {
 		return -1
 	}
-	b, err := os.ReadFile(filepath.Join(cm.Path("memory"), "memory.oom_control"))
-	if err != nil {
-		return -1
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
-			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			if err == nil {
-				return n
-			}
-		}
-	}
-	return -1
+	return hostproc.OOMKills(cm.Path("memory"))
 }
 
 // agentStart is Start through the sandbox's agent: the process is the

@@ -149,7 +149,7 @@
 //     open connection too (TcpEstablished; tested), but a restored agent
 //     would keep a half of it whose peer is gone. The agent's listener
 //     must be plain TCP: CRIU cannot dump MPTCP, which Go's net.Listen
-//     uses by default (the init runs with GODEBUG=multipathtcp=0).
+//     uses by default (the agent turns it off on its listener).
 //   - lazy restore (`criu lazy-pages` sharing the restore's work directory,
 //     fs.pipe-max-size >= 4 MiB) needs vm.unprivileged_userfaultfd=1: the
 //     restored tasks open their userfaultfd inside the user namespace.

@@ -344,19 +344,12 @@ func (d *Driver) agentProcesses(ctx context.Context, rec *record) ([]sandbox.Pro
 // reaped with success (its handler excuses ESRCH for an ended process of
 // its table), so the listing decides first.
 func (d *Driver) agentSignal(ctx context.Context, rec *record, pid int, sig syscall.Signal) error {
-	c := d.agentFor(rec)
-	ps, err := c.Processes(ctx)
-	if err != nil {
-		return d.agentErr(ctx, rec, err)
-	}
-	found := false
-	for _, p := range ps {
-		found = found || p.PID == pid
-	}
-	if !found {
+	// The agent is pid 1 and not the tenant's process; a pid that is not
+	// there is the agent's not_found (ErrNotFound).
+	if pid == 1 {
 		return errdefs.NotFoundf("sandbox %s: process %d", rec.ID, pid)
 	}
-	if err := c.Signal(ctx, pid, int(sig), false); err != nil {
+	if err := d.agentFor(rec).Signal(ctx, pid, int(sig), false); err != nil {
 		return d.agentErr(ctx, rec, err)
 	}
 	return nil

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/amber-run/amber/drivers/internal/hostproc"
 	"github.com/amber-run/amber/lib/netns"
 )
 
@@ -197,17 +198,8 @@ func readCgroupInt(ctrl, path, file string) (int64, error) {
 	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 }
 
-// oomKills returns the oom_kill count of cgroup path's memory controller.
+// oomKills returns the oom_kill count of cgroup path's memory controller
+// (0 when it cannot be read).
 func oomKills(path string) int64 {
-	b, err := os.ReadFile(filepath.Join(cgroupRoot, "memory", path, "memory.oom_control"))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
-			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			return n
-		}
-	}
-	return 0
+	return max(0, hostproc.OOMKills(filepath.Join(cgroupRoot, "memory", path)))
 }

@@ -29,6 +29,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -253,20 +254,11 @@ func (c *Client) Health(ctx context.Context) (agentproto.Health, error) {
 	if err := c.call(ctx, "GET", "/v1/health", nil, &h); err != nil {
 		return h, err
 	}
-	major, _, _ := cut(h.Protocol, '.')
+	major, _, _ := strings.Cut(h.Protocol, ".")
 	if n, err := strconv.Atoi(major); err != nil || n != agentproto.Major {
 		return h, errdefs.FailedPreconditionf("sandbox %s: its agent speaks protocol %q; this daemon speaks %s", c.id, h.Protocol, agentproto.Version)
 	}
 	return h, nil
-}
-
-func cut(s string, sep byte) (string, string, bool) {
-	for i := 0; i < len(s); i++ {
-		if s[i] == sep {
-			return s[:i], s[i+1:], true
-		}
-	}
-	return s, "", false
 }
 
 // WaitReady calls Health until it answers or ctx ends.
@@ -308,16 +300,8 @@ func (c *Client) Start(ctx context.Context, s agentproto.Start) (int, error) {
 		if err == nil {
 			break
 		}
-		if !errdefs.IsUnavailable(err) || ctx.Err() != nil {
+		if err := c.again(ctx, &broke, err); err != nil {
 			return 0, err
-		}
-		if broke.IsZero() {
-			broke = time.Now()
-		} else if time.Since(broke) > ReattachWindow {
-			return 0, err
-		}
-		if perr := c.reattachPause(ctx); perr != nil {
-			return 0, perr
 		}
 	}
 	if st.PID <= 0 {
@@ -360,18 +344,30 @@ func (c *Client) Wait(ctx context.Context, pid int) (agentproto.Exit, error) {
 			}
 			err = c.unavailable(derr)
 		}
-		if !errdefs.IsUnavailable(err) {
-			return agentproto.Exit{}, err
-		}
-		if broke.IsZero() {
-			broke = time.Now()
-		} else if time.Since(broke) > ReattachWindow {
-			return agentproto.Exit{}, err
-		}
-		if err := c.reattachPause(ctx); err != nil {
+		if err := c.again(ctx, &broke, err); err != nil {
 			return agentproto.Exit{}, err
 		}
 	}
+}
+
+// again decides whether a call that failed with err is made again: only
+// when the agent was unavailable (a connection a cut, a restore or a
+// restart broke), within ReattachWindow of the first failure since the
+// call last got through (*broke), after reattachPause. It returns nil to
+// try again, else the error to give up with.
+func (c *Client) again(ctx context.Context, broke *time.Time, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if !errdefs.IsUnavailable(err) {
+		return err
+	}
+	if broke.IsZero() {
+		*broke = time.Now()
+	} else if time.Since(*broke) > ReattachWindow {
+		return err
+	}
+	return c.reattachPause(ctx)
 }
 
 // reattachPause waits a moment before a broken stream is tried again, and

@@ -47,19 +47,8 @@ func (c *Client) Output(ctx context.Context, pid int, offset int64, follow bool,
 			}
 			broke = time.Time{} // it was attached: a new window
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if !errdefs.IsUnavailable(err) {
+		if err := c.again(ctx, &broke, err); err != nil {
 			return err
-		}
-		if broke.IsZero() {
-			broke = time.Now()
-		} else if time.Since(broke) > ReattachWindow {
-			return err
-		}
-		if perr := c.reattachPause(ctx); perr != nil {
-			return perr
 		}
 	}
 }

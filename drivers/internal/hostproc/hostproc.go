@@ -1,6 +1,7 @@
 // Package hostproc reads the host's /proc for the drivers' sweeps: which
 // processes run, their command lines, their v1 cgroups. It is what both
-// drivers' orphan sweeps (sandbox.OrphanSweeper) walk.
+// drivers' orphan sweeps (sandbox.OrphanSweeper) walk, and the OOM
+// counts both drivers read from a sandbox's memory cgroup.
 package hostproc
 
 import (
@@ -54,4 +55,21 @@ func AmberCgroups(root string, pid int) map[string]string {
 		out[ctrl] = filepath.Join(root, ctrl, f[2])
 	}
 	return out
+}
+
+// OOMKills is the oom_kill count in memory.oom_control of the v1 memory
+// cgroup directory dir, or -1 when it cannot be read.
+func OOMKills(dir string) int64 {
+	b, err := os.ReadFile(filepath.Join(dir, "memory.oom_control"))
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+				return n
+			}
+		}
+	}
+	return -1
 }
