@@ -81,7 +81,8 @@ type proc struct {
 	open     int      // output pipes not yet at end of file
 	exit     *agentproto.Exit
 	exitAt   time.Time
-	finished bool // exit recorded and output complete (done): the exit file is written
+	forkAt   time.Time // just before the fork: Exit.LifeMicros
+	finished bool      // exit recorded and output complete (done): the exit file is written
 	timedOut bool
 	changed  chan struct{} // closed and replaced on every change
 
@@ -229,6 +230,7 @@ func (t *table) start(s agentproto.Start) (*proc, error) {
 		}
 	}
 	t.mu.Lock()
+	p.forkAt = time.Now()
 	pid, err := syscall.ForkExec(path, argv, &syscall.ProcAttr{Dir: s.Cwd, Env: s.Env, Files: fds[:], Sys: attr})
 	if err != nil {
 		t.mu.Unlock()
@@ -410,8 +412,9 @@ func (p *proc) ended(ws unix.WaitStatus) {
 		e.Code = 128 + int(ws.Signal())
 		e.Signal = unix.SignalName(ws.Signal())
 	}
-	p.exit = &e
 	p.exitAt = time.Now()
+	e.LifeMicros = p.exitAt.Sub(p.forkAt).Microseconds()
+	p.exit = &e
 	if p.stdin != nil {
 		p.stdin.Close()
 		p.stdin = nil

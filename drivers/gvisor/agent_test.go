@@ -384,7 +384,52 @@ func TestAgentExecBenchmark(t *testing.T) {
 			path = "runsc exec (generation 1)"
 		}
 		t.Logf("Exec(true) through %s, %d runs: p50 %v, p90 %v, p99 %v", path, n, pct(ds, 50), pct(ds, 90), pct(ds, 99))
+		if gen == specVersion {
+			logSandboxFloor(t, d, id, n)
+		}
 	}
+}
+
+// logSandboxFloor logs what gVisor itself spends on a process of `true`,
+// without any round trip to the host: the agent's own fork-to-reap time
+// (Exit.LifeMicros) over n processes, and 100 runs of /bin/true from the
+// template's shell inside the sandbox (a full fork, as any shell does).
+func logSandboxFloor(t *testing.T, d *Driver, id string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	rec, err := d.running(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := d.agentFor(rec)
+	base, err := agentBase(rec, sandbox.ExecSpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var life []time.Duration
+	for range n {
+		s := base
+		s.Args = []string{"true"}
+		pid, err := c.Start(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := c.Wait(ctx, pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		life = append(life, time.Duration(e.LifeMicros)*time.Microsecond)
+	}
+	var sh []time.Duration
+	for range 3 {
+		begin := time.Now()
+		st, err := d.Exec(ctx, id, sandbox.ExecSpec{Args: []string{"sh", "-c", "i=0; while [ $i -lt 100 ]; do /bin/true; i=$((i+1)); done"}})
+		if err != nil || st.Code != 0 {
+			t.Fatalf("shell loop: %+v %v", st, err)
+		}
+		sh = append(sh, time.Since(begin)/100)
+	}
+	t.Logf("inside the sandbox: the agent's fork to reap of `true` p50 %v (%d runs); /bin/true from sh, 3×100 runs: %v each (median)", pct(life, 50), n, pct(sh, 50))
 }
 
 // TestAgentTemplateUser: with a non-root template user, the agent (root)

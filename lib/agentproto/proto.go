@@ -166,6 +166,11 @@ type Exit struct {
 	Code     int    `json:"code"`
 	Signal   string `json:"signal,omitempty"`
 	TimedOut bool   `json:"timed_out,omitempty"`
+	// LifeMicros is the time from the agent's fork to its reap of the
+	// process, in microseconds: what the sandbox's kernel spent on the
+	// process's whole life, without the round trips to the host (a
+	// benchmark's floor). Informational; 0 from an older agent.
+	LifeMicros int64 `json:"life_us,omitempty"`
 }
 
 // WatchEvent is one change under a watched path.
