@@ -104,13 +104,17 @@ func (a *agent) startProcess(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, errors.Join(errInvalid, errors.New("key longer than 128 bytes")))
 		return
 	}
-	if p, ok := a.procs.started(s.Key); ok {
-		writeJSON(w, agentproto.Started{PID: p.pid}) // asked again
-		return
+	p, ok := a.procs.started(s.Key) // asked again: the one it started
+	if !ok {
+		var err error
+		if p, err = a.procs.start(s); err != nil {
+			writeErr(w, err)
+			return
+		}
 	}
-	p, err := a.procs.start(s)
-	if err != nil {
-		writeErr(w, err)
+	if r.URL.Query().Get("attach") == "1" {
+		w.Header().Set(agentproto.PIDHeader, strconv.Itoa(p.pid))
+		a.stream(w, r, p, 0, true)
 		return
 	}
 	writeJSON(w, agentproto.Started{PID: p.pid})
@@ -134,7 +138,11 @@ func (a *agent) output(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, errors.Join(errInvalid, errors.New("bad offset")))
 		return
 	}
-	follow := r.URL.Query().Get("follow") == "1"
+	a.stream(w, r, p, off, r.URL.Query().Get("follow") == "1")
+}
+
+// stream writes p's output from off on (see output).
+func (a *agent) stream(w http.ResponseWriter, r *http.Request, p *proc, off int64, follow bool) {
 	p.mu.Lock()
 	p.followers++
 	p.mu.Unlock()

@@ -23,6 +23,11 @@
 //
 //	GET  /v1/health                     → Health
 //	POST /v1/processes          Start   → Started
+//	POST /v1/processes?attach=1 Start   → PIDHeader, then the stream of
+//	                                      frames of output?offset=0&follow=1
+//	                                      (an exec in one round trip; an
+//	                                      agent before 1.1 answers Started,
+//	                                      and the host then asks for output)
 //	GET  /v1/processes                  → []Process (the agent itself left out)
 //	GET  /v1/processes/{pid}/output?offset=N[&follow=1]
 //	                                    → a stream of frames (Frame, binary)
@@ -54,7 +59,7 @@ import (
 
 // Version is the protocol version: "major.minor". The host accepts an agent
 // whose major version equals its own.
-const Version = "1.0"
+const Version = "1.1"
 
 // Major is Version's major number.
 const Major = 1
@@ -64,6 +69,10 @@ const Port = 49983
 
 // TokenHeader carries the sandbox's agent token on every request.
 const TokenHeader = "X-Amber-Agent-Token"
+
+// PIDHeader names the process an attached start started (or had started
+// under the same key), before its output frames.
+const PIDHeader = "X-Amber-Pid"
 
 // TokenEnv is the environment variable the agent reads its token from at
 // boot (and removes).

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -321,5 +322,74 @@ func TestStartKeyIsIdempotent(t *testing.T) {
 	s.Key = "k-2"
 	if p3, err := c.Start(context.Background(), s); err != nil || p3 == p1 {
 		t.Fatalf("another key: pid %d, %v", p3, err)
+	}
+}
+
+// An exec is one round trip (an attached start); when its stream breaks
+// (every connection dropped, as before a checkpoint) it re-attaches: the
+// caller gets each byte once, the exit status, and the command ran once.
+func TestExecReattachesWithoutGapOrRepeat(t *testing.T) {
+	c, _ := hostAgent(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	var out bytes.Buffer
+	done := make(chan error, 1)
+	var st sandbox.ExitStatus
+	go func() {
+		var err error
+		st, err = c.Exec(ctx, sandbox.ExecSpec{Args: []string{"sh", "-c", "echo run >> " + dir + "/runs; i=0; while [ $i -lt 300 ]; do echo line$i; i=$((i+1)); sleep 0.005; done; exit 4"}, Stdout: &out}, base())
+		done <- err
+	}()
+	for i := 0; i < 5; i++ {
+		time.Sleep(150 * time.Millisecond)
+		c.Drop()
+	}
+	if err := <-done; err != nil || st.Code != 4 {
+		t.Fatalf("exec across drops: %+v %v", st, err)
+	}
+	var want strings.Builder
+	for i := 0; i < 300; i++ {
+		fmt.Fprintf(&want, "line%d\n", i)
+	}
+	if out.String() != want.String() {
+		t.Fatalf("output after 5 drops differs: got %d bytes, want %d", out.Len(), want.Len())
+	}
+	if runs, _ := os.ReadFile(filepath.Join(dir, "runs")); string(runs) != "run\n" {
+		t.Fatalf("the command ran %d times", strings.Count(string(runs), "run"))
+	}
+}
+
+// An agent before protocol 1.1 answers an attached start with Started
+// alone: the host then asks for the output, as it did before.
+func TestExecWithAgentBeforeAttachedStarts(t *testing.T) {
+	var outputs int
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/processes", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"pid":42}`))
+	})
+	mux.HandleFunc("GET /v1/processes/42/output", func(w http.ResponseWriter, r *http.Request) {
+		outputs++
+		_ = agentproto.WriteFrame(w, agentproto.Frame{Kind: agentproto.Stdout, Data: []byte("old\n")})
+		_ = agentproto.WriteFrame(w, agentproto.ExitFrame(4, agentproto.Exit{Code: 7}))
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: mux, Protocols: &protos}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	c := New("old", "tok", func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", ln.Addr().String())
+	})
+	var out bytes.Buffer
+	var pid int
+	st, err := c.Exec(context.Background(), sandbox.ExecSpec{Args: []string{"x"}, Stdout: &out, Started: func(p int) { pid = p }}, base())
+	if err != nil || st.Code != 7 || out.String() != "old\n" || pid != 42 || outputs != 1 {
+		t.Fatalf("exec through an old agent: %+v %v out=%q pid=%d outputs=%d", st, err, out.String(), pid, outputs)
 	}
 }

@@ -289,9 +289,7 @@ func (c *Client) WaitReady(ctx context.Context) (agentproto.Health, error) {
 // often it is asked.
 func (c *Client) Start(ctx context.Context, s agentproto.Start) (int, error) {
 	if s.Key == "" {
-		var b [12]byte
-		_, _ = rand.Read(b[:])
-		s.Key = hex.EncodeToString(b[:])
+		s.Key = newKey()
 	}
 	var st agentproto.Started
 	var broke time.Time
@@ -308,6 +306,14 @@ func (c *Client) Start(ctx context.Context, s agentproto.Start) (int, error) {
 		return 0, c.unavailable(fmt.Errorf("start answered pid %d", st.PID))
 	}
 	return st.PID, nil
+}
+
+// newKey is a start key: a start asked again under it (after a broken
+// connection) gets the process the first one started.
+func newKey() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // Signal sends sig to pid (group: its process group).

@@ -1,10 +1,13 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"strconv"
 	"syscall"
@@ -120,8 +123,44 @@ func (c *Client) Exec(ctx context.Context, spec sandbox.ExecSpec, base agentprot
 	if spec.Timeout > 0 {
 		s.TimeoutMS = max(1, spec.Timeout.Milliseconds())
 	}
-	pid, err := c.Start(ctx, s)
-	if err != nil {
+	stdout, stderr := spec.Stdout, spec.Stderr
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	var exit agentproto.Exit
+	frame := func(f agentproto.Frame) error {
+		switch f.Kind {
+		case agentproto.Stdout:
+			_, _ = stdout.Write(f.Data)
+		case agentproto.Stderr:
+			_, _ = stderr.Write(f.Data)
+		case agentproto.Exited:
+			exit, _ = f.Exit()
+		case agentproto.Lost:
+			// Only after 30 s without a reader (Start.Hold): say so, on
+			// the stream the caller reads last.
+			fmt.Fprintf(stderr, "\n[amber: %d bytes of output were lost]\n", f.LostBytes())
+		}
+		return nil
+	}
+	sctx, stopStdin := context.WithCancel(ctx)
+	defer stopStdin()
+	started := func(pid int) {
+		if spec.Started != nil {
+			spec.Started(pid)
+		}
+		if spec.Stdin != nil {
+			go func() { _ = c.Stdin(sctx, pid, spec.Stdin, true) }()
+		}
+		if spec.TTY && spec.Resize != nil {
+			go c.resizes(sctx, pid, spec.Resize)
+		}
+	}
+	pid, off, ended, err := c.startAttached(ctx, s, started, frame)
+	if err != nil && pid == 0 {
 		var ae *Error
 		if errors.As(err, &ae) && (ae.Code == "no_program" || ae.Code == "not_executable") {
 			if spec.Stderr != nil && !spec.TTY {
@@ -136,52 +175,9 @@ func (c *Client) Exec(ctx context.Context, spec sandbox.ExecSpec, base agentprot
 		}
 		return sandbox.ExitStatus{}, err
 	}
-	if spec.Started != nil {
-		spec.Started(pid)
+	if err == nil && !ended { // the attached stream broke, or an old agent
+		err = c.Output(ctx, pid, off, true, frame)
 	}
-	sctx, stopStdin := context.WithCancel(ctx)
-	defer stopStdin()
-	if spec.Stdin != nil {
-		go func() { _ = c.Stdin(sctx, pid, spec.Stdin, true) }()
-	}
-	if spec.TTY && spec.Resize != nil {
-		go func() {
-			for {
-				select {
-				case <-sctx.Done():
-					return
-				case ws, ok := <-spec.Resize:
-					if !ok {
-						return
-					}
-					_ = c.Resize(sctx, pid, ws.Rows, ws.Cols)
-				}
-			}
-		}()
-	}
-	stdout, stderr := spec.Stdout, spec.Stderr
-	if stdout == nil {
-		stdout = io.Discard
-	}
-	if stderr == nil {
-		stderr = io.Discard
-	}
-	var exit agentproto.Exit
-	err = c.Output(ctx, pid, 0, true, func(f agentproto.Frame) error {
-		switch f.Kind {
-		case agentproto.Stdout:
-			_, _ = stdout.Write(f.Data)
-		case agentproto.Stderr:
-			_, _ = stderr.Write(f.Data)
-		case agentproto.Exited:
-			exit, _ = f.Exit()
-		case agentproto.Lost:
-			// Only after 30 s without a reader (Start.Hold): say so, on
-			// the stream the caller reads last.
-			fmt.Fprintf(stderr, "\n[amber: %d bytes of output were lost]\n", f.LostBytes())
-		}
-		return nil
-	})
 	if err != nil {
 		if ctx.Err() != nil {
 			kctx, cancel := context.WithTimeout(context.Background(), CallTimeout)
@@ -192,6 +188,67 @@ func (c *Client) Exec(ctx context.Context, spec sandbox.ExecSpec, base agentprot
 		return sandbox.ExitStatus{}, err
 	}
 	return sandbox.ExitStatus{Code: exit.Code, Signal: exit.Signal, TimedOut: exit.TimedOut}, nil
+}
+
+// resizes passes a terminal's size changes on to process pid until ctx
+// ends or ch closes.
+func (c *Client) resizes(ctx context.Context, pid int, ch <-chan sandbox.WindowSize) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ws, ok := <-ch:
+			if !ok {
+				return
+			}
+			_ = c.Resize(ctx, pid, ws.Rows, ws.Cols)
+		}
+	}
+}
+
+// startAttached starts s and streams its output to fn in the same round
+// trip (POST /v1/processes?attach=1), calling started with the pid before
+// the first frame. It returns the pid and whether the exit frame came; if
+// not, off is where Output goes on: the stream broke after the start (a
+// checkpoint drops connections), or the agent predates attached starts
+// and answered Started alone. A start that fails is retried under the same
+// key as Start is, and returns pid 0; fn's error is returned with the pid.
+func (c *Client) startAttached(ctx context.Context, s agentproto.Start, started func(int), fn func(agentproto.Frame) error) (pid int, off int64, ended bool, err error) {
+	if s.Key == "" {
+		s.Key = newKey()
+	}
+	body, err := json.Marshal(s)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	var resp *http.Response
+	for broke := (time.Time{}); ; {
+		resp, err = c.do(ctx, "POST", "/v1/processes", url.Values{"attach": {"1"}}, bytes.NewReader(body))
+		if err == nil {
+			break
+		}
+		if err := c.again(ctx, &broke, err); err != nil {
+			return 0, 0, false, err
+		}
+	}
+	defer resp.Body.Close()
+	if h := resp.Header.Get(agentproto.PIDHeader); h == "" { // an agent before 1.1
+		var st agentproto.Started
+		if err := json.NewDecoder(io.LimitReader(resp.Body, agentproto.MaxJSON)).Decode(&st); err != nil || st.PID <= 0 {
+			return 0, 0, false, c.unavailable(fmt.Errorf("bad answer to a start: pid %d, %v", st.PID, err))
+		}
+		started(st.PID)
+		return st.PID, 0, false, nil
+	} else if pid, err = strconv.Atoi(h); err != nil || pid <= 0 {
+		return 0, 0, false, c.unavailable(fmt.Errorf("start answered pid %q", h))
+	}
+	started(pid)
+	ended, off, err = deliver(resp.Body, 0, fn)
+	var fe fnError
+	if errors.As(err, &fe) {
+		return pid, off, false, fe.err
+	}
+	return pid, off, ended, nil // a broken stream is re-attached by the caller
 }
 
 // SandboxOutput is Output in the terms of sandbox.OutputReader: what a
