@@ -387,16 +387,37 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	return stats, nil
 }
 
-// checkpointError explains a failed runsc checkpoint. One cause is known
-// and the caller's to fix: a port-forward connection (DialPort) open into
-// the sandbox, whose proxy in the sentry gVisor cannot save (its message
-// is an encoding error about waiter.ChannelNotifier, followed by a
-// goroutine dump that is cut here). The sandbox runs on after it.
+// checkpointError explains a failed runsc checkpoint; the sandbox runs on
+// after it. For the two known causes, which are the caller's to fix,
+// runsc's message (an encoding error followed by a goroutine dump) is
+// replaced by one line that says what to do:
+//
+//   - a port-forward connection (DialPort) open into the sandbox, whose
+//     proxy in the sentry gVisor cannot save (waiter.ChannelNotifier);
+//   - a FIFO (or another file that exists only in the sandbox's kernel)
+//     held open after its path was deleted: gVisor saves deleted open
+//     files only when the host has their data ("dead dentry is not saved
+//     ... synthetic=true", gofer's dentry.beforeSave). The driver cannot
+//     put the path back (the FIFO's buffer lives in the sentry), so the
+//     checkpoint is refused naming the file, never taken without it.
 func checkpointError(id string, err error) error {
 	var re *runscError
-	if errors.As(err, &re) && strings.Contains(re.msg, "waiter.ChannelNotifier") {
-		msg, _, _ := strings.Cut(re.msg, "\n")
-		return errdefs.FailedPreconditionf("checkpoint %s: a port-forward connection into the sandbox is open (DialPort), and gVisor cannot save it; close it and checkpoint again (runsc: %.300s)", id, strings.TrimSuffix(msg, ":"))
+	if !errors.As(err, &re) {
+		return fmt.Errorf("checkpoint %s: %w", id, err)
+	}
+	msg, _, _ := strings.Cut(re.msg, "\n")
+	msg = strings.TrimSuffix(msg, ":")
+	switch {
+	case strings.Contains(re.msg, "waiter.ChannelNotifier"):
+		return errdefs.FailedPreconditionf("checkpoint %s: a port-forward connection into the sandbox is open (DialPort), and gVisor cannot save it; close it and checkpoint again (runsc: %.300s)", id, msg)
+	case strings.Contains(re.msg, "dead dentry is not saved") && strings.Contains(re.msg, "synthetic=true"):
+		name := "a file"
+		if _, rest, ok := strings.Cut(re.msg, `dentry("`); ok {
+			if n, _, ok := strings.Cut(rest, `")`); ok && len(n) <= 255 {
+				name = strconv.Quote(n)
+			}
+		}
+		return errdefs.FailedPreconditionf("checkpoint %s: a process holds open a FIFO named %s whose path was deleted; gVisor cannot save a deleted FIFO (its data lives only in the sandbox's kernel), so the sandbox runs on without a checkpoint; keep the FIFO's path until the process closes it, or use an anonymous pipe (criu checkpoints it)", id, name)
 	}
 	return fmt.Errorf("checkpoint %s: %w", id, err)
 }

@@ -1,0 +1,37 @@
+package gvisor
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox/fidelitytest"
+)
+
+// TestFidelityKernelObjects: a zombie child, a unix socket on a deleted
+// path and a TCP connection with a full send buffer (one sender blocked in
+// send) come back after a checkpoint, a kill and a restore. A FIFO held
+// open after its path was deleted cannot be saved by gVisor: the
+// checkpoint is refused with one line naming the FIFO (not runsc's dump)
+// and the sandbox runs on.
+func TestFidelityKernelObjects(t *testing.T) {
+	runsc := requireHost(t)
+	fidelitytest.KernelObjects(t, newTestDriver(t, runsc, "/amber/gvisor-kobj"), fidelitytest.PythonTemplate(t), "fifo")
+}
+
+// The message runsc gives for a deleted FIFO (as runsc of the pinned
+// version printed it, its goroutine dump shortened) becomes one line.
+func TestCheckpointErrorNamesADeletedFIFO(t *testing.T) {
+	raw := &runscError{args: []string{"checkpoint"}, err: errors.New("exit status 128"),
+		msg: "checkpoint failed: checkpointing container \"x_\": encoding error: gofer.dentry(\"ko.fifo\").beforeSave: dead dentry is not saved in fs.savedDeletedOpenDentries (deleted=true, synthetic=true):\ngoroutine 129 [running]:\ngvisor.dev/gvisor/pkg/state.Save(...)\n"}
+	err := checkpointError("sbx", raw)
+	msg := err.Error()
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(msg, `FIFO named "ko.fifo"`) || strings.Contains(msg, "goroutine") || strings.Contains(msg, "\n") {
+		t.Fatalf("checkpointError = %v", err)
+	}
+	other := &runscError{args: []string{"checkpoint"}, err: errors.New("exit status 1"), msg: "something else"}
+	if err := checkpointError("sbx", other); !errors.As(err, new(*runscError)) {
+		t.Fatalf("an unknown cause loses its runsc error: %v", err)
+	}
+}
