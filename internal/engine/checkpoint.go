@@ -38,6 +38,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
@@ -59,6 +60,18 @@ type checkpointer struct {
 	ck checkpointing
 	eg *egressRunner
 	qt *quotas
+}
+
+// checkpointing is the state of checkpoints and restores (checkpoint.go,
+// restore.go, gc.go, hostcompat.go).
+type checkpointing struct {
+	store       *chunkstore.Store
+	workDir     string
+	keep        int
+	cpuFeatures func() ([]string, error)
+	gcs         sync.Map // tenant → *gcState (gc.go)
+	hot         *hotTier // the node's newest images (hottier.go)
+	drvTimeout  time.Duration
 }
 
 // Progress reports a long checkpoint or restore: the phase ("cut",

@@ -47,6 +47,31 @@ type core struct {
 	net *egress.Network
 }
 
+// background is the engine's background work; set by Start.
+type background struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// templates is the template catalog and the lock a version's removal takes
+// (template_ops.go: it excludes new sandbox rows).
+type templates struct {
+	cat *Catalog
+	mu  sync.RWMutex
+}
+
+// leasing is this node's identity and the leases it holds on sandbox
+// streams (holdLease, ownedHere, mine below; failover.go, move.go).
+type leasing struct {
+	holder string // lease holder: "node/" + nodeID
+	nodeID string // Options.Cluster.Node: the value of meta.Sandbox.Node for rows this engine runs
+	shared bool
+	ttl    time.Duration
+	mu     sync.Mutex
+	held   map[string]eventlog.Lease // sandbox id → the lease this engine holds on its stream
+}
+
 // holdLease renews this engine's lease on sandbox id's stream, or takes one
 // if it holds none. It fails with errdefs.ErrFenced when another holder
 // took the stream: a fenced node publishes and restores nothing.

@@ -22,6 +22,15 @@ type egressRunner struct {
 	egr egressRuns
 }
 
+// egressRuns is what starts and polices sandboxes' egress runs (egress.go,
+// egress_ceiling.go).
+type egressRuns struct {
+	gw       *gateway.Gateway
+	def      meta.EgressPolicy
+	ceiling  *meta.EgressPolicy // the operator's (egress_ceiling.go)
+	tenantCA func(ctx context.Context, tenant string) ([]byte, error)
+}
+
 // Egress: the engine tells the node's gateway which run each sandbox's
 // traffic belongs to (see package gateway: request numbering restarts at
 // every cut, taken or restored from).

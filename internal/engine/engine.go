@@ -14,9 +14,12 @@
 // marked crashed, a "running" row whose sandbox is gone is marked crashed
 // with a sandbox.crashed event, one whose sandbox runs is reattached.
 //
-// # Warm pool
+// # Parts
 //
-// See pool.go.
+// A small core (core.go) and one type per capability, each in its own
+// files with its own dependencies: checkpointer, pool, mover,
+// policyRunner, quotas, egressRunner, billing, templateOps (see Engine).
+// The warm pool is described in pool.go.
 //
 // May import: core, lib, internal/state, internal/egress, internal/obs/tracing.
 package engine
@@ -193,62 +196,6 @@ type Engine struct {
 	*billing
 	*templateOps
 	watch time.Duration
-}
-
-// background is the engine's background work; set by Start.
-type background struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-}
-
-// templates is the template catalog and the lock a version's removal takes
-// (template_ops.go: it excludes new sandbox rows).
-type templates struct {
-	cat *Catalog
-	mu  sync.RWMutex
-}
-
-// checkpointing is the state of checkpoints and restores (checkpoint.go,
-// restore.go, gc.go, hostcompat.go).
-type checkpointing struct {
-	store       *chunkstore.Store
-	workDir     string
-	keep        int
-	cpuFeatures func() ([]string, error)
-	gcs         sync.Map // tenant → *gcState (gc.go)
-	hot         *hotTier // the node's newest images (hottier.go)
-	drvTimeout  time.Duration
-}
-
-// leasing is this node's identity and the leases it holds on sandbox
-// streams (failover.go, move.go).
-type leasing struct {
-	holder string // lease holder: "node/" + nodeID
-	nodeID string // Options.Cluster.Node: the value of meta.Sandbox.Node for rows this engine runs
-	shared bool
-	ttl    time.Duration
-	mu     sync.Mutex
-	held   map[string]eventlog.Lease // sandbox id → the lease this engine holds on its stream
-}
-
-// policies is the per-sandbox and per-tenant state of recovery policies
-// (policy.go), idle stops (idle.go) and quotas (quota.go).
-type policies struct {
-	states       sync.Map // sandbox id → *policyState
-	fastEvery    int
-	fastInterval time.Duration
-	idle         time.Duration
-	activity     sync.Map // sandbox id → time.Time of the last call into it
-}
-
-// egressRuns is what starts and polices sandboxes' egress runs (egress.go,
-// egress_ceiling.go).
-type egressRuns struct {
-	gw       *gateway.Gateway
-	def      meta.EgressPolicy
-	ceiling  *meta.EgressPolicy // the operator's (egress_ceiling.go)
-	tenantCA func(ctx context.Context, tenant string) ([]byte, error)
 }
 
 // New returns an Engine. Call Start before serving requests.

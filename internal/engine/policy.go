@@ -35,6 +35,16 @@ type policyRunner struct {
 	eg  *egressRunner
 }
 
+// policies is the per-sandbox state of recovery policies (policy.go) and
+// idle stops (idle.go).
+type policies struct {
+	states       sync.Map // sandbox id → *policyState
+	fastEvery    int
+	fastInterval time.Duration
+	idle         time.Duration
+	activity     sync.Map // sandbox id → time.Time of the last call into it
+}
+
 // The recovery policies.
 const (
 	PolicyNone   = ""
