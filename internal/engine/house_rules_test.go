@@ -50,8 +50,9 @@ var capabilities = map[string]struct {
 	"templateOps":  {[]string{"template_ops.go", "templates.go"}, []string{"pool"}},
 }
 
-// poolDeps is what the pool is given instead of the Engine: the core and
-// the lifecycle's functions (pool.go); it holds no capability.
+// poolDepsType names what the pool is given instead of the Engine: the
+// core and the lifecycle's functions (pool.go). The pool holds it rather
+// than embedding *core; it holds no capability.
 const poolDepsType = "poolDeps"
 
 func TestEngineHouseRules(t *testing.T) {
