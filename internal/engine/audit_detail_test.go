@@ -24,7 +24,7 @@ func TestSystemAuditHidesInternalDetail(t *testing.T) {
 	}
 	defer st.Close()
 	var logs strings.Builder
-	e := &Engine{audit: audit.New(st, nil), lg: slog.New(slog.NewTextHandler(&logs, nil))}
+	e := &Engine{core: &core{audit: audit.New(st, nil), lg: slog.New(slog.NewTextHandler(&logs, nil))}}
 	ctx := context.Background()
 	e.auditSystem(ctx, "acme", "sandbox.idle_stop", "sbx-1", fmt.Errorf("write /var/lib/amber/work/ckpt-1/pages.img: input/output error"))
 	e.auditSystem(ctx, "acme", "sandbox.idle_stop", "sbx-2", errdefs.ResourceExhaustedf("quota max_checkpoints of tenant acme"))

@@ -87,7 +87,7 @@ func checkBudgetNames(q meta.TenantQuota) error {
 
 // MonthToDate returns what tenant consumed this calendar month (UTC), per
 // meter, as its budgets count it.
-func (e *Engine) MonthToDate(ctx context.Context, tenant string) (map[string]float64, error) {
+func (e *billing) MonthToDate(ctx context.Context, tenant string) (map[string]float64, error) {
 	now := e.clock.Now()
 	month := monthStart(now)
 	key := month.Format("2006-01")
@@ -139,7 +139,7 @@ func (e *Engine) MonthToDate(ctx context.Context, tenant string) (map[string]flo
 // checkBudgets refuses new work of tenant when one of its budgets is used
 // up (see the comment at the top): the state of the last refresh, or a
 // refresh for a tenant not seen yet.
-func (e *Engine) checkBudgets(ctx context.Context, tenant string) error {
+func (e *billing) checkBudgets(ctx context.Context, tenant string) error {
 	e.mtr.budget.mu.Lock()
 	o, ok := e.mtr.budget.over[tenant]
 	e.mtr.budget.mu.Unlock()
@@ -158,7 +158,7 @@ func (e *Engine) checkBudgets(ctx context.Context, tenant string) error {
 }
 
 // refreshBudget works out and keeps whether tenant is over a budget now.
-func (e *Engine) refreshBudget(ctx context.Context, tenant string) (budgetOver, error) {
+func (e *billing) refreshBudget(ctx context.Context, tenant string) (budgetOver, error) {
 	var o budgetOver
 	q, err := e.meta.TenantQuota(ctx, tenant)
 	if err != nil {
@@ -180,7 +180,7 @@ func (e *Engine) refreshBudget(ctx context.Context, tenant string) (budgetOver, 
 
 // refreshBudgets refreshes every tenant's budget state (after an
 // interval's records were appended); errors keep the previous state.
-func (e *Engine) refreshBudgets(ctx context.Context, tenants []meta.Tenant) {
+func (e *billing) refreshBudgets(ctx context.Context, tenants []meta.Tenant) {
 	for _, t := range tenants {
 		if _, err := e.refreshBudget(ctx, t.ID); err != nil && ctx.Err() == nil {
 			e.lg.Warn("budgets: month to date", "tenant_id", t.ID, "err", err)
@@ -190,7 +190,7 @@ func (e *Engine) refreshBudgets(ctx context.Context, tenants []meta.Tenant) {
 
 // overBudget names the first of q's budgets (by meter order) that tenant
 // has used up this month ("" if none).
-func (e *Engine) overBudget(ctx context.Context, tenant string, q meta.TenantQuota) (meter string, used, limit float64, err error) {
+func (e *billing) overBudget(ctx context.Context, tenant string, q meta.TenantQuota) (meter string, used, limit float64, err error) {
 	mtd, err := e.MonthToDate(ctx, tenant)
 	if err != nil {
 		return "", 0, 0, err
@@ -215,7 +215,7 @@ func (e *Engine) overBudget(ctx context.Context, tenant string, q meta.TenantQuo
 // enforceBudgets checkpoints and stops this node's running sandboxes of
 // every tenant that has used up a budget (called after each metering
 // interval, which refreshed the states).
-func (e *Engine) enforceBudgets(ctx context.Context) {
+func (e *billing) enforceBudgets(ctx context.Context) {
 	e.mtr.budget.mu.Lock()
 	over := map[string]budgetOver{}
 	for t, o := range e.mtr.budget.over {
@@ -233,7 +233,7 @@ func (e *Engine) enforceBudgets(ctx context.Context) {
 			if sb.Pooled || sb.Driver != e.drv.Name() {
 				continue
 			}
-			ck, err := e.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID, Stop: true, stopReason: budgetReason})
+			ck, err := e.ckr.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID, Stop: true, stopReason: budgetReason})
 			if err == nil || !errors.Is(err, errdefs.ErrFailedPrecondition) {
 				e.auditSystem(ctx, sb.Tenant, "sandbox.budget_stop", sb.ID+" "+ck.ID+" "+o.meter, err)
 			}
@@ -250,7 +250,7 @@ func (e *Engine) enforceBudgets(ctx context.Context) {
 // budgetHooks is budgets' lifecycleObserver (lifecycle.go): a tenant whose
 // budget is used up starts no new work (no sandbox created, restored or
 // resumed, no exec), and a sandbox it stopped is suspended.
-type budgetHooks struct{ e *Engine }
+type budgetHooks struct{ e *billing }
 
 func (budgetHooks) stopping(context.Context, string) {}
 

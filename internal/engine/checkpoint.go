@@ -38,6 +38,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
@@ -47,6 +48,31 @@ import (
 	"github.com/amber-run/amber/internal/state/chunkstore"
 	"github.com/amber-run/amber/internal/state/meta"
 )
+
+// checkpointer is checkpointing and restore (checkpoint.go, restore.go,
+// gc.go, hostcompat.go, the hot tier: hottier.go). Besides the core it
+// calls the egress runs (a cut holds and restarts a sandbox's run, a
+// restore starts one) and the quotas (checkpoint bytes, a restore's new
+// sandbox); it names nothing of metering or budgets, which observe it
+// through the lifecycle hooks (lifecycle.go).
+type checkpointer struct {
+	*core
+	ck checkpointing
+	eg *egressRunner
+	qt *quotas
+}
+
+// checkpointing is the state of checkpoints and restores (checkpoint.go,
+// restore.go, gc.go, hostcompat.go).
+type checkpointing struct {
+	store       *chunkstore.Store
+	workDir     string
+	keep        int
+	cpuFeatures func() ([]string, error)
+	gcs         sync.Map // tenant → *gcState (gc.go)
+	hot         *hotTier // the node's newest images (hottier.go)
+	drvTimeout  time.Duration
+}
 
 // Progress reports a long checkpoint or restore: the phase ("cut",
 // "upload", "fetch", "restore") and, for transfers, bytes done of total.
@@ -78,7 +104,7 @@ type RestoreRequest struct {
 	Progress func(Progress)
 }
 
-func (e *Engine) checkpointer() (sandbox.Checkpointer, error) {
+func (e *checkpointer) checkpointStore() (sandbox.Checkpointer, error) {
 	cp, ok := e.drv.(sandbox.Checkpointer)
 	if !ok || !e.drv.Capabilities().Checkpoint {
 		return nil, errdefs.FailedPreconditionf("driver %s cannot checkpoint", e.drv.Name())
@@ -113,7 +139,7 @@ type Observer interface {
 
 // Checkpoint cuts sandbox r.Sandbox and commits the image (see the order
 // above). Never two at once for one sandbox: it holds the sandbox's lock.
-func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (meta.Checkpoint, error) {
+func (e *checkpointer) Checkpoint(ctx context.Context, r CheckpointRequest) (meta.Checkpoint, error) {
 	start := time.Now()
 	ctx, span := e.span(ctx, "engine.checkpoint", r.Tenant, r.Sandbox)
 	ck, err := e.checkpoint(ctx, r)
@@ -121,18 +147,18 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 		span.SetAttributes(tracing.CheckpointID.String(ck.ID), tracing.StoredBytes.Int64(ck.Stats.StoredBytes))
 	}
 	tracing.End(span, err)
-	if e.ck.obs != nil && (err == nil || ck.ID != "") {
+	if e.obs != nil && (err == nil || ck.ID != "") {
 		kind := ""
 		if err != nil {
 			kind = errdefs.Kind(err)
 		}
-		e.ck.obs.Checkpoint(e.drv.Name(), ck.Tenant, kind, time.Duration(ck.Stats.FrozenNS), time.Since(start), ck.Stats.StoredBytes)
+		e.obs.Checkpoint(e.drv.Name(), ck.Tenant, kind, time.Duration(ck.Stats.FrozenNS), time.Since(start), ck.Stats.StoredBytes)
 	}
 	return ck, err
 }
 
-func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Checkpoint, error) {
-	cp, err := e.checkpointer()
+func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Checkpoint, error) {
+	cp, err := e.checkpointStore()
 	if err != nil {
 		return meta.Checkpoint{}, err
 	}
@@ -142,7 +168,7 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	if _, err := e.running(ctx, r.Tenant, r.Sandbox); err != nil {
 		return meta.Checkpoint{}, err
 	}
-	if err := e.checkCheckpointQuota(ctx, r.Tenant); err != nil {
+	if err := e.qt.checkCheckpointQuota(ctx, r.Tenant); err != nil {
 		return meta.Checkpoint{}, err
 	}
 	id := r.Sandbox
@@ -179,14 +205,14 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 	report(r.Progress, Progress{Phase: "cut"})
 	cut := e.cutLock(id)
 	cut.Lock()
-	releaseEgress := e.holdEgress(id)
+	releaseEgress := e.eg.holdEgress(id)
 	if r.Stop {
 		e.stopping(ctx, id) // its cgroup goes with the cut
 	}
 	cs, err := e.driverCut(ctx, cp, id, dir, r.Stop)
 	if err == nil {
 		// Requests from here on are the run this cut starts.
-		err = e.startRun(ctx, sb, ck.ID, false)
+		err = e.eg.startRun(ctx, sb, ck.ID, false)
 	}
 	releaseEgress()
 	if r.Stop {
@@ -283,7 +309,7 @@ func (e *Engine) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Chec
 }
 
 // driverCut is the driver's Checkpoint, bounded by DriverTimeout.
-func (e *Engine) driverCut(ctx context.Context, cp sandbox.Checkpointer, id, dir string, stop bool) (sandbox.CheckpointStats, error) {
+func (e *checkpointer) driverCut(ctx context.Context, cp sandbox.Checkpointer, id, dir string, stop bool) (sandbox.CheckpointStats, error) {
 	ctx, cancel := context.WithTimeout(ctx, e.ck.drvTimeout)
 	defer cancel()
 	return cp.Checkpoint(ctx, id, dir, sandbox.CheckpointOptions{LeaveStopped: stop})
@@ -291,7 +317,7 @@ func (e *Engine) driverCut(ctx context.Context, cp sandbox.Checkpointer, id, dir
 
 // resumeFromCut brings back sandbox sb, left stopped by a cut into dir
 // whose checkpoint did not commit; one that cannot be is crashed.
-func (e *Engine) resumeFromCut(ctx context.Context, cp sandbox.Checkpointer, sb meta.Sandbox, dir string) {
+func (e *checkpointer) resumeFromCut(ctx context.Context, cp sandbox.Checkpointer, sb meta.Sandbox, dir string) {
 	if _, rerr := cp.Restore(context.WithoutCancel(ctx), e.specFor(sb, sb.ID), dir, sandbox.RestoreOptions{}); rerr != nil {
 		e.lg.Error("resume after failed checkpoint-and-stop", "sandbox_id", sb.ID, "err", rerr)
 		_ = e.markCrashed(context.WithoutCancel(ctx), sb, EventCrashed, "checkpoint-and-stop failed and the sandbox could not be resumed: "+rerr.Error())
@@ -303,7 +329,7 @@ func (e *Engine) resumeFromCut(ctx context.Context, cp sandbox.Checkpointer, sb 
 // the intent: a pending row (steps 0 and 1 of the order above). It
 // returns the row, the checkpoint's parent and the host metadata. Called
 // with the sandbox's lock held.
-func (e *Engine) checkpointIntent(ctx context.Context, id string, sb meta.Sandbox, tag string) (ck, parent meta.Checkpoint, hostMeta map[string]string, err error) {
+func (e *checkpointer) checkpointIntent(ctx context.Context, id string, sb meta.Sandbox, tag string) (ck, parent meta.Checkpoint, hostMeta map[string]string, err error) {
 	// The template version is in the blob store before any checkpoint
 	// that needs it (its chunks, then its record; then this checkpoint's
 	// chunks, manifest and pointer), so any node can restore it.
@@ -346,7 +372,7 @@ func manifestMeta(id string, ck meta.Checkpoint, sb meta.Sandbox, hostMeta map[s
 
 // stoppedAtCut records that sandbox id, left stopped by its committed
 // checkpoint, is stopped (reason, default stoppedAtCutReason).
-func (e *Engine) stoppedAtCut(ctx context.Context, id, reason string) (meta.Sandbox, error) {
+func (e *checkpointer) stoppedAtCut(ctx context.Context, id, reason string) (meta.Sandbox, error) {
 	if reason == "" {
 		reason = stoppedAtCutReason
 	}
@@ -361,55 +387,8 @@ func (e *Engine) stoppedAtCut(ctx context.Context, id, reason string) (meta.Sand
 // checkpoint (checkpoint --stop).
 const stoppedAtCutReason = "checkpointed and stopped"
 
-// holdLease renews this engine's lease on sandbox id's stream, or takes one
-// if it holds none. It fails with errdefs.ErrFenced when another holder
-// took the stream: a fenced node publishes and restores nothing.
-func (e *Engine) holdLease(ctx context.Context, id string) (eventlog.Lease, error) {
-	return e.holdStreamLease(ctx, id, Stream(id), "sandbox "+id)
-}
-
-// holdStreamLease is holdLease for any stream; key names it in e.lease.held.
-func (e *Engine) holdStreamLease(ctx context.Context, key, stream, what string) (eventlog.Lease, error) {
-	e.lease.mu.Lock()
-	l, ok := e.lease.held[key]
-	e.lease.mu.Unlock()
-	var err error
-	if ok {
-		l, err = e.log.Renew(ctx, l, e.lease.ttl)
-	} else {
-		l, err = e.log.Acquire(ctx, stream, e.lease.holder, e.lease.ttl)
-		if errdefs.IsConflict(err) {
-			err = errdefs.Fencedf("%s: another node holds its stream: %v", what, err)
-		}
-	}
-	if err != nil {
-		if errdefs.IsFenced(err) {
-			e.lease.mu.Lock()
-			delete(e.lease.held, key)
-			e.lease.mu.Unlock()
-		}
-		return l, err
-	}
-	e.lease.mu.Lock()
-	e.lease.held[key] = l
-	e.lease.mu.Unlock()
-	return l, nil
-}
-
-// latestCheckpoint returns sandbox id's newest committed checkpoint.
-func (e *Engine) latestCheckpoint(ctx context.Context, id string) (meta.Checkpoint, error) {
-	cks, err := e.meta.Checkpoints(ctx, meta.CheckpointFilter{SandboxID: id, States: []meta.CheckpointState{meta.CheckpointCommitted}})
-	if err != nil {
-		return meta.Checkpoint{}, err
-	}
-	if len(cks) == 0 {
-		return meta.Checkpoint{}, errdefs.NotFoundf("sandbox %s has no checkpoint", id)
-	}
-	return cks[len(cks)-1], nil
-}
-
 // GetCheckpoint returns checkpoint id if tenant owns it.
-func (e *Engine) GetCheckpoint(ctx context.Context, tenant, id string) (meta.Checkpoint, error) {
+func (e *checkpointer) GetCheckpoint(ctx context.Context, tenant, id string) (meta.Checkpoint, error) {
 	if id == "" || len(id) > 48 || strings.Trim(id, "abcdefghijklmnopqrstuvwxyz0123456789-") != "" {
 		return meta.Checkpoint{}, errdefs.InvalidArgumentf("checkpoint id %.60q is malformed", id)
 	}
@@ -425,7 +404,7 @@ func (e *Engine) GetCheckpoint(ctx context.Context, tenant, id string) (meta.Che
 
 // ListCheckpoints returns sandbox id's committed checkpoints, oldest first
 // (all states when all is set).
-func (e *Engine) ListCheckpoints(ctx context.Context, tenant, id string, all bool) ([]meta.Checkpoint, error) {
+func (e *checkpointer) ListCheckpoints(ctx context.Context, tenant, id string, all bool) ([]meta.Checkpoint, error) {
 	if _, err := e.Get(ctx, tenant, id); err != nil {
 		return nil, err
 	}
@@ -437,7 +416,7 @@ func (e *Engine) ListCheckpoints(ctx context.Context, tenant, id string, all boo
 }
 
 // DeleteCheckpoint removes checkpoint id and the chunks only it used.
-func (e *Engine) DeleteCheckpoint(ctx context.Context, tenant, id string) error {
+func (e *checkpointer) DeleteCheckpoint(ctx context.Context, tenant, id string) error {
 	ck, err := e.GetCheckpoint(ctx, tenant, id)
 	if err != nil {
 		return err
@@ -463,7 +442,7 @@ func (e *Engine) DeleteCheckpoint(ctx context.Context, tenant, id string) error 
 // pending: one whose pointer exists and whose sandbox.checkpointed event is
 // in the log is committed; any other is failed (and its pointer, if any,
 // deleted: the log never referenced it).
-func (e *Engine) reconcileCheckpoints(ctx context.Context) error {
+func (e *checkpointer) reconcileCheckpoints(ctx context.Context) error {
 	pend, err := e.meta.Checkpoints(ctx, meta.CheckpointFilter{States: []meta.CheckpointState{meta.CheckpointPending}})
 	if err != nil {
 		return fmt.Errorf("reconcile checkpoints: %w", err)
@@ -510,7 +489,7 @@ func (e *Engine) reconcileCheckpoints(ctx context.Context) error {
 
 // findCheckpointEvent returns the position of ck's sandbox.checkpointed
 // event (0 if the log has none): it follows the cut.
-func (e *Engine) findCheckpointEvent(ctx context.Context, ck meta.Checkpoint) (uint64, error) {
+func (e *checkpointer) findCheckpointEvent(ctx context.Context, ck meta.Checkpoint) (uint64, error) {
 	for from := ck.Seq + 1; ; {
 		evs, err := e.log.Read(ctx, ck.Stream, from, 256)
 		if errors.Is(err, errdefs.ErrCompacted) {
@@ -536,7 +515,7 @@ func (e *Engine) findCheckpointEvent(ctx context.Context, ck meta.Checkpoint) (u
 // then the chunks only they used), and the stream is truncated below the
 // sandbox.checkpointed event of the oldest one kept — the log keeps what a
 // restore of any kept checkpoint may need to replay, nothing older.
-func (e *Engine) retain(ctx context.Context, sb meta.Sandbox) error {
+func (e *checkpointer) retain(ctx context.Context, sb meta.Sandbox) error {
 	keep := e.ck.keep
 	if p := e.tenantPolicy(ctx, sb.Tenant); p.KeepCheckpoints > 0 {
 		keep = p.KeepCheckpoints

@@ -15,6 +15,22 @@ import (
 	"github.com/amber-run/amber/internal/state/meta"
 )
 
+// egressRunner starts and polices sandboxes' egress runs through the
+// node's gateway (egress.go, egress_ceiling.go); it needs only the core.
+type egressRunner struct {
+	*core
+	egr egressRuns
+}
+
+// egressRuns is what starts and polices sandboxes' egress runs (egress.go,
+// egress_ceiling.go).
+type egressRuns struct {
+	gw       *gateway.Gateway
+	def      meta.EgressPolicy
+	ceiling  *meta.EgressPolicy // the operator's (egress_ceiling.go)
+	tenantCA func(ctx context.Context, tenant string) ([]byte, error)
+}
+
 // Egress: the engine tells the node's gateway which run each sandbox's
 // traffic belongs to (see package gateway: request numbering restarts at
 // every cut, taken or restored from).
@@ -44,7 +60,7 @@ func startRunID(sandbox string) string { return sandbox + ".start" }
 // the daemon's default — cut down to every ceiling above it (see
 // egress_ceiling.go: the tenant's over a sandbox's own, the operator's over
 // all). A tenant policy that cannot be read is an error, never no ceiling.
-func (e *Engine) egressPolicy(ctx context.Context, sb meta.Sandbox) (meta.EgressPolicy, error) {
+func (e *egressRunner) egressPolicy(ctx context.Context, sb meta.Sandbox) (meta.EgressPolicy, error) {
 	own, _, err := e.meta.SandboxEgress(ctx, sb.ID)
 	if err != nil {
 		return meta.EgressPolicy{}, err
@@ -77,7 +93,7 @@ func (e *Engine) egressPolicy(ctx context.Context, sb meta.Sandbox) (meta.Egress
 // operator's ceiling. The session harness asks it for model endpoints a
 // tenant chose, so model traffic meets the same allowlist as the tenant's
 // sandboxes. A tenant policy that cannot be read is an error, never "yes".
-func (e *Engine) TenantEgressAllows(ctx context.Context, tenant, host string, port uint16) (bool, error) {
+func (e *egressRunner) TenantEgressAllows(ctx context.Context, tenant, host string, port uint16) (bool, error) {
 	tp, err := e.meta.TenantPolicy(ctx, tenant)
 	if err != nil {
 		return false, fmt.Errorf("tenant policy of %s: %w", tenant, err)
@@ -105,7 +121,7 @@ func gatewayPolicy(p meta.EgressPolicy) gateway.Policy {
 
 // startRun starts run of sb in the gateway (resume: continue its
 // numbering). Sandboxes without a tenant (the warm pool) have no run yet.
-func (e *Engine) startRun(ctx context.Context, sb meta.Sandbox, run string, resume bool) error {
+func (e *egressRunner) startRun(ctx context.Context, sb meta.Sandbox, run string, resume bool) error {
 	if e.egr.gw == nil || sb.Tenant == "" {
 		return nil
 	}
@@ -128,7 +144,7 @@ func (e *Engine) startRun(ctx context.Context, sb meta.Sandbox, run string, resu
 }
 
 // holdEgress begins a cut of sandbox id in the gateway (see Hold).
-func (e *Engine) holdEgress(id string) func() {
+func (e *egressRunner) holdEgress(id string) func() {
 	if e.egr.gw == nil {
 		return func() {}
 	}
@@ -138,7 +154,7 @@ func (e *Engine) holdEgress(id string) func() {
 
 // prepareEgress writes what a new sandbox needs to use the gateway: its
 // resolv.conf names the gateway's DNS.
-func (e *Engine) prepareEgress(ctx context.Context, id string) error {
+func (e *egressRunner) prepareEgress(ctx context.Context, id string) error {
 	if e.egr.gw == nil {
 		return nil
 	}
@@ -155,12 +171,12 @@ func (e *Engine) prepareEgress(ctx context.Context, id string) error {
 // reattachEgress serves a sandbox that ran on while the daemon was down:
 // its sockets in the gateway namespace are opened again and its run
 // resumes where the journal left it.
-func (e *Engine) reattachEgress(ctx context.Context, sb meta.Sandbox) error {
+func (e *egressRunner) reattachEgress(ctx context.Context, sb meta.Sandbox) error {
 	if e.egr.gw == nil {
 		return nil
 	}
-	if e.egr.net != nil {
-		if err := e.egr.net.Listen(sb.ID); err != nil {
+	if e.net != nil {
+		if err := e.net.Listen(sb.ID); err != nil {
 			return err
 		}
 	}
@@ -176,7 +192,7 @@ func (e *Engine) reattachEgress(ctx context.Context, sb meta.Sandbox) error {
 
 // SetEgress sets sandbox id's own egress policy (nil: follow the tenant's)
 // and applies it to its current run at once.
-func (e *Engine) SetEgress(ctx context.Context, tenant, id string, p *meta.EgressPolicy) error {
+func (e *egressRunner) SetEgress(ctx context.Context, tenant, id string, p *meta.EgressPolicy) error {
 	sb, err := e.Get(ctx, tenant, id)
 	if err != nil {
 		return err
@@ -200,7 +216,7 @@ func (e *Engine) SetEgress(ctx context.Context, tenant, id string, p *meta.Egres
 
 // Egress returns sandbox id's own egress policy (nil if none), the one in
 // force, and its current run.
-func (e *Engine) Egress(ctx context.Context, tenant, id string) (own *meta.EgressPolicy, eff meta.EgressPolicy, run string, err error) {
+func (e *egressRunner) Egress(ctx context.Context, tenant, id string) (own *meta.EgressPolicy, eff meta.EgressPolicy, run string, err error) {
 	sb, err := e.Get(ctx, tenant, id)
 	if err != nil {
 		return nil, eff, "", err
@@ -231,7 +247,7 @@ type Effect struct {
 
 // Effects reads sandbox id's effect journal (the effects/<id> stream), one
 // entry per request key, in the order their first intent was recorded.
-func (e *Engine) Effects(ctx context.Context, tenant, id string) ([]Effect, error) {
+func (e *egressRunner) Effects(ctx context.Context, tenant, id string) ([]Effect, error) {
 	if _, err := e.Get(ctx, tenant, id); err != nil {
 		return nil, err
 	}
@@ -303,7 +319,7 @@ func (e *Engine) Effects(ctx context.Context, tenant, id string) ([]Effect, erro
 // "egress.replay" by "sandbox:<id>" with "key=<key>" in the detail
 // (cmd/amber/egress.go). The trail is written asynchronously, so a replay
 // of the last moments may not be counted yet.
-func (e *Engine) countReplays(ctx context.Context, tenant, id string, byKey map[string]*Effect) error {
+func (e *egressRunner) countReplays(ctx context.Context, tenant, id string, byKey map[string]*Effect) error {
 	if e.audit == nil || len(byKey) == 0 {
 		return nil
 	}
@@ -340,7 +356,7 @@ func (e *Engine) countReplays(ctx context.Context, tenant, id string, byKey map[
 
 // Reconcile records an operator's resolution of sandbox id's effect that
 // needs reconciliation (gateway.Reconcile): its outcome from then on.
-func (e *Engine) Reconcile(ctx context.Context, tenant, id string, r gateway.Resolution) (Effect, error) {
+func (e *egressRunner) Reconcile(ctx context.Context, tenant, id string, r gateway.Resolution) (Effect, error) {
 	if _, err := e.Get(ctx, tenant, id); err != nil {
 		return Effect{}, err
 	}
@@ -373,7 +389,7 @@ const (
 // installCA adds sb's tenant's egress CA to its trust store, so TLS to
 // the gateway verifies (the gateway terminates it with leaves this CA
 // signs). A template without a bundle gets one holding just this CA.
-func (e *Engine) installCA(ctx context.Context, sb meta.Sandbox) error {
+func (e *egressRunner) installCA(ctx context.Context, sb meta.Sandbox) error {
 	if e.egr.gw == nil || e.egr.tenantCA == nil || sb.Tenant == "" {
 		return nil
 	}
@@ -410,22 +426,11 @@ func (e *Engine) installCA(ctx context.Context, sb meta.Sandbox) error {
 	return nil
 }
 
-// resetEgress resets sandbox id's connections through the gateway: its side
-// of them is gone for good (see egress.Network.ResetConnections).
-func (e *Engine) resetEgress(id, why string) {
-	if e.egr.net == nil {
-		return
-	}
-	if n := e.egr.net.ResetConnections(id); n > 0 {
-		e.lg.Info("egress connections reset", "sandbox", id, "connections", n, "why", why)
-	}
-}
-
 // restoreKeepsConnections says whether restoring sb from ck continues
 // exactly where sb stopped — it was stopped by taking ck (checkpoint
 // --stop, or idle) and ck is its newest cut — so that its connections
 // through the gateway, whose other ends never moved, carry on.
-func (e *Engine) restoreKeepsConnections(ctx context.Context, sb meta.Sandbox, ck meta.Checkpoint) bool {
+func (e *egressRunner) restoreKeepsConnections(ctx context.Context, sb meta.Sandbox, ck meta.Checkpoint) bool {
 	if sb.State != meta.StateStopped || ck.SandboxID != sb.ID || (sb.Reason != stoppedAtCutReason && sb.Reason != idleReason) {
 		return false
 	}

@@ -45,7 +45,7 @@ type egressCeiling struct {
 // ceilings returns the ceilings over tenant's sandboxes' own policies,
 // highest first; withTenant false leaves the tenant's out (what a tenant
 // policy itself must lie within).
-func (e *Engine) ceilings(ctx context.Context, tenant string, withTenant bool) ([]egressCeiling, error) {
+func (e *egressRunner) ceilings(ctx context.Context, tenant string, withTenant bool) ([]egressCeiling, error) {
 	var cs []egressCeiling
 	if e.egr.ceiling != nil {
 		cs = append(cs, egressCeiling{"the operator's", *e.egr.ceiling})
@@ -64,7 +64,7 @@ func (e *Engine) ceilings(ctx context.Context, tenant string, withTenant bool) (
 
 // checkTenantEgress refuses a tenant policy's egress that widens the
 // operator's ceiling.
-func (e *Engine) checkTenantEgress(ctx context.Context, tenant string, p *meta.EgressPolicy) error {
+func (e *egressRunner) checkTenantEgress(ctx context.Context, tenant string, p *meta.EgressPolicy) error {
 	if p == nil {
 		return nil
 	}
@@ -77,7 +77,7 @@ func (e *Engine) checkTenantEgress(ctx context.Context, tenant string, p *meta.E
 
 // checkSandboxEgress refuses a sandbox policy of tenant's that widens the
 // tenant's or the operator's ceiling.
-func (e *Engine) checkSandboxEgress(ctx context.Context, tenant string, p *meta.EgressPolicy) error {
+func (e *egressRunner) checkSandboxEgress(ctx context.Context, tenant string, p *meta.EgressPolicy) error {
 	if p == nil {
 		return nil
 	}

@@ -14,9 +14,12 @@
 // marked crashed, a "running" row whose sandbox is gone is marked crashed
 // with a sandbox.crashed event, one whose sandbox runs is reattached.
 //
-// # Warm pool
+// # Parts
 //
-// See pool.go.
+// A small core (core.go) and one type per capability, each in its own
+// files with its own dependencies: checkpointer, pool, mover,
+// policyRunner, quotas, egressRunner, billing, templateOps (see Engine).
+// The warm pool is described in pool.go.
 //
 // May import: core, lib, internal/state, internal/egress, internal/obs/tracing.
 package engine
@@ -156,96 +159,43 @@ type EgressOptions struct {
 
 // Engine is the sandbox manager. It is safe for concurrent use.
 //
-// Its core is the lifecycle (create, kill, destroy, reconcile), the
-// per-sandbox lock and the event log; each capability keeps its state in
-// its own field: checkpointing and restore (ck), the warm pool (pool),
-// leases, failover and moves (lease), recovery policies, idle stops and
-// quotas (pol), egress runs (egr), metering and budgets (mtr), templates
-// (tpl). Metering and budgets watch the lifecycle through hooks
-// (lifecycle.go): the checkpoint and restore code does not call them.
+// Its own methods are the lifecycle (create, kill, destroy, reconcile, the
+// calls into a sandbox, upgrades): they orchestrate the capabilities. What
+// they share is the core (core.go: driver, stores, the per-sandbox lock,
+// the event log, leases). Each capability is a type of its own that holds
+// the core and, as named fields, only the capabilities it calls:
+//
+//   - checkpointer: checkpoints, restores, their GC and the hot tier
+//     (checkpoint.go, restore.go, gc.go, hostcompat.go, hottier.go); calls
+//     egressRunner and quotas.
+//   - pool: the warm pool (pool.go); creates and destroys through the
+//     lifecycle's functions it is given (poolDeps).
+//   - mover: failover and moves (failover.go, move.go); calls
+//     checkpointer and policyRunner.
+//   - policyRunner: recovery policies and idle stops (policy.go, idle.go);
+//     calls checkpointer and egressRunner.
+//   - quotas: tenants' quotas (quota.go).
+//   - egressRunner: sandboxes' egress runs and the ceiling (egress.go,
+//     egress_ceiling.go).
+//   - billing: metering and budgets (metering.go, metering_counts.go,
+//     budget.go); calls checkpointer.
+//   - templateOps: template management (template_ops.go); reads the pool.
+//
+// Engine embeds them, so their exported methods are the Engine's. Metering
+// and budgets watch the lifecycle through hooks (lifecycle.go): the
+// checkpoint and restore code does not call them. TestEngineHouseRules
+// keeps the house so.
 type Engine struct {
-	drv   sandbox.Driver
-	meta  *meta.Store
-	log   eventlog.Store
-	reg   *eventlog.Registry
-	clock clock.Clock
-	lg    *slog.Logger
+	*core
+	*checkpointer
+	*pool
+	*mover
+	*policyRunner
+	*quotas
+	*egressRunner
+	*billing
+	*templateOps
 	watch time.Duration
-
-	locks sync.Map // sandbox id → *sync.Mutex: serialises lifecycle changes
-	cuts  sync.Map // sandbox id → *sync.RWMutex: a cut (writer) excludes calls into the sandbox (ops.go)
-	life  []lifecycleObserver
-
-	audit  *audit.Trail
-	tracer trace.Tracer
-	bg     background
-
-	tpl   templates
-	pool  *pool
-	ck    checkpointing
-	lease leasing
-	pol   policies
-	egr   egressRuns
-	mtr   meter
-}
-
-// background is the engine's background work; set by Start.
-type background struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-}
-
-// templates is the template catalog and the lock a version's removal takes
-// (template_ops.go: it excludes new sandbox rows).
-type templates struct {
-	cat *Catalog
-	mu  sync.RWMutex
-}
-
-// checkpointing is the state of checkpoints and restores (checkpoint.go,
-// restore.go, gc.go, hostcompat.go).
-type checkpointing struct {
-	store       *chunkstore.Store
-	workDir     string
-	keep        int
-	obs         Observer
-	cpuFeatures func() ([]string, error)
-	gcs         sync.Map // tenant → *gcState (gc.go)
-	hot         *hotTier // the node's newest images (hottier.go)
-	drvTimeout  time.Duration
-}
-
-// leasing is this node's identity and the leases it holds on sandbox
-// streams (failover.go, move.go).
-type leasing struct {
-	holder string // lease holder: "node/" + nodeID
-	nodeID string // Options.Cluster.Node: the value of meta.Sandbox.Node for rows this engine runs
-	shared bool
-	ttl    time.Duration
-	mu     sync.Mutex
-	held   map[string]eventlog.Lease // sandbox id → the lease this engine holds on its stream
-}
-
-// policies is the per-sandbox and per-tenant state of recovery policies
-// (policy.go), idle stops (idle.go) and quotas (quota.go).
-type policies struct {
-	states       sync.Map // sandbox id → *policyState
-	fastEvery    int
-	fastInterval time.Duration
-	idle         time.Duration
-	activity     sync.Map // sandbox id → time.Time of the last call into it
-	quotaLocks   sync.Map // tenant → *sync.Mutex (quota.go)
-}
-
-// egressRuns is what starts and polices sandboxes' egress runs (egress.go,
-// egress_ceiling.go).
-type egressRuns struct {
-	gw       *gateway.Gateway
-	net      *egress.Network
-	def      meta.EgressPolicy
-	ceiling  *meta.EgressPolicy // the operator's (egress_ceiling.go)
-	tenantCA func(ctx context.Context, tenant string) ([]byte, error)
 }
 
 // New returns an Engine. Call Start before serving requests.
@@ -289,15 +239,19 @@ func New(o Options) (*Engine, error) {
 	if o.Recovery.DriverTimeout <= 0 {
 		o.Recovery.DriverTimeout = 5 * time.Minute
 	}
-	e := &Engine{drv: o.Driver, meta: o.Meta, log: o.Log, reg: o.Registry,
-		clock: o.Clock, lg: o.Logger, watch: o.WatchInterval, audit: o.Audit,
+	c := &core{drv: o.Driver, meta: o.Meta, log: o.Log, reg: o.Registry,
+		clock: o.Clock, lg: o.Logger, audit: o.Audit, obs: o.Observer, net: o.Egress.Network,
 		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeEngine)}
-	e.tpl.cat = o.Templates
-	e.ck = checkpointing{store: o.Checkpoints, workDir: o.WorkDir, keep: o.Recovery.KeepCheckpoints, obs: o.Observer,
-		hot: newHotTier(o.WorkDir, o.Recovery.HotTierBytes, o.Logger), drvTimeout: o.Recovery.DriverTimeout}
-	e.lease = leasing{holder: "node/" + o.Cluster.Node, nodeID: o.Cluster.Node, shared: o.Cluster.Shared, ttl: o.Cluster.LeaseTTL, held: map[string]eventlog.Lease{}}
-	e.pol = policies{fastEvery: o.Recovery.FastEvery, fastInterval: o.Recovery.FastInterval, idle: o.Recovery.IdleTimeout}
-	e.egr = egressRuns{gw: o.Egress.Gateway, net: o.Egress.Network, def: o.Egress.Default, ceiling: o.Egress.Ceiling, tenantCA: o.Egress.TenantCA}
+	c.tpl.cat = o.Templates
+	c.lease = leasing{holder: "node/" + o.Cluster.Node, nodeID: o.Cluster.Node, shared: o.Cluster.Shared, ttl: o.Cluster.LeaseTTL, held: map[string]eventlog.Lease{}}
+	e := &Engine{core: c, watch: o.WatchInterval, quotas: &quotas{core: c}}
+	e.egressRunner = &egressRunner{core: c, egr: egressRuns{gw: o.Egress.Gateway, def: o.Egress.Default, ceiling: o.Egress.Ceiling, tenantCA: o.Egress.TenantCA}}
+	e.checkpointer = &checkpointer{core: c, eg: e.egressRunner, qt: e.quotas,
+		ck: checkpointing{store: o.Checkpoints, workDir: o.WorkDir, keep: o.Recovery.KeepCheckpoints,
+			hot: newHotTier(o.WorkDir, o.Recovery.HotTierBytes, o.Logger), drvTimeout: o.Recovery.DriverTimeout}}
+	e.policyRunner = &policyRunner{core: c, ckr: e.checkpointer, eg: e.egressRunner,
+		pol: policies{fastEvery: o.Recovery.FastEvery, fastInterval: o.Recovery.FastInterval, idle: o.Recovery.IdleTimeout}}
+	e.mover = &mover{core: c, ckr: e.checkpointer, idle: e.policyRunner}
 	e.ck.cpuFeatures = o.CPUFeatures
 	if e.ck.cpuFeatures == nil {
 		e.ck.cpuFeatures = HostCPUFeatures
@@ -307,10 +261,12 @@ func New(o Options) (*Engine, error) {
 			return nil, fmt.Errorf("warm pool: %w", err)
 		}
 	}
-	e.pool = newPool(e, o.Pool)
+	e.pool = newPool(&poolDeps{core: c, coldCreate: e.coldCreate, destroy: e.destroy, startRun: e.egressRunner.startRun}, o.Pool)
+	e.templateOps = &templateOps{core: c, warm: e.pool}
+	e.billing = &billing{core: c, ckr: e.checkpointer}
 	e.mtr.init(o.MeterInterval)
-	e.observe(meterHooks{e})
-	e.observe(budgetHooks{e})
+	e.observe(meterHooks{e.billing})
+	e.observe(budgetHooks{e.billing})
 	return e, nil
 }
 
@@ -319,6 +275,19 @@ func (e *Engine) Driver() sandbox.Driver { return e.drv }
 
 // Templates returns the template catalog.
 func (e *Engine) Templates() *Catalog { return e.tpl.cat }
+
+// SetTenantQuota sets tenant's quota (the operator's call). It is the
+// Engine's, not quotas': billing recomputes the tenant's budget state.
+func (e *Engine) SetTenantQuota(ctx context.Context, tenant string, q meta.TenantQuota) error {
+	if err := checkBudgetNames(q); err != nil {
+		return err
+	}
+	if err := e.meta.SetTenantQuota(ctx, tenant, q); err != nil {
+		return err
+	}
+	_, err := e.refreshBudget(ctx, tenant)
+	return err
+}
 
 // startStep runs one step of Start, again with backoff (100 ms doubling
 // to 5 s) while it fails with an error a retry may cure — a store that
@@ -410,7 +379,7 @@ func (e *Engine) Close(ctx context.Context) error {
 	return e.pool.drain(ctx, "warm pool drained at shutdown")
 }
 
-func (e *Engine) lock(id string) func() {
+func (e *core) lock(id string) func() {
 	m, _ := e.locks.LoadOrStore(id, &sync.Mutex{})
 	mu := m.(*sync.Mutex)
 	mu.Lock()
@@ -419,7 +388,7 @@ func (e *Engine) lock(id string) func() {
 
 // tryLock is lock without waiting: ok is false when another operation holds
 // sandbox id's lock.
-func (e *Engine) tryLock(id string) (unlock func(), ok bool) {
+func (e *core) tryLock(id string) (unlock func(), ok bool) {
 	m, _ := e.locks.LoadOrStore(id, &sync.Mutex{})
 	mu := m.(*sync.Mutex)
 	if !mu.TryLock() {
@@ -439,7 +408,7 @@ func newID() string {
 
 // Get returns sandbox id if tenant may see it. Pooled sandboxes and other
 // tenants' sandboxes are not found.
-func (e *Engine) Get(ctx context.Context, tenant, id string) (meta.Sandbox, error) {
+func (e *core) Get(ctx context.Context, tenant, id string) (meta.Sandbox, error) {
 	if id == "" || len(id) > 48 || strings.Trim(id, "abcdefghijklmnopqrstuvwxyz0123456789-") != "" {
 		return meta.Sandbox{}, errdefs.InvalidArgumentf("sandbox id %.60q is malformed", id)
 	}
@@ -500,7 +469,7 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (sb meta.Sandbox, 
 	}
 	r.Policy = normPolicy(r.Policy)
 	if r.Policy != PolicyNone {
-		if _, err := e.checkpointer(); err != nil {
+		if _, err := e.checkpointStore(); err != nil {
 			return meta.Sandbox{}, fmt.Errorf("recovery policy %s: %w", r.Policy, err)
 		}
 	}

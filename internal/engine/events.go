@@ -134,7 +134,7 @@ func createdEvents(sb meta.Sandbox) []eventlog.Event {
 
 // appendEvents writes events to sb's stream. Pooled sandboxes (no tenant)
 // have no stream and nothing is written.
-func (e *Engine) appendEvents(ctx context.Context, sb meta.Sandbox, evs ...eventlog.Event) error {
+func (e *core) appendEvents(ctx context.Context, sb meta.Sandbox, evs ...eventlog.Event) error {
 	if sb.Tenant == "" || len(evs) == 0 {
 		return nil
 	}

@@ -11,6 +11,16 @@ import (
 	"github.com/amber-run/amber/internal/state/meta"
 )
 
+// mover is failover and moves (failover.go, move.go): adopting the
+// sandboxes of a dead node, sweeping stale local copies, and moving a
+// sandbox between nodes through a checkpoint. It restores and checkpoints
+// through ckr and notes a moved-in sandbox's activity through idle.
+type mover struct {
+	*core
+	ckr  *checkpointer
+	idle *policyRunner
+}
+
 // Many nodes on shared stores (Options.Cluster.Shared; docs/deploy.md).
 //
 // Each sandbox row names the node that runs it (meta.Sandbox.Node) and an
@@ -36,34 +46,15 @@ import (
 // sandboxes that now run elsewhere are stale and destroyed (DiscardStale,
 // and reconcile at start).
 
-// NodeID returns the node id this engine runs as (Options.Cluster.Node).
-func (e *Engine) NodeID() string { return e.lease.nodeID }
-
 // LeaseHolder returns the holder name of the leases this engine takes on
 // sandbox streams for node id.
 func LeaseHolder(node string) string { return "node/" + node }
-
-// mine restricts f to this node's rows when the stores are shared.
-func (e *Engine) mine(f meta.Filter) meta.Filter {
-	if e.lease.shared {
-		f.Node = &e.lease.nodeID
-	}
-	return f
-}
-
-// ownedHere refuses to act on a sandbox that runs on another node.
-func (e *Engine) ownedHere(sb meta.Sandbox) error {
-	if e.lease.shared && sb.Node != e.lease.nodeID {
-		return errdefs.Fencedf("sandbox %s runs on node %q, not on this node (%s)", sb.ID, sb.Node, e.lease.nodeID)
-	}
-	return nil
-}
 
 // unknownSandbox handles a driver sandbox none of this node's rows names:
 // on shared stores, a sandbox whose row is on another node is a stale copy
 // (this node was declared dead and the sandbox restored elsewhere) and is
 // destroyed; anything else is left alone.
-func (e *Engine) unknownSandbox(ctx context.Context, id string) {
+func (e *mover) unknownSandbox(ctx context.Context, id string) {
 	if e.lease.shared {
 		sb, err := e.meta.Get(ctx, id)
 		if err == nil && sb.Node != e.lease.nodeID {
@@ -78,7 +69,7 @@ func (e *Engine) unknownSandbox(ctx context.Context, id string) {
 // dropLocal destroys this node's driver state of sandbox id and forgets
 // its leases, without touching its row or its streams (they belong to
 // another node now).
-func (e *Engine) dropLocal(ctx context.Context, id string) {
+func (e *mover) dropLocal(ctx context.Context, id string) {
 	defer e.lock(id)()
 	e.dropLocked(ctx, id)
 }
@@ -88,7 +79,7 @@ func (e *Engine) dropLocal(ctx context.Context, id string) {
 // node, but this node may have adopted the sandbox since (a failover or a
 // move back, which hold the lock while they move the row here) — then the
 // copy is this node's own and stays.
-func (e *Engine) dropLocked(ctx context.Context, id string) {
+func (e *mover) dropLocked(ctx context.Context, id string) {
 	if sb, err := e.meta.Get(ctx, id); err == nil && sb.Node == e.lease.nodeID {
 		e.lg.Info("not a stale copy any more: the sandbox was moved back to this node", "sandbox_id", id)
 		return
@@ -112,7 +103,7 @@ func (e *Engine) dropLocked(ctx context.Context, id string) {
 // its fenced append fails) is destroyed last, once the operation lets go:
 // the free copies are destroyed first, so one stuck operation does not
 // keep every other stale copy running.
-func (e *Engine) DiscardStale(ctx context.Context) (int, error) {
+func (e *mover) DiscardStale(ctx context.Context) (int, error) {
 	infos, err := e.drv.List(ctx)
 	if err != nil {
 		return 0, err
@@ -155,7 +146,7 @@ type Adopted struct {
 // sandbox that was running is restored here from its latest committed
 // checkpoint; one without a checkpoint stays crashed (its memory died with
 // its node). It fails with ErrFenced when another node moved the row first.
-func (e *Engine) Adopt(ctx context.Context, id, from string, leases map[string]eventlog.Lease) (Adopted, error) {
+func (e *mover) Adopt(ctx context.Context, id, from string, leases map[string]eventlog.Lease) (Adopted, error) {
 	if l, ok := leases["sandbox"]; ok {
 		if l.Stream != Stream(id) || l.Holder != e.lease.holder {
 			return Adopted{}, errdefs.InvalidArgumentf("adopt %s: lease %s held by %s is not this node's lease on its stream", id, l.Stream, l.Holder)
@@ -169,7 +160,7 @@ func (e *Engine) Adopt(ctx context.Context, id, from string, leases map[string]e
 	sb := ad.Sandbox
 	lg := e.lg.With("sandbox_id", id, "tenant_id", sb.Tenant, "from_node", from)
 	tRecover := time.Now()
-	restored, err := e.Recover(ctx, sb.Tenant, id, nil)
+	restored, err := e.ckr.Recover(ctx, sb.Tenant, id, nil)
 	if err != nil {
 		lg.Warn("adopted sandbox not restored", "err", err)
 		if errdefs.IsFenced(err) {
@@ -190,7 +181,7 @@ func (e *Engine) Adopt(ctx context.Context, id, from string, leases map[string]e
 // just restored destroyed as a "stale copy"). It installs the leases,
 // moves the row here and records what the death did to it; restore says
 // whether the sandbox is to be restored from its checkpoint.
-func (e *Engine) adoptRow(ctx context.Context, id, from string, leases map[string]eventlog.Lease) (ad Adopted, restore bool, err error) {
+func (e *mover) adoptRow(ctx context.Context, id, from string, leases map[string]eventlog.Lease) (ad Adopted, restore bool, err error) {
 	defer e.lock(id)()
 	e.lease.mu.Lock()
 	if l, ok := leases["sandbox"]; ok {

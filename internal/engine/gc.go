@@ -1,13 +1,10 @@
 package engine
 
 import (
-	"context"
-	"net/http"
 	"sync"
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/state/audit"
 )
 
 // Garbage collection of checkpoint chunks. A checkpoint that fails before
@@ -29,7 +26,7 @@ type gcState struct {
 var gcRetry = time.Second
 
 // collect schedules a garbage collection of tenant's chunks.
-func (e *Engine) collect(tenant string) {
+func (e *checkpointer) collect(tenant string) {
 	if e.ck.store == nil || e.bg.ctx == nil {
 		return
 	}
@@ -60,7 +57,7 @@ func (e *Engine) collect(tenant string) {
 	}()
 }
 
-func (e *Engine) collectOnce(tenant string) {
+func (e *checkpointer) collectOnce(tenant string) {
 	for attempt := 0; attempt < 120 && e.bg.ctx.Err() == nil; attempt++ {
 		res, err := e.ck.store.GC(e.bg.ctx, tenant)
 		switch {
@@ -79,27 +76,5 @@ func (e *Engine) collectOnce(tenant string) {
 			return
 		case <-time.After(gcRetry):
 		}
-	}
-}
-
-// auditSystem records an action the engine took on its own for tenant.
-func (e *Engine) auditSystem(ctx context.Context, tenant, action, resource string, err error) {
-	if e.audit == nil || tenant == "" {
-		return
-	}
-	r := audit.Record{Actor: "system", Action: action, Resource: resource, Outcome: "ok"}
-	if err != nil {
-		r.Outcome, r.Detail = errdefs.Kind(err), err.Error()
-		if errdefs.HTTPStatus(err) == http.StatusInternalServerError {
-			// The tenant reads its trail: an internal error's text (stores,
-			// paths) is the operator's, in the log.
-			r.Detail = "internal error"
-			e.lg.Error("system action failed", "action", action, "resource", resource, "tenant", tenant, "err", err)
-		}
-	}
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if _, aerr := e.audit.Append(actx, tenant, r); aerr != nil {
-		e.lg.Error("audit record not written", "action", action, "err", aerr)
 	}
 }

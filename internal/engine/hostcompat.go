@@ -73,7 +73,7 @@ func HostCPUFeatures() ([]string, error) {
 }
 
 // runtimeBuild is the driver's exact runtime build ("" if it cannot say).
-func (e *Engine) runtimeBuild(ctx context.Context) (string, error) {
+func (e *checkpointer) runtimeBuild(ctx context.Context) (string, error) {
 	rr, ok := e.drv.(sandbox.RuntimeReporter)
 	if !ok {
 		return "", nil
@@ -82,7 +82,7 @@ func (e *Engine) runtimeBuild(ctx context.Context) (string, error) {
 }
 
 // hostMeta is what a checkpoint manifest records about this node.
-func (e *Engine) hostMeta(ctx context.Context, m map[string]string) error {
+func (e *checkpointer) hostMeta(ctx context.Context, m map[string]string) error {
 	rb, err := e.runtimeBuild(ctx)
 	if err != nil {
 		return err
@@ -101,7 +101,7 @@ func (e *Engine) hostMeta(ctx context.Context, m map[string]string) error {
 // CPU features this node lacks. Checkpoints written before these were
 // recorded have no runtime build or features; the driver's own checks
 // (runsc version, template version) still apply to them.
-func (e *Engine) checkImageCompat(ctx context.Context, ck meta.Checkpoint, m *chunkstore.Manifest) error {
+func (e *checkpointer) checkImageCompat(ctx context.Context, ck meta.Checkpoint, m *chunkstore.Manifest) error {
 	mm := m.Meta
 	if d := mm[metaDriver]; d != "" && d != e.drv.Name() {
 		return errdefs.FailedPreconditionf("checkpoint %s was cut by driver %s; this daemon runs %s", ck.ID, d, e.drv.Name())

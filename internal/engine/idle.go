@@ -36,26 +36,12 @@ func idleStopped(sb meta.Sandbox) bool {
 	return sb.State == meta.StateStopped && sb.Reason == idleReason
 }
 
-// suspended: stopped by the engine (idle, or by a lifecycle observer: a
-// used-up budget, budget.go) and resumed by the next call.
-func (e *Engine) suspended(sb meta.Sandbox) bool {
-	if idleStopped(sb) {
-		return true
-	}
-	for _, o := range e.life {
-		if o.suspends(sb) {
-			return true
-		}
-	}
-	return false
-}
-
 // touch records activity in sandbox id.
-func (e *Engine) touch(id string) { e.pol.activity.Store(id, time.Now()) }
+func (e *policyRunner) touch(id string) { e.pol.activity.Store(id, time.Now()) }
 
 // idleTimeout is how long a sandbox of tenant may be idle (0: forever): the
 // tenant's policy, else the daemon's.
-func (e *Engine) idleTimeout(ctx context.Context, tenant string) time.Duration {
+func (e *policyRunner) idleTimeout(ctx context.Context, tenant string) time.Duration {
 	if p := e.tenantPolicy(ctx, tenant); p.IdleTimeout > 0 {
 		return p.IdleTimeout
 	}
@@ -63,7 +49,7 @@ func (e *Engine) idleTimeout(ctx context.Context, tenant string) time.Duration {
 }
 
 // idleLoop stops sandboxes idle for longer than their idle timeout.
-func (e *Engine) idleLoop(ctx context.Context) {
+func (e *policyRunner) idleLoop(ctx context.Context) {
 	every := time.Second
 	if e.pol.idle > 0 {
 		every = min(max(e.pol.idle/4, 100*time.Millisecond), time.Second)
@@ -99,7 +85,7 @@ func (e *Engine) idleLoop(ctx context.Context) {
 			if idle <= 0 || time.Since(last.(time.Time)) < idle {
 				continue
 			}
-			ck, err := e.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID, Stop: true, stopReason: idleReason})
+			ck, err := e.ckr.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID, Stop: true, stopReason: idleReason})
 			if err == nil || !errors.Is(err, errdefs.ErrFailedPrecondition) {
 				e.auditSystem(ctx, sb.Tenant, "sandbox.idle_stop", sb.ID+" "+ck.ID, err)
 			}
@@ -132,7 +118,7 @@ func errNotResumed(sb meta.Sandbox) error {
 // resume restores suspended sb in place from its latest checkpoint, unless
 // another call did already — if its tenant's budgets allow, and never for
 // a call WithoutResume.
-func (e *Engine) resume(ctx context.Context, sb meta.Sandbox) (meta.Sandbox, error) {
+func (e *policyRunner) resume(ctx context.Context, sb meta.Sandbox) (meta.Sandbox, error) {
 	if resumeForbidden(ctx) {
 		return sb, errNotResumed(sb)
 	}
@@ -145,5 +131,5 @@ func (e *Engine) resume(ctx context.Context, sb meta.Sandbox) (meta.Sandbox, err
 	}
 	e.lg.Info("resuming idle sandbox", "sandbox_id", sb.ID, "checkpoint_id", ck.ID)
 	e.touch(sb.ID)
-	return e.restoreWith(ctx, ck, sb.ID, nil, true)
+	return e.ckr.restoreWith(ctx, ck, sb.ID, nil, true)
 }

@@ -26,17 +26,17 @@ type lifecycleObserver interface {
 }
 
 // observe registers o.
-func (e *Engine) observe(o lifecycleObserver) { e.life = append(e.life, o) }
+func (e *core) observe(o lifecycleObserver) { e.life = append(e.life, o) }
 
 // stopping tells the observers that sandbox id is about to stop.
-func (e *Engine) stopping(ctx context.Context, id string) {
+func (e *core) stopping(ctx context.Context, id string) {
 	for _, o := range e.life {
 		o.stopping(ctx, id)
 	}
 }
 
 // admit asks the observers whether tenant may start new work.
-func (e *Engine) admit(ctx context.Context, tenant string) error {
+func (e *core) admit(ctx context.Context, tenant string) error {
 	for _, o := range e.life {
 		if err := o.admit(ctx, tenant); err != nil {
 			return err
@@ -47,7 +47,7 @@ func (e *Engine) admit(ctx context.Context, tenant string) error {
 
 // keepFrom is the lowest stream sequence of sandbox id an observer still
 // needs (0: none does).
-func (e *Engine) keepFrom(ctx context.Context, tenant, id string) (uint64, error) {
+func (e *core) keepFrom(ctx context.Context, tenant, id string) (uint64, error) {
 	var from uint64
 	for _, o := range e.life {
 		n, err := o.keepFrom(ctx, tenant, id)

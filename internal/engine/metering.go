@@ -188,7 +188,7 @@ type metering struct {
 
 // meterState returns sb's state, creating it from the log (the last
 // cpu_seconds record of sb) when the engine has none. Called with mu held.
-func (e *Engine) meterState(ctx context.Context, sb meta.Sandbox, now time.Time) *sbxMeter {
+func (e *billing) meterState(ctx context.Context, sb meta.Sandbox, now time.Time) *sbxMeter {
 	m := e.mtr.state.sbx[sb.ID]
 	if m != nil && m.gen >= 0 {
 		return m
@@ -217,7 +217,7 @@ func (e *Engine) meterState(ctx context.Context, sb meta.Sandbox, now time.Time)
 
 // lastUsage finds the newest cpu_seconds record of sandbox id in tenant's
 // usage stream, reading it backwards a page at a time.
-func (e *Engine) lastUsage(ctx context.Context, tenant, id string) (UsageRecord, bool, error) {
+func (e *billing) lastUsage(ctx context.Context, tenant, id string) (UsageRecord, bool, error) {
 	b, err := e.log.Bounds(ctx, UsageStream(tenant))
 	if err != nil {
 		return UsageRecord{}, false, err
@@ -250,7 +250,7 @@ func (e *Engine) lastUsage(ctx context.Context, tenant, id string) (UsageRecord,
 
 // readUsage reads sandbox id's counters from the driver (without the
 // metering lock: the gateway's decisions are counted meanwhile).
-func (e *Engine) readUsage(ctx context.Context, id string) (sandbox.Usage, error) {
+func (e *billing) readUsage(ctx context.Context, id string) (sandbox.Usage, error) {
 	ur, ok := e.drv.(sandbox.UsageReporter)
 	if !ok {
 		return sandbox.Usage{}, errdefs.FailedPreconditionf("driver %s reports no usage", e.drv.Name())
@@ -263,7 +263,7 @@ func (e *Engine) readUsage(ctx context.Context, id string) (sandbox.Usage, error
 // the last one applied (the loop's, overtaken by a final sample before a
 // kill) is dropped: applied late it would look like a new cgroup and be
 // counted twice. Called with mu held.
-func (e *Engine) applyLocked(ctx context.Context, sb meta.Sandbox, u sandbox.Usage, readAt, now time.Time) {
+func (e *billing) applyLocked(ctx context.Context, sb meta.Sandbox, u sandbox.Usage, readAt, now time.Time) {
 	m := e.meterState(ctx, sb, now)
 	if readAt.Before(m.readAt) {
 		return
@@ -290,7 +290,7 @@ func (e *Engine) applyLocked(ctx context.Context, sb meta.Sandbox, u sandbox.Usa
 
 // meterFinal samples sb one last time before the engine stops its
 // processes (see the package comment); errors are logged.
-func (e *Engine) meterFinal(ctx context.Context, id string) {
+func (e *billing) meterFinal(ctx context.Context, id string) {
 	if e.mtr.every <= 0 {
 		return
 	}
@@ -312,7 +312,7 @@ func (e *Engine) meterFinal(ctx context.Context, id string) {
 }
 
 // meterCount adds n to one of sandbox id's counting meters.
-func (e *Engine) meterCount(tenant, id, meter string, n int64) {
+func (e *billing) meterCount(tenant, id, meter string, n int64) {
 	if e.mtr.every <= 0 || tenant == "" || n == 0 {
 		return
 	}
@@ -343,7 +343,7 @@ func (e *Engine) meterCount(tenant, id, meter string, n int64) {
 // ways. Journaled forwards are counted from their effect.outcome events
 // (countLogs); replays (answered from the journal) and refusals reached
 // nobody and are not egress.
-func (e *Engine) MeterDecision(d gateway.Decision) {
+func (e *billing) MeterDecision(d gateway.Decision) {
 	if d.Kind != "forward" && d.Kind != "stream" || d.Journaled {
 		return // journaled forwards are counted from the journal
 	}
@@ -352,7 +352,7 @@ func (e *Engine) MeterDecision(d gateway.Decision) {
 }
 
 // meterLoop samples and records at every interval boundary until ctx ends.
-func (e *Engine) meterLoop(ctx context.Context) {
+func (e *billing) meterLoop(ctx context.Context) {
 	for {
 		now := e.clock.Now()
 		next := now.Truncate(e.mtr.every).Add(e.mtr.every)
@@ -372,7 +372,7 @@ func (e *Engine) meterLoop(ctx context.Context) {
 
 // meterTick closes the interval ending at end: sample, build, append (see
 // the durability order above).
-func (e *Engine) meterTick(ctx context.Context, end time.Time) error {
+func (e *billing) meterTick(ctx context.Context, end time.Time) error {
 	if !end.After(e.mtr.state.lastEnd) {
 		return nil
 	}
@@ -511,7 +511,7 @@ func (e *Engine) meterTick(ctx context.Context, end time.Time) error {
 
 // sendUsage appends each tenant's batch of usage events, after what an
 // earlier interval could not send; what fails is kept for the next one.
-func (e *Engine) sendUsage(ctx context.Context, batches map[string][]eventlog.Event) []error {
+func (e *billing) sendUsage(ctx context.Context, batches map[string][]eventlog.Event) []error {
 	var errs []error
 	names := map[string]bool{}
 	for t := range batches {
@@ -560,7 +560,7 @@ func usageEvent(tenant string, r UsageRecord) eventlog.Event {
 // append per event: the records already there stay as they are (that
 // interval was counted), the conflicting new ones are dropped and logged,
 // the others land.
-func (e *Engine) appendUsage(ctx context.Context, tenant string, evs []eventlog.Event) error {
+func (e *billing) appendUsage(ctx context.Context, tenant string, evs []eventlog.Event) error {
 	res, err := e.log.Append(ctx, UsageStream(tenant), 0, eventlog.Any, evs...)
 	if errdefs.IsConflict(err) && len(evs) > 1 {
 		for _, ev := range evs {
@@ -577,7 +577,7 @@ func (e *Engine) appendUsage(ctx context.Context, tenant string, evs []eventlog.
 	if err != nil {
 		return fmt.Errorf("%s: %w", UsageStream(tenant), err)
 	}
-	if uo, ok := e.ck.obs.(UsageObserver); ok && !res.Duplicate {
+	if uo, ok := e.obs.(UsageObserver); ok && !res.Duplicate {
 		for _, ev := range evs {
 			var r UsageRecord
 			if json.Unmarshal(ev.Payload, &r) == nil {
@@ -607,7 +607,7 @@ type UsageRow struct {
 }
 
 // Usage reads q.Tenant's usage stream and sums the records in range.
-func (e *Engine) Usage(ctx context.Context, q UsageQuery) ([]UsageRow, error) {
+func (e *billing) Usage(ctx context.Context, q UsageQuery) ([]UsageRow, error) {
 	switch q.GroupBy {
 	case "":
 		q.GroupBy = "meter"
@@ -662,7 +662,7 @@ func (e *Engine) Usage(ctx context.Context, q UsageQuery) ([]UsageRow, error) {
 
 // UsageRecords returns tenant's usage records attributed (At) to
 // [from, to) (zero bounds: unbounded), in log order.
-func (e *Engine) UsageRecords(ctx context.Context, tenant string, from, to time.Time) ([]UsageRecord, error) {
+func (e *billing) UsageRecords(ctx context.Context, tenant string, from, to time.Time) ([]UsageRecord, error) {
 	if tenant == "" {
 		return nil, errdefs.InvalidArgumentf("usage: tenant is empty")
 	}
@@ -696,13 +696,13 @@ func (e *Engine) UsageRecords(ctx context.Context, tenant string, from, to time.
 type ModelUsage func(ctx context.Context, tenant string, from, to time.Time) ([]UsageRecord, error)
 
 // SetModelUsage makes usage reports include model tokens.
-func (e *Engine) SetModelUsage(f ModelUsage) {
+func (e *billing) SetModelUsage(f ModelUsage) {
 	e.mtr.state.mu.Lock()
 	e.mtr.modelUsageFn = f
 	e.mtr.state.mu.Unlock()
 }
 
-func (e *Engine) modelUsage(ctx context.Context, tenant string, from, to time.Time) ([]UsageRecord, error) {
+func (e *billing) modelUsage(ctx context.Context, tenant string, from, to time.Time) ([]UsageRecord, error) {
 	e.mtr.state.mu.Lock()
 	f := e.mtr.modelUsageFn
 	e.mtr.state.mu.Unlock()
@@ -720,6 +720,18 @@ type meter struct {
 	modelUsageFn ModelUsage
 }
 
+// billing is metering and budgets: it samples sandboxes' usage, appends
+// usage.recorded, and stops or refuses tenants past their budgets. It
+// watches the lifecycle through its hooks (meterHooks, budgetHooks:
+// lifecycle.go), so nothing of the lifecycle, checkpoint or restore code
+// calls into it; it checkpoints through ckr the sandboxes a used-up
+// budget stops.
+type billing struct {
+	*core
+	mtr meter
+	ckr *checkpointer
+}
+
 // init sets the metering interval (0: defaultMeterInterval; negative
 // disables metering) and empties the state.
 func (m *meter) init(every time.Duration) {
@@ -733,7 +745,7 @@ func (m *meter) init(every time.Duration) {
 // meterHooks is metering's lifecycleObserver (lifecycle.go): a sandbox is
 // sampled one last time before it stops, and retention keeps what metering
 // has yet to count.
-type meterHooks struct{ e *Engine }
+type meterHooks struct{ e *billing }
 
 func (h meterHooks) stopping(ctx context.Context, id string) { h.e.meterFinal(ctx, id) }
 

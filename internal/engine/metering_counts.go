@@ -18,7 +18,7 @@ import (
 // up to now were kept by the older daemon's memory: counting starts at the
 // streams' current heads. Errors leave the cursors unset (tried again at
 // the next interval).
-func (e *Engine) cursorsFrom(ctx context.Context, m *sbxMeter, id string, rec UsageRecord) {
+func (e *billing) cursorsFrom(ctx context.Context, m *sbxMeter, id string, rec UsageRecord) {
 	if rec.Cursors {
 		m.sbxSeq, m.effSeq, m.cursors = rec.SandboxSeq, rec.EffectsSeq, true
 		return
@@ -45,7 +45,7 @@ type logCounts struct {
 
 // countLogs reads sandbox id's stream after sbxSeq and its effect journal
 // after effSeq (without the metering lock) and counts what they hold.
-func (e *Engine) countLogs(ctx context.Context, id string, sbxSeq, effSeq uint64) (logCounts, error) {
+func (e *billing) countLogs(ctx context.Context, id string, sbxSeq, effSeq uint64) (logCounts, error) {
 	c := logCounts{sbxSeq: sbxSeq, effSeq: effSeq}
 	err := e.readAfter(ctx, Stream(id), &c.sbxSeq, func(ev eventlog.Event) error {
 		switch ev.Type {
@@ -78,7 +78,7 @@ func (e *Engine) countLogs(ctx context.Context, id string, sbxSeq, effSeq uint64
 // moving *seq to the last one read; an error of fn stops it there. Events
 // truncated away are skipped — after a cursor (*seq > 0) that is worth a
 // warning: retention waits for metering (meterKeepFrom).
-func (e *Engine) readAfter(ctx context.Context, stream string, seq *uint64, fn func(eventlog.Event) error) error {
+func (e *billing) readAfter(ctx context.Context, stream string, seq *uint64, fn func(eventlog.Event) error) error {
 	for {
 		evs, err := e.log.Read(ctx, stream, *seq+1, usageReadPage)
 		if errors.Is(err, errdefs.ErrCompacted) {
@@ -111,7 +111,7 @@ func (e *Engine) readAfter(ctx context.Context, stream string, seq *uint64, fn f
 // that it never drops an event metering has not counted yet: it returns
 // the lowest sequence number that must stay (0: no bound — metering off,
 // or the sandbox's counts were kept by a daemon of before the cursors).
-func (e *Engine) meterKeepFrom(ctx context.Context, tenant, id string) (uint64, error) {
+func (e *billing) meterKeepFrom(ctx context.Context, tenant, id string) (uint64, error) {
 	if e.mtr.every <= 0 {
 		return 0, nil
 	}
@@ -136,7 +136,7 @@ func (e *Engine) meterKeepFrom(ctx context.Context, tenant, id string) (uint64, 
 
 // ensureCursors sets the cursors of m, a sandbox only counted in memory so
 // far, from its newest cpu_seconds record. Called with mu held.
-func (e *Engine) ensureCursors(ctx context.Context, id string, m *sbxMeter) {
+func (e *billing) ensureCursors(ctx context.Context, id string, m *sbxMeter) {
 	rec, ok, err := e.lastUsage(ctx, m.tenant, id)
 	if err != nil {
 		e.lg.Warn("metering: read last usage record", "sandbox_id", id, "err", err)

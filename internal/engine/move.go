@@ -56,16 +56,16 @@ func isMoving(sb meta.Sandbox) bool { _, ok := MovingTo(sb); return ok }
 // MoveOut checkpoints running sandbox sb (of this node) and leaves it
 // stopped for a move to node to (see above). It fails with the
 // checkpoint's error, and then the sandbox runs on here as before.
-func (e *Engine) MoveOut(ctx context.Context, sb meta.Sandbox, to string) (meta.Checkpoint, error) {
+func (e *mover) MoveOut(ctx context.Context, sb meta.Sandbox, to string) (meta.Checkpoint, error) {
 	if err := e.ownedHere(sb); err != nil {
 		return meta.Checkpoint{}, err
 	}
-	return e.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID, Stop: true, stopReason: MovingReason(to)})
+	return e.ckr.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID, Stop: true, stopReason: MovingReason(to)})
 }
 
 // Redirect points sandbox id, stopped on this node for a move to a node
 // that is gone or full, at node to instead.
-func (e *Engine) Redirect(ctx context.Context, id, to string) (meta.Sandbox, error) {
+func (e *mover) Redirect(ctx context.Context, id, to string) (meta.Sandbox, error) {
 	sb, err := e.meta.Get(ctx, id)
 	if err != nil {
 		return sb, err
@@ -84,7 +84,7 @@ func (e *Engine) Redirect(ctx context.Context, id, to string) (meta.Sandbox, err
 // "effects", as for Adopt), from its latest committed checkpoint. A
 // sandbox that is no longer stopped for a move (another call restored it)
 // is returned as it is.
-func (e *Engine) MoveIn(ctx context.Context, id string, leases map[string]eventlog.Lease) (meta.Sandbox, error) {
+func (e *mover) MoveIn(ctx context.Context, id string, leases map[string]eventlog.Lease) (meta.Sandbox, error) {
 	if l, ok := leases["sandbox"]; ok && (l.Stream != Stream(id) || l.Holder != e.lease.holder) {
 		return meta.Sandbox{}, errdefs.InvalidArgumentf("move %s in: lease %s held by %s is not this node's lease on its stream", id, l.Stream, l.Holder)
 	}
@@ -110,6 +110,6 @@ func (e *Engine) MoveIn(ctx context.Context, id string, leases map[string]eventl
 	if err != nil {
 		return sb, err
 	}
-	e.touch(id)
-	return e.restore(ctx, ck, id, nil)
+	e.idle.touch(id)
+	return e.ckr.restore(ctx, ck, id, nil)
 }

@@ -37,7 +37,7 @@ func (e *Engine) inSandbox(id string) func() {
 // second read lock behind a waiting writer never gets it). A long reader
 // (a command, a file streamed to a slow client) delays a cut until it
 // ends; the cut, once waiting, holds new readers back.
-func (e *Engine) cutLock(id string) *sync.RWMutex {
+func (e *core) cutLock(id string) *sync.RWMutex {
 	m, _ := e.cuts.LoadOrStore(id, &sync.RWMutex{})
 	return m.(*sync.RWMutex)
 }
@@ -84,7 +84,7 @@ func (e *Engine) enter(ctx context.Context, tenant, id string) (meta.Sandbox, fu
 }
 
 // running returns sandbox id if tenant owns it and it runs.
-func (e *Engine) running(ctx context.Context, tenant, id string) (meta.Sandbox, error) {
+func (e *core) running(ctx context.Context, tenant, id string) (meta.Sandbox, error) {
 	sb, err := e.Get(ctx, tenant, id)
 	if err != nil {
 		return sb, err

@@ -24,6 +24,27 @@ import (
 	"github.com/amber-run/amber/internal/state/meta"
 )
 
+// policyRunner is recovery policies and idle stops (policy.go, idle.go):
+// it checkpoints through ckr (fast and strict policies, idle stops, and
+// the restore of a resumed sandbox) and checks tenants' egress policies
+// against the ceiling through eg.
+type policyRunner struct {
+	*core
+	pol policies
+	ckr *checkpointer
+	eg  *egressRunner
+}
+
+// policies is the per-sandbox state of recovery policies (policy.go) and
+// idle stops (idle.go).
+type policies struct {
+	states       sync.Map // sandbox id → *policyState
+	fastEvery    int
+	fastInterval time.Duration
+	idle         time.Duration
+	activity     sync.Map // sandbox id → time.Time of the last call into it
+}
+
 // The recovery policies.
 const (
 	PolicyNone   = ""
@@ -49,18 +70,8 @@ func normPolicy(p string) string {
 	return p
 }
 
-// tenantPolicy returns tenant's recovery policy (meta.TenantPolicy); on a
-// read error, the daemon's defaults (and the error is logged).
-func (e *Engine) tenantPolicy(ctx context.Context, tenant string) meta.TenantPolicy {
-	p, err := e.meta.TenantPolicy(ctx, tenant)
-	if err != nil {
-		e.lg.Warn("tenant policy unreadable; using the defaults", "tenant_id", tenant, "err", err)
-	}
-	return p
-}
-
 // fastParams are the fast policy's thresholds for tenant.
-func (e *Engine) fastParams(ctx context.Context, tenant string) (every int, interval time.Duration) {
+func (e *policyRunner) fastParams(ctx context.Context, tenant string) (every int, interval time.Duration) {
 	every, interval = e.pol.fastEvery, e.pol.fastInterval
 	p := e.tenantPolicy(ctx, tenant)
 	if p.FastEvery > 0 {
@@ -81,16 +92,16 @@ type policyState struct {
 	running bool
 }
 
-func (e *Engine) policyState(id string) *policyState {
+func (e *policyRunner) policyState(id string) *policyState {
 	st, _ := e.pol.states.LoadOrStore(id, &policyState{last: time.Now()})
 	return st.(*policyState)
 }
 
 // afterExec applies sb's recovery policy once an exec finished.
-func (e *Engine) afterExec(ctx context.Context, sb meta.Sandbox) error {
+func (e *policyRunner) afterExec(ctx context.Context, sb meta.Sandbox) error {
 	switch sb.Policy {
 	case PolicyStrict:
-		if _, err := e.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID}); err != nil {
+		if _, err := e.ckr.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID}); err != nil {
 			return fmt.Errorf("the command ran, but the checkpoint the strict policy takes after it failed: %w", err)
 		}
 	case PolicyFast:
@@ -108,7 +119,7 @@ func (e *Engine) afterExec(ctx context.Context, sb meta.Sandbox) error {
 }
 
 // fastCheckpoint starts a background checkpoint of sb unless one runs.
-func (e *Engine) fastCheckpoint(sb meta.Sandbox) {
+func (e *policyRunner) fastCheckpoint(sb meta.Sandbox) {
 	st := e.policyState(sb.ID)
 	st.mu.Lock()
 	if st.running || e.bg.ctx == nil {
@@ -120,7 +131,7 @@ func (e *Engine) fastCheckpoint(sb meta.Sandbox) {
 	e.bg.wg.Add(1)
 	go func() {
 		defer e.bg.wg.Done()
-		ck, err := e.Checkpoint(e.bg.ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID})
+		ck, err := e.ckr.Checkpoint(e.bg.ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID})
 		e.auditSystem(e.bg.ctx, sb.Tenant, "checkpoint.fast_policy", sb.ID+" "+ck.ID, err)
 		st.mu.Lock()
 		st.running, st.last = false, time.Now()
@@ -133,7 +144,7 @@ func (e *Engine) fastCheckpoint(sb meta.Sandbox) {
 
 // policyLoop checkpoints fast-policy sandboxes that ran execs since their
 // last checkpoint and whose last one is FastInterval old.
-func (e *Engine) policyLoop(ctx context.Context) {
+func (e *policyRunner) policyLoop(ctx context.Context) {
 	t := time.NewTicker(min(e.pol.fastInterval, time.Second))
 	defer t.Stop()
 	for {
@@ -168,23 +179,23 @@ func (e *Engine) policyLoop(ctx context.Context) {
 }
 
 // TenantPolicy returns tenant's recovery policy as stored.
-func (e *Engine) TenantPolicy(ctx context.Context, tenant string) (meta.TenantPolicy, error) {
+func (e *policyRunner) TenantPolicy(ctx context.Context, tenant string) (meta.TenantPolicy, error) {
 	return e.meta.TenantPolicy(ctx, tenant)
 }
 
 // SetTenantPolicy sets tenant's recovery policy; it applies to sandboxes
 // created from now on (the recovery name) and at once to the others
 // (thresholds, retention, idle timeout).
-func (e *Engine) SetTenantPolicy(ctx context.Context, tenant string, p meta.TenantPolicy) error {
+func (e *policyRunner) SetTenantPolicy(ctx context.Context, tenant string, p meta.TenantPolicy) error {
 	if err := ValidatePolicy(p.Recovery); err != nil {
 		return err
 	}
 	p.Recovery = normPolicy(p.Recovery)
-	if err := e.checkTenantEgress(ctx, tenant, p.Egress); err != nil {
+	if err := e.eg.checkTenantEgress(ctx, tenant, p.Egress); err != nil {
 		return err
 	}
 	if p.Recovery != PolicyNone || p.IdleTimeout > 0 || p.KeepCheckpoints > 0 {
-		if _, err := e.checkpointer(); err != nil {
+		if _, err := e.ckr.checkpointStore(); err != nil {
 			return fmt.Errorf("tenant policy: %w", err)
 		}
 	}

@@ -44,7 +44,7 @@ import (
 //     version is current rejoin the pool (reconcile); the others are
 //     destroyed.
 type pool struct {
-	e      *Engine
+	e      *poolDeps
 	want   map[string]int
 	paused atomic.Bool
 
@@ -61,7 +61,17 @@ type LimitUpdater interface {
 	UpdateLimits(ctx context.Context, id string, l sandbox.Limits) error
 }
 
-func newPool(e *Engine, want map[string]int) *pool {
+// poolDeps is what the pool needs: the core, and the lifecycle's create
+// and destroy (engine.go) and the egress run's start (egress.go), given as functions so the pool reaches nothing
+// else of the Engine.
+type poolDeps struct {
+	*core
+	coldCreate func(ctx context.Context, t sandbox.Template, tenant string, limits sandbox.Limits, env []string, pooled bool, policy string) (meta.Sandbox, error)
+	destroy    func(ctx context.Context, sb meta.Sandbox, reason string) error
+	startRun   func(ctx context.Context, sb meta.Sandbox, run string, resume bool) error // egress.go
+}
+
+func newPool(e *poolDeps, want map[string]int) *pool {
 	p := &pool{e: e, want: map[string]int{}, ready: map[string][]string{}, kicks: map[string]chan struct{}{},
 		filling: map[string]bool{}, changed: map[string]chan struct{}{}}
 	for name, n := range want {
@@ -95,10 +105,10 @@ func (p *pool) kick(name string) {
 }
 
 // Size returns how many sandboxes of template are wanted and ready.
-func (e *Engine) PoolSize(template string) (want, ready int) {
-	e.pool.mu.Lock()
-	defer e.pool.mu.Unlock()
-	return e.pool.want[template], len(e.pool.ready[template])
+func (p *pool) PoolSize(template string) (want, ready int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.want[template], len(p.ready[template])
 }
 
 // fill keeps template name's pool full until ctx ends.
@@ -289,12 +299,11 @@ func (p *pool) adopt(ctx context.Context, sb meta.Sandbox) {
 // takes no new sandbox, so its pool would only hold memory. The cluster
 // calls it at every drain-loop pass (pausing again destroys any sandbox a
 // create in flight added since). Resumed, it refills.
-func (e *Engine) PausePool(ctx context.Context, paused bool) error {
-	p := e.pool
+func (p *pool) PausePool(ctx context.Context, paused bool) error {
 	was := p.paused.Swap(paused)
 	if !paused {
 		if was {
-			e.lg.Info("warm pool resumed")
+			p.e.lg.Info("warm pool resumed")
 			for name := range p.want {
 				p.kick(name)
 			}
@@ -302,7 +311,7 @@ func (e *Engine) PausePool(ctx context.Context, paused bool) error {
 		return nil
 	}
 	if !was {
-		e.lg.Info("warm pool paused: this node is draining")
+		p.e.lg.Info("warm pool paused: this node is draining")
 	}
 	p.mu.Lock()
 	held := 0

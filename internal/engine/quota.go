@@ -4,10 +4,15 @@ import (
 	"context"
 	"sync"
 
-	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/state/meta"
 )
+
+// quotas checks tenants' quotas (quota.go); it needs only the core.
+type quotas struct {
+	*core
+	tenantLocks sync.Map // tenant → *sync.Mutex
+}
 
 // Quotas (meta.TenantQuota): a new sandbox (create, fork) must fit the
 // tenant's sandbox count, memory and CPU quotas counting every sandbox it
@@ -24,37 +29,16 @@ type QuotaObserver interface {
 	QuotaRejected(tenant, quota string)
 }
 
-// refuse is the refusal of tenant's quota (its meta.TenantQuota field
-// name, e.g. "max_sandboxes"): it tells the observer and returns the error.
-func (e *Engine) refuse(tenant, quota, format string, args ...any) error {
-	if qo, ok := e.ck.obs.(QuotaObserver); ok {
-		qo.QuotaRejected(tenant, quota)
-	}
-	return errdefs.ResourceExhaustedf(format, args...)
-}
-
-func (e *Engine) quotaLock(tenant string) func() {
-	m, _ := e.pol.quotaLocks.LoadOrStore(tenant, &sync.Mutex{})
+func (e *quotas) quotaLock(tenant string) func() {
+	m, _ := e.tenantLocks.LoadOrStore(tenant, &sync.Mutex{})
 	mu := m.(*sync.Mutex)
 	mu.Lock()
 	return mu.Unlock
 }
 
 // TenantQuota returns tenant's quota.
-func (e *Engine) TenantQuota(ctx context.Context, tenant string) (meta.TenantQuota, error) {
+func (e *quotas) TenantQuota(ctx context.Context, tenant string) (meta.TenantQuota, error) {
 	return e.meta.TenantQuota(ctx, tenant)
-}
-
-// SetTenantQuota sets tenant's quota (the operator's call).
-func (e *Engine) SetTenantQuota(ctx context.Context, tenant string, q meta.TenantQuota) error {
-	if err := checkBudgetNames(q); err != nil {
-		return err
-	}
-	if err := e.meta.SetTenantQuota(ctx, tenant, q); err != nil {
-		return err
-	}
-	_, err := e.refreshBudget(ctx, tenant)
-	return err
 }
 
 // reserveSandbox checks that one more sandbox with limits l fits tenant's
@@ -62,7 +46,7 @@ func (e *Engine) SetTenantQuota(ctx context.Context, tenant string, q meta.Tenan
 // tenant's quota lock, which the caller releases (release) once the new
 // sandbox's row exists; without one, it locks nothing (creates of a tenant
 // without quota run in parallel).
-func (e *Engine) reserveSandbox(ctx context.Context, tenant string, l sandbox.Limits) (release func(), err error) {
+func (e *quotas) reserveSandbox(ctx context.Context, tenant string, l sandbox.Limits) (release func(), err error) {
 	if err := e.admit(ctx, tenant); err != nil {
 		return nil, err
 	}
@@ -81,7 +65,7 @@ func (e *Engine) reserveSandbox(ctx context.Context, tenant string, l sandbox.Li
 	return unlock, nil
 }
 
-func (e *Engine) checkSandboxQuota(ctx context.Context, tenant string, q meta.TenantQuota, l sandbox.Limits) error {
+func (e *quotas) checkSandboxQuota(ctx context.Context, tenant string, q meta.TenantQuota, l sandbox.Limits) error {
 	rows, err := e.meta.List(ctx, meta.Filter{Tenant: &tenant})
 	if err != nil {
 		return err
@@ -104,7 +88,7 @@ func (e *Engine) checkSandboxQuota(ctx context.Context, tenant string, q meta.Te
 
 // checkCheckpointQuota fails when tenant's checkpoints already fill its
 // checkpoint storage quota.
-func (e *Engine) checkCheckpointQuota(ctx context.Context, tenant string) error {
+func (e *quotas) checkCheckpointQuota(ctx context.Context, tenant string) error {
 	q, err := e.meta.TenantQuota(ctx, tenant)
 	if err != nil || q.MaxCheckpointBytes == 0 {
 		return err

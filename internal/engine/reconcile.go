@@ -114,7 +114,7 @@ func (e *Engine) reconcile(ctx context.Context) error {
 
 // markCrashed records that sb stopped without being asked to, and appends
 // an event of type typ (sandbox.crashed or sandbox.exited) saying why.
-func (e *Engine) markCrashed(ctx context.Context, sb meta.Sandbox, typ, reason string) error {
+func (e *core) markCrashed(ctx context.Context, sb meta.Sandbox, typ, reason string) error {
 	e.resetEgress(sb.ID, reason)
 	sb, err := e.meta.SetState(ctx, sb.ID, meta.StateCrashed, reason, sb.State)
 	if err != nil {

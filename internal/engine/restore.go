@@ -34,7 +34,7 @@ import (
 
 // Restore brings checkpoint r.Checkpoint back: into its own sandbox, or
 // into a new one when r.AsNew.
-func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (meta.Sandbox, error) {
+func (e *checkpointer) Restore(ctx context.Context, r RestoreRequest) (meta.Sandbox, error) {
 	ck, err := e.GetCheckpoint(ctx, r.Tenant, r.Checkpoint)
 	if err != nil {
 		return meta.Sandbox{}, err
@@ -49,14 +49,14 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (meta.Sandbox, e
 // Recover restores sandbox id in place from its latest committed
 // checkpoint (for a fork without checkpoints of its own: the checkpoint it
 // was forked from).
-func (e *Engine) Recover(ctx context.Context, tenant, id string, progress func(Progress)) (meta.Sandbox, error) {
+func (e *checkpointer) Recover(ctx context.Context, tenant, id string, progress func(Progress)) (meta.Sandbox, error) {
 	return e.RecoverTo(ctx, tenant, id, 0, progress)
 }
 
 // RecoverTo is Recover to the state as of event toEvent of the sandbox's
 // stream: the newest committed checkpoint whose cut is at or before that
 // event (0: the newest of all).
-func (e *Engine) RecoverTo(ctx context.Context, tenant, id string, toEvent uint64, progress func(Progress)) (meta.Sandbox, error) {
+func (e *checkpointer) RecoverTo(ctx context.Context, tenant, id string, toEvent uint64, progress func(Progress)) (meta.Sandbox, error) {
 	sb, err := e.Get(ctx, tenant, id)
 	if err != nil {
 		return sb, err
@@ -91,7 +91,7 @@ func (e *Engine) RecoverTo(ctx context.Context, tenant, id string, toEvent uint6
 }
 
 // restore restores ck into sandbox target (a new sandbox when target is "").
-func (e *Engine) restore(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress)) (meta.Sandbox, error) {
+func (e *checkpointer) restore(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress)) (meta.Sandbox, error) {
 	if err := e.admit(ctx, ck.Tenant); err != nil {
 		return meta.Sandbox{}, err
 	}
@@ -100,7 +100,7 @@ func (e *Engine) restore(ctx context.Context, ck meta.Checkpoint, target string,
 
 // restoreWith is restore; with resumeIdle it restores target only if it is
 // still stopped for being idle and returns it as it is when it runs again.
-func (e *Engine) restoreWith(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress), resumeIdle bool) (meta.Sandbox, error) {
+func (e *checkpointer) restoreWith(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress), resumeIdle bool) (meta.Sandbox, error) {
 	start := time.Now()
 	ctx, span := e.span(ctx, "engine.restore", ck.Tenant, target, tracing.CheckpointID.String(ck.ID))
 	sb, err := e.restoreOnce(ctx, ck, target, progress, resumeIdle)
@@ -108,18 +108,18 @@ func (e *Engine) restoreWith(ctx context.Context, ck meta.Checkpoint, target str
 		span.SetAttributes(tracing.SandboxID.String(sb.ID))
 	}
 	tracing.End(span, err)
-	if e.ck.obs != nil {
+	if e.obs != nil {
 		kind := ""
 		if err != nil {
 			kind = errdefs.Kind(err)
 		}
-		e.ck.obs.Restore(e.drv.Name(), kind, time.Since(start))
+		e.obs.Restore(e.drv.Name(), kind, time.Since(start))
 	}
 	return sb, err
 }
 
-func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress), resumeIdle bool) (meta.Sandbox, error) {
-	cp, err := e.checkpointer()
+func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress), resumeIdle bool) (meta.Sandbox, error) {
+	cp, err := e.checkpointStore()
 	if err != nil {
 		return meta.Sandbox{}, err
 	}
@@ -153,7 +153,7 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 	replaced := false
 	keepConns := false // see restoreKeepsConnections
 	if target == "" {
-		release, err := e.reserveSandbox(ctx, ck.Tenant, src.Limits)
+		release, err := e.qt.reserveSandbox(ctx, ck.Tenant, src.Limits)
 		if err != nil {
 			return meta.Sandbox{}, err
 		}
@@ -193,7 +193,7 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 		if _, err := e.holdLease(ctx, sb.ID); err != nil {
 			return sb, err
 		}
-		keepConns = e.restoreKeepsConnections(ctx, sb, ck)
+		keepConns = e.eg.restoreKeepsConnections(ctx, sb, ck)
 		if sb.State == meta.StateRunning || sb.State == meta.StateRestoring {
 			replaced = sb.State == meta.StateRunning
 			if err := e.killAndWait(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
@@ -213,7 +213,7 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 	}
 	// The re-run's requests are numbered from the cut restored from; the
 	// run starts before the sandbox does.
-	err = e.startRun(ctx, sb, ck.ID, false)
+	err = e.eg.startRun(ctx, sb, ck.ID, false)
 	var rs sandbox.RestoreStats
 	if err == nil {
 		// The driver rebuilds the layer: no file operation meanwhile
@@ -270,7 +270,7 @@ func (e *Engine) restoreOnce(ctx context.Context, ck meta.Checkpoint, target str
 // anything is fetched) and returns exactly the template version it was cut
 // on, whatever the template's tag says now (fetched from the blob store if
 // this node has no copy).
-func (e *Engine) restoreTemplate(ctx context.Context, ck meta.Checkpoint) (sandbox.Template, error) {
+func (e *checkpointer) restoreTemplate(ctx context.Context, ck meta.Checkpoint) (sandbox.Template, error) {
 	m, err := e.ck.store.Manifest(ctx, ck.Tenant, ck.ID)
 	if err != nil {
 		return sandbox.Template{}, fmt.Errorf("checkpoint %s: %w", ck.ID, err)
@@ -291,14 +291,14 @@ func (e *Engine) restoreTemplate(ctx context.Context, ck meta.Checkpoint) (sandb
 }
 
 // specFor is the driver spec that runs sb under id.
-func (e *Engine) specFor(sb meta.Sandbox, id string) sandbox.Spec {
+func (e *checkpointer) specFor(sb meta.Sandbox, id string) sandbox.Spec {
 	t, _ := e.tpl.cat.Version(context.Background(), sb.Template, sb.TemplateVersion)
 	return sandbox.Spec{ID: id, Tenant: sb.Tenant, Template: t, Limits: sb.Limits, Env: sb.Env}
 }
 
 // killAndWait SIGKILLs sandbox id and waits until the driver reports it
 // stopped.
-func (e *Engine) killAndWait(ctx context.Context, id string) error {
+func (e *checkpointer) killAndWait(ctx context.Context, id string) error {
 	e.stopping(ctx, id)
 	if err := e.drv.Kill(ctx, id); err != nil {
 		return fmt.Errorf("kill %s before restoring it: %w", id, err)
@@ -332,7 +332,7 @@ type restoreImage struct {
 	verify      func() // the hot copy's byte check, once the sandbox runs
 }
 
-func (e *Engine) restoreImage(ctx context.Context, ck meta.Checkpoint, progress func(Progress)) (restoreImage, error) {
+func (e *checkpointer) restoreImage(ctx context.Context, ck meta.Checkpoint, progress func(Progress)) (restoreImage, error) {
 	dir, verify, err := e.ck.hot.take(ck, e.ck.workDir, func() ([]chunkstore.Entry, error) {
 		m, err := e.ck.store.Manifest(context.WithoutCancel(ctx), ck.Tenant, ck.ID)
 		if err != nil {

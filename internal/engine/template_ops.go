@@ -19,15 +19,21 @@ import (
 	"io"
 	"os"
 	"path"
-	"path/filepath"
 	"sort"
 	"strings"
 
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/state/chunkstore"
 	"github.com/amber-run/amber/internal/state/meta"
 	"github.com/amber-run/amber/internal/state/templatestore"
 )
+
+// templateOps is template management (template_ops.go): it reads the warm
+// pool's size (a version the pool holds is referenced) and nothing else
+// beyond the core.
+type templateOps struct {
+	*core
+	warm *pool
+}
 
 // TemplateRefs says what references a version.
 type TemplateRefs struct {
@@ -90,7 +96,7 @@ type TemplateInfo struct {
 
 // templateRefs maps every referenced version (digest, or an old version
 // string) to its references.
-func (e *Engine) templateRefs(ctx context.Context) (map[string]*TemplateRefs, error) {
+func (e *templateOps) templateRefs(ctx context.Context) (map[string]*TemplateRefs, error) {
 	out := map[string]*TemplateRefs{}
 	get := func(v string) *TemplateRefs {
 		if _, err := templatestore.ParseDigest(v); err != nil {
@@ -138,7 +144,7 @@ func (e *Engine) templateRefs(ctx context.Context) (map[string]*TemplateRefs, er
 // ListTemplates returns every version known here or in the blob store,
 // with its references. A setup-script template not used yet is not a
 // version yet (it is digested at its first use: see Catalog).
-func (e *Engine) ListTemplates(ctx context.Context) ([]TemplateInfo, error) {
+func (e *templateOps) ListTemplates(ctx context.Context) ([]TemplateInfo, error) {
 	st := e.tpl.cat.Store()
 	local, err := st.Local()
 	if err != nil {
@@ -181,7 +187,7 @@ func (e *Engine) ListTemplates(ctx context.Context) ([]TemplateInfo, error) {
 
 // InspectTemplate returns the version ref names ("name", "name@digest",
 // "digest"), fetching it if needed, with its references.
-func (e *Engine) InspectTemplate(ctx context.Context, ref string) (TemplateInfo, error) {
+func (e *templateOps) InspectTemplate(ctx context.Context, ref string) (TemplateInfo, error) {
 	v, err := e.tpl.cat.Store().Resolve(ctx, ref)
 	if err != nil {
 		return TemplateInfo{}, err
@@ -199,7 +205,7 @@ func (e *Engine) InspectTemplate(ctx context.Context, ref string) (TemplateInfo,
 }
 
 // ImportTemplate makes the tarball r a version of name and moves the tag.
-func (e *Engine) ImportTemplate(ctx context.Context, name string, r io.Reader, d templatestore.Defaults) (templatestore.ImportResult, error) {
+func (e *templateOps) ImportTemplate(ctx context.Context, name string, r io.Reader, d templatestore.Defaults) (templatestore.ImportResult, error) {
 	if err := ValidateLimits(d.Limits); err != nil {
 		return templatestore.ImportResult{}, err
 	}
@@ -211,7 +217,7 @@ func (e *Engine) ImportTemplate(ctx context.Context, name string, r io.Reader, d
 }
 
 // TagTemplate points tag name at the version ref names.
-func (e *Engine) TagTemplate(ctx context.Context, name, ref string) (templatestore.Version, error) {
+func (e *templateOps) TagTemplate(ctx context.Context, name, ref string) (templatestore.Version, error) {
 	v, err := e.tpl.cat.Store().Resolve(ctx, ref)
 	if err != nil {
 		return v, err
@@ -221,7 +227,7 @@ func (e *Engine) TagTemplate(ctx context.Context, name, ref string) (templatesto
 
 // RemoveTemplate removes a tag ("name": the versions stay) or a version
 // ("name@sha256:…" or "sha256:…"), which must not be referenced.
-func (e *Engine) RemoveTemplate(ctx context.Context, ref string) error {
+func (e *templateOps) RemoveTemplate(ctx context.Context, ref string) error {
 	st := e.tpl.cat.Store()
 	if !strings.Contains(ref, "@") && !strings.HasPrefix(ref, "sha256:") {
 		tags, err := st.Tags()
@@ -231,7 +237,7 @@ func (e *Engine) RemoveTemplate(ctx context.Context, ref string) error {
 		if _, ok := tags[ref]; !ok {
 			return errdefs.NotFoundf("template tag %q", ref)
 		}
-		if want, _ := e.PoolSize(ref); want > 0 {
+		if want, _ := e.warm.PoolSize(ref); want > 0 {
 			return errdefs.FailedPreconditionf("template %s has a warm pool; restart the daemon without it first", ref)
 		}
 		return st.Untag(ctx, ref)
@@ -269,7 +275,7 @@ func (e *Engine) RemoveTemplate(ctx context.Context, ref string) error {
 
 // GCTemplates removes every version that nothing references (here and in
 // the blob store) and returns their digests.
-func (e *Engine) GCTemplates(ctx context.Context) ([]string, error) {
+func (e *templateOps) GCTemplates(ctx context.Context) ([]string, error) {
 	all, err := e.ListTemplates(ctx)
 	if err != nil {
 		return nil, err
@@ -326,78 +332,13 @@ type UpgradeRequest struct {
 	Template string
 }
 
-// Upgrade moves sandbox r.Sandbox onto another template version: it is
-// checkpointed and stopped (the checkpoint is kept, tagged, as the way
-// back), a new sandbox is created from the new version with the same
-// tenant, limits, env and recovery policy, and the files the old sandbox
-// had changed on top of its template (its writable layer, taken from that
-// checkpoint: new and modified files with their modes and times; files it
-// had deleted are deleted) are copied into the new one. Processes do not
-// carry over: the new sandbox boots fresh. sandbox.upgraded is appended to
-// both streams.
-func (e *Engine) Upgrade(ctx context.Context, r UpgradeRequest) (meta.Sandbox, error) {
-	old, err := e.Get(ctx, r.Tenant, r.Sandbox)
-	if err != nil {
-		return old, err
-	}
-	t, err := e.tpl.cat.GetContext(ctx, r.Template)
-	if err != nil {
-		return old, err
-	}
-	if t.Version == old.TemplateVersion {
-		return old, errdefs.FailedPreconditionf("sandbox %s is already on template %s version %s", old.ID, t.Name, templatestore.Short(t.Version))
-	}
-	if old.State != meta.StateRunning {
-		return old, errdefs.FailedPreconditionf("sandbox %s is %s; recover it first (its files are taken from a checkpoint of it running)", old.ID, old.State)
-	}
-	ck, err := e.Checkpoint(ctx, CheckpointRequest{Tenant: r.Tenant, Sandbox: old.ID, Stop: true,
-		Tag: "pre-upgrade-" + templatestore.Short(t.Version), stopReason: "upgraded to template " + t.Name + "@" + templatestore.Short(t.Version)})
-	if err != nil {
-		return old, fmt.Errorf("upgrade %s: checkpoint: %w", old.ID, err)
-	}
-	dir := filepath.Join(e.ck.workDir, "upgrade-"+strings.TrimPrefix(newID(), "sbx-"))
-	defer os.RemoveAll(dir)
-	if _, err := e.ck.store.Restore(ctx, ck.Tenant, ck.ID, dir, chunkstore.RestoreOptions{}); err != nil {
-		return old, fmt.Errorf("upgrade %s: fetch checkpoint %s: %w", old.ID, ck.ID, err)
-	}
-	release, err := e.reserveSandbox(ctx, r.Tenant, old.Limits)
-	if err != nil {
-		return old, err
-	}
-	defer release()
-	sb, err := e.coldCreate(ctx, t, r.Tenant, old.Limits, old.Env, false, old.Policy)
-	if err != nil {
-		return old, fmt.Errorf("upgrade %s: create: %w", old.ID, err)
-	}
-	files, removed, err := e.copyLayer(ctx, sb.ID, filepath.Join(dir, "layer.tar"))
-	if err != nil {
-		if derr := e.Destroy(context.WithoutCancel(ctx), r.Tenant, sb.ID); derr != nil {
-			e.lg.Error("destroy half-upgraded sandbox", "sandbox", sb.ID, "err", derr)
-		}
-		return old, fmt.Errorf("upgrade %s: copy its files: %w", old.ID, err)
-	}
-	p := UpgradedPayload{From: old.ID, To: sb.ID, Template: t.Name, FromVersion: old.TemplateVersion, ToVersion: t.Version,
-		Checkpoint: ck.ID, Files: files, Removed: removed}
-	if err := e.appendEvents(ctx, sb, lifecycleEvent(sb, EventUpgraded, p)); err != nil {
-		return sb, err
-	}
-	if old, err = e.meta.Get(ctx, old.ID); err == nil {
-		err = e.appendEvents(ctx, old, lifecycleEvent(old, EventUpgraded, p))
-	}
-	if err != nil {
-		return sb, err
-	}
-	e.lg.Info("sandbox upgraded", "from", old.ID, "to", sb.ID, "template", t.Name, "version", templatestore.Short(t.Version), "files", files, "removed", removed)
-	return sb, nil
-}
-
 // copyLayer applies a checkpoint's layer.tar (an overlay upper directory)
 // to sandbox id through its confined FS: whiteouts (0/0 character devices)
 // remove the path, an opaque directory is emptied first, other devices are
 // skipped, and regular files, directories, symlinks and hard links are
 // extracted (owners become the sandbox's root, set-ID bits are dropped:
 // confinedfs.TarIn).
-func (e *Engine) copyLayer(ctx context.Context, id, layerTar string) (files, removed int, err error) {
+func (e *templateOps) copyLayer(ctx context.Context, id, layerTar string) (files, removed int, err error) {
 	fsys, err := e.drv.Files(ctx, id)
 	if err != nil {
 		return 0, 0, err

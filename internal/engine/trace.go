@@ -14,7 +14,7 @@ import (
 // request's span when ctx carries one, a root span for what the engine does
 // on its own (policy checkpoints, idle resumes). End it with tracing.End.
 // With the no-op provider (no OTLP endpoint) this costs an interface call.
-func (e *Engine) span(ctx context.Context, name, tenant, sandbox string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+func (e *core) span(ctx context.Context, name, tenant, sandbox string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
 	if tenant != "" {
 		attrs = append(attrs, tracing.TenantID.String(tenant))
 	}
