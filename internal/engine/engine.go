@@ -40,6 +40,7 @@ import (
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/obs/tracing"
 	"github.com/amber-run/amber/internal/state/audit"
@@ -50,7 +51,7 @@ import (
 // Options configure New.
 type Options struct {
 	Driver    sandbox.Driver
-	Meta      *meta.Store
+	Meta      metadata.Store
 	Log       eventlog.Store
 	Registry  *eventlog.Registry // lifecycle types are registered into it; default a new one
 	Templates *Catalog
@@ -165,7 +166,7 @@ type EgressOptions struct {
 // (lifecycle.go): the checkpoint and restore code does not call them.
 type Engine struct {
 	drv   sandbox.Driver
-	meta  *meta.Store
+	meta  metadata.Store
 	log   eventlog.Store
 	reg   *eventlog.Registry
 	clock clock.Clock
