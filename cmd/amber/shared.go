@@ -127,7 +127,7 @@ func loadMasterKey(dataDir, keyFile string, size int) ([]byte, error) {
 }
 
 // nodeCapacity reports what this node runs, for its heartbeat.
-func nodeCapacity(m metadata.Store, eng *engine.Engine, templates []string, maxSandboxes int) func(context.Context) meta.NodeCapacity {
+func nodeCapacity(m metadata.Sandboxes, eng *engine.Engine, templates []string, maxSandboxes int) func(context.Context) meta.NodeCapacity {
 	mem := cluster.HostMemory()
 	return func(ctx context.Context) meta.NodeCapacity {
 		c := meta.NodeCapacity{MemoryBytes: mem, MaxSandboxes: maxSandboxes, Templates: templates, Driver: eng.Driver().Name()}
