@@ -14,7 +14,7 @@ import (
 
 	"github.com/amber-run/amber/internal/edge/apiproxy"
 	"github.com/amber-run/amber/internal/edge/server"
-	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 type apiOptions struct {
@@ -62,7 +62,7 @@ func runAPI(cmd *cobra.Command, o *apiOptions) error {
 	if o.store == "" {
 		o.store = os.Getenv("AMBER_STORE")
 	}
-	if !meta.IsPostgres(o.store) {
+	if !sqlmeta.IsPostgres(o.store) {
 		return usageError{fmt.Errorf("--store %q: an API server fronts a deployment on shared stores; want postgres://… (the nodes' --store)", redactStore(o.store))}
 	}
 	if o.name == "" {
@@ -77,7 +77,7 @@ func runAPI(cmd *cobra.Command, o *apiOptions) error {
 		return err
 	}
 	hop.TLS = peersTLS
-	m, err := meta.Open(o.store, meta.Options{})
+	m, err := sqlmeta.Open(o.store, sqlmeta.Options{})
 	if err != nil {
 		return err
 	}

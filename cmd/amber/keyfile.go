@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/state/audit"
 	"github.com/amber-run/amber/internal/state/chunkstore"
 	"github.com/amber-run/amber/internal/state/meta"
@@ -56,7 +57,7 @@ func readKeyFile(path string) ([]byte, error) {
 // On shared stores (shared), a node without the file does not replace an
 // operator key another node registered (that would lock the other nodes'
 // admin.key out): it fails, asking for the first node's file.
-func ensureAdminKey(ctx context.Context, m *meta.Store, dataDir string, shared bool) (path string, created bool, err error) {
+func ensureAdminKey(ctx context.Context, m metadata.Keys, dataDir string, shared bool) (path string, created bool, err error) {
 	path = filepath.Join(dataDir, "admin.key")
 	b, err := readKeyFile(path)
 	switch {
@@ -86,7 +87,7 @@ func ensureAdminKey(ctx context.Context, m *meta.Store, dataDir string, shared b
 
 // putAdminKey registers key as the operator's key, replacing (and
 // un-revoking) any previous one.
-func putAdminKey(ctx context.Context, m *meta.Store, key string) error {
+func putAdminKey(ctx context.Context, m metadata.Keys, key string) error {
 	return m.PutKey(ctx, meta.APIKey{Tenant: meta.DefaultTenant, Name: meta.OperatorKeyName,
 		Hash: meta.HashKey(key), Prefix: meta.KeyPrefix(key), Scopes: meta.AllScopes})
 }

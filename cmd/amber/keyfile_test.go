@@ -18,12 +18,13 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 func TestAdminKeyLifecycle(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	m, err := meta.Open(filepath.Join(dir, "meta.db"), meta.Options{})
+	m, err := sqlmeta.Open(filepath.Join(dir, "meta.db"), sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +68,7 @@ func TestAdminKeyLifecycle(t *testing.T) {
 func TestKeyFilePermissionsRefused(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	m, err := meta.Open(filepath.Join(dir, "meta.db"), meta.Options{})
+	m, err := sqlmeta.Open(filepath.Join(dir, "meta.db"), sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

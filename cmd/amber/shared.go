@@ -13,10 +13,12 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/cluster"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/state/meta"
 	"github.com/amber-run/amber/stores/postgres"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 // sharedOptions are the flags of a node of a deployment on shared stores
@@ -49,7 +51,7 @@ func (o *sharedOptions) resolve(listen string) error {
 	if o.store == "" {
 		return nil
 	}
-	if !meta.IsPostgres(o.store) {
+	if !sqlmeta.IsPostgres(o.store) {
 		return usageError{fmt.Errorf("--store %q: want postgres://… (or nothing, for SQLite in the data dir)", redactStore(o.store))}
 	}
 	if o.masterKeyFile == "" {
@@ -125,7 +127,7 @@ func loadMasterKey(dataDir, keyFile string, size int) ([]byte, error) {
 }
 
 // nodeCapacity reports what this node runs, for its heartbeat.
-func nodeCapacity(m *meta.Store, eng *engine.Engine, templates []string, maxSandboxes int) func(context.Context) meta.NodeCapacity {
+func nodeCapacity(m metadata.Sandboxes, eng *engine.Engine, templates []string, maxSandboxes int) func(context.Context) meta.NodeCapacity {
 	mem := cluster.HostMemory()
 	return func(ctx context.Context) meta.NodeCapacity {
 		c := meta.NodeCapacity{MemoryBytes: mem, MaxSandboxes: maxSandboxes, Templates: templates, Driver: eng.Driver().Name()}

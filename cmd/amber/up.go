@@ -16,6 +16,7 @@ import (
 
 	"github.com/amber-run/amber/core/blob"
 	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/egress/gateway"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/host/faults"
@@ -246,7 +247,7 @@ const exitFenced = 75
 // sweepLeases bumps the lease epoch of every stream a previous daemon of
 // this data dir may hold (sessions, sandboxes, their effect journals), so
 // that its writes in flight are refused by the log (fence.Sweep).
-func sweepLeases(ctx context.Context, log eventlog.Store, m *meta.Store, holder string) (int, error) {
+func sweepLeases(ctx context.Context, log eventlog.Store, m metadata.Store, holder string) (int, error) {
 	var streams []string
 	ss, err := m.ListSessions(ctx, "")
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/amber-run/amber/console"
 	"github.com/amber-run/amber/core/blob"
 	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/cluster"
 	"github.com/amber-run/amber/internal/edge/server"
@@ -37,6 +38,7 @@ import (
 	"github.com/amber-run/amber/lib/httpx"
 	"github.com/amber-run/amber/stores/postgres"
 	"github.com/amber-run/amber/stores/sqlite"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 // The steps of amber up (runUp, up.go), in the order they run. Each step
@@ -68,7 +70,7 @@ type upDaemon struct {
 	fps           *failpoint.Set
 
 	// openMeta, openLog
-	m          *meta.Store
+	m          metadata.Store
 	keyPath    string
 	host       string
 	nodeName   string
@@ -218,9 +220,9 @@ func (d *upDaemon) openDB(ctx context.Context, what string) func(open func() err
 // names the node.
 func (d *upDaemon) openMeta(ctx context.Context) error {
 	o, lg := d.o, d.lg
-	var m *meta.Store
+	var m metadata.Store
 	if err := d.openDB(ctx, "meta.db")(func() (err error) {
-		m, err = meta.Open(o.shared.metaSpec(d.dataDir), meta.Options{Failpoints: d.fps})
+		m, err = sqlmeta.Open(o.shared.metaSpec(d.dataDir), sqlmeta.Options{Failpoints: d.fps})
 		return err
 	}); err != nil {
 		return err
@@ -507,7 +509,7 @@ func (d *upDaemon) serve(ctx context.Context) error {
 		return err
 	}
 	d.atExit(func() { os.Remove(addrFile) })
-	sopts := server.Options{Engine: d.eng, Meta: d.m, Audit: d.trail, Secrets: d.secrets, Metrics: d.mx, Tracer: d.tp, Logger: lg.With("component", "api"), Version: version, Sessions: d.sessions, Console: console.Assets()}
+	sopts := server.Options{Engine: d.eng, Meta: d.m, Tenancy: engine.NewTenancy(d.m, nil), Audit: d.trail, Secrets: d.secrets, Metrics: d.mx, Tracer: d.tp, Logger: lg.With("component", "api"), Version: version, Sessions: d.sessions, Console: console.Assets()}
 	if d.node != nil {
 		sopts.Router = d.node
 	}

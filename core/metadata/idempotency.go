@@ -1,7 +1,10 @@
 package metadata
 
 import (
+	"strings"
 	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
 )
 
 // Idempotent is a recorded answer to a create call made with an
@@ -18,4 +21,12 @@ type Idempotent struct {
 	ContentType string
 	Body        []byte
 	Created     time.Time
+}
+
+// ValidIdempotencyKey checks an Idempotency-Key header value.
+func ValidIdempotencyKey(k string) error {
+	if k == "" || len(k) > 200 || strings.ContainsAny(k, "\x00\r\n") {
+		return errdefs.InvalidArgumentf("Idempotency-Key: 1 to 200 printable characters")
+	}
+	return nil
 }

@@ -1,7 +1,12 @@
 package metadata
 
 import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
@@ -60,6 +65,72 @@ func (k APIKey) Usable(now time.Time) error {
 	}
 	if !k.Expires.IsZero() && !now.Before(k.Expires) {
 		return fmt.Errorf("API key %q of tenant %s expired at %s: %w", k.Name, k.Tenant, k.Expires.UTC().Format(time.RFC3339), errdefs.ErrUnauthenticated)
+	}
+	return nil
+}
+
+// AllScopes lists every scope in canonical order.
+var AllScopes = []Scope{ScopeRead, ScopeWrite, ScopeAdmin}
+
+// ParseScopes validates names ("read", "write", "admin"), drops repeats
+// and returns them in canonical order. At least one is required.
+func ParseScopes(names []string) ([]Scope, error) {
+	seen := map[Scope]bool{}
+	for _, n := range names {
+		s := Scope(strings.TrimSpace(n))
+		if !validScope(s) {
+			return nil, errdefs.InvalidArgumentf("scope %.20q is not one of read, write, admin", n)
+		}
+		seen[s] = true
+	}
+	var out []Scope
+	for _, s := range AllScopes {
+		if seen[s] {
+			out = append(out, s)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errdefs.InvalidArgumentf("a key needs at least one scope (read, write, admin)")
+	}
+	return out, nil
+}
+
+func validScope(s Scope) bool { return s == ScopeRead || s == ScopeWrite || s == ScopeAdmin }
+
+// NewKeySecret returns a new random API key: "amber_" and 43 characters
+// of base64url (256 bits).
+func NewKeySecret() (string, error) {
+	raw := make([]byte, 32)
+	if _, err := rand.Read(raw); err != nil {
+		return "", err
+	}
+	return "amber_" + base64.RawURLEncoding.EncodeToString(raw), nil
+}
+
+// KeyPrefix is the part of a secret that lists show: "amber_" and six
+// characters (36 of its 256 bits), enough to tell keys apart.
+func KeyPrefix(secret string) string {
+	if len(secret) > 12 {
+		return secret[:12]
+	}
+	return ""
+}
+
+// HashKey returns the stored form of a secret API key.
+func HashKey(secret string) string {
+	sum := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(sum[:])
+}
+
+// OperatorKeyName is the name of the operator's key, the one in
+// DATA_DIR/admin.key. It is rotated by deleting that file and restarting
+// `amber up`, not through the API.
+const OperatorKeyName = "admin"
+
+// ValidKeyName checks a key's name: 1 to 64 letters, digits, '.', '_' or '-'.
+func ValidKeyName(name string) error {
+	if name == "" || len(name) > 64 || strings.Trim(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != "" {
+		return errdefs.InvalidArgumentf("key name %.70q: use 1 to 64 letters, digits, '.', '_' or '-'", name)
 	}
 	return nil
 }

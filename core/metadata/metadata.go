@@ -228,6 +228,12 @@ type Nodes interface {
 	// lock. supported is false where there is no such lock (SQLite: the
 	// lease decides).
 	NodeLockHeld(ctx context.Context, id string) (held, supported bool, err error)
+	// NodeLock returns node id's liveness lock, not yet taken (NodeLock.Ensure
+	// takes it). Its node holds it for as long as its process lives, so the
+	// others may claim a node that lost it and missed a heartbeat before its
+	// lease expires (ClaimLostNode); where there is no such lock (SQLite)
+	// Ensure reports false and the lease decides.
+	NodeLock(id string) NodeLock
 	// GetNode returns node id's row.
 	GetNode(ctx context.Context, id string) (Node, error)
 	// ListNodes returns every node row, by id.

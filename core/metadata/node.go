@@ -1,6 +1,7 @@
 package metadata
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -92,4 +93,18 @@ func (c NodeCapacity) HasTemplate(name string) bool {
 		}
 	}
 	return false
+}
+
+// NodeLock is a node's liveness lock (Nodes.NodeLock): held by its node's
+// process, released by the database when that process dies.
+type NodeLock interface {
+	// Ensure takes the lock if this process does not hold it, and checks the
+	// hold otherwise (a broken one is dropped and the lock taken again). It
+	// reports whether the lock is held now; false with a nil error means the
+	// store cannot hold one or another holder has it (a previous run of the
+	// node whose session has not ended yet): the caller retries at its next
+	// heartbeat and is meanwhile judged by its lease only.
+	Ensure(ctx context.Context) (bool, error)
+	// Release gives the lock up (a clean stop).
+	Release()
 }

@@ -2,6 +2,7 @@ package metadata
 
 import (
 	"math"
+	"strings"
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
@@ -94,4 +95,13 @@ type Tenant struct {
 	Name    string // for people; defaults to ID
 	State   string
 	Created time.Time
+}
+
+// ValidTenantID checks a tenant id: 1 to 40 lower-case letters, digits or
+// '-', starting with a letter or digit (it appears in blob paths and URLs).
+func ValidTenantID(id string) error {
+	if id == "" || len(id) > 40 || id[0] == '-' || strings.Trim(id, "abcdefghijklmnopqrstuvwxyz0123456789-") != "" {
+		return errdefs.InvalidArgumentf("tenant id %.50q: use 1 to 40 lower-case letters, digits or '-', not starting with '-'", id)
+	}
+	return nil
 }

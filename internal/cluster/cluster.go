@@ -12,7 +12,7 @@
 //
 //  1. D's lease expires (no heartbeat for TTL), or, on PostgreSQL, D's
 //     process is gone: its liveness lock is free (its database session
-//     ended with the process) and it missed a heartbeat (meta.NodeLock).
+//     ended with the process) and it missed a heartbeat (metadata.NodeLock).
 //  2. N claims D: meta.ClaimDeadNode(D, D's epoch), or ClaimLostNode(D,
 //     D's epoch, the heartbeat N saw) — a compare-and-set on D's row; of
 //     every node scanning, one wins.
@@ -60,6 +60,7 @@ import (
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/session"
 	"github.com/amber-run/amber/internal/state/meta"
@@ -76,7 +77,7 @@ type LeaseTaker interface {
 
 // Options configure Start.
 type Options struct {
-	Meta   *meta.Store
+	Meta   metadata.Store
 	Engine *engine.Engine
 	Leases LeaseTaker
 	// Addr is this node's API address as the other nodes reach it.
@@ -125,7 +126,7 @@ type Node struct {
 	epoch    atomic.Uint64
 	lg       *slog.Logger
 	sessions atomic.Pointer[Sessions]
-	lock     *meta.NodeLock
+	lock     metadata.NodeLock
 	locked   atomic.Bool // lock held at the last check
 	// lockedSince is when this node last took its lock (Unix ns): it
 	// judges others by theirs only once it has held its own for a while.
@@ -520,7 +521,7 @@ const failoverRetry = 5 * time.Second
 
 // lost reports whether live node d's process is gone before its lease
 // expired: a heartbeat is overdue (none for a heartbeat interval plus a
-// scan's) and nobody holds its liveness lock (meta.NodeLock: only the
+// scan's) and nobody holds its liveness lock (metadata.NodeLock: only the
 // process holds it, and its death ends the database session that did).
 //
 // Only a node that has held its own lock for two heartbeats judges: after

@@ -12,12 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 // pgStore opens a meta store in a fresh schema of the test PostgreSQL
 // (make setup-test, or AMBER_TEST_PG), dropped when t ends.
-func pgStore(t *testing.T) (*meta.Store, string) {
+func pgStore(t *testing.T) (metadata.Store, string) {
 	t.Helper()
 	dsn := os.Getenv("AMBER_TEST_PG")
 	if dsn == "" {
@@ -43,7 +45,7 @@ func pgStore(t *testing.T) (*meta.Store, string) {
 		sep = "&"
 	}
 	spec := dsn + sep + "search_path=" + schema
-	s, err := meta.Open(spec, meta.Options{})
+	s, err := sqlmeta.Open(spec, sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +88,7 @@ func TestLostNode(t *testing.T) {
 	n.locked.Store(true)
 	// d's process holds its lock (its session is open): not lost, however
 	// late its heartbeat (a paused process: the lease decides).
-	other, err := meta.Open(spec, meta.Options{})
+	other, err := sqlmeta.Open(spec, sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

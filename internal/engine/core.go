@@ -12,6 +12,7 @@ import (
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/egress"
 	"github.com/amber-run/amber/internal/state/audit"
@@ -26,7 +27,7 @@ import (
 // them, so no capability reaches another through it.
 type core struct {
 	drv   sandbox.Driver
-	meta  *meta.Store
+	meta  metadata.Store
 	log   eventlog.Store
 	reg   *eventlog.Registry
 	clock clock.Clock

@@ -43,6 +43,7 @@ import (
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/obs/tracing"
 	"github.com/amber-run/amber/internal/state/audit"
@@ -53,7 +54,7 @@ import (
 // Options configure New.
 type Options struct {
 	Driver    sandbox.Driver
-	Meta      *meta.Store
+	Meta      metadata.Store
 	Log       eventlog.Store
 	Registry  *eventlog.Registry // lifecycle types are registered into it; default a new one
 	Templates *Catalog

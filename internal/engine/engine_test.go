@@ -15,6 +15,7 @@ import (
 	"github.com/amber-run/amber/internal/engine/enginetest"
 	"github.com/amber-run/amber/internal/state/meta"
 	"github.com/amber-run/amber/lib/failpoint"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 func TestMain(m *testing.M) { enginetest.Main(m) }
@@ -179,7 +180,7 @@ func TestWarmPoolClaim(t *testing.T) {
 	// Shutdown drains the pool.
 	env.Close(t)
 	pooled := true
-	m, _ := meta.Open(env.Dir+"/meta.db", meta.Options{})
+	m, _ := sqlmeta.Open(env.Dir+"/meta.db", sqlmeta.Options{})
 	defer m.Close()
 	if rows, _ := m.List(ctx, meta.Filter{Pooled: &pooled}); len(rows) != 0 {
 		t.Fatalf("pooled sandboxes left after Close: %+v", rows)

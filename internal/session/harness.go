@@ -16,6 +16,7 @@ import (
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/state/meta"
 	"github.com/amber-run/amber/lib/failpoint"
 )
@@ -61,7 +62,7 @@ const (
 type Harness struct {
 	Log      eventlog.Store
 	Registry *eventlog.Registry
-	Meta     *meta.Store // optional: status and sandbox copies
+	Meta     metadata.Sessions // optional: status and sandbox copies
 	Boxes    Sandboxes
 	Models   ModelFactory
 	Clock    clock.Clock

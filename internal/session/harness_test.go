@@ -15,15 +15,16 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
-	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/lib/failpoint"
 	"github.com/amber-run/amber/stores/sqlite"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 type testEnv struct {
 	t     *testing.T
 	log   *sqlite.Store
-	meta  *meta.Store
+	meta  metadata.Store
 	reg   *eventlog.Registry
 	boxes *fakeBoxes
 	model *Scripted
@@ -39,7 +40,7 @@ func newTestEnv(t *testing.T, script []ScriptTurn) *testEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { lg.Close() })
-	m, err := meta.Open(filepath.Join(dir, "meta.db"), meta.Options{})
+	m, err := sqlmeta.Open(filepath.Join(dir, "meta.db"), sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/amber-run/amber/internal/obs/logging"
-	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 // TestLogLinesNameTheSession: what the harness logs while it works on a
@@ -21,7 +21,7 @@ func TestLogLinesNameTheSession(t *testing.T) {
 	id := e.create(Definition{Model: ModelConfig{Adapter: "scripted"}, Template: "minimal"})
 	e.post(id, EventUserMessage, UserMessage{Text: "hi"})
 	// A meta store without the session's row: the status copy fails.
-	other, err := meta.Open(filepath.Join(t.TempDir(), "meta.db"), meta.Options{})
+	other, err := sqlmeta.Open(filepath.Join(t.TempDir(), "meta.db"), sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/state/meta"
 	"github.com/amber-run/amber/internal/state/secretstore"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 // TestModelProviderOnlyForGrantedTenants: an operator's provider (here on
@@ -67,7 +67,7 @@ func TestModelProviderOnlyForGrantedTenants(t *testing.T) {
 	l := newTenantListener(t)
 	e := newTestEnv(t, nil)
 	e.providers = map[string]Provider{"corp": {Name: "corp", URL: l.srv.URL, Adapter: "anthropic", Key: "operator-key-corp", Tenants: []string{"*"}}}
-	mdb, err := meta.Open(filepath.Join(t.TempDir(), "meta.db"), meta.Options{})
+	mdb, err := sqlmeta.Open(filepath.Join(t.TempDir(), "meta.db"), sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

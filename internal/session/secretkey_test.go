@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/state/meta"
 	"github.com/amber-run/amber/internal/state/secretstore"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 // TestModelKeyFromSecret: a definition's api_key_secret is resolved from
@@ -17,7 +17,7 @@ import (
 // and never from another tenant.
 func TestModelKeyFromSecret(t *testing.T) {
 	ctx := context.Background()
-	m, err := meta.Open(filepath.Join(t.TempDir(), "meta.db"), meta.Options{})
+	m, err := sqlmeta.Open(filepath.Join(t.TempDir(), "meta.db"), sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

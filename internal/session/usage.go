@@ -7,8 +7,8 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // ModelUsage returns engine.ModelUsage over the sessions' logs: one usage
@@ -17,7 +17,7 @@ import (
 // a crash or a restore neither loses nor repeats tokens in this meter; a
 // call cut off before its answer was recorded is not in it (its tokens are
 // the provider's to bill, not recorded by Amber).
-func ModelUsage(log eventlog.Store, m *meta.Store) engine.ModelUsage {
+func ModelUsage(log eventlog.Store, m metadata.Sessions) engine.ModelUsage {
 	return func(ctx context.Context, tenant string, from, to time.Time) ([]engine.UsageRecord, error) {
 		ses, err := m.ListSessions(ctx, tenant)
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/state/meta"
 	"github.com/amber-run/amber/stores/sqlite"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 // TestModelUsageFromLogs: model tokens are summed from the recorded model
@@ -19,7 +20,7 @@ import (
 func TestModelUsageFromLogs(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	m, err := meta.Open(filepath.Join(dir, "meta.db"), meta.Options{})
+	m, err := sqlmeta.Open(filepath.Join(dir, "meta.db"), sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,9 +3,9 @@
 // templates (internal/state/chunkstore, internal/state/templatestore), sealed
 // secrets (internal/state/secretstore) and the audit trail
 // (internal/state/audit). The secret store implements the egress gateway's
-// Secrets and TLSTerminator, hence its import outside state; the metadata
-// store's domain layer (internal/state/meta) opens its SQL backend
-// (stores/sqlmeta), hence that one.
+// Secrets and TLSTerminator, hence its import outside state. The metadata
+// store is the contract of core/metadata; none of state knows its backend
+// (stores/sqlmeta), which cmd/amber picks and opens.
 //
-// May import: core, lib, internal/egress/gateway, stores/sqlmeta.
+// May import: core, lib, internal/egress/gateway.
 package state

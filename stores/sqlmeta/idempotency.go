@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
@@ -70,12 +69,4 @@ func (s *Store) FinishIdempotent(ctx context.Context, tenant, key string, status
 func (s *Store) AbandonIdempotent(ctx context.Context, tenant, key string) error {
 	_, err := s.db.ExecContext(ctx, `DELETE FROM idempotency WHERE tenant = ? AND key = ? AND done = 0`, tenant, key)
 	return err
-}
-
-// ValidIdempotencyKey checks an Idempotency-Key header value.
-func ValidIdempotencyKey(k string) error {
-	if k == "" || len(k) > 200 || strings.ContainsAny(k, "\x00\r\n") {
-		return errdefs.InvalidArgumentf("Idempotency-Key: 1 to 200 printable characters")
-	}
-	return nil
 }

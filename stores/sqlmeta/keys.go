@@ -2,71 +2,15 @@ package sqlmeta
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
 	"database/sql"
-	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/metadata"
 )
-
-// AllScopes lists every scope in canonical order.
-var AllScopes = []Scope{ScopeRead, ScopeWrite, ScopeAdmin}
-
-// ParseScopes validates names ("read", "write", "admin"), drops repeats
-// and returns them in canonical order. At least one is required.
-func ParseScopes(names []string) ([]Scope, error) {
-	seen := map[Scope]bool{}
-	for _, n := range names {
-		s := Scope(strings.TrimSpace(n))
-		if !validScope(s) {
-			return nil, errdefs.InvalidArgumentf("scope %.20q is not one of read, write, admin", n)
-		}
-		seen[s] = true
-	}
-	var out []Scope
-	for _, s := range AllScopes {
-		if seen[s] {
-			out = append(out, s)
-		}
-	}
-	if len(out) == 0 {
-		return nil, errdefs.InvalidArgumentf("a key needs at least one scope (read, write, admin)")
-	}
-	return out, nil
-}
-
-func validScope(s Scope) bool { return s == ScopeRead || s == ScopeWrite || s == ScopeAdmin }
-
-// NewKeySecret returns a new random API key: "amber_" and 43 characters
-// of base64url (256 bits).
-func NewKeySecret() (string, error) {
-	raw := make([]byte, 32)
-	if _, err := rand.Read(raw); err != nil {
-		return "", err
-	}
-	return "amber_" + base64.RawURLEncoding.EncodeToString(raw), nil
-}
-
-// KeyPrefix is the part of a secret that lists show: "amber_" and six
-// characters (36 of its 256 bits), enough to tell keys apart.
-func KeyPrefix(secret string) string {
-	if len(secret) > 12 {
-		return secret[:12]
-	}
-	return ""
-}
-
-// HashKey returns the stored form of a secret API key.
-func HashKey(secret string) string {
-	sum := sha256.Sum256([]byte(secret))
-	return hex.EncodeToString(sum[:])
-}
 
 const keyCols = `tenant, name, hash, prefix, scopes, created_ns, expires_ns, revoked_ns`
 
@@ -74,19 +18,11 @@ func checkKey(k APIKey) error {
 	if k.Tenant == "" || len(k.Hash) != 64 {
 		return errdefs.InvalidArgumentf("api key: a tenant and a sha-256 hash are required")
 	}
-	if err := ValidKeyName(k.Name); err != nil {
+	if err := metadata.ValidKeyName(k.Name); err != nil {
 		return err
 	}
-	if _, err := ParseScopes(scopeNames(k.Scopes)); err != nil {
+	if _, err := metadata.ParseScopes(scopeNames(k.Scopes)); err != nil {
 		return err
-	}
-	return nil
-}
-
-// ValidKeyName checks a key's name: 1 to 64 letters, digits, '.', '_' or '-'.
-func ValidKeyName(name string) error {
-	if name == "" || len(name) > 64 || strings.Trim(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != "" {
-		return errdefs.InvalidArgumentf("key name %.70q: use 1 to 64 letters, digits, '.', '_' or '-'", name)
 	}
 	return nil
 }
@@ -107,7 +43,7 @@ func (s *Store) PutKey(ctx context.Context, k APIKey) error {
 	if err := checkKey(k); err != nil {
 		return fmt.Errorf("put key: %w", err)
 	}
-	scopes, _ := ParseScopes(scopeNames(k.Scopes))
+	scopes, _ := metadata.ParseScopes(scopeNames(k.Scopes))
 	_, err := s.db.ExecContext(ctx,
 		`INSERT INTO api_keys (`+keyCols+`) VALUES (?,?,?,?,?,?,?,?)
 		 ON CONFLICT(tenant, name) DO UPDATE SET hash = excluded.hash, prefix = excluded.prefix, scopes = excluded.scopes,
@@ -127,7 +63,7 @@ func (s *Store) CreateKey(ctx context.Context, k APIKey) (APIKey, error) {
 	if err := checkKey(k); err != nil {
 		return k, fmt.Errorf("create key: %w", err)
 	}
-	k.Scopes, _ = ParseScopes(scopeNames(k.Scopes))
+	k.Scopes, _ = metadata.ParseScopes(scopeNames(k.Scopes))
 	k.Created = s.clock.Now().UTC()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -207,7 +143,7 @@ func scanKey(r scanner) (APIKey, error) {
 		}
 		return k, fmt.Errorf("look up api key: %w", err)
 	}
-	ss, err := ParseScopes(strings.Split(scopes, ","))
+	ss, err := metadata.ParseScopes(strings.Split(scopes, ","))
 	if err != nil {
 		return k, errdefs.DataLossf("meta: api key %s/%s has undecodable scopes %q", k.Tenant, k.Name, scopes)
 	}

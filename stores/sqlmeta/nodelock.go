@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/metadata"
 )
 
 // # A node's liveness lock (PostgreSQL only)
@@ -57,7 +58,7 @@ type NodeLock struct {
 }
 
 // NodeLock returns node id's liveness lock, not yet taken: Ensure takes it.
-func (s *Store) NodeLock(id string) *NodeLock { return &NodeLock{s: s, id: id} }
+func (s *Store) NodeLock(id string) metadata.NodeLock { return &NodeLock{s: s, id: id} }
 
 // Ensure takes the lock if this process does not hold it, and checks the
 // connection that holds it otherwise (a broken one is dropped and the lock

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
@@ -14,11 +13,6 @@ import (
 
 // DefaultTenant is the operator's tenant (metadata.DefaultTenant).
 const DefaultTenant = metadata.DefaultTenant
-
-// OperatorKeyName is the name of the operator's key, the one in
-// DATA_DIR/admin.key. It is rotated by deleting that file and restarting
-// `amber up`, not through the API.
-const OperatorKeyName = "admin"
 
 // TenantActive is the state of a tenant whose keys work (metadata.TenantActive).
 const TenantActive = metadata.TenantActive
@@ -32,19 +26,10 @@ CREATE TABLE IF NOT EXISTS tenants (
 	created_ns INTEGER NOT NULL
 ) STRICT;`
 
-// ValidTenantID checks a tenant id: 1 to 40 lower-case letters, digits or
-// '-', starting with a letter or digit (it appears in blob paths and URLs).
-func ValidTenantID(id string) error {
-	if id == "" || len(id) > 40 || id[0] == '-' || strings.Trim(id, "abcdefghijklmnopqrstuvwxyz0123456789-") != "" {
-		return errdefs.InvalidArgumentf("tenant id %.50q: use 1 to 40 lower-case letters, digits or '-', not starting with '-'", id)
-	}
-	return nil
-}
-
 // CreateTenant adds tenant t (ErrAlreadyExists if its id is taken). Name
 // defaults to the id; the state is active.
 func (s *Store) CreateTenant(ctx context.Context, t Tenant) (Tenant, error) {
-	if err := ValidTenantID(t.ID); err != nil {
+	if err := metadata.ValidTenantID(t.ID); err != nil {
 		return t, err
 	}
 	if len(t.Name) > 200 {

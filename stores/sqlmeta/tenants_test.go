@@ -123,17 +123,6 @@ func TestTenantsAndKeys(t *testing.T) {
 	}
 }
 
-func TestParseScopes(t *testing.T) {
-	if s, err := ParseScopes([]string{"admin", " read", "admin"}); err != nil || len(s) != 2 || s[0] != ScopeRead || s[1] != ScopeAdmin {
-		t.Fatalf("parse: %v %v", s, err)
-	}
-	for _, bad := range [][]string{nil, {""}, {"root"}, {"read", "WRITE"}} {
-		if _, err := ParseScopes(bad); !errdefs.IsInvalidArgument(err) {
-			t.Errorf("ParseScopes(%q): %v", bad, err)
-		}
-	}
-}
-
 // schemaV2 is the metadata schema as version 2 left it (sandboxes and the
 // api_keys table without scopes), for the migration test.
 const schemaV2 = `

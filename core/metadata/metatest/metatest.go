@@ -36,6 +36,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Opener) {
 		{"TenantsAndKeys", testTenantsAndKeys},
 		{"Sessions", testSessions},
 		{"NodeLeases", testNodeLeases},
+		{"NodeLock", testNodeLock},
 		{"FailoverPlan", testFailoverPlan},
 		{"DrainedNodeStaysDrained", testDrainedNodeStaysDrained},
 	}

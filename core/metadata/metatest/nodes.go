@@ -86,6 +86,42 @@ func testNodeLeases(t *testing.T, open Opener) {
 	}
 }
 
+// testNodeLock: where the backend has liveness locks, a node's lock is
+// seen held once its process took it and free once it released it; where
+// it has none, taking it reports false without an error.
+func testNodeLock(t *testing.T, open Opener) {
+	ctx := ctxT(t)
+	s := mustOpen(t, open, clock.NewFake(epoch))
+	l := s.NodeLock("n1")
+	held, err := l.Ensure(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	seen, supported, err := s.NodeLockHeld(ctx, "n1")
+	switch {
+	case err != nil:
+		t.Fatal(err)
+	case !supported:
+		if held || seen {
+			t.Fatalf("no liveness locks, yet held %v, seen %v", held, seen)
+		}
+		return
+	case !held || !seen:
+		t.Fatalf("lock taken %v, seen held %v", held, seen)
+	}
+	if again, err := l.Ensure(ctx); !again || err != nil {
+		t.Fatalf("ensure of a held lock: %v %v", again, err)
+	}
+	if other, _, err := s.NodeLockHeld(ctx, "n2"); other || err != nil {
+		t.Fatalf("another node's lock: %v %v", other, err)
+	}
+	l.Release()
+	if seen, _, err := s.NodeLockHeld(ctx, "n1"); seen || err != nil {
+		t.Fatalf("released lock seen held: %v %v", seen, err)
+	}
+}
+
 // testFailoverPlan: assignments of a dead node's sandboxes are pending
 // while the sandbox is still on the dead node (and not destroyed), move to
 // another target only from the target they have (one of two reassigners

@@ -46,7 +46,7 @@ import (
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/lib/httpx"
 )
 
@@ -55,12 +55,12 @@ const ForwardedHeader = "X-Amber-Forwarded-By"
 
 // Store is what the proxy reads from the shared metadata store.
 type Store interface {
-	ListNodes(ctx context.Context) ([]meta.Node, error)
-	GetNode(ctx context.Context, id string) (meta.Node, error)
-	Get(ctx context.Context, id string) (meta.Sandbox, error)
-	GetSession(ctx context.Context, id string) (meta.Session, error)
-	Checkpoint(ctx context.Context, id string) (meta.Checkpoint, error)
-	KeyByHash(ctx context.Context, hash string) (meta.APIKey, error)
+	ListNodes(ctx context.Context) ([]metadata.Node, error)
+	GetNode(ctx context.Context, id string) (metadata.Node, error)
+	Get(ctx context.Context, id string) (metadata.Sandbox, error)
+	GetSession(ctx context.Context, id string) (metadata.Session, error)
+	Checkpoint(ctx context.Context, id string) (metadata.Checkpoint, error)
+	KeyByHash(ctx context.Context, hash string) (metadata.APIKey, error)
 }
 
 // Options configure New.
@@ -70,7 +70,7 @@ type Options struct {
 	Name string
 	// Place chooses the node for a new sandbox or session among nodes
 	// (template may be ""); default LeastLoaded.
-	Place  func(nodes []meta.Node, template string, now time.Time) (meta.Node, error)
+	Place  func(nodes []metadata.Node, template string, now time.Time) (metadata.Node, error)
 	Clock  clock.Clock
 	Logger *slog.Logger
 	// PortDomain is the nodes' --port-domain: a request whose Host is
@@ -108,17 +108,17 @@ func New(o Options) *Proxy {
 	return &Proxy{o: o}
 }
 
-// LeastLoaded places as the nodes do (meta.Place): a live node that is not
+// LeastLoaded places as the nodes do (metadata.Place): a live node that is not
 // draining and has room; the template cached first, then the fewest
 // sandboxes, the most free memory, the smallest id.
-func LeastLoaded(nodes []meta.Node, template string, now time.Time) (meta.Node, error) {
-	return meta.Place(nodes, "", template, now)
+func LeastLoaded(nodes []metadata.Node, template string, now time.Time) (metadata.Node, error) {
+	return metadata.Place(nodes, "", template, now)
 }
 
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if id, ok := p.portHost(r.Host); ok {
 		// An exposed port's origin: no key, the node checks the token.
-		addr, err := p.owner(r.Context(), id, meta.APIKey{})
+		addr, err := p.owner(r.Context(), id, metadata.APIKey{})
 		if err == nil && addr == "" {
 			addr, err = p.anyNodeAddr(r.Context()) // unknown: that node answers 404
 		}
@@ -178,26 +178,26 @@ func (p *Proxy) anyNodeAddr(ctx context.Context) (string, error) {
 
 // authenticate checks the caller's key (the node checks it again, with
 // the route's scope).
-func (p *Proxy) authenticate(r *http.Request) (meta.APIKey, error) {
+func (p *Proxy) authenticate(r *http.Request) (metadata.APIKey, error) {
 	if !strings.HasPrefix(r.URL.Path, "/v1/") || r.URL.Path == "/v1/openapi.json" {
-		return meta.APIKey{}, nil // public: the console's assets, the API description
+		return metadata.APIKey{}, nil // public: the console's assets, the API description
 	}
 	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok || strings.TrimSpace(token) == "" {
-		return meta.APIKey{}, fmt.Errorf("missing Authorization: Bearer <api key>: %w", errdefs.ErrUnauthenticated)
+		return metadata.APIKey{}, fmt.Errorf("missing Authorization: Bearer <api key>: %w", errdefs.ErrUnauthenticated)
 	}
-	k, err := p.o.Meta.KeyByHash(r.Context(), meta.HashKey(strings.TrimSpace(token)))
+	k, err := p.o.Meta.KeyByHash(r.Context(), metadata.HashKey(strings.TrimSpace(token)))
 	if errdefs.IsNotFound(err) {
-		return meta.APIKey{}, fmt.Errorf("the API key is not valid: %w", errdefs.ErrUnauthenticated)
+		return metadata.APIKey{}, fmt.Errorf("the API key is not valid: %w", errdefs.ErrUnauthenticated)
 	}
 	if err != nil {
-		return meta.APIKey{}, err
+		return metadata.APIKey{}, err
 	}
 	return k, k.Usable(p.o.Clock.Now())
 }
 
 // route returns the API address the call goes to.
-func (p *Proxy) route(r *http.Request, key meta.APIKey) (string, error) {
+func (p *Proxy) route(r *http.Request, key metadata.APIKey) (string, error) {
 	ctx := r.Context()
 	path := r.URL.Path
 	if r.Method == http.MethodPost && (path == "/v1/sandboxes" || path == "/v1/sessions") {
@@ -215,7 +215,7 @@ func (p *Proxy) route(r *http.Request, key meta.APIKey) (string, error) {
 		// An exposed port's URL: no key (the token in the path is the
 		// credential, checked by the node that runs the sandbox).
 		id, _, _ := strings.Cut(rest, "/")
-		if addr, err := p.owner(ctx, id, meta.APIKey{}); addr != "" || err != nil {
+		if addr, err := p.owner(ctx, id, metadata.APIKey{}); addr != "" || err != nil {
 			if err != nil {
 				err = errdefs.Unavailablef("the node behind this URL is down; retry")
 			}
@@ -247,7 +247,7 @@ func (p *Proxy) route(r *http.Request, key meta.APIKey) (string, error) {
 // owner returns the address of the live node that runs sandbox (or
 // session) id when key's tenant may know about it; "" when any node may
 // answer (unknown, another tenant's, on no node).
-func (p *Proxy) owner(ctx context.Context, id string, key meta.APIKey) (string, error) {
+func (p *Proxy) owner(ctx context.Context, id string, key metadata.APIKey) (string, error) {
 	if strings.HasPrefix(id, "ses-") {
 		se, err := p.o.Meta.GetSession(ctx, id)
 		if err != nil || se.SandboxID == "" || se.Tenant != key.Tenant && !operator(key) {
@@ -256,7 +256,7 @@ func (p *Proxy) owner(ctx context.Context, id string, key meta.APIKey) (string, 
 		id = se.SandboxID
 	}
 	sb, err := p.o.Meta.Get(ctx, id)
-	if err != nil || sb.Node == "" || sb.State == meta.StateDestroyed || key.Tenant != "" && sb.Tenant != key.Tenant && !operator(key) {
+	if err != nil || sb.Node == "" || sb.State == metadata.StateDestroyed || key.Tenant != "" && sb.Tenant != key.Tenant && !operator(key) {
 		return "", nil
 	}
 	n, err := p.o.Meta.GetNode(ctx, sb.Node)
@@ -272,23 +272,25 @@ func (p *Proxy) owner(ctx context.Context, id string, key meta.APIKey) (string, 
 	return n.Addr, nil
 }
 
-func operator(k meta.APIKey) bool { return k.Tenant == meta.DefaultTenant && k.Has(meta.ScopeAdmin) }
+func operator(k metadata.APIKey) bool {
+	return k.Tenant == metadata.DefaultTenant && k.Has(metadata.ScopeAdmin)
+}
 
 // anyNode returns a live node, in turn.
-func (p *Proxy) anyNode(ctx context.Context) (meta.Node, error) {
+func (p *Proxy) anyNode(ctx context.Context) (metadata.Node, error) {
 	nodes, err := p.o.Meta.ListNodes(ctx)
 	if err != nil {
-		return meta.Node{}, err
+		return metadata.Node{}, err
 	}
 	now := p.o.Clock.Now()
-	var live []meta.Node
+	var live []metadata.Node
 	for _, n := range nodes {
 		if n.Alive(now) {
 			live = append(live, n)
 		}
 	}
 	if len(live) == 0 {
-		return meta.Node{}, errdefs.Unavailablef("no node of this deployment is live; retry")
+		return metadata.Node{}, errdefs.Unavailablef("no node of this deployment is live; retry")
 	}
 	return live[int(p.next.Add(1)%uint64(len(live)))], nil
 }

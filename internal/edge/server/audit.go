@@ -9,8 +9,8 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/state/audit"
-	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // record appends the audit record of a call to a write or admin route that
@@ -50,7 +50,7 @@ func auditTenant(r *http.Request, c *call) (string, error) {
 	if !c.operator() {
 		return "", errdefs.NotFoundf("tenant %s", t)
 	}
-	return t, meta.ValidTenantID(t)
+	return t, metadata.ValidTenantID(t)
 }
 
 func (s *Server) listAudit(w http.ResponseWriter, r *http.Request, c *call) error {

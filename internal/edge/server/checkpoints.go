@@ -8,12 +8,12 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/api"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/obs/logging"
-	"github.com/amber-run/amber/internal/state/meta"
 )
 
-func toAPICheckpoint(c meta.Checkpoint) api.Checkpoint {
+func toAPICheckpoint(c metadata.Checkpoint) api.Checkpoint {
 	return api.Checkpoint{
 		ID: c.ID, SandboxID: c.SandboxID, State: string(c.State), Reason: c.Reason, Parent: c.Parent, Tag: c.Tag,
 		Stream: c.Stream, Seq: c.Seq, EventSeq: c.EventSeq, Driver: c.Driver, Template: c.Template,

@@ -7,7 +7,7 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/core/metadata"
 )
 
 // The request decoders of the main creating endpoints, apart from their
@@ -62,14 +62,14 @@ func (s *Server) decodeCreateTenant(r *http.Request) (api.CreateTenantRequest, e
 	if err := readJSON(r, &req); err != nil {
 		return req, err
 	}
-	return req, meta.ValidTenantID(req.ID)
+	return req, metadata.ValidTenantID(req.ID)
 }
 
-func (s *Server) decodeCreateKey(r *http.Request) (api.CreateKeyRequest, []meta.Scope, error) {
+func (s *Server) decodeCreateKey(r *http.Request) (api.CreateKeyRequest, []metadata.Scope, error) {
 	var req api.CreateKeyRequest
 	if err := readJSON(r, &req); err != nil {
 		return req, nil, err
 	}
-	scopes, err := meta.ParseScopes(req.Scopes)
+	scopes, err := metadata.ParseScopes(req.Scopes)
 	return req, scopes, err
 }

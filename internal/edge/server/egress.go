@@ -4,22 +4,22 @@ import (
 	"net/http"
 
 	"github.com/amber-run/amber/api"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/state/meta"
 )
 
-func fromAPIEgress(p *api.EgressPolicy) *meta.EgressPolicy {
+func fromAPIEgress(p *api.EgressPolicy) *metadata.EgressPolicy {
 	if p == nil {
 		return nil
 	}
-	m := &meta.EgressPolicy{Allow: p.Allow, RequestsPerSecond: p.RequestsPerSecond, Burst: p.Burst, BytesPerSecond: p.BytesPerSecond, OnDivergence: p.OnDivergence}
+	m := &metadata.EgressPolicy{Allow: p.Allow, RequestsPerSecond: p.RequestsPerSecond, Burst: p.Burst, BytesPerSecond: p.BytesPerSecond, OnDivergence: p.OnDivergence}
 	for _, x := range p.Modes {
-		m.Modes = append(m.Modes, meta.EgressMode{Dest: x.Dest, Method: x.Method, Mode: x.Mode})
+		m.Modes = append(m.Modes, metadata.EgressMode{Dest: x.Dest, Method: x.Method, Mode: x.Mode})
 	}
 	return m
 }
 
-func toAPIEgress(p *meta.EgressPolicy) *api.EgressPolicy {
+func toAPIEgress(p *metadata.EgressPolicy) *api.EgressPolicy {
 	if p == nil {
 		return nil
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/amber-run/amber/internal/edge/server"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 // syncBuf is a log sink safe for the server's goroutines.
@@ -33,7 +34,7 @@ func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(
 func brokenServer(t *testing.T, eng *engine.Engine) (*httptest.Server, string, *syncBuf) {
 	t.Helper()
 	dir := t.TempDir()
-	m, err := meta.Open(filepath.Join(dir, "meta.db"), meta.Options{})
+	m, err := sqlmeta.Open(filepath.Join(dir, "meta.db"), sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +126,7 @@ func TestReadyzRevealsNothing(t *testing.T) {
 		t.Errorf("the reason is not logged:\n%s", logs.String())
 	}
 
-	m, err := meta.Open(filepath.Join(t.TempDir(), "meta.db"), meta.Options{})
+	m, err := sqlmeta.Open(filepath.Join(t.TempDir(), "meta.db"), sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

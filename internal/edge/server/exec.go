@@ -11,8 +11,8 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // frameWriter writes exec frames as newline-delimited JSON, flushing each,
@@ -83,7 +83,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, c *call) error {
 	if err != nil {
 		return err
 	}
-	if sb.State != meta.StateRunning {
+	if sb.State != metadata.StateRunning {
 		return errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
 	}
 	ctx, endStream, err := s.beginStream(w, r, c)

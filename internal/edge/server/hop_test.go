@@ -17,6 +17,7 @@ import (
 
 	"github.com/amber-run/amber/internal/state/meta"
 	"github.com/amber-run/amber/lib/httpx"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 // TestForwardRequiresNodeCredential: with a node token (--node-token-file)
@@ -33,7 +34,7 @@ func TestForwardRequiresNodeCredential(t *testing.T) {
 	}
 	// The owner: a real server with the token, whose handler sees what
 	// reaches it.
-	m, err := meta.Open(filepath.Join(t.TempDir(), "meta.db"), meta.Options{})
+	m, err := sqlmeta.Open(filepath.Join(t.TempDir(), "meta.db"), sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +143,7 @@ func TestForwardOverTLS(t *testing.T) {
 	u, _ := url.Parse(owner.URL)
 	pool := x509.NewCertPool()
 	pool.AddCert(owner.Certificate())
-	m, err := meta.Open(filepath.Join(t.TempDir(), "meta.db"), meta.Options{})
+	m, err := sqlmeta.Open(filepath.Join(t.TempDir(), "meta.db"), sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 // TestIdempotentRetryWaitsForRunningCall: a client that has read the whole
@@ -20,7 +20,7 @@ import (
 // not a 409 — this raced in CI (the TypeScript SDK's checkpoint retry).
 // A retry whose first call fails runs again.
 func TestIdempotentRetryWaitsForRunningCall(t *testing.T) {
-	m, err := meta.Open(filepath.Join(t.TempDir(), "meta.db"), meta.Options{})
+	m, err := sqlmeta.Open(filepath.Join(t.TempDir(), "meta.db"), sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

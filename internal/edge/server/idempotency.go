@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/core/metadata"
 )
 
 // Idempotency-Key (creating calls).
@@ -135,7 +135,7 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, c *call, h h
 	if key == "" {
 		return h(w, r, c)
 	}
-	if err := meta.ValidIdempotencyKey(key); err != nil {
+	if err := metadata.ValidIdempotencyKey(key); err != nil {
 		return err
 	}
 	// The body is bounded by the middleware (Limits.MaxBodyBytes).

@@ -18,10 +18,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/obs/logging"
 	"github.com/amber-run/amber/internal/obs/tracing"
-	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // requestID returns the client's X-Request-Id when it is sane, else a new one.
@@ -182,21 +182,21 @@ func (s *Server) wrap(rt Route) http.Handler {
 // (401), a key without rt's scope ErrPermissionDenied (403) naming the
 // scope. Whether the resource a call names belongs to the key's tenant is
 // decided later, by the engine or the handler, and answered NotFound.
-func (s *Server) authorize(r *http.Request, rt Route) (meta.APIKey, error) {
+func (s *Server) authorize(r *http.Request, rt Route) (metadata.APIKey, error) {
 	if rt.Scope != read && rt.Scope != write && rt.Scope != admin {
-		return meta.APIKey{}, fmt.Errorf("route %s %s declares no scope (server bug; refused): %w", rt.Method, rt.Path, errdefs.ErrPermissionDenied)
+		return metadata.APIKey{}, fmt.Errorf("route %s %s declares no scope (server bug; refused): %w", rt.Method, rt.Path, errdefs.ErrPermissionDenied)
 	}
 	h := r.Header.Get("Authorization")
 	token, ok := strings.CutPrefix(h, "Bearer ")
 	if !ok || strings.TrimSpace(token) == "" {
-		return meta.APIKey{}, fmt.Errorf("missing Authorization: Bearer <api key> (the admin key is in DATA_DIR/admin.key): %w", errdefs.ErrUnauthenticated)
+		return metadata.APIKey{}, fmt.Errorf("missing Authorization: Bearer <api key> (the admin key is in DATA_DIR/admin.key): %w", errdefs.ErrUnauthenticated)
 	}
-	k, err := s.meta.KeyByHash(r.Context(), meta.HashKey(strings.TrimSpace(token)))
+	k, err := s.meta.KeyByHash(r.Context(), metadata.HashKey(strings.TrimSpace(token)))
 	if errdefs.IsNotFound(err) {
-		return meta.APIKey{}, fmt.Errorf("the API key is not valid: %w", errdefs.ErrUnauthenticated)
+		return metadata.APIKey{}, fmt.Errorf("the API key is not valid: %w", errdefs.ErrUnauthenticated)
 	}
 	if err != nil {
-		return meta.APIKey{}, err
+		return metadata.APIKey{}, err
 	}
 	if err := k.Usable(s.clock.Now()); err != nil {
 		return k, err
@@ -208,7 +208,7 @@ func (s *Server) authorize(r *http.Request, rt Route) (meta.APIKey, error) {
 	return k, nil
 }
 
-func scopeList(ss []meta.Scope) string {
+func scopeList(ss []metadata.Scope) string {
 	names := make([]string, len(ss))
 	for i, s := range ss {
 		names[i] = string(s)

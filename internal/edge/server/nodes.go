@@ -12,8 +12,8 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // Router finds the node that runs a sandbox, for deployments of many
@@ -146,9 +146,9 @@ func (s *Server) forwardTo(w http.ResponseWriter, r *http.Request, addr string) 
 // listNodes answers GET /v1/nodes (the operator only).
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request, c *call) error {
 	if !c.operator() {
-		return errdefs.PermissionDeniedf("listing nodes needs the operator's key (an admin-scoped key of tenant %s)", meta.DefaultTenant)
+		return errdefs.PermissionDeniedf("listing nodes needs the operator's key (an admin-scoped key of tenant %s)", metadata.DefaultTenant)
 	}
-	nodes, err := s.meta.ListNodes(r.Context())
+	nodes, err := s.tenancy.Nodes(r.Context())
 	if err != nil {
 		return err
 	}
@@ -167,63 +167,34 @@ func nonNilStrings(s []string) []string {
 	return s
 }
 
-// nodeSandboxes lists the tenants' sandboxes on node id (every state but
-// destroyed; not the warm pool's).
-func (s *Server) nodeSandboxes(ctx context.Context, id string) ([]meta.Sandbox, error) {
-	no := false
-	return s.meta.List(ctx, meta.Filter{Node: &id, Pooled: &no})
-}
-
 // operatorNode returns node id's row for an operator's call (what names
 // the call in the refusal of anyone else's key).
-func (s *Server) operatorNode(ctx context.Context, c *call, what, id string) (meta.Node, error) {
+func (s *Server) operatorNode(ctx context.Context, c *call, what, id string) (metadata.Node, error) {
 	if !c.operator() {
-		return meta.Node{}, errdefs.PermissionDeniedf("%s needs the operator's key (an admin-scoped key of tenant %s)", what, meta.DefaultTenant)
+		return metadata.Node{}, errdefs.PermissionDeniedf("%s needs the operator's key (an admin-scoped key of tenant %s)", what, metadata.DefaultTenant)
 	}
-	n, err := s.meta.GetNode(ctx, id)
-	if errdefs.IsNotFound(err) {
-		return n, errdefs.NotFoundf("node %s is not registered (amber node ls lists the nodes)", id)
-	}
-	return n, err
+	return s.tenancy.Node(ctx, id)
 }
 
 // drainNode answers POST /v1/nodes/{id}/drain (the operator only): node id
-// becomes draining — it keeps its lease, takes no new sandboxes, and its
-// sandboxes move to other nodes (internal/cluster, drain.go, does the
-// moves; this handler only marks the node and, with wait=true, follows the
-// moves in the metadata store until the node holds none). It is refused,
-// and the node left as it is, when the node is unknown or down, or when
-// it holds sandboxes and no other node has room.
+// becomes draining (engine.Tenancy.Drain) — it keeps its lease, takes no
+// new sandboxes, and its sandboxes move to other nodes (internal/cluster,
+// drain.go, does the moves; this handler only has the node marked and,
+// with wait=true, follows the moves in the metadata store until the node
+// holds none). It is refused, and the node left as it is, when the node is
+// unknown or down, or when it holds sandboxes and no other node has room.
 func (s *Server) drainNode(w http.ResponseWriter, r *http.Request, c *call) error {
 	ctx, id := r.Context(), r.PathValue("id")
 	n, err := s.operatorNode(ctx, c, "draining a node", id)
 	if err != nil {
 		return err
 	}
-	now := s.clock.Now()
-	if !n.Alive(now) {
-		return errdefs.FailedPreconditionf("node %s is %s and its lease does not run: there is nothing to drain (the live nodes take a dead node's sandboxes over)", id, n.State)
-	}
-	rows, err := s.nodeSandboxes(ctx, id)
+	held, err := s.tenancy.Drain(ctx, n)
 	if err != nil {
 		return err
 	}
-	if len(rows) > 0 {
-		nodes, err := s.meta.ListNodes(ctx)
-		if err != nil {
-			return err
-		}
-		if _, err := meta.Place(nodes, id, "", now); err != nil {
-			return fmt.Errorf("drain node %s, which holds %d sandboxes: %w", id, len(rows), err)
-		}
-	}
-	if n.State == meta.NodeLive {
-		if err := s.meta.SetNodeState(ctx, id, n.Epoch, meta.NodeDraining); err != nil {
-			return fmt.Errorf("drain node %s: %w", id, err)
-		}
-	}
-	c.lg.InfoContext(ctx, "node draining", "node", id, "sandboxes", len(rows))
-	first := api.DrainFrame{Node: id, State: string(meta.NodeDraining), Sandboxes: len(rows)}
+	c.lg.InfoContext(ctx, "node draining", "node", id, "sandboxes", held)
+	first := api.DrainFrame{Node: id, State: string(metadata.NodeDraining), Sandboxes: held}
 	if r.URL.Query().Get("wait") != "true" {
 		return writeJSON(w, http.StatusOK, first)
 	}
@@ -252,7 +223,7 @@ const noRoomPatience = 30 * time.Second
 // or rests, on its new node) and a last one when the node holds none.
 func (s *Server) followDrain(ctx context.Context, id string, write func(api.DrainFrame) error) error {
 	type track struct {
-		sb      meta.Sandbox
+		sb      metadata.Sandbox
 		stopped time.Time // seen stopped for its move
 	}
 	start := time.Now()
@@ -265,7 +236,7 @@ func (s *Server) followDrain(ctx context.Context, id string, write func(api.Drai
 		return write(api.DrainFrame{Node: id, Error: &eb})
 	}
 	for {
-		rows, err := s.nodeSandboxes(ctx, id)
+		rows, err := s.tenancy.NodeSandboxes(ctx, id)
 		if err != nil {
 			return fail(err)
 		}
@@ -280,7 +251,7 @@ func (s *Server) followDrain(ctx context.Context, id string, write func(api.Drai
 			if _, moving := engine.MovingTo(sb); moving && t.stopped.IsZero() {
 				t.stopped = time.Now()
 			}
-			if sb.State == meta.StateRunning {
+			if sb.State == metadata.StateRunning {
 				running++
 			}
 		}
@@ -288,12 +259,12 @@ func (s *Server) followDrain(ctx context.Context, id string, write func(api.Drai
 			if on[sid] {
 				continue
 			}
-			cur, err := s.meta.Get(ctx, sid)
-			if err != nil || cur.State == meta.StateDestroyed {
+			cur, err := s.tenancy.Sandbox(ctx, sid)
+			if err != nil || cur.State == metadata.StateDestroyed {
 				delete(tracked, sid) // destroyed meanwhile
 				continue
 			}
-			if _, moving := engine.MovingTo(cur); moving || cur.State == meta.StateRestoring || cur.Node == id {
+			if _, moving := engine.MovingTo(cur); moving || cur.State == metadata.StateRestoring || cur.Node == id {
 				continue // on its new node, not restored yet
 			}
 			from := t.stopped
@@ -307,7 +278,7 @@ func (s *Server) followDrain(ctx context.Context, id string, write func(api.Drai
 			}
 		}
 		if len(rows) == 0 && len(tracked) == 0 {
-			n, err := s.meta.GetNode(ctx, id)
+			n, err := s.tenancy.Node(ctx, id)
 			if err != nil {
 				return fail(err)
 			}
@@ -316,11 +287,7 @@ func (s *Server) followDrain(ctx context.Context, id string, write func(api.Drai
 		// Sandboxes that still run here and no node with room: say so
 		// after a while rather than wait for ever.
 		if running > 0 {
-			nodes, err := s.meta.ListNodes(ctx)
-			if err != nil {
-				return fail(err)
-			}
-			if _, err := meta.Place(nodes, id, "", s.clock.Now()); err != nil {
+			if err := s.tenancy.Room(ctx, id); err != nil {
 				if noRoom.IsZero() {
 					noRoom = time.Now()
 				} else if time.Since(noRoom) > noRoomPatience {
@@ -348,11 +315,8 @@ func (s *Server) undrainNode(w http.ResponseWriter, r *http.Request, c *call) er
 	if err != nil {
 		return err
 	}
-	if n.State != meta.NodeDraining || !n.Alive(s.clock.Now()) {
-		return errdefs.FailedPreconditionf("node %s is %s, not draining", id, n.State)
-	}
-	if err := s.meta.SetNodeState(ctx, id, n.Epoch, meta.NodeLive); err != nil {
-		return fmt.Errorf("undrain node %s: %w", id, err)
+	if err := s.tenancy.Undrain(ctx, n); err != nil {
+		return err
 	}
 	c.lg.InfoContext(ctx, "node live again", "node", id)
 	return s.listNode(w, r, id)
@@ -360,14 +324,14 @@ func (s *Server) undrainNode(w http.ResponseWriter, r *http.Request, c *call) er
 
 // listNode writes node id as GET /v1/nodes lists it.
 func (s *Server) listNode(w http.ResponseWriter, r *http.Request, id string) error {
-	n, err := s.meta.GetNode(r.Context(), id)
+	n, err := s.tenancy.Node(r.Context(), id)
 	if err != nil {
 		return err
 	}
 	return writeJSON(w, http.StatusOK, toAPINode(n, s.clock.Now()))
 }
 
-func toAPINode(n meta.Node, now time.Time) api.Node {
+func toAPINode(n metadata.Node, now time.Time) api.Node {
 	return api.Node{ID: n.ID, Addr: n.Addr, Epoch: n.Epoch, State: string(n.State), Alive: n.Alive(now),
 		Capacity: api.NodeCapacity{MemoryBytes: n.Capacity.MemoryBytes, MaxSandboxes: n.Capacity.MaxSandboxes, Sandboxes: n.Capacity.Sandboxes,
 			UsedMemoryBytes: n.Capacity.UsedMemoryBytes, Templates: nonNilStrings(n.Capacity.Templates), Driver: n.Capacity.Driver},

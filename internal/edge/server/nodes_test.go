@@ -16,6 +16,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 // fakeRouter says every sandbox runs at owner (or fails with err) and
@@ -57,7 +58,7 @@ func TestForwardToTheOwner(t *testing.T) {
 	t.Cleanup(owner.Close)
 	u, _ := url.Parse(owner.URL)
 
-	m, err := meta.Open(filepath.Join(t.TempDir(), "meta.db"), meta.Options{})
+	m, err := sqlmeta.Open(filepath.Join(t.TempDir(), "meta.db"), sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +209,7 @@ func TestPlaceCreates(t *testing.T) {
 	}))
 	t.Cleanup(other.Close)
 	u, _ := url.Parse(other.URL)
-	m, err := meta.Open(filepath.Join(t.TempDir(), "meta.db"), meta.Options{})
+	m, err := sqlmeta.Open(filepath.Join(t.TempDir(), "meta.db"), sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +307,7 @@ func TestForwardFullDuplex(t *testing.T) {
 	}))
 	t.Cleanup(owner.Close)
 	u, _ := url.Parse(owner.URL)
-	m, err := meta.Open(filepath.Join(t.TempDir(), "meta.db"), meta.Options{})
+	m, err := sqlmeta.Open(filepath.Join(t.TempDir(), "meta.db"), sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

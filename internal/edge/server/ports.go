@@ -16,9 +16,9 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/obs/logging"
-	"github.com/amber-run/amber/internal/state/meta"
 	"github.com/amber-run/amber/lib/httpx"
 )
 
@@ -387,7 +387,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string, port i
 
 // isAmberCredential reports whether an Authorization header carries an
 // Amber API key: a Bearer or Basic credential holding a secret of
-// meta.NewKeySecret's form, or one whose hash is a key in the store.
+// metadata.NewKeySecret's form, or one whose hash is a key in the store.
 func (s *Server) isAmberCredential(ctx context.Context, h string) bool {
 	if h == "" {
 		return false
@@ -408,7 +408,7 @@ func (s *Server) isAmberCredential(ctx context.Context, h string) bool {
 		if p == "" || len(p) > 512 {
 			continue
 		}
-		if _, err := s.meta.KeyByHash(ctx, meta.HashKey(p)); err == nil {
+		if _, err := s.meta.KeyByHash(ctx, metadata.HashKey(p)); err == nil {
 			return true
 		}
 	}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/core/metadata"
 )
 
 func (s *Server) getTenantQuota(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -28,13 +28,13 @@ func (s *Server) putTenantQuota(w http.ResponseWriter, r *http.Request, c *call)
 		if err := s.manages(r, c, tenant); err != nil {
 			return err
 		}
-		return errdefs.PermissionDeniedf("quotas are the operator's to set (an admin-scoped key of tenant %s)", meta.DefaultTenant)
+		return errdefs.PermissionDeniedf("quotas are the operator's to set (an admin-scoped key of tenant %s)", metadata.DefaultTenant)
 	}
 	var req api.TenantQuota
 	if err := readJSON(r, &req); err != nil {
 		return err
 	}
-	if err := s.eng.SetTenantQuota(r.Context(), tenant, meta.TenantQuota(req)); err != nil {
+	if err := s.eng.SetTenantQuota(r.Context(), tenant, metadata.TenantQuota(req)); err != nil {
 		return err
 	}
 	s.rates.forget(tenant)
@@ -71,7 +71,7 @@ func (s *Server) allow(r *http.Request, tenant string) (bool, float64) {
 	b := s.rates.buckets[tenant]
 	s.rates.mu.Unlock()
 	if b == nil || now.Sub(b.read) > time.Second {
-		q, err := s.meta.TenantQuota(r.Context(), tenant)
+		q, err := s.tenancy.Quota(r.Context(), tenant)
 		if err != nil {
 			return true, 0 // the store will tell the handler
 		}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/core/metadata"
 )
 
 // errNotReady is what /readyz tells anyone: ready or not, nothing of why
@@ -28,7 +28,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request, c *call) error {
 	c.lg.WarnContext(r.Context(), "not ready", "err", why)
 	if r.Header.Get("Authorization") != "" {
 		k, err := s.authorize(r, Route{Method: r.Method, Path: "/readyz", Scope: admin})
-		if err == nil && k.Tenant == meta.DefaultTenant {
+		if err == nil && k.Tenant == metadata.DefaultTenant {
 			return errdefs.Unavailablef("not ready: %v", why)
 		}
 	}
@@ -37,10 +37,10 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request, c *call) error {
 
 // readiness is nil when the daemon can answer calls, else why not.
 func (s *Server) readiness(ctx context.Context) error {
-	if s.meta == nil || s.eng == nil {
+	if s.tenancy == nil || s.eng == nil {
 		return errors.New("no engine")
 	}
-	if _, err := s.meta.GetTenant(ctx, meta.DefaultTenant); err != nil {
+	if _, err := s.tenancy.Tenant(ctx, metadata.DefaultTenant); err != nil {
 		return errors.New("metadata store: " + err.Error())
 	}
 	if err := s.eng.Ping(ctx); err != nil {

@@ -5,10 +5,10 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/obs/logging"
-	"github.com/amber-run/amber/internal/state/meta"
 )
 
 func toAPILimits(l sandbox.Limits) api.Limits {
@@ -19,7 +19,7 @@ func fromAPILimits(l api.Limits) sandbox.Limits {
 	return sandbox.Limits{MemoryBytes: l.MemoryBytes, MilliCPUs: l.MilliCPUs, Pids: l.Pids, DiskBytes: l.DiskBytes}
 }
 
-func toAPISandbox(sb meta.Sandbox) api.Sandbox {
+func toAPISandbox(sb metadata.Sandbox) api.Sandbox {
 	return api.Sandbox{
 		ID: sb.ID, Tenant: sb.Tenant, Template: sb.Template, TemplateVersion: sb.TemplateVersion,
 		Driver: sb.Driver, State: string(sb.State), Reason: sb.Reason, Limits: toAPILimits(sb.Limits),
@@ -105,7 +105,7 @@ func (s *Server) killSandbox(w http.ResponseWriter, r *http.Request, c *call) er
 // serveMetrics serves Prometheus metrics to the operator.
 func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request, c *call) error {
 	if !c.operator() {
-		return errdefs.PermissionDeniedf("metrics span every tenant: they need the operator's key (an admin-scoped key of tenant %s)", meta.DefaultTenant)
+		return errdefs.PermissionDeniedf("metrics span every tenant: they need the operator's key (an admin-scoped key of tenant %s)", metadata.DefaultTenant)
 	}
 	if s.metrics == nil {
 		return errdefs.FailedPreconditionf("this daemon exports no metrics")

@@ -20,19 +20,24 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/amber-run/amber/core/clock"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/obs/metrics"
 	"github.com/amber-run/amber/internal/obs/tracing"
 	"github.com/amber-run/amber/internal/session"
 	"github.com/amber-run/amber/internal/state/audit"
-	"github.com/amber-run/amber/internal/state/meta"
 	"github.com/amber-run/amber/lib/httpx"
 )
 
 // Options configure New.
 type Options struct {
 	Engine *engine.Engine
-	Meta   *meta.Store // tenants and API key hashes
+	// Meta is the metadata store the server reads itself: API keys by hash
+	// (authentication) and the answers of idempotent calls.
+	Meta Store
+	// Tenancy administers tenants, keys and nodes (the tenant, key and node
+	// routes); nil: one made over Meta.
+	Tenancy *engine.Tenancy
 	// Clock decides when keys expire (default clock.Real).
 	Clock   clock.Clock
 	Logger  *slog.Logger
@@ -72,6 +77,21 @@ type Options struct {
 	Router Router
 }
 
+// Store is what the server needs of the metadata store: the keys its
+// middleware authenticates with (by their hash), the answers of idempotent
+// calls, and, for the Tenancy New makes when Options.Tenancy is nil, what a
+// Tenancy administers. The handlers read no other rows of it.
+type Store interface {
+	engine.TenancyStore
+	metadata.Idempotency
+}
+
+// keyStore is what the server itself reads of Options.Meta.
+type keyStore interface {
+	KeyByHash(ctx context.Context, hash string) (metadata.APIKey, error)
+	metadata.Idempotency
+}
+
 // Server serves the API. It is an http.Handler.
 type Server struct {
 	secrets    *secretstore.Store
@@ -86,7 +106,8 @@ type Server struct {
 	execs      execSlots
 	idem       idemFlight // Idempotency-Key calls running here (idempotency.go)
 	eng        *engine.Engine
-	meta       *meta.Store
+	meta       keyStore
+	tenancy    *engine.Tenancy // tenants, keys, nodes (tenants.go, nodes.go)
 	clock      clock.Clock
 	lg         *slog.Logger
 	version    string
@@ -109,8 +130,8 @@ type Server struct {
 
 // call is what a handler knows about its request beyond the request itself.
 type call struct {
-	tenant string      // the caller's: key.Tenant
-	key    meta.APIKey // the key that authenticated the call (zero on public routes)
+	tenant string          // the caller's: key.Tenant
+	key    metadata.APIKey // the key that authenticated the call (zero on public routes)
 	lg     *slog.Logger
 }
 
@@ -123,7 +144,7 @@ type Route struct {
 	// (changing the tenant's sandboxes and checkpoints) or admin (managing
 	// tenants and keys); Public routes need no key. A route that declares
 	// none is refused to everyone (fail closed), and a test fails.
-	Scope meta.Scope
+	Scope metadata.Scope
 	// Idempotent routes (creating calls) honour an Idempotency-Key header
 	// (idempotency.go).
 	Idempotent bool
@@ -135,12 +156,12 @@ type Route struct {
 }
 
 // Public is the Scope of the routes that need no API key.
-const Public meta.Scope = "public"
+const Public metadata.Scope = "public"
 
 const (
-	read  = meta.ScopeRead
-	write = meta.ScopeWrite
-	admin = meta.ScopeAdmin
+	read  = metadata.ScopeRead
+	write = metadata.ScopeWrite
+	admin = metadata.ScopeAdmin
 )
 
 // routes lists every endpoint with the scope it needs. Paths use net/http's
@@ -230,7 +251,10 @@ func New(o Options) *Server {
 	if o.Clock == nil {
 		o.Clock = clock.Real{}
 	}
-	s := &Server{eng: o.Engine, meta: o.Meta, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL, audit: o.Audit, metrics: o.Metrics,
+	if o.Tenancy == nil && o.Meta != nil {
+		o.Tenancy = engine.NewTenancy(o.Meta, o.Clock)
+	}
+	s := &Server{eng: o.Engine, meta: o.Meta, tenancy: o.Tenancy, clock: o.Clock, lg: o.Logger, version: o.Version, mux: http.NewServeMux(), publicURL: o.PublicURL, audit: o.Audit, metrics: o.Metrics,
 		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeServer), limits: o.Limits.withDefaults(), secrets: o.Secrets,
 		sessions: o.Sessions, router: o.Router, hop: o.Hop}
 	s.streams, s.stopStreams = context.WithCancel(context.Background())

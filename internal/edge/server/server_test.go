@@ -15,11 +15,12 @@ import (
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 func newAuthServer(t *testing.T) (*httptest.Server, string) {
 	t.Helper()
-	m, err := meta.Open(filepath.Join(t.TempDir(), "meta.db"), meta.Options{})
+	m, err := sqlmeta.Open(filepath.Join(t.TempDir(), "meta.db"), sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

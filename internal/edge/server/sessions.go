@@ -10,11 +10,11 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/session"
-	"github.com/amber-run/amber/internal/state/meta"
 )
 
-func toAPISession(s meta.Session) api.Session {
+func toAPISession(s metadata.Session) api.Session {
 	return api.Session{ID: s.ID, Tenant: s.Tenant, Status: s.Status, Reason: s.Reason, Sandbox: s.SandboxID,
 		Definition: json.RawMessage(s.Definition), Created: s.Created, Updated: s.Updated}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/amber-run/amber/internal/session"
 	"github.com/amber-run/amber/internal/state/meta"
 	"github.com/amber-run/amber/stores/sqlite"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 // sessionServer is an API server with sessions and no engine (the sessions
@@ -27,7 +28,7 @@ import (
 func sessionServer(t *testing.T) (*client.Client, string, *server.Server) {
 	t.Helper()
 	dir := t.TempDir()
-	m, err := meta.Open(filepath.Join(dir, "meta.db"), meta.Options{})
+	m, err := sqlmeta.Open(filepath.Join(dir, "meta.db"), sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

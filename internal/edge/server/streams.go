@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/core/metadata"
 )
 
 // Long-lived streams — followed events, session SSE, exec, process waits,
@@ -36,7 +36,7 @@ var keyCheckInterval = 2 * time.Second
 var errKeyRevoked = fmt.Errorf("the API key of this stream was revoked or expired: %w", errdefs.ErrUnauthenticated)
 
 type openStream struct {
-	key    meta.APIKey
+	key    metadata.APIKey
 	cancel context.CancelCauseFunc
 }
 
@@ -56,7 +56,7 @@ func (s *Server) beginStream(w http.ResponseWriter, r *http.Request, c *call) (c
 	return s.openStreams.begin(s, w, r.Context(), c.tenant, c.key)
 }
 
-func (o *openStreams) begin(s *Server, w http.ResponseWriter, ctx context.Context, tenant string, key meta.APIKey) (context.Context, func(), error) {
+func (o *openStreams) begin(s *Server, w http.ResponseWriter, ctx context.Context, tenant string, key metadata.APIKey) (context.Context, func(), error) {
 	limit := s.limits.MaxStreamsPerTenant
 	o.mu.Lock()
 	defer o.mu.Unlock()

@@ -7,8 +7,8 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/engine"
-	"github.com/amber-run/amber/internal/state/meta"
 	"github.com/amber-run/amber/internal/state/templatestore"
 )
 
@@ -19,7 +19,7 @@ import (
 
 func (s *Server) needOperator(c *call, what string) error {
 	if !c.operator() {
-		return errdefs.PermissionDeniedf("%s needs the operator's key (an admin-scoped key of tenant %s, e.g. DATA_DIR/admin.key)", what, meta.DefaultTenant)
+		return errdefs.PermissionDeniedf("%s needs the operator's key (an admin-scoped key of tenant %s, e.g. DATA_DIR/admin.key)", what, metadata.DefaultTenant)
 	}
 	return nil
 }

@@ -6,17 +6,18 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/core/metadata"
+	"github.com/amber-run/amber/internal/engine"
 )
 
-// The operator is whoever holds an admin-scoped key of meta.DefaultTenant
+// The operator is whoever holds an admin-scoped key of metadata.DefaultTenant
 // (the key `amber up` writes to DATA_DIR/admin.key is one): it creates
 // tenants and manages every tenant's keys. A tenant's own admin-scoped keys
 // manage that tenant's keys only; to them every other tenant does not exist
 // (NotFound), like every other tenant's sandboxes.
 
 func (c *call) operator() bool {
-	return c.key.Tenant == meta.DefaultTenant && c.key.Has(meta.ScopeAdmin)
+	return c.key.Tenant == metadata.DefaultTenant && c.key.Has(metadata.ScopeAdmin)
 }
 
 // manages checks that the caller may manage tenant's keys and that the
@@ -25,15 +26,15 @@ func (s *Server) manages(r *http.Request, c *call, tenant string) error {
 	if !c.operator() && c.key.Tenant != tenant {
 		return errdefs.NotFoundf("tenant %s", tenant)
 	}
-	_, err := s.meta.GetTenant(r.Context(), tenant)
+	_, err := s.tenancy.Tenant(r.Context(), tenant)
 	return err
 }
 
-func toAPITenant(t meta.Tenant) api.Tenant {
+func toAPITenant(t metadata.Tenant) api.Tenant {
 	return api.Tenant{ID: t.ID, Name: t.Name, State: t.State, Created: t.Created}
 }
 
-func toAPIKey(k meta.APIKey) api.APIKey {
+func toAPIKey(k engine.Key) api.APIKey {
 	out := api.APIKey{Name: k.Name, Tenant: k.Tenant, Prefix: k.Prefix, Created: k.Created, Scopes: []string{}}
 	for _, s := range k.Scopes {
 		out.Scopes = append(out.Scopes, string(s))
@@ -51,13 +52,13 @@ func toAPIKey(k meta.APIKey) api.APIKey {
 
 func (s *Server) createTenant(w http.ResponseWriter, r *http.Request, c *call) error {
 	if !c.operator() {
-		return errdefs.PermissionDeniedf("creating tenants needs the operator's key (an admin-scoped key of tenant %s, e.g. DATA_DIR/admin.key)", meta.DefaultTenant)
+		return errdefs.PermissionDeniedf("creating tenants needs the operator's key (an admin-scoped key of tenant %s, e.g. DATA_DIR/admin.key)", metadata.DefaultTenant)
 	}
 	req, err := s.decodeCreateTenant(r)
 	if err != nil {
 		return err
 	}
-	t, err := s.meta.CreateTenant(r.Context(), meta.Tenant{ID: req.ID, Name: req.Name})
+	t, err := s.tenancy.CreateTenant(r.Context(), req.ID, req.Name)
 	if err != nil {
 		return err
 	}
@@ -66,18 +67,18 @@ func (s *Server) createTenant(w http.ResponseWriter, r *http.Request, c *call) e
 }
 
 func (s *Server) listTenants(w http.ResponseWriter, r *http.Request, c *call) error {
-	var ts []meta.Tenant
+	var ts []metadata.Tenant
 	if c.operator() {
 		var err error
-		if ts, err = s.meta.ListTenants(r.Context()); err != nil {
+		if ts, err = s.tenancy.Tenants(r.Context()); err != nil {
 			return err
 		}
 	} else {
-		t, err := s.meta.GetTenant(r.Context(), c.tenant)
+		t, err := s.tenancy.Tenant(r.Context(), c.tenant)
 		if err != nil {
 			return err
 		}
-		ts = []meta.Tenant{t}
+		ts = []metadata.Tenant{t}
 	}
 	out := api.TenantList{Tenants: []api.Tenant{}}
 	for _, t := range ts {
@@ -91,24 +92,11 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, c *call) erro
 	if err := s.manages(r, c, tenant); err != nil {
 		return err
 	}
-	req, scopes, err := s.decodeCreateKey(r)
+	req, _, err := s.decodeCreateKey(r)
 	if err != nil {
 		return err
 	}
-	var expires time.Time
-	if req.ExpiresAt != nil {
-		if now := s.clock.Now(); !req.ExpiresAt.After(now) {
-			return errdefs.InvalidArgumentf("expires_at %s is not in the future (now %s)", req.ExpiresAt.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
-		}
-		expires = *req.ExpiresAt
-	}
-	secret, err := meta.NewKeySecret()
-	if err != nil {
-		return err
-	}
-	k, err := s.meta.CreateKey(r.Context(), meta.APIKey{
-		Tenant: tenant, Name: req.Name, Hash: meta.HashKey(secret), Prefix: meta.KeyPrefix(secret), Scopes: scopes, Expires: expires,
-	})
+	k, secret, err := s.tenancy.CreateKey(r.Context(), tenant, req.Name, req.Scopes, req.ExpiresAt)
 	if err != nil {
 		return err
 	}
@@ -123,7 +111,7 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request, c *call) error
 	if err := s.manages(r, c, tenant); err != nil {
 		return err
 	}
-	keys, err := s.meta.ListKeys(r.Context(), tenant)
+	keys, err := s.tenancy.Keys(r.Context(), tenant)
 	if err != nil {
 		return err
 	}
@@ -139,12 +127,8 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, c *call) erro
 	if err := s.manages(r, c, tenant); err != nil {
 		return err
 	}
-	// The API does not revoke the operator's key: `amber up` would bring it
-	// back at the next start, and until then the operator could be locked out.
-	if tenant == meta.DefaultTenant && name == meta.OperatorKeyName {
-		return errdefs.FailedPreconditionf("the operator key %s/%s lives in DATA_DIR/admin.key: delete that file and restart `amber up` to rotate it", tenant, name)
-	}
-	k, err := s.meta.RevokeKey(r.Context(), tenant, name)
+	// The API does not revoke the operator's key (engine.Tenancy.RevokeKey).
+	k, err := s.tenancy.RevokeKey(r.Context(), tenant, name)
 	if err != nil {
 		return err
 	}
@@ -153,7 +137,7 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, c *call) erro
 	return nil
 }
 
-func toAPITenantPolicy(p meta.TenantPolicy) api.TenantPolicy {
+func toAPITenantPolicy(p metadata.TenantPolicy) api.TenantPolicy {
 	return api.TenantPolicy{Recovery: p.Recovery, FastEvery: p.FastEvery, FastIntervalMS: p.FastInterval.Milliseconds(),
 		KeepCheckpoints: p.KeepCheckpoints, IdleTimeoutMS: p.IdleTimeout.Milliseconds(), Egress: toAPIEgress(p.Egress)}
 }
@@ -182,7 +166,7 @@ func (s *Server) putTenantPolicy(w http.ResponseWriter, r *http.Request, c *call
 	if req.FastIntervalMS < 0 || req.IdleTimeoutMS < 0 {
 		return errdefs.InvalidArgumentf("durations must not be negative")
 	}
-	p := meta.TenantPolicy{Recovery: req.Recovery, FastEvery: req.FastEvery,
+	p := metadata.TenantPolicy{Recovery: req.Recovery, FastEvery: req.FastEvery,
 		FastInterval: time.Duration(req.FastIntervalMS) * time.Millisecond, KeepCheckpoints: req.KeepCheckpoints,
 		IdleTimeout: time.Duration(req.IdleTimeoutMS) * time.Millisecond, Egress: fromAPIEgress(req.Egress)}
 	if err := s.eng.SetTenantPolicy(r.Context(), tenant, p); err != nil {

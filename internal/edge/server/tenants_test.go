@@ -16,7 +16,9 @@ import (
 	"github.com/amber-run/amber/client"
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 // TestEveryRouteDeclaresScope: each route names the scope it needs, and no
@@ -55,9 +57,9 @@ func TestRouteWithoutScopeIsRefused(t *testing.T) {
 
 const operatorKey = "amber_test_operator_key_0123456789"
 
-func newMeta(t *testing.T, c clock.Clock) *meta.Store {
+func newMeta(t *testing.T, c clock.Clock) metadata.Store {
 	t.Helper()
-	m, err := meta.Open(filepath.Join(t.TempDir(), "meta.db"), meta.Options{Clock: c})
+	m, err := sqlmeta.Open(filepath.Join(t.TempDir(), "meta.db"), sqlmeta.Options{Clock: c})
 	if err != nil {
 		t.Fatal(err)
 	}

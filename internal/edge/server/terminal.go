@@ -17,9 +17,9 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/obs/logging"
-	"github.com/amber-run/amber/internal/state/meta"
 )
 
 // The terminal: a shell on a pseudo-terminal in a sandbox, over a
@@ -51,7 +51,7 @@ const ticketTTL = 30 * time.Second
 
 type termTicket struct {
 	tenant, sandbox string
-	key             meta.APIKey // the terminal lives as long as it is usable (streams.go)
+	key             metadata.APIKey // the terminal lives as long as it is usable (streams.go)
 	expires         time.Time
 }
 
@@ -99,7 +99,7 @@ func (s *Server) terminalTicket(w http.ResponseWriter, r *http.Request, c *call)
 	if err != nil {
 		return err
 	}
-	if sb.State != meta.StateRunning {
+	if sb.State != metadata.StateRunning {
 		return errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
 	}
 	exp := s.clock.Now().Add(ticketTTL)

@@ -21,14 +21,15 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/state/audit"
 	"github.com/amber-run/amber/internal/state/chunkstore"
-	"github.com/amber-run/amber/internal/state/meta"
 	"github.com/amber-run/amber/lib/failpoint"
 	"github.com/amber-run/amber/stores/localfs"
 	"github.com/amber-run/amber/stores/sqlite"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 // Main runs a test binary's tests after the drivers' init hooks (a driver
@@ -138,7 +139,7 @@ func Logger(t testing.TB) *slog.Logger {
 type Env struct {
 	Dir     string
 	Driver  sandbox.Driver
-	Meta    *meta.Store
+	Meta    metadata.Store
 	Log     eventlog.Store
 	Engine  *engine.Engine
 	Catalog *engine.Catalog
@@ -149,7 +150,7 @@ type Env struct {
 	// FailAt, when set, is the chunk store's failpoint (chunkstore.Config.FailAt).
 	FailAt func(step string) error
 	// MetaFailpoints, when set, are the metadata store's failpoints
-	// (meta.Options.Failpoints: "meta.read", "meta.write") from the next
+	// (sqlmeta.Options.Failpoints: "meta.read", "meta.write") from the next
 	// open (Restart) on.
 	MetaFailpoints *failpoint.Set
 	// WrapDriver, when set, wraps the driver the engine is given, from the
@@ -202,7 +203,7 @@ func NewWithDriverFailpoints(t testing.TB, driver string, opts engine.Options, f
 func (env *Env) open(t testing.TB) {
 	t.Helper()
 	var err error
-	if env.Meta, err = meta.Open(filepath.Join(env.Dir, "meta.db"), meta.Options{Failpoints: env.MetaFailpoints}); err != nil {
+	if env.Meta, err = sqlmeta.Open(filepath.Join(env.Dir, "meta.db"), sqlmeta.Options{Failpoints: env.MetaFailpoints}); err != nil {
 		t.Fatal(err)
 	}
 	if env.Log, err = sqlite.Open(filepath.Join(env.Dir, "events.db"), sqlite.Options{Logger: Logger(t)}); err != nil {

@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/amber-run/amber/core/eventlog"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/state/meta"
 )
 
@@ -53,7 +54,7 @@ var secondsBuckets = prometheus.ExponentialBuckets(0.001, 2.5, 13)
 
 // New declares the metrics; m (may be nil) is read at each scrape for the
 // sandbox counts.
-func New(m *meta.Store) *Metrics {
+func New(m metadata.Sandboxes) *Metrics {
 	x := &Metrics{reg: prometheus.NewRegistry()}
 	x.checkpoints = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "amber_checkpoints_total", Help: "Checkpoints attempted, by driver and outcome (ok or the error kind)."}, []string{"driver", "outcome"})
 	x.frozen = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "amber_checkpoint_frozen_seconds", Help: "How long a checkpoint kept the sandbox from running.", Buckets: secondsBuckets}, []string{"driver"})
@@ -76,7 +77,7 @@ func New(m *meta.Store) *Metrics {
 }
 
 // Sandboxes makes scrapes count m's sandboxes by state (once).
-func (x *Metrics) Sandboxes(m *meta.Store) { x.reg.MustRegister(&sandboxCollector{meta: m}) }
+func (x *Metrics) Sandboxes(m metadata.Sandboxes) { x.reg.MustRegister(&sandboxCollector{meta: m}) }
 
 // Handler serves the metrics in Prometheus's text format.
 func (x *Metrics) Handler() http.Handler {
@@ -128,7 +129,7 @@ func (x *Metrics) UsageRecorded(tenant, meter string, quantity float64) {
 }
 
 // sandboxCollector counts sandboxes by state from the metadata store.
-type sandboxCollector struct{ meta *meta.Store }
+type sandboxCollector struct{ meta metadata.Sandboxes }
 
 var sandboxesDesc = prometheus.NewDesc("amber_sandboxes", "Sandboxes by lifecycle state (pooled ones included, destroyed ones not).", []string{"state"}, nil)
 

@@ -20,6 +20,7 @@ import (
 	"sync"
 
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/egress/gateway"
 	"github.com/amber-run/amber/internal/state/meta"
 )
@@ -30,7 +31,7 @@ const MaxValue = 64 << 10
 // Store is the secret store and the tenants' CAs. It implements
 // gateway.Secrets and gateway.TLSTerminator. Safe for concurrent use.
 type Store struct {
-	meta *meta.Store
+	meta metadata.Secrets
 	aead cipher.AEAD
 
 	mu  sync.Mutex
@@ -38,7 +39,7 @@ type Store struct {
 }
 
 // New returns a Store sealing with a key derived from masterKey.
-func New(m *meta.Store, masterKey []byte) (*Store, error) {
+func New(m metadata.Secrets, masterKey []byte) (*Store, error) {
 	if len(masterKey) < 32 {
 		return nil, errdefs.InvalidArgumentf("secret store: master key must be at least 32 bytes")
 	}

@@ -8,14 +8,14 @@ import (
 	"testing"
 
 	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/internal/state/meta"
 	"github.com/amber-run/amber/internal/state/secretstore"
+	"github.com/amber-run/amber/stores/sqlmeta"
 )
 
 func TestSecretsSealedAtRest(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "meta.db")
-	m, err := meta.Open(path, meta.Options{})
+	m, err := sqlmeta.Open(path, sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestSecretsSealedAtRest(t *testing.T) {
 			t.Fatalf("%s holds the plaintext value", f)
 		}
 	}
-	m2, err := meta.Open(path, meta.Options{})
+	m2, err := sqlmeta.Open(path, sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestSecretsSealedAtRest(t *testing.T) {
 
 func TestTenantCAPersists(t *testing.T) {
 	ctx := context.Background()
-	m, err := meta.Open(filepath.Join(t.TempDir(), "meta.db"), meta.Options{})
+	m, err := sqlmeta.Open(filepath.Join(t.TempDir(), "meta.db"), sqlmeta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/stores/sqlmeta"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 )
@@ -19,7 +20,7 @@ import (
 func main() {
 	ctx := context.Background()
 	fc := clock.NewFake(time.Unix(1700000000, 0))
-	s, err := meta.Open(os.Args[1], meta.Options{Clock: fc})
+	s, err := sqlmeta.Open(os.Args[1], sqlmeta.Options{Clock: fc})
 	if err != nil {
 		log.Fatal(err)
 	}
