@@ -3,9 +3,10 @@
 // child (so each is in the sandbox's process tree, part of every checkpoint,
 // and back after every restore, on both drivers), keeps each process's output
 // in a bounded ring in the sandbox's memory (so a client re-attaches from an
-// offset after a restore or a daemon restart), and watches files with
-// inotify. The daemon reaches it over the driver's port dialer; see
-// lib/agentproto for the protocol.
+// offset after a restore or a daemon restart), serves the sandbox's files
+// as the sandbox sees them, and watches them with inotify. The daemon
+// reaches it over the driver's port dialer; see lib/agentproto for the
+// protocol.
 //
 // It is a static binary (CGO_ENABLED=0) that needs nothing of the template:
 // the drivers bind it read-only at agentproto.Path. It runs with the
