@@ -12,6 +12,7 @@ import (
 	"path"
 	"slices"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -105,7 +106,7 @@ func writeFileErr(w http.ResponseWriter, err error) {
 func cleanPath(op, p string) (string, error) {
 	c, err := agentproto.CleanPath(p)
 	if err != nil {
-		return "", invalidf(op, p, "%v", errors.Unwrap(err))
+		return "", invalidf(op, p, "%s", strings.TrimPrefix(err.Error(), agentproto.ErrPath.Error()+": "))
 	}
 	return c, nil
 }
@@ -300,10 +301,18 @@ func mkdirAll(p string, perm uint32) error {
 		}
 	}
 	if err := unix.Mkdir(p, 0o700); err != nil {
-		if err == unix.EEXIST { // raced with someone: theirs, if a directory
-			return mkdirAll(p, perm)
+		if err != unix.EEXIST {
+			return err
 		}
-		return err
+		// Raced with someone (theirs, if a directory), or p is a
+		// dangling symlink (ENOENT, as confinedfs says; never a loop).
+		if err := unix.Stat(p, &st); err != nil {
+			return err
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return unix.ENOTDIR
+		}
+		return nil
 	}
 	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {

@@ -262,6 +262,13 @@ type FileInfo struct {
 // sandbox paths ("/home/user/x"); every path is resolved inside the sandbox's
 // root: "..", absolute symlinks and symlink swaps during the call cannot reach
 // a host file (errdefs.ErrInvalidArgument or ErrPermissionDenied).
+//
+// A running sandbox whose driver serves files through the sandbox's agent
+// shows what its own processes see: a file in a tmpfs it mounted, or in
+// /dev/shm, is read, listed and written like any other. A stopped sandbox
+// (and one without the agent) shows its root filesystem as the host keeps
+// it, the writable layer on the template; tmpfs contents end with the
+// sandbox's processes.
 type FS interface {
 	ReadFile(ctx context.Context, path string, w io.Writer) error
 	WriteFile(ctx context.Context, path string, r io.Reader, mode os.FileMode) error

@@ -78,6 +78,15 @@ func TestFilesThroughAgent(t *testing.T) {
 	if err := c.Mkdir(ctx, p("/a/b/f.txt/sub"), 0o755); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Fatalf("mkdir under a file = %v, want already exists", err)
 	}
+	if err := os.Symlink(p("/nowhere"), p("/dangling")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Mkdir(ctx, p("/dangling/sub"), 0o755); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("mkdir through a dangling symlink = %v, want not found (as confinedfs)", err)
+	}
+	if err := c.WriteFile(ctx, p("/dangling/f"), strings.NewReader("x"), 0); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("write through a dangling symlink = %v, want not found", err)
+	}
 	if err := c.Mkdir(ctx, p("/m/n"), 0o700); err != nil {
 		t.Fatal(err)
 	}
