@@ -197,3 +197,31 @@ func (s *suite) checkTmpfs(t *testing.T, id string, fs sandbox.FS) {
 		t.Errorf("the sandbox reads %q from its tmpfs", out)
 	}
 }
+
+// HostSideFiles checks the files of a sandbox that has no agent (one made,
+// or checkpointed, before it), served host-side over its layer: a write and
+// a rename through fs are seen inside at once and read back; a file only
+// in the sandbox's tmpfs (/dev/shm) is not found, which tells the
+// host-side view from the agent's. sh runs a script in the sandbox and
+// returns its output. Drivers call it from their tests of such sandboxes.
+func HostSideFiles(t *testing.T, fs sandbox.FS, sh func(script string) string) {
+	t.Helper()
+	ctx := ctxFor(t, callTimeout*5)
+	writeFile(t, fs, "/root/legacy-a", "legacy", 0o640)
+	if err := fs.Rename(ctx, "/root/legacy-a", "/root/legacy-b"); err != nil {
+		t.Fatalf("Rename in a sandbox without the agent: %v", err)
+	}
+	if out := sh("cat /root/legacy-b; test -e /root/legacy-a || echo ' moved'"); out != "legacy moved\n" {
+		t.Errorf("the sandbox sees %q after the host's write and rename", out)
+	}
+	sh("echo inside > /root/legacy-c; mkdir -p /dev/shm && echo shm > /dev/shm/legacy")
+	if got, err := readFile(t, fs, "/root/legacy-c"); err != nil || got != "inside\n" {
+		t.Errorf("ReadFile of the sandbox's write = %q, %v", got, err)
+	}
+	if _, err := readFile(t, fs, "/dev/shm/legacy"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("ReadFile of a tmpfs file of a sandbox without the agent = %v; want not found (the host's view)", err)
+	}
+	if err := fs.Remove(ctx, "/root/legacy-b", false); err != nil {
+		t.Error(err)
+	}
+}

@@ -50,7 +50,7 @@ func (c *Client) ReadFile(ctx context.Context, p string, max int64, w io.Writer)
 	q := url.Values{"path": {p}, "max": {strconv.FormatInt(max, 10)}}
 	resp, err := c.do(ctx, "GET", "/v1/files", q, nil)
 	if err != nil {
-		return err
+		return fileError(err)
 	}
 	defer resp.Body.Close()
 	n, err := io.Copy(writerOnly{w}, io.LimitReader(resp.Body, max+1))
@@ -117,7 +117,7 @@ func (c *Client) writeFile(ctx context.Context, p string, r io.Reader, mode os.F
 		return body.n, body.err
 	}
 	if err != nil {
-		return body.n, err
+		return body.n, fileError(err)
 	}
 	resp.Body.Close()
 	return body.n, nil
@@ -127,7 +127,7 @@ func (c *Client) writeFile(ctx context.Context, p string, r io.Reader, mode os.F
 func (c *Client) Stat(ctx context.Context, p string) (agentproto.FileInfo, error) {
 	var fi agentproto.FileInfo
 	if err := c.call(ctx, "GET", "/v1/files/stat?"+url.Values{"path": {p}}.Encode(), nil, &fi); err != nil {
-		return fi, err
+		return fi, fileError(err)
 	}
 	want := "/"
 	if cp, err := agentproto.CleanPath(p); err == nil && cp != "/" {
@@ -148,7 +148,7 @@ func (c *Client) List(ctx context.Context, p string) ([]agentproto.FileInfo, err
 	}
 	resp, err := c.do(ctx, "GET", "/v1/files/list", url.Values{"path": {p}}, nil)
 	if err != nil {
-		return nil, err
+		return nil, fileError(err)
 	}
 	defer resp.Body.Close()
 	out, err := DecodeList(resp.Body)
@@ -191,14 +191,44 @@ func DecodeList(r io.Reader) ([]agentproto.FileInfo, error) {
 	return out, nil
 }
 
+// FileError is a file call the agent refused, as the agent explained it:
+// the message names the sandbox path and the errno ("read \"/x\": no
+// such file or directory"), as the host-side confinedfs's errors do, and
+// errors.Is matches its kind (errdefs.ErrNotFound, …).
+type FileError struct {
+	Msg  string
+	kind error
+}
+
+func (e *FileError) Error() string { return e.Msg }
+func (e *FileError) Unwrap() error { return e.kind }
+
+// fileError turns the agent's refusal of a file call into a *FileError;
+// other errors (the agent unavailable, a bad answer) pass through.
+func fileError(err error) error {
+	var ae *Error
+	if err == nil || !errors.As(err, &ae) {
+		return err
+	}
+	kind := map[string]error{
+		"not_found": errdefs.ErrNotFound, "invalid": errdefs.ErrInvalidArgument, "denied": errdefs.ErrPermissionDenied,
+		"exists": errdefs.ErrAlreadyExists, "precondition": errdefs.ErrFailedPrecondition,
+		"exhausted": errdefs.ErrResourceExhausted, "too_large": errdefs.ErrTooLarge,
+	}[ae.Code]
+	if kind == nil {
+		return err
+	}
+	return &FileError{Msg: ae.Message, kind: kind}
+}
+
 // Mkdir makes the directory p and its missing parents with mode.
 func (c *Client) Mkdir(ctx context.Context, p string, mode os.FileMode) error {
-	return c.call(ctx, "POST", "/v1/files/mkdir", agentproto.Mkdir{Path: p, Mode: uint32(mode)}, nil)
+	return fileError(c.call(ctx, "POST", "/v1/files/mkdir", agentproto.Mkdir{Path: p, Mode: uint32(mode)}, nil))
 }
 
 // Rename renames from to to, as rename(2).
 func (c *Client) Rename(ctx context.Context, from, to string) error {
-	return c.call(ctx, "POST", "/v1/files/rename", agentproto.Rename{From: from, To: to}, nil)
+	return fileError(c.call(ctx, "POST", "/v1/files/rename", agentproto.Rename{From: from, To: to}, nil))
 }
 
 // Remove removes p (recursive: a directory and everything in it).
@@ -208,7 +238,7 @@ func (c *Client) Remove(ctx context.Context, p string, recursive bool) error {
 		ctx, cancel = context.WithTimeout(ctx, 20*CallTimeout) // a big tree takes a while
 	}
 	defer cancel()
-	return c.call(ctx, "POST", "/v1/files/remove", agentproto.Remove{Path: p, Recursive: recursive}, nil)
+	return fileError(c.call(ctx, "POST", "/v1/files/remove", agentproto.Remove{Path: p, Recursive: recursive}, nil))
 }
 
 // FS is a sandbox's filesystem (core/sandbox.FS) served by its agent, in
