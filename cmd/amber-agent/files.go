@@ -142,7 +142,7 @@ func (a *agent) readFile(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.WriteHeader(http.StatusOK)
-	n, err := io.Copy(w, io.LimitReader(f, limit+1))
+	n, err := io.CopyBuffer(w, io.LimitReader(f, limit+1), make([]byte, 256<<10))
 	if err != nil || n > limit {
 		abort()
 	}
@@ -249,7 +249,7 @@ func writeAtomic(dir, name string, body io.Reader, perm uint32) error {
 			_ = unix.Unlinkat(dfd, tmp, 0)
 		}
 	}()
-	if _, err := io.Copy(f, body); err != nil {
+	if _, err := io.CopyBuffer(f, readerOnly{body}, make([]byte, 256<<10)); err != nil {
 		return err
 	}
 	if err := unix.Fchmod(fd, perm); err != nil {
@@ -264,6 +264,9 @@ func writeAtomic(dir, name string, body io.Reader, perm uint32) error {
 	done = true
 	return unix.Fsync(dfd)
 }
+
+// readerOnly hides a reader's WriteTo, so that CopyBuffer uses its buffer.
+type readerOnly struct{ io.Reader }
 
 // permOf turns an os.FileMode's permission and sticky bits into st_mode
 // bits (set-ID bits dropped: a tenant must not plant a set-ID binary owned

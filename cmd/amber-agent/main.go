@@ -111,6 +111,10 @@ func (a *agent) serve(ln net.Listener) error {
 		MaxHeaderBytes:    64 << 10,
 		HTTP2: &http.HTTP2Config{
 			MaxConcurrentStreams: 4096,
+			// Bigger frames than HTTP/2's 16 KiB: a file upload is
+			// one stream, and under gVisor every frame is a trip
+			// through the sentry's network stack.
+			MaxReadFrameSize: 256 << 10,
 			// A connection the host dropped without a word (its side
 			// was a daemon that died, or a peer that a restore left
 			// behind) is closed after this long without a ping.

@@ -104,6 +104,7 @@ func (c *Client) newTransport() *http.Transport {
 			SendPingTimeout:           PingTimeout,
 			PingTimeout:               PingTimeout,
 			MaxReceiveBufferPerStream: 1 << 20,
+			MaxReadFrameSize:          256 << 10,
 		},
 	}
 }
