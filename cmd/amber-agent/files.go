@@ -181,6 +181,14 @@ func openRegular(p string) (*os.File, int64, error) {
 		unix.Close(fd)
 		return nil, 0, errors.New("the file changed while it was opened")
 	}
+	// The sandbox's /proc is the agent's to read, not the files API's:
+	// the agent's own initial environment (/proc/1/environ) holds its
+	// token. The host's view never had /proc's contents either.
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &sfs); err != nil || sfs.Type == unix.PROC_SUPER_MAGIC {
+		unix.Close(fd)
+		return nil, 0, &fileError{code: "denied", status: http.StatusForbidden, msg: "read " + strconv.Quote(p) + ": a file of /proc"}
+	}
 	return os.NewFile(uintptr(fd), p), st2.Size, nil
 }
 

@@ -1,10 +1,14 @@
 package criu
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"os"
+	"strings"
 	"testing"
 
+	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/core/sandbox/sandboxtest"
 )
@@ -35,4 +39,34 @@ func TestFilesBenchmark(t *testing.T) {
 	}
 	sandboxtest.FileBench(t, "agent", viaAgent, 4<<10, 50)
 	sandboxtest.FileBench(t, "confinedfs", host, 4<<10, 50)
+}
+
+// TestFilesHideAgentToken: the files API, served by the agent (the
+// sandbox's root), does not read the sandbox's /proc, where the agent's
+// initial environment holds its token — also not through a symlink the
+// sandbox planted.
+func TestFilesHideAgentToken(t *testing.T) {
+	td := newTestDriver(t)
+	requireCriu(t, td)
+	ctx := context.Background()
+	id := td.create(sandbox.Limits{})
+	rec, err := td.loadRecord(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	td.sh(id, "ln -s /proc/1/environ /root/env")
+	fs, err := td.Files(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"/proc/1/environ", "/root/env", "/proc/self/environ"} {
+		var b bytes.Buffer
+		err := fs.ReadFile(ctx, p, &b)
+		if strings.Contains(b.String(), rec.AgentToken) {
+			t.Fatalf("ReadFile(%s) gave the agent's token", p)
+		}
+		if !errors.Is(err, errdefs.ErrPermissionDenied) {
+			t.Errorf("ReadFile(%s) = %v, want permission denied", p, err)
+		}
+	}
 }

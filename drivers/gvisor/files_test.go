@@ -1,12 +1,16 @@
 package gvisor
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/core/sandbox/sandboxtest"
 )
@@ -44,4 +48,39 @@ func TestFilesBenchmark(t *testing.T) {
 	}
 	sandboxtest.FileBench(t, "agent", viaAgent, 4<<10, 50)
 	sandboxtest.FileBench(t, "confinedfs", host, 4<<10, 50)
+}
+
+// TestFilesHideAgentToken: the files API, served by the agent (the
+// sandbox's root), does not read the sandbox's /proc, where the agent's
+// initial environment holds its token — also not through a symlink the
+// sandbox planted.
+func TestFilesHideAgentToken(t *testing.T) {
+	runsc := requireHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	d := newTestDriver(t, runsc, "/amber/gvisor-filestoken")
+	id := fmt.Sprintf("filestoken-%d", os.Getpid())
+	if _, err := d.Create(ctx, sandbox.Spec{ID: id, Template: minimalTemplate(t)}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
+	rec, err := d.loadRecord(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSh(t, d, id, "ln -s /proc/1/environ /root/env")
+	fs, err := d.Files(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"/proc/1/environ", "/root/env", "/proc/self/environ"} {
+		var b bytes.Buffer
+		err := fs.ReadFile(ctx, p, &b)
+		if strings.Contains(b.String(), rec.AgentToken) {
+			t.Fatalf("ReadFile(%s) gave the agent's token", p)
+		}
+		if !errors.Is(err, errdefs.ErrPermissionDenied) {
+			t.Errorf("ReadFile(%s) = %v, want permission denied", p, err)
+		}
+	}
 }

@@ -145,6 +145,11 @@ func TestFilesThroughAgent(t *testing.T) {
 	if err := c.ReadFile(ctx, "/dev/null", 0, io.Discard); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("read of a device = %v", err)
 	}
+	for _, p := range []string{"/proc/self/environ", "/proc/1/environ", "/proc/meminfo"} {
+		if err := c.ReadFile(ctx, p, 0, io.Discard); !errors.Is(err, errdefs.ErrPermissionDenied) {
+			t.Errorf("read of %s = %v, want permission denied (the agent's token is in its /proc)", p, err)
+		}
+	}
 }
 
 type errReader struct{}
