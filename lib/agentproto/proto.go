@@ -36,7 +36,7 @@
 // by the agent in the sandbox's own mount namespace (so tmpfs mounts, /dev/shm
 // and anything else the sandbox mounted are seen), cleaned as CleanPath does:
 //
-//	GET  /v1/files?path=P&max=N         → the regular file's bytes (at most N)
+//	GET  /v1/files?path=P&max=N         → the regular file's bytes (at most N; none of /proc)
 //	PUT  /v1/files?path=P&mode=M        body: raw bytes → 204 (atomic replace)
 //	GET  /v1/files/stat?path=P          → FileInfo (lstat)
 //	GET  /v1/files/list?path=P          → a stream of FileInfo, one JSON per line, sorted by name
