@@ -2,6 +2,9 @@ package gvisor
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
@@ -26,11 +29,26 @@ func (d *Driver) Files(ctx context.Context, id string) (sandbox.FS, error) {
 	}
 	return &agent.FS{Host: host, Agent: func(ctx context.Context) *agent.Client {
 		rec, err := d.running(id)
-		if err != nil || rec.SpecVersion < 2 {
+		if err != nil || rec.SpecVersion < 2 || cgroupEmpty(rec.Cgroup) {
 			return nil
 		}
 		return d.agentFor(rec)
 	}}, nil
+}
+
+// cgroupEmpty says whether the sandbox's cgroup exists and holds no
+// process: the sandbox does not run (killed, crashed, or stopped by a
+// checkpoint), so its files are the layer's, served without a dial that
+// would fail (a `runsc port-forward` and a `runsc state` per call). A
+// cgroup that cannot be read says nothing: the agent is asked.
+func cgroupEmpty(path string) bool {
+	for _, ctrl := range []string{"pids", "memory", "cpu"} {
+		b, err := os.ReadFile(filepath.Join(cgroupRoot, ctrl, path, "cgroup.procs"))
+		if err == nil {
+			return len(strings.TrimSpace(string(b))) == 0
+		}
+	}
+	return false
 }
 
 // hostFiles is drivers/internal/confinedfs over the layer's merged
