@@ -65,6 +65,7 @@ fuzz:
 	$(FUZZ) -fuzz '^FuzzDNSAnswer$$' ./internal/egress
 	$(FUZZ) -fuzz '^FuzzParse$$' ./drivers/internal/procwait
 	$(FUZZ) -fuzz '^FuzzReadFrame$$' ./lib/agentproto
+	$(FUZZ) -fuzz '^FuzzDecodeList$$' ./drivers/internal/agent
 	$(FUZZ) -fuzz '^FuzzParseDF$$' ./internal/engine
 	$(FUZZ) -fuzz '^FuzzSessionDefinition$$' ./internal/session
 	$(FUZZ) -fuzz '^FuzzAnthropicSSE$$' ./internal/session

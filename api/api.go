@@ -416,6 +416,13 @@ type FileList struct {
 	Entries []FileInfo `json:"entries"`
 }
 
+// RenameRequest is the body of POST …/files/rename: both paths absolute
+// inside the sandbox.
+type RenameRequest struct {
+	From string `json:"from"`
+	To   string `json:"to"`
+}
+
 // Event is one event of a sandbox's stream in the log.
 type Event struct {
 	Seq         uint64          `json:"seq"`

@@ -94,6 +94,12 @@ func (c *Client) Mkdir(ctx context.Context, id, path string, mode os.FileMode) e
 	return c.do(ctx, "POST", sbPath(id, "/files/mkdir"), url.Values{"path": {path}, "mode": {fmt.Sprintf("%04o", mode.Perm())}}, nil, nil)
 }
 
+// Rename renames from to to inside sandbox id, as rename(2): both absolute
+// sandbox paths; an existing file at to is replaced.
+func (c *Client) Rename(ctx context.Context, id, from, to string) error {
+	return c.do(ctx, "POST", sbPath(id, "/files/rename"), nil, api.RenameRequest{From: from, To: to}, nil)
+}
+
 // TarOut writes a tar of path in sandbox id to w.
 func (c *Client) TarOut(ctx context.Context, id, path string, w io.Writer) error {
 	return c.streamID(ctx, id, "/files/tar", url.Values{"path": {path}}, w)

@@ -3,9 +3,10 @@
 // child (so each is in the sandbox's process tree, part of every checkpoint,
 // and back after every restore, on both drivers), keeps each process's output
 // in a bounded ring in the sandbox's memory (so a client re-attaches from an
-// offset after a restore or a daemon restart), and watches files with
-// inotify. The daemon reaches it over the driver's port dialer; see
-// lib/agentproto for the protocol.
+// offset after a restore or a daemon restart), serves the sandbox's files
+// as the sandbox sees them, and watches them with inotify. The daemon
+// reaches it over the driver's port dialer; see lib/agentproto for the
+// protocol.
 //
 // It is a static binary (CGO_ENABLED=0) that needs nothing of the template:
 // the drivers bind it read-only at agentproto.Path. It runs with the
@@ -110,6 +111,10 @@ func (a *agent) serve(ln net.Listener) error {
 		MaxHeaderBytes:    64 << 10,
 		HTTP2: &http.HTTP2Config{
 			MaxConcurrentStreams: 4096,
+			// Bigger frames than HTTP/2's 16 KiB: a file upload is
+			// one stream, and under gVisor every frame is a trip
+			// through the sentry's network stack.
+			MaxReadFrameSize: 256 << 10,
 			// A connection the host dropped without a word (its side
 			// was a daemon that died, or a peer that a restore left
 			// behind) is closed after this long without a ping.

@@ -35,6 +35,7 @@ func (a *agent) routes() http.Handler {
 	mux.HandleFunc("POST /v1/processes/{pid}/resize", a.resize)
 	mux.HandleFunc("GET /v1/processes/{pid}/wait", a.wait)
 	mux.HandleFunc("GET /v1/watch", a.watch)
+	a.fileRoutes(mux)
 	return a.authorized(mux)
 }
 

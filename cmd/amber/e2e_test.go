@@ -306,6 +306,10 @@ func TestE2ECreateExecFilesRm(t *testing.T) {
 	if b, _ := os.ReadFile(back); string(b) != "from the host\n" {
 		t.Fatalf("files get: %q", b)
 	}
+	d.must("files", "mv", id, "/root/note.txt", "/root/moved.txt")
+	if got := d.must("exec", id, "--", "cat", "/root/moved.txt"); got != "from the host\n" {
+		t.Fatalf("after files mv: %q", got)
+	}
 	if got := d.must("ps", id); !strings.Contains(got, "PID") {
 		t.Fatalf("ps: %q", got)
 	}

@@ -14,7 +14,7 @@ import (
 
 func newFilesCmd(g *globalFlags) *cobra.Command {
 	c := &cobra.Command{Use: "files", Short: "Read and write files inside a sandbox"}
-	c.AddCommand(newFilesLs(g), newFilesCat(g), newFilesPut(g), newFilesGet(g), newFilesRm(g), newFilesMkdir(g))
+	c.AddCommand(newFilesLs(g), newFilesCat(g), newFilesPut(g), newFilesGet(g), newFilesRm(g), newFilesMkdir(g), newFilesMv(g))
 	return c
 }
 
@@ -187,6 +187,21 @@ func newFilesMkdir(g *globalFlags) *cobra.Command {
 				return err
 			}
 			return cl.Mkdir(cmd.Context(), args[0], args[1], 0o755)
+		},
+	}
+}
+
+func newFilesMv(g *globalFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "mv SBX FROM TO",
+		Short: "Rename or move a file or directory (replaces a file at TO)",
+		Args:  exactArgs(3, "a sandbox id and two paths"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			return cl.Rename(cmd.Context(), args[0], args[1], args[2])
 		},
 	}
 }

@@ -262,6 +262,13 @@ type FileInfo struct {
 // sandbox paths ("/home/user/x"); every path is resolved inside the sandbox's
 // root: "..", absolute symlinks and symlink swaps during the call cannot reach
 // a host file (errdefs.ErrInvalidArgument or ErrPermissionDenied).
+//
+// A running sandbox whose driver serves files through the sandbox's agent
+// shows what its own processes see: a file in a tmpfs it mounted, or in
+// /dev/shm, is read, listed and written like any other. A stopped sandbox
+// (and one without the agent) shows its root filesystem as the host keeps
+// it, the writable layer on the template; tmpfs contents end with the
+// sandbox's processes.
 type FS interface {
 	ReadFile(ctx context.Context, path string, w io.Writer) error
 	WriteFile(ctx context.Context, path string, r io.Reader, mode os.FileMode) error
@@ -269,6 +276,19 @@ type FS interface {
 	List(ctx context.Context, dir string) ([]FileInfo, error)
 	Mkdir(ctx context.Context, path string, mode os.FileMode) error
 	Remove(ctx context.Context, path string, recursive bool) error
+	// Rename renames from to to, as rename(2) inside the sandbox: both
+	// are absolute sandbox paths, confined like every other path; the
+	// last component of each is not followed (a symlink is renamed, not
+	// its target). An existing file (or symlink) at to is replaced
+	// atomically; a directory may replace an empty directory only
+	// (ErrFailedPrecondition when it is not empty); a directory over a
+	// file, a file over a directory, a directory into itself and "/" as
+	// either path are ErrInvalidArgument; a missing from (or a missing
+	// parent of to) is ErrNotFound. A rename across filesystems (a
+	// sandbox's tmpfs mount and its layer; also a directory of the
+	// template's lower layer on an overlay without redirect_dir) is
+	// ErrFailedPrecondition: nothing is copied.
+	Rename(ctx context.Context, from, to string) error
 	// TarOut writes a tar of path to w; TarIn extracts a tar under dir.
 	TarOut(ctx context.Context, path string, w io.Writer) error
 	TarIn(ctx context.Context, dir string, r io.Reader) error

@@ -18,6 +18,8 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/core/sandbox/sandboxtest"
+	"github.com/amber-run/amber/drivers/internal/confinedfs"
 	"github.com/amber-run/amber/lib/agentproto"
 )
 
@@ -162,6 +164,14 @@ func TestAgentLegacySandbox(t *testing.T) {
 	if err := td.Output(ctx, id, pid, 0, false, func(sandbox.OutputFrame) error { return nil }); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("output of a legacy sandbox: %v, want failed precondition", err)
 	}
+	fs, err := td.Files(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := fs.(*confinedfs.FS); !ok {
+		t.Errorf("the files of a legacy sandbox are a %T, want the host-side confinedfs", fs)
+	}
+	sandboxtest.HostSideFiles(t, fs, func(script string) string { return td.sh(id, script) })
 }
 
 // stream collects one process's output through Driver.Output, checking

@@ -242,7 +242,7 @@ func (d *Driver) Wait(ctx context.Context, id string, pid int) (sandbox.ExitStat
 	if st, ok, err := d.agentWait(ctx, id, pid); ok {
 		return st, err
 	}
-	fs, err := d.Files(ctx, id)
+	fs, _, err := d.hostFiles(id) // the exit file is in the layer
 	if err != nil {
 		return sandbox.ExitStatus{}, err
 	}

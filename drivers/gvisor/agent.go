@@ -361,7 +361,7 @@ func (d *Driver) agentSignal(ctx context.Context, rec *record, pid int, sig sysc
 // A process the agent no longer remembers (it keeps the last 512 ended
 // ones) is read from its exit file.
 func (d *Driver) agentWait(ctx context.Context, rec *record, pid int) (sandbox.ExitStatus, error) {
-	fs, err := d.Files(ctx, rec.ID)
+	fs, _, err := d.hostFiles(rec.ID) // the exit file is in the layer
 	if err != nil {
 		return sandbox.ExitStatus{}, err
 	}

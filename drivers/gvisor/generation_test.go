@@ -19,6 +19,8 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/core/sandbox/sandboxtest"
+	"github.com/amber-run/amber/drivers/internal/confinedfs"
 )
 
 // TestRestoreGeneration0Image: a checkpoint of a sandbox made with the
@@ -116,6 +118,21 @@ func TestGeneration1KeepsShInit(t *testing.T) {
 	if n := d.runscCalls("exec"); n == 0 {
 		t.Errorf("no runsc exec in a generation 1 sandbox: it did not take the old path")
 	}
+	checkHostSideFiles(t, d, id)
+}
+
+// checkHostSideFiles: a sandbox of the sh init's generations has its files
+// served host-side (confinedfs over its layer), as before the agent.
+func checkHostSideFiles(t *testing.T, d *Driver, id string) {
+	t.Helper()
+	fs, err := d.Files(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := fs.(*confinedfs.FS); !ok {
+		t.Errorf("the files of a sandbox without the agent are a %T, want the host-side confinedfs", fs)
+	}
+	sandboxtest.HostSideFiles(t, fs, func(script string) string { return mustSh(t, d, id, script) })
 }
 
 // TestRestoreNeedsTheAgentBuild: an image whose agent build this node does
@@ -223,6 +240,7 @@ func TestRestoreImageOfOldDriver(t *testing.T) {
 	if st, err := d.Wait(ctx, "oldimg", pid); err != nil || st.Code != 9 {
 		t.Errorf("Wait: %+v %v", st, err)
 	}
+	checkHostSideFiles(t, d, "oldimg")
 	t.Logf("restored the old driver's image: counter %d at %q, runsc exec %d", counter, strings.TrimSpace(log2), d.runscCalls("exec"))
 }
 

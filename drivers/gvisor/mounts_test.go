@@ -128,13 +128,15 @@ func treeDigest(t *testing.T, dir string) string {
 }
 
 // symlinkTmp makes the sandbox's /tmp a symlink to the host directory
-// marker through the files API, as a tenant can: the same path is made
-// inside the layer too, so the link also resolves inside the root (the old
-// driver created its keep file through it).
+// marker through the host-side files API, as a tenant can (the files of a
+// stopped sandbox, or of one without the agent; a running sandbox's agent
+// refuses, /tmp being a mount point there): the same path is made inside
+// the layer too, so the link also resolves inside the root (the old driver
+// created its keep file through it).
 func symlinkTmp(t *testing.T, d *Driver, id, marker string) {
 	t.Helper()
 	ctx := context.Background()
-	fsys, err := d.Files(ctx, id)
+	fsys, _, err := d.hostFiles(id)
 	if err != nil {
 		t.Fatal(err)
 	}

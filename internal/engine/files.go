@@ -49,6 +49,13 @@ func (h *heldFS) Remove(ctx context.Context, path string, recursive bool) error 
 	return h.fs.Remove(ctx, path, recursive)
 }
 
+// Rename renames within the sandbox (see sandbox.FS.Rename). It is a file
+// write like WriteFile: the API's files/rename route, write scope.
+func (h *heldFS) Rename(ctx context.Context, from, to string) error {
+	defer h.hold()()
+	return h.fs.Rename(ctx, from, to)
+}
+
 func (h *heldFS) TarOut(ctx context.Context, path string, w io.Writer) error {
 	defer h.hold()()
 	return h.fs.TarOut(ctx, path, w)

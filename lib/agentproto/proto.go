@@ -37,6 +37,18 @@
 //	GET  /v1/processes/{pid}/wait       → Exit (blocks until the process ends)
 //	GET  /v1/watch?path=P[&recursive=1] → a stream of WatchEvent, one JSON per line
 //
+// Files (since 1.1; see HasFiles). Paths are absolute sandbox paths, resolved
+// by the agent in the sandbox's own mount namespace (so tmpfs mounts, /dev/shm
+// and anything else the sandbox mounted are seen), cleaned as CleanPath does:
+//
+//	GET  /v1/files?path=P&max=N         → the regular file's bytes (at most N; none of /proc)
+//	PUT  /v1/files?path=P&mode=M        body: raw bytes → 204 (atomic replace)
+//	GET  /v1/files/stat?path=P          → FileInfo (lstat)
+//	GET  /v1/files/list?path=P          → a stream of FileInfo, one JSON per line, sorted by name
+//	POST /v1/files/mkdir                Mkdir → 204
+//	POST /v1/files/rename               Rename → 204
+//	POST /v1/files/remove               Remove → 204
+//
 // An error is a status ≥ 400 with an Error body. The host treats everything
 // the agent answers as untrusted input: bodies are read through size limits
 // (MaxJSON, MaxFrameData) and the frame decoder is fuzzed.
@@ -55,10 +67,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 )
 
 // Version is the protocol version: "major.minor". The host accepts an agent
 // whose major version equals its own.
+//
+// 1.1 added the file calls and the attached start; an agent of 1.0 (one
+// recorded in an older checkpoint) lacks them: the host serves files
+// itself (HasFiles) and asks for an exec's output after its start.
 const Version = "1.1"
 
 // Major is Version's major number.
@@ -190,10 +208,24 @@ type WatchEvent struct {
 	Op string `json:"op"`
 }
 
+// HasFiles says whether an agent of protocol version v serves the file
+// calls (1.1 and later).
+func HasFiles(v string) bool {
+	major, minor, ok := strings.Cut(v, ".")
+	if !ok {
+		return false
+	}
+	ma, err1 := strconv.Atoi(major)
+	mi, err2 := strconv.Atoi(minor)
+	return err1 == nil && err2 == nil && ma == Major && mi >= 1
+}
+
 // Error is the body of a failed call.
 type Error struct {
 	// Code is a short class: not_found, invalid, unavailable, denied,
-	// exists, internal.
+	// exists, precondition (a directory not empty, a cross-device
+	// rename), exhausted (no space, too large, too many entries),
+	// internal.
 	Code    string `json:"code"`
 	Message string `json:"message"`
 }

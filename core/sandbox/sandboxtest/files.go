@@ -99,6 +99,9 @@ func (s *suite) testFiles(t *testing.T) {
 		t.Errorf("k.bin changed in the round trip")
 	}
 
+	s.checkRename(t, id, fs)
+	s.checkTmpfs(t, id, fs)
+
 	// Remove: non-recursive on a non-empty dir fails; recursive works.
 	if err := fs.Remove(ctx, "/data", false); err == nil {
 		t.Errorf("Remove of a non-empty directory without recursive succeeded")
@@ -118,5 +121,107 @@ func (s *suite) testFiles(t *testing.T) {
 	root, err := fs.List(ctx, "/")
 	if err != nil || !slices.ContainsFunc(root, func(fi sandbox.FileInfo) bool { return fi.Name == "bin" }) {
 		t.Errorf("List / = %+v, %v", root, err)
+	}
+}
+
+// checkRename: Rename of a file, over a file, of a directory; a missing
+// source, a relative path, a lexical ".." above "/", a directory over a
+// non-empty one refused; a rename through a symlink that climbs out stays
+// inside. The sandbox sees each rename at once.
+func (s *suite) checkRename(t *testing.T, id string, fs sandbox.FS) {
+	ctx := ctxFor(t, callTimeout*5)
+	writeFile(t, fs, "/data/r1", "one", 0o644)
+	if err := fs.Rename(ctx, "/data/r1", "/data/r2"); err != nil {
+		t.Fatalf("Rename of a file: %v", err)
+	}
+	writeFile(t, fs, "/data/r3", "three", 0o600)
+	if err := fs.Rename(ctx, "/data/r3", "/data/r2"); err != nil {
+		t.Fatalf("Rename over a file: %v", err)
+	}
+	if err := fs.Rename(ctx, "/data/deep", "/data/deeper"); err != nil {
+		t.Fatalf("Rename of a directory: %v", err)
+	}
+	if out := s.sh(t, id, "cat /data/r2; test -e /data/r1 || echo ' r1 gone'; test -e /data/r3 || echo r3 gone; stat -c %a /data/r2; wc -c < /data/deeper/er/k.bin; test -e /data/deep || echo deep gone"); out != "three r1 gone\nr3 gone\n600\n1000\ndeep gone\n" {
+		t.Errorf("after the renames the sandbox sees %q", out)
+	}
+	s.sh(t, id, "mkdir -p /data/full/x && ln -s ../../../../../.. /data/up")
+	for _, tc := range []struct {
+		from, to string
+		kind     error
+	}{
+		{"/data/no-such", "/data/x", errdefs.ErrNotFound},
+		{"data/r2", "/data/x", errdefs.ErrInvalidArgument},
+		{"/data/r2", "x", errdefs.ErrInvalidArgument},
+		{"/data/r2", "/data/../../../../r2", errdefs.ErrInvalidArgument},
+		{"/data/deeper", "/data/full", errdefs.ErrFailedPrecondition},
+		{"/data/deeper", "/data/r2", errdefs.ErrInvalidArgument},
+		{"/", "/data/x", errdefs.ErrInvalidArgument},
+	} {
+		if err := fs.Rename(ctx, tc.from, tc.to); !errors.Is(err, tc.kind) {
+			t.Errorf("Rename(%q, %q) = %v, want %v", tc.from, tc.to, err, tc.kind)
+		}
+	}
+	// Through a symlink that climbs above the root: it lands at the
+	// sandbox's root, never the host's.
+	marker := randToken("renamed")
+	writeFile(t, fs, "/data/"+marker, "m", 0o644)
+	if err := fs.Rename(ctx, "/data/"+marker, "/data/up/"+marker); err != nil {
+		t.Fatalf("Rename through /data/up: %v", err)
+	}
+	if _, err := os.Lstat("/" + marker); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Rename through a climbing symlink made the host's /%s", marker)
+		_ = os.Remove("/" + marker)
+	}
+	if out := s.sh(t, id, "cat /"+marker+" && rm /"+marker); out != "m" {
+		t.Errorf("the renamed file inside: %q", out)
+	}
+}
+
+// checkTmpfs: a file in a tmpfs of the sandbox (/dev/shm; /dev is one in
+// both drivers' sandboxes) — where the host's view of the layer cannot see
+// — is read, listed, written and renamed like any other.
+func (s *suite) checkTmpfs(t *testing.T, id string, fs sandbox.FS) {
+	ctx := ctxFor(t, callTimeout*5)
+	s.sh(t, id, "mkdir -p /dev/shm && echo in-tmpfs > /dev/shm/amber-t")
+	if got, err := readFile(t, fs, "/dev/shm/amber-t"); err != nil || got != "in-tmpfs\n" {
+		t.Errorf("ReadFile of a file in the sandbox's tmpfs = %q, %v", got, err)
+	}
+	if list, err := fs.List(ctx, "/dev/shm"); err != nil || !slices.ContainsFunc(list, func(fi sandbox.FileInfo) bool { return fi.Name == "amber-t" }) {
+		t.Errorf("List /dev/shm = %+v, %v", list, err)
+	}
+	writeFile(t, fs, "/dev/shm/amber-w", "from-host", 0o644)
+	if err := fs.Rename(ctx, "/dev/shm/amber-w", "/dev/shm/amber-w2"); err != nil {
+		t.Errorf("Rename in the tmpfs: %v", err)
+	}
+	if out := s.sh(t, id, "cat /dev/shm/amber-w2; rm -f /dev/shm/amber-t /dev/shm/amber-w2"); out != "from-host" {
+		t.Errorf("the sandbox reads %q from its tmpfs", out)
+	}
+}
+
+// HostSideFiles checks the files of a sandbox that has no agent (one made,
+// or checkpointed, before it), served host-side over its layer: a write and
+// a rename through fs are seen inside at once and read back; a file only
+// in the sandbox's tmpfs (/dev/shm) is not found, which tells the
+// host-side view from the agent's. sh runs a script in the sandbox and
+// returns its output. Drivers call it from their tests of such sandboxes.
+func HostSideFiles(t *testing.T, fs sandbox.FS, sh func(script string) string) {
+	t.Helper()
+	ctx := ctxFor(t, callTimeout*5)
+	writeFile(t, fs, "/root/legacy-a", "legacy", 0o640)
+	if err := fs.Rename(ctx, "/root/legacy-a", "/root/legacy-b"); err != nil {
+		t.Fatalf("Rename in a sandbox without the agent: %v", err)
+	}
+	if out := sh("cat /root/legacy-b; test -e /root/legacy-a || echo ' moved'"); out != "legacy moved\n" {
+		t.Errorf("the sandbox sees %q after the host's write and rename", out)
+	}
+	sh("echo inside > /root/legacy-c; mkdir -p /dev/shm && echo shm > /dev/shm/legacy")
+	if got, err := readFile(t, fs, "/root/legacy-c"); err != nil || got != "inside\n" {
+		t.Errorf("ReadFile of the sandbox's write = %q, %v", got, err)
+	}
+	if _, err := readFile(t, fs, "/dev/shm/legacy"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("ReadFile of a tmpfs file of a sandbox without the agent = %v; want not found (the host's view)", err)
+	}
+	if err := fs.Remove(ctx, "/root/legacy-b", false); err != nil {
+		t.Error(err)
 	}
 }

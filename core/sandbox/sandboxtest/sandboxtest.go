@@ -26,7 +26,8 @@
 // signalled to death and reaped; Wait returns exit codes and signals, after
 // the end too and from a restarted driver, ErrNotFound for a pid Start did
 // not make, and returns promptly on a cancelled context), files (every FS call; host writes seen
-// inside at once and the other way round; tar round trip), confinement of
+// inside at once and the other way round; tar round trip; Rename's
+// semantics and refusals; a file in the sandbox's tmpfs), confinement of
 // FS paths (traversal, absolute and relative symlinks planted by the
 // sandbox, /proc magic links, writes through symlinks, tar escapes: none
 // reaches a host file), each limit (memory hog, fork bomb, disk filler,

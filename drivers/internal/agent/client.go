@@ -67,6 +67,9 @@ type Client struct {
 	mu    sync.Mutex
 	tr    *http.Transport
 	conns map[net.Conn]struct{}
+	// protocol is the version the agent last reported ("" before the
+	// first Health, and after Drop).
+	protocol string
 }
 
 // New returns a client of sandbox id's agent, reached with dial and
@@ -101,6 +104,7 @@ func (c *Client) newTransport() *http.Transport {
 			SendPingTimeout:           PingTimeout,
 			PingTimeout:               PingTimeout,
 			MaxReceiveBufferPerStream: 1 << 20,
+			MaxReadFrameSize:          256 << 10,
 		},
 	}
 }
@@ -128,6 +132,7 @@ func (c *Client) Drop() {
 	c.mu.Lock()
 	old := c.tr
 	c.tr = c.newTransport()
+	c.protocol = ""
 	conns := make([]net.Conn, 0, len(c.conns))
 	for k := range c.conns {
 		conns = append(conns, k)
@@ -209,6 +214,14 @@ func (c *Client) callError(resp *http.Response) error {
 		return errors.Join(errdefs.InvalidArgumentf("%s", msg), ae)
 	case "denied":
 		return errors.Join(errdefs.PermissionDeniedf("%s", msg), ae)
+	case "exists":
+		return errors.Join(errdefs.AlreadyExistsf("%s", msg), ae)
+	case "precondition":
+		return errors.Join(errdefs.FailedPreconditionf("%s", msg), ae)
+	case "exhausted":
+		return errors.Join(errdefs.ResourceExhaustedf("%s", msg), ae)
+	case "too_large":
+		return errors.Join(errdefs.TooLargef("%s", msg), ae)
 	case "no_program", "not_executable":
 		return ae
 	}
@@ -257,6 +270,11 @@ func (c *Client) Health(ctx context.Context) (agentproto.Health, error) {
 	major, _, _ := strings.Cut(h.Protocol, ".")
 	if n, err := strconv.Atoi(major); err != nil || n != agentproto.Major {
 		return h, errdefs.FailedPreconditionf("sandbox %s: its agent speaks protocol %q; this daemon speaks %s", c.id, h.Protocol, agentproto.Version)
+	}
+	if len(h.Protocol) <= 16 {
+		c.mu.Lock()
+		c.protocol = h.Protocol
+		c.mu.Unlock()
 	}
 	return h, nil
 }

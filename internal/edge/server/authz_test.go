@@ -53,6 +53,7 @@ var requests = map[string]routeRequest{
 	"PUT /v1/sandboxes/{id}/files":                   {query: "path=/tmp/authz.txt", ctype: "application/octet-stream", body: "x"},
 	"DELETE /v1/sandboxes/{id}/files":                {query: "path=/tmp/authz.txt"},
 	"POST /v1/sandboxes/{id}/files/mkdir":            {query: "path=/tmp/authz-dir"},
+	"POST /v1/sandboxes/{id}/files/rename":           {ctype: "application/json", body: `{"from":"/tmp","to":"/tmp"}`},
 	"GET /v1/sandboxes/{id}/files/tar":               {query: "path=/tmp"},
 	"GET /v1/sandboxes/{id}/files/watch":             {query: "path=/tmp"},
 	"PUT /v1/sandboxes/{id}/files/tar":               {query: "path=/tmp", ctype: "application/x-tar", body: string(make([]byte, 1024))},

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path"
+	"strings"
 	"sync"
 
 	"github.com/amber-run/amber/api"
@@ -128,6 +129,31 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request, c *call) error {
 		return err
 	}
 	if err := fsys.Mkdir(r.Context(), p, os.FileMode(mode)); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// renameFile renames within the sandbox (sandbox.FS.Rename): a JSON
+// {"from", "to"}, both absolute sandbox paths. Unlike the query paths of
+// the other file routes, which are made absolute, a relative path here is
+// refused: a rename's two ends are spelled out.
+func (s *Server) renameFile(w http.ResponseWriter, r *http.Request, c *call) error {
+	var req api.RenameRequest
+	if err := readJSON(r, &req); err != nil {
+		return err
+	}
+	for _, p := range []string{req.From, req.To} {
+		if !strings.HasPrefix(p, "/") {
+			return errdefs.InvalidArgumentf("rename: path %q is not absolute", p)
+		}
+	}
+	fsys, err := s.eng.Files(r.Context(), c.tenant, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if err := fsys.Rename(r.Context(), req.From, req.To); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

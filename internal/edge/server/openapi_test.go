@@ -222,6 +222,7 @@ func TestOpenAPIMatchesRealResponses(t *testing.T) {
 	c.call("POST", "/v1/sandboxes/{id}/files/mkdir", "/v1/sandboxes/"+sb.ID+"/files/mkdir?path=/work", id, nil, nil)
 	c.call("GET", "/v1/sandboxes/{id}/files", "/v1/sandboxes/"+sb.ID+"/files?path=/work", id, nil, nil)
 	c.call("GET", "/v1/sandboxes/{id}/files", "/v1/sandboxes/"+sb.ID+"/files?path=/work&stat=true", id, nil, nil)
+	c.call("POST", "/v1/sandboxes/{id}/files/rename", "/v1/sandboxes/"+sb.ID+"/files/rename", id, api.RenameRequest{From: "/work", To: "/work-renamed"}, nil)
 	var exp api.PortExposure
 	c.call("POST", "/v1/sandboxes/{id}/ports", "/v1/sandboxes/"+sb.ID+"/ports", id, api.ExposePortRequest{Port: 8080}, &exp)
 	c.call("GET", "/v1/sandboxes/{id}/ports", "/v1/sandboxes/"+sb.ID+"/ports", id, nil, nil)

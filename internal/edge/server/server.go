@@ -195,6 +195,7 @@ func (s *Server) routes() []Route {
 		{Method: "PUT", Path: "/v1/sandboxes/{id}/files", Scope: write, Upload: true, h: s.putFile},
 		{Method: "DELETE", Path: "/v1/sandboxes/{id}/files", Scope: write, h: s.deleteFile},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/files/mkdir", Scope: write, h: s.mkdir},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/files/rename", Scope: write, h: s.renameFile},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/files/watch", Scope: read, h: s.watchFiles},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/files/tar", Scope: read, h: s.getTar},
 		{Method: "PUT", Path: "/v1/sandboxes/{id}/files/tar", Scope: write, Upload: true, h: s.putTar},

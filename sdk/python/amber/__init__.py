@@ -296,6 +296,10 @@ class Client:
     def remove(self, sid, path, recursive=False):
         self._json("DELETE", self._sb(sid, "/files"), {"path": path, "recursive": str(recursive).lower()})
 
+    def rename(self, sid, src, dst):
+        """Renames src to dst inside the sandbox, as rename(2): an existing file at dst is replaced."""
+        self._json("POST", self._sb(sid, "/files/rename"), body={"from": src, "to": dst})
+
     # --- checkpoints ------------------------------------------------------
 
     def _operation(self, path, body, progress):

@@ -50,6 +50,9 @@ class SDKTest(unittest.TestCase):
         self.assertEqual(self.c.read_file(sid, "/root/note.txt"), b"written by python\n")
         names = [e["name"] for e in self.c.list_dir(sid, "/root")]
         self.assertIn("note.txt", names)
+        self.c.rename(sid, "/root/note.txt", "/root/moved.txt")
+        self.assertEqual(self.c.read_file(sid, "/root/moved.txt"), b"written by python\n")
+        self.c.rename(sid, "/root/moved.txt", "/root/note.txt")
         with self.assertRaises(amber.Error) as cm:
             self.c.read_file(sid, "/../../etc/shadow-does-not-exist")
         self.assertEqual(cm.exception.kind, "not found")

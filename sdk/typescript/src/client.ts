@@ -474,6 +474,11 @@ export class Client {
     });
   }
 
+  /** Renames from to to inside the sandbox, as rename(2): an existing file at to is replaced. */
+  rename(id: string, from: string, to: string, o: CallOptions = {}): Promise<void> {
+    return this.#none("renameFile", { params: { id }, json: { from, to }, signal: o.signal });
+  }
+
   /** A tar archive of the tree at path, as a stream; its entries are named from path's last element ("dir/…"). */
   async getTar(id: string, path: string, o: CallOptions = {}): Promise<ReadableStream<Uint8Array>> {
     const resp = await this.request("getTar", { params: { id }, query: { path }, signal: o.signal });

@@ -233,6 +233,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/files/rename": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Rename or move a file or directory inside the sandbox (rename(2): atomic, nothing is copied; across filesystems it fails with 412) */
+        post: operations["renameFile"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/files/tar": {
         parameters: {
             query?: never;
@@ -1596,6 +1613,12 @@ export interface components {
             /** @enum {string} */
             op: "create" | "write" | "remove" | "rename" | "chmod" | "overflow";
         };
+        RenameRequest: {
+            /** @description Absolute path inside the sandbox of the file or directory to rename */
+            from: string;
+            /** @description Absolute path inside the sandbox it gets; an existing file there is replaced, an empty directory too (a directory over a file, or over a non-empty directory, is refused) */
+            to: string;
+        };
     };
     responses: never;
     parameters: never;
@@ -2202,6 +2225,40 @@ export interface operations {
         requestBody?: never;
         responses: {
             /** @description Created */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            default: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    renameFile: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RenameRequest"];
+            };
+        };
+        responses: {
+            /** @description Renamed */
             204: {
                 headers: {
                     [name: string]: unknown;

@@ -26,6 +26,7 @@ export const OPERATIONS = {
   putFile: ["put", "/v1/sandboxes/{id}/files"],
   deleteFile: ["delete", "/v1/sandboxes/{id}/files"],
   mkdir: ["post", "/v1/sandboxes/{id}/files/mkdir"],
+  renameFile: ["post", "/v1/sandboxes/{id}/files/rename"],
   getTar: ["get", "/v1/sandboxes/{id}/files/tar"],
   putTar: ["put", "/v1/sandboxes/{id}/files/tar"],
   listEvents: ["get", "/v1/sandboxes/{id}/events"],
