@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/amber-run/amber/lib/agentproto"
+	"github.com/amber-run/amber/lib/statmode"
 )
 
 // The file calls (see lib/agentproto). The agent is in the sandbox's mount
@@ -339,7 +340,7 @@ func fileInfo(dfd int, name, label string) (agentproto.FileInfo, error) {
 	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return agentproto.FileInfo{}, err
 	}
-	fi := agentproto.FileInfo{Name: label, Size: st.Size, Mode: uint32(fileMode(st.Mode)), MTime: st.Mtim.Nano()}
+	fi := agentproto.FileInfo{Name: label, Size: st.Size, Mode: uint32(statmode.FileMode(st.Mode)), MTime: st.Mtim.Nano()}
 	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
 		buf := make([]byte, agentproto.MaxPath+1)
 		n, err := unix.Readlinkat(dfd, name, buf)
@@ -540,33 +541,4 @@ func (a *agent) remove(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
-}
-
-// fileMode converts a st_mode to an os.FileMode, as os.Lstat does.
-func fileMode(m uint32) os.FileMode {
-	fm := os.FileMode(m & 0o777)
-	switch m & unix.S_IFMT {
-	case unix.S_IFBLK:
-		fm |= os.ModeDevice
-	case unix.S_IFCHR:
-		fm |= os.ModeDevice | os.ModeCharDevice
-	case unix.S_IFDIR:
-		fm |= os.ModeDir
-	case unix.S_IFIFO:
-		fm |= os.ModeNamedPipe
-	case unix.S_IFLNK:
-		fm |= os.ModeSymlink
-	case unix.S_IFSOCK:
-		fm |= os.ModeSocket
-	}
-	if m&unix.S_ISGID != 0 {
-		fm |= os.ModeSetgid
-	}
-	if m&unix.S_ISUID != 0 {
-		fm |= os.ModeSetuid
-	}
-	if m&unix.S_ISVTX != 0 {
-		fm |= os.ModeSticky
-	}
-	return fm
 }

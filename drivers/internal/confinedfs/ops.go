@@ -14,6 +14,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/lib/statmode"
 )
 
 // ReadFile copies the regular file at p (symlinks followed inside the root)
@@ -411,38 +412,9 @@ func fileInfo(name string, st *unix.Stat_t) sandbox.FileInfo {
 	return sandbox.FileInfo{
 		Name:    name,
 		Size:    st.Size,
-		Mode:    fileMode(st.Mode),
+		Mode:    statmode.FileMode(st.Mode),
 		ModTime: time.Unix(st.Mtim.Unix()),
 	}
-}
-
-// fileMode converts a st_mode to an os.FileMode, as os.Lstat does.
-func fileMode(m uint32) os.FileMode {
-	fm := os.FileMode(m & 0o777)
-	switch m & unix.S_IFMT {
-	case unix.S_IFBLK:
-		fm |= os.ModeDevice
-	case unix.S_IFCHR:
-		fm |= os.ModeDevice | os.ModeCharDevice
-	case unix.S_IFDIR:
-		fm |= os.ModeDir
-	case unix.S_IFIFO:
-		fm |= os.ModeNamedPipe
-	case unix.S_IFLNK:
-		fm |= os.ModeSymlink
-	case unix.S_IFSOCK:
-		fm |= os.ModeSocket
-	}
-	if m&unix.S_ISGID != 0 {
-		fm |= os.ModeSetgid
-	}
-	if m&unix.S_ISUID != 0 {
-		fm |= os.ModeSetuid
-	}
-	if m&unix.S_ISVTX != 0 {
-		fm |= os.ModeSticky
-	}
-	return fm
 }
 
 // unixPerm converts an os.FileMode's permission and sticky bits to st_mode
