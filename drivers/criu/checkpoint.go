@@ -47,12 +47,13 @@ import (
 // directory (a stopped sandbox of that id is destroyed first): a fresh
 // layer over the template with layer.tar unpacked into its upper
 // directory, the libcontainer container configured as at create, and
-// CRIU's restore into it. Limitation: the sandbox is restored into the
-// same uid range it had (image.json's host_id), which must be free on this
-// node and fall on this driver's UIDBase grid or on the old default's
-// (base 100000, for images made before the default moved: slotOf);
-// restoring into another range would need CRIU to remap every id in the
-// images.
+// CRIU's restore into it. A restore under the image's own sandbox id goes
+// into the uid range the image had (image.json's host_id), which must be
+// free on this node and fall on this driver's UIDBase grid or on the old default's
+// (base 100000, for images made before the default moved: slotOf). A
+// fork — a restore into another sandbox id — gets a free range instead,
+// from a private copy of the images with their host ids moved to it
+// (fork.go), so it runs beside the original.
 
 const (
 	imageFormatVersion = 1
@@ -363,9 +364,14 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	if fi, err := os.Stat(tmpl.RootFS); err != nil || !fi.IsDir() {
 		return stats, errdefs.FailedPreconditionf("sandbox %s: template %s rootfs %s: not a directory", spec.ID, tmpl.Name, tmpl.RootFS)
 	}
-	slot, err := d.slotOf(meta.HostID)
-	if err != nil {
-		return stats, recordErr(spec.ID, err)
+	// A restore under the image's own id goes back into the image's uid
+	// range; a fork (another id) gets a free range of its own (fork.go).
+	forked := meta.ID != "" && spec.ID != meta.ID
+	slot := -1
+	if !forked {
+		if slot, err = d.slotOf(meta.HostID); err != nil {
+			return stats, recordErr(spec.ID, err)
+		}
 	}
 
 	rec, agentBin, err := d.restoredRecord(spec.ID, meta, tmpl, slot, imageDir)
@@ -381,16 +387,7 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 		return stats, err
 	}
 
-	if err := os.Mkdir(d.recordDir(spec.ID), 0o711); err != nil {
-		return stats, recordErr(spec.ID, err)
-	}
-	if err := d.claimSlotN(spec.ID, slot); err != nil {
-		_ = os.RemoveAll(d.recordDir(spec.ID))
-		return stats, recordErr(spec.ID, err)
-	}
-	if err := d.saveRecord(rec); err != nil {
-		_ = d.releaseSlot(spec.ID, slot)
-		_ = os.RemoveAll(d.recordDir(spec.ID))
+	if err := d.claimForRestore(rec, forked); err != nil {
 		return stats, recordErr(spec.ID, err)
 	}
 	defer func() {
@@ -405,9 +402,8 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	if err != nil {
 		return stats, recordErr(spec.ID, fmt.Errorf("restore layer: %w", err))
 	}
-	criuDir := filepath.Join(imageDir, imageCriuDir)
-	// Restored tasks read the images from inside the user namespace.
-	if err := prepareImages(imageDir, criuDir, rec.HostID); err != nil {
+	criuImages, criuDir, err := d.criuImagesFor(rec, imageDir, meta.HostID, forked)
+	if err != nil {
 		return stats, recordErr(spec.ID, err)
 	}
 	if err := layer.CheckMountPoints(rootfs, rootMountPoints...); err != nil {
@@ -470,6 +466,13 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	}
 	initPid, _ := p.Pid()
 	stats.MemoryBytes = pagesBytes(criuDir)
+	if forked && lazy == nil {
+		// CRIU is done with the private copy (a lazy restore's page
+		// server reads it until the end; Destroy removes it then).
+		if err := os.RemoveAll(criuImages); err != nil {
+			d.log.Warn("remove a fork's copy of the image", "sandbox", spec.ID, "err", err)
+		}
+	}
 	stats.Files = files
 	stats.ConnectionsRestored = countTCPEstablished(initPid)
 	if meta.Connections > stats.ConnectionsRestored {
