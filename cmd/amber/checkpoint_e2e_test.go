@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/amber-run/amber/internal/engine/enginetest"
 	"github.com/amber-run/amber/stores/s3"
 	"github.com/amber-run/amber/stores/s3/miniotest"
 )
@@ -20,7 +19,7 @@ import (
 // server behind an exposed port and an in-memory counter is checkpointed,
 // changed, killed; a new daemon process recovers it: the counter continues
 // with its random value, the change after the cut is gone, and the exposed
-// URL serves again. Then a fork (gvisor) and bad input.
+// URL serves again. Then a fork while the original runs, and bad input.
 func TestE2ECheckpointRecover(t *testing.T) {
 	bin, dir := e2eSetup(t)
 	addr := freeAddr(t)
@@ -108,16 +107,15 @@ func TestE2ECheckpointRecover(t *testing.T) {
 		t.Errorf("events: %s", ev)
 	}
 
-	if enginetest.DriverName() == "gvisor" {
-		fork := strings.TrimSpace(d.must("restore", "--as-new", ck.ID))
-		if fork == id || !strings.HasPrefix(fork, "sbx-") {
-			t.Fatalf("restore --as-new printed %q", fork)
-		}
-		if r, _ := counter(fork); r != r0 {
-			t.Errorf("fork's counter value %s, original %s", r, r0)
-		}
-		d.must("sandbox", "rm", fork)
+	// A fork while the original runs, on both drivers.
+	fork := strings.TrimSpace(d.must("restore", "--as-new", ck.ID))
+	if fork == id || !strings.HasPrefix(fork, "sbx-") {
+		t.Fatalf("restore --as-new printed %q", fork)
 	}
+	if r, _ := counter(fork); r != r0 {
+		t.Errorf("fork's counter value %s, original %s", r, r0)
+	}
+	d.must("sandbox", "rm", fork)
 
 	if _, errs, code := d.amber("restore", "ckpt-nosuchcheckpoint"); code == 0 || !strings.Contains(errs, "not found") {
 		t.Errorf("restore of a missing checkpoint: exit %d %q", code, errs)

@@ -124,9 +124,11 @@
 // (layer.tar), lets CRIU dump the frozen tree (leave-running; CRIU keeps a
 // cgroup it found frozen frozen), then thaws it, or kills it for
 // LeaveStopped. Restore rebuilds layer and container from the template and
-// the image, in this or a fresh state directory, into the same uid range as
-// at the cut (restoring into another range is not supported yet). What this
-// host needs:
+// the image, in this or a fresh state directory: under the image's own
+// sandbox id into the same uid range as at the cut; a fork (another id)
+// into a free range, from a private copy of the images whose user
+// namespace maps are moved to it (fork.go), so it runs beside the
+// original. What this host needs:
 //   - libcontainer runs "criu" from PATH: the driver puts the directory of
 //     Options.CriuPath first in PATH when another criu would be found.
 //   - CRIU's network lock runs iptables-restore (Debian's iptables
