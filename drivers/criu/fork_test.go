@@ -12,6 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/checkpoint-restore/go-criu/v8/crit"
+	"github.com/checkpoint-restore/go-criu/v8/crit/images/userns"
+
+	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 )
 
@@ -172,4 +176,102 @@ func treeDigest(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	return fmt.Sprintf("%x", h.Sum(nil))
+}
+
+// TestForkLazy forks lazily while the original runs: the page server
+// serves the fork's memory from the fork's private copy of the image,
+// which lives until the fork is destroyed.
+func TestForkLazy(t *testing.T) {
+	td := newTestDriver(t)
+	requireCriu(t, td)
+	if !td.Capabilities().LazyRestore {
+		t.Skip("LazyRestore is off")
+	}
+	ctx := context.Background()
+	id := td.create(sandbox.Limits{})
+	pid, err := td.Start(ctx, id, sandbox.ExecSpec{Args: []string{"/bin/sh", "-c", counterScript}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	lines := counterLines(t, td, id, pid)
+	if len(lines) == 0 {
+		t.Fatal("counter logged nothing")
+	}
+	images := t.TempDir()
+	if _, err := td.Checkpoint(ctx, id, images, sandbox.CheckpointOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	fork := newID("fork")
+	rs, err := td.Restore(ctx, sandbox.Spec{ID: fork}, images, sandbox.RestoreOptions{Lazy: true})
+	if err != nil {
+		t.Fatalf("lazy fork while the original runs: %v", err)
+	}
+	if !rs.Lazy {
+		t.Error("RestoreStats.Lazy is false")
+	}
+	time.Sleep(400 * time.Millisecond)
+	if fl := counterLines(t, td, fork, pid); len(fl) == 0 || fl[len(fl)-1][1] != lines[0][1] {
+		t.Errorf("fork's counter %v, want the random value %s", fl, lines[0][1])
+	}
+	if _, err := os.Stat(td.forkImageDir(fork)); err != nil {
+		t.Errorf("the lazy fork's copy of the image: %v", err)
+	}
+	if out := td.sh(id, "echo ok"); out != "ok\n" {
+		t.Errorf("original after the fork: %q", out)
+	}
+	if err := td.Destroy(ctx, fork); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(td.forkImageDir(fork)); !os.IsNotExist(err) {
+		t.Errorf("the fork's copy of the image outlives the fork: %v", err)
+	}
+}
+
+// TestRemapUserns moves a user namespace image's extents from one uid
+// range to another and refuses an extent outside the image's range.
+func TestRemapUserns(t *testing.T) {
+	dir := t.TempDir()
+	const oldHost, newHost = 5 * idsPerSandbox, 9 * idsPerSandbox
+	write := func(name string, lower, count uint32) string {
+		p := filepath.Join(dir, name)
+		f, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		ext := func() []*userns.UidGidExtent {
+			first := uint32(0)
+			return []*userns.UidGidExtent{{First: &first, LowerFirst: &lower, Count: &count}}
+		}
+		img := &crit.CriuImage{Magic: "USERNS", Entries: []*crit.CriuEntry{{Message: &userns.UsernsEntry{UidMap: ext(), GidMap: ext()}}}}
+		if err := crit.New(nil, f, "", false, false).Encode(img); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	src := write("userns-1.img", oldHost, idsPerSandbox)
+	dst := filepath.Join(dir, "out.img")
+	if err := remapUserns(src, dst, oldHost, newHost); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := crit.New(f, nil, "", false, false).Decode(&userns.UsernsEntry{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ue := img.Entries[0].Message.(*userns.UsernsEntry)
+	for _, x := range append(ue.UidMap, ue.GidMap...) {
+		if x.GetFirst() != 0 || x.GetLowerFirst() != newHost || x.GetCount() != idsPerSandbox {
+			t.Errorf("remapped extent %v, want 0 %d %d", x, newHost, idsPerSandbox)
+		}
+	}
+	bad := write("userns-2.img", oldHost+1, idsPerSandbox)
+	if err := remapUserns(bad, filepath.Join(dir, "bad.img"), oldHost, newHost); !errdefs.IsDataLoss(err) {
+		t.Errorf("an extent reaching outside the image's range: %v, want DataLoss", err)
+	}
 }
