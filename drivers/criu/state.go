@@ -39,9 +39,9 @@ type record struct {
 	Env    []string       `json:"env,omitempty"`
 	// Slot is the sandbox's uid range number; HostID the host uid/gid that
 	// sandbox id 0 maps to (UIDBase + Slot·65536). Files in the writable
-	// layer are owned by host ids HostID..HostID+65535; a checkpoint of
-	// the layer should store them relative to HostID so that it can be
-	// restored into another slot.
+	// layer are owned by host ids HostID..HostID+65535; a checkpoint's
+	// layer.tar stores them relative to HostID, so a fork restores it
+	// into another slot (fork.go).
 	Slot    int       `json:"slot"`
 	HostID  int       `json:"host_id"`
 	Created time.Time `json:"created"`
