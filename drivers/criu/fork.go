@@ -20,8 +20,9 @@ import (
 // fork from its origin's checkpoint). It gets a uid range of its own — the
 // original may be running in the image's range — so the host ids the
 // image holds are moved to the new range. What in an image holds host ids
-// (checked by decoding every image of a dumped sandbox, the test
-// TestForkWhileOriginalRuns):
+// (found by decoding, with go-criu's crit, every image of a dumped
+// sandbox, and looking for ids of its range; TestForkWhileOriginalRuns
+// checks the outcome):
 //
 //   - userns-*.img (UsernsEntry): the uid_map and gid_map extents' lower_first
 //     are host ids, the range the sandbox had. CRIU writes them into the
@@ -30,13 +31,16 @@ import (
 //     it: the new range is the record's, and the layer is extracted with
 //     owners shifted into it (archiveOptions).
 //
-// Everything else is relative to the sandbox's user namespace: CRIU
+// Every other id is relative to the sandbox's user namespace: CRIU
 // translates host ids into it when it dumps a task of a user namespace
-// (creds in core-*.img, fown in files.img, ghost files), and it archives
-// tmpfs mounts (tmpfs-dev-*.tar.gz.img) from inside the namespace, with
-// in-namespace owners. The network, pid, ipc, uts, mount and time
-// namespaces are restored fresh for the fork; its cgroup, root and state
-// directory are its own (libcontainer's restore maps them).
+// (the creds of core-*.img: a process running as nobody holds 65534; the
+// fown of files.img), and it archives tmpfs mounts (tmpfs-dev-*.tar.gz.img)
+// from inside the namespace, with in-namespace owners. The images that
+// are not protobuf (ifaddr, route, rule, iptables, nftables: the
+// sandbox's own network namespace) held none. The network, pid, ipc, uts,
+// mount and time namespaces are restored fresh for the fork; its cgroup,
+// root and state directory are its own (libcontainer's restore maps them
+// to the new id's).
 //
 // The image is never changed in place (it is the checkpoint's, hot-tier
 // data another restore may read): the fork restores from a private copy
