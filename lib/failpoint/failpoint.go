@@ -141,10 +141,13 @@ func Parse(spec string, actions map[string]func(point, subject string) error) (*
 
 // Action is what an armed point does: Fn is called at its N-th evaluation
 // only, or, when Each is set, at every evaluation from the N-th on (a fault
-// that lasts, such as an error window; see Window).
+// that lasts, such as an error window; see Window). CtxFn, when set, is
+// called instead of Fn with the evaluating call's context (EvalCtx; see
+// ArmCtx): a hang that ends with the call's deadline.
 type Action struct {
-	Fn   func(subject string) error
-	Each bool
+	Fn    func(subject string) error
+	CtxFn func(ctx context.Context, subject string) error
+	Each  bool
 }
 
 // ParseActions arms a new Set from spec, "point=N:action[/ARG][,…]"; build
@@ -170,7 +173,7 @@ func ParseActions(spec string, build func(point, action, arg string) (Action, er
 		}
 		// A point named twice has both arms (each acts at its own hit).
 		s.mu.Lock()
-		s.armed[name] = append(s.armed[name], arm{at: n, fn: a.Fn, each: a.Each})
+		s.armed[name] = append(s.armed[name], arm{at: n, fn: a.Fn, cfn: a.CtxFn, each: a.Each})
 		s.mu.Unlock()
 	}
 	return s, nil
