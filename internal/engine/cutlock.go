@@ -46,7 +46,7 @@ func (c *cutLocks) cut(ctx context.Context, id, what string) (func(), error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, errdefs.Unavailablef("%s of sandbox %s: calls into the sandbox (a command, a file transfer) did not end within %v; nothing was cut; retry", what, id, c.cutWait)
+		return nil, errdefs.Unavailablef("%s of sandbox %s not started: calls into the sandbox (a command, a file transfer) did not end within %v; retry", what, id, c.cutWait)
 	}
 	return mu.unlock, nil
 }
