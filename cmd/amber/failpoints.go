@@ -37,6 +37,9 @@ import (
 //	enospc/DUR       every evaluation for DUR fails with ENOSPC (disk full)
 //	slow/DUR[@PER]   every evaluation for DUR sleeps PER (default 100ms)
 //	                 and goes on (a slow disk)
+//	hang/DUR         every evaluation for DUR blocks until its call's
+//	                 context ends (and fails with its error) or DUR is over
+//	                 (and goes on): a store that stopped answering
 //
 // Each firing (each evaluation an action acts on) is first appended to
 // AMBER_TEST_FAILPOINT_LOG, synced: "point subject action" — the test's proof
@@ -139,9 +142,43 @@ func testFailpoints(drv sandbox.Driver, lg *slog.Logger) (*failpoint.Set, error)
 				time.Sleep(per)
 				return nil
 			})
+		case "hang":
+			return hangWindow(arg, func(subject string) { note(point, subject, action) })
 		}
-		return failpoint.Action{}, fmt.Errorf("unknown action %q (have kill-daemon, kill-sandbox, stop-self, error/DUR, enospc/DUR, slow/DUR[@PER])", action)
+		return failpoint.Action{}, fmt.Errorf("unknown action %q (have kill-daemon, kill-sandbox, stop-self, error/DUR, enospc/DUR, slow/DUR[@PER], hang/DUR)", action)
 	})
+}
+
+// hangWindow is the hang/DUR action: from its first evaluation on, for DUR
+// (arg), each evaluation blocks until its call's context ends, and fails
+// with ctx's error, or until DUR is over, and goes on. note records each.
+func hangWindow(arg string, note func(subject string)) (failpoint.Action, error) {
+	d, err := time.ParseDuration(arg)
+	if err != nil || d <= 0 {
+		return failpoint.Action{}, fmt.Errorf("action hang/DUR wants a positive duration, not %q", arg)
+	}
+	var mu sync.Mutex
+	var until time.Time
+	return failpoint.Action{Each: true, CtxFn: func(ctx context.Context, subject string) error {
+		mu.Lock()
+		if until.IsZero() {
+			until = time.Now().Add(d)
+		}
+		left := time.Until(until)
+		mu.Unlock()
+		if left <= 0 {
+			return nil
+		}
+		note(subject)
+		t := time.NewTimer(left)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			return nil
+		}
+	}}, nil
 }
 
 // stopSelfQuiesce is how long stop-self lets in-flight writes finish.

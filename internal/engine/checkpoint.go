@@ -157,18 +157,25 @@ func (e *checkpointer) Checkpoint(ctx context.Context, r CheckpointRequest) (met
 	return ck, err
 }
 
-func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Checkpoint, error) {
+// checkable refuses r before anything is locked or written: no checkpoint
+// store, a bad tag, a sandbox not running, a quota reached.
+func (e *checkpointer) checkable(ctx context.Context, r CheckpointRequest) (sandbox.Checkpointer, error) {
 	cp, err := e.checkpointStore()
 	if err != nil {
-		return meta.Checkpoint{}, err
+		return nil, err
 	}
 	if err := validTag(r.Tag); err != nil {
-		return meta.Checkpoint{}, err
+		return nil, err
 	}
 	if _, err := e.running(ctx, r.Tenant, r.Sandbox); err != nil {
-		return meta.Checkpoint{}, err
+		return nil, err
 	}
-	if err := e.qt.checkCheckpointQuota(ctx, r.Tenant); err != nil {
+	return cp, e.qt.checkCheckpointQuota(ctx, r.Tenant)
+}
+
+func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (meta.Checkpoint, error) {
+	cp, err := e.checkable(ctx, r)
+	if err != nil {
 		return meta.Checkpoint{}, err
 	}
 	id := r.Sandbox
@@ -203,8 +210,10 @@ func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (met
 	}()
 	start := time.Now()
 	report(r.Progress, Progress{Phase: "cut"})
-	cut := e.cutLock(id)
-	cut.Lock()
+	unlockCut, err := e.cuts.cut(ctx, id, "checkpoint")
+	if err != nil {
+		return fail(err) // nothing cut: the sandbox runs on, its loop tries again
+	}
 	releaseEgress := e.eg.holdEgress(id)
 	if r.Stop {
 		e.stopping(ctx, id) // its cgroup goes with the cut
@@ -219,9 +228,9 @@ func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (met
 		// The sandbox no longer runs but its row says running until the
 		// commit: calls into it wait here, then find it stopped (and an
 		// idle-stopped one resumes).
-		defer cut.Unlock()
+		defer unlockCut()
 	} else {
-		cut.Unlock()
+		unlockCut()
 	}
 	if err != nil {
 		return fail(fmt.Errorf("checkpoint %s: %w", id, err))

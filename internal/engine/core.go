@@ -34,7 +34,7 @@ type core struct {
 	lg    *slog.Logger
 
 	locks sync.Map // sandbox id → *sync.Mutex: serialises lifecycle changes
-	cuts  sync.Map // sandbox id → *sync.RWMutex: a cut (writer) excludes calls into the sandbox (ops.go)
+	cuts  cutLocks // a cut (writer) excludes calls into the sandbox (ops.go, cutlock.go)
 	life  []lifecycleObserver
 
 	audit  *audit.Trail

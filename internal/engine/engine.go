@@ -132,6 +132,16 @@ type RecoveryOptions struct {
 	// the loop that made it goes on, rather than holding the sandbox's
 	// lock for good.
 	DriverTimeout time.Duration
+	// StartTimeout bounds each attempt of a start-up reconcile (0: 2
+	// minutes; see startStep): a store call that hangs ends with the
+	// attempt, which is tried again, instead of holding `amber up`.
+	StartTimeout time.Duration
+	// CutLockTimeout bounds how long a checkpoint's cut or a restore's
+	// driver call waits for the calls into its sandbox (an exec, a file
+	// transfer) to end (0: 1 minute): then it fails Unavailable and the
+	// loop that owns it tries again. A call into the sandbox waits behind
+	// a cut for DriverTimeout plus CutLockTimeout (cutlock.go).
+	CutLockTimeout time.Duration
 	// HotTierBytes bounds the node's hot copies of sandboxes' newest
 	// images (hottier.go): 0 is DefaultHotTierBytes, < 0 keeps none (every
 	// restore fetches from the chunk store).
@@ -197,6 +207,8 @@ type Engine struct {
 	*billing
 	*templateOps
 	watch time.Duration
+	// startTimeout bounds each attempt of a start-up step (startStep).
+	startTimeout time.Duration
 }
 
 // New returns an Engine. Call Start before serving requests.
@@ -240,12 +252,19 @@ func New(o Options) (*Engine, error) {
 	if o.Recovery.DriverTimeout <= 0 {
 		o.Recovery.DriverTimeout = 5 * time.Minute
 	}
+	if o.Recovery.StartTimeout <= 0 {
+		o.Recovery.StartTimeout = 2 * time.Minute
+	}
+	if o.Recovery.CutLockTimeout <= 0 {
+		o.Recovery.CutLockTimeout = time.Minute
+	}
 	c := &core{drv: o.Driver, meta: o.Meta, log: o.Log, reg: o.Registry,
 		clock: o.Clock, lg: o.Logger, audit: o.Audit, obs: o.Observer, net: o.Egress.Network,
 		tracer: tracing.OrNoop(o.Tracer).Tracer(tracing.ScopeEngine)}
 	c.tpl.cat = o.Templates
+	c.cuts = cutLocks{cutWait: o.Recovery.CutLockTimeout, callWait: o.Recovery.DriverTimeout + o.Recovery.CutLockTimeout}
 	c.lease = leasing{holder: "node/" + o.Cluster.Node, nodeID: o.Cluster.Node, shared: o.Cluster.Shared, ttl: o.Cluster.LeaseTTL, held: map[string]eventlog.Lease{}}
-	e := &Engine{core: c, watch: o.WatchInterval, quotas: &quotas{core: c}}
+	e := &Engine{core: c, watch: o.WatchInterval, startTimeout: o.Recovery.StartTimeout, quotas: &quotas{core: c}}
 	e.egressRunner = &egressRunner{core: c, egr: egressRuns{gw: o.Egress.Gateway, def: o.Egress.Default, ceiling: o.Egress.Ceiling, tenantCA: o.Egress.TenantCA}}
 	e.checkpointer = &checkpointer{core: c, eg: e.egressRunner, qt: e.quotas,
 		ck: checkpointing{store: o.Checkpoints, workDir: o.WorkDir, keep: o.Recovery.KeepCheckpoints,
@@ -298,10 +317,23 @@ func (e *Engine) SetTenantQuota(ctx context.Context, tenant string, q meta.Tenan
 // runs and converges), so a step that failed half-way is run whole again.
 // A lasting error (fenced, data loss, invalid, denied, failed
 // precondition) ends Start at once.
+//
+// Each attempt has a deadline, RecoveryOptions.StartTimeout (2 minutes:
+// one pass over a node's rows takes seconds when the stores answer): a
+// store or driver call that hangs — a database that stopped answering —
+// ends with the attempt's context, and the attempt counts as failed and
+// is tried again (TestStartSurvivesAHungStore). The stores end a call
+// when its context does (database/sql, the event log's); a call that
+// ignored its context would still hold the attempt.
 func (e *Engine) startStep(ctx context.Context, name string, step func(context.Context) error) error {
 	wait := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		err := step(ctx)
+		actx, cancel := context.WithTimeout(ctx, e.startTimeout)
+		err := step(actx)
+		if err != nil && actx.Err() != nil && ctx.Err() == nil {
+			err = fmt.Errorf("%w (the attempt's deadline, %v, passed)", err, e.startTimeout)
+		}
+		cancel()
 		if err == nil || lastingStartError(err) {
 			return err
 		}

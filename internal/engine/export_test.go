@@ -30,8 +30,8 @@ func UsageEvent(tenant string, r UsageRecord) eventlog.Event { return usageEvent
 // writing: a cut or a restore's driver call runs.
 func (e *Engine) CutHeld(id string) bool {
 	mu := e.cutLock(id)
-	if mu.TryRLock() {
-		mu.RUnlock()
+	if mu.tryRLock() {
+		mu.runlock()
 		return false
 	}
 	return true

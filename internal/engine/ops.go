@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"strings"
-	"sync"
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
@@ -16,11 +15,10 @@ import (
 // ps, signal) until the returned func is called. A checkpoint's cut waits
 // for such calls to end and holds new ones until the sandbox runs again:
 // runsc refuses to checkpoint during an exec, and a command must not see
-// its sandbox paused mid-call.
-func (e *Engine) inSandbox(id string) func() {
-	mu := e.cutLock(id)
-	mu.RLock()
-	return mu.RUnlock
+// its sandbox paused mid-call. A call waits behind a cut for at most
+// DriverTimeout + CutLockTimeout, then fails Unavailable (cutLocks).
+func (e *Engine) inSandbox(ctx context.Context, id string) (func(), error) {
+	return e.cuts.call(ctx, id)
 }
 
 // cutLock is sandbox id's cut lock. Its writers change the sandbox's
@@ -33,13 +31,15 @@ func (e *Engine) inSandbox(id string) func() {
 //
 // Lock order: e.lock(id), then cutLock(id). A reader holds nothing else
 // while it holds the cut lock, and takes neither e.lock(id) nor the cut
-// lock again before it lets go (a sync.RWMutex reader that waits for a
-// second read lock behind a waiting writer never gets it). A long reader
-// (a command, a file streamed to a slow client) delays a cut until it
-// ends; the cut, once waiting, holds new readers back.
-func (e *core) cutLock(id string) *sync.RWMutex {
-	m, _ := e.cuts.LoadOrStore(id, &sync.RWMutex{})
-	return m.(*sync.RWMutex)
+// lock again before it lets go (a reader that waits for a second read
+// lock behind a waiting writer gets it only when that writer gives up).
+// A long reader (a command, a file streamed to a slow client) delays a
+// cut until it ends or the cut's wait, RecoveryOptions.CutLockTimeout,
+// passes (then the cut fails Unavailable and its loop tries again); the
+// cut, once waiting, holds new readers back. Every wait has a deadline:
+// see cutLocks (cutlock.go) for both sides'.
+func (e *core) cutLock(id string) *cutMutex {
+	return e.cuts.get(id)
 }
 
 // enter returns tenant's sandbox id, running, with a hold on it that a
@@ -70,7 +70,10 @@ func (e *Engine) enter(ctx context.Context, tenant, id string) (meta.Sandbox, fu
 		if sb.State != meta.StateRunning {
 			return sb, nil, errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
 		}
-		unlock := e.inSandbox(id)
+		unlock, err := e.inSandbox(ctx, id)
+		if err != nil {
+			return sb, nil, err
+		}
 		// A cut (an idle stop) may have ended while this call waited.
 		if cur, err := e.meta.Get(ctx, id); err == nil && cur.State == meta.StateRunning {
 			e.touch(id)
@@ -228,7 +231,10 @@ func (e *Engine) Files(ctx context.Context, tenant, id string) (sandbox.FS, erro
 	if !frozen {
 		e.touch(id)
 	}
-	unlock := e.inSandbox(id)
+	unlock, err := e.inSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
 	defer unlock()
 	fs, err := e.drv.Files(ctx, id)
 	if frozen && err != nil {
@@ -240,7 +246,7 @@ func (e *Engine) Files(ctx context.Context, tenant, id string) (sandbox.FS, erro
 	if err != nil {
 		return nil, err
 	}
-	return &heldFS{fs: fs, hold: func() func() { return e.inSandbox(id) }}, nil
+	return &heldFS{fs: fs, hold: func(ctx context.Context) (func(), error) { return e.inSandbox(ctx, id) }}, nil
 }
 
 // ProcessOutput streams process pid's output from offset to fn (see

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -276,10 +277,16 @@ func (p *pool) forget(name, id string) {
 }
 
 // adopt puts a pooled sandbox found running after a restart back in the pool,
-// or destroys it when its template changed or the pool is full.
+// or destroys it when its template changed or the pool is full. A start-up
+// reconcile tried again (startStep) adopts it again: once in the pool is
+// enough.
 func (p *pool) adopt(ctx context.Context, sb meta.Sandbox) {
 	t, err := p.e.tpl.cat.Get(sb.Template)
 	p.mu.Lock()
+	if slices.Contains(p.ready[sb.Template], sb.ID) {
+		p.mu.Unlock()
+		return
+	}
 	fits := err == nil && t.Version == sb.TemplateVersion && t.Limits == sb.Limits && len(p.ready[sb.Template]) < p.want[sb.Template]
 	if fits {
 		p.ready[sb.Template] = append(p.ready[sb.Template], sb.ID)

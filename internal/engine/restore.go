@@ -217,13 +217,15 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 	var rs sandbox.RestoreStats
 	if err == nil {
 		// The driver rebuilds the layer: no file operation meanwhile
-		// (see cutLock).
-		cut := e.cutLock(sb.ID)
-		cut.Lock()
-		dctx, dcancel := context.WithTimeout(ctx, e.ck.drvTimeout)
-		rs, err = cp.Restore(dctx, sandbox.Spec{ID: sb.ID, Tenant: sb.Tenant, Template: tmpl, Limits: sb.Limits, Env: sb.Env}, dir, sandbox.RestoreOptions{})
-		dcancel()
-		cut.Unlock()
+		// (see cutLock; a file operation that does not end within
+		// CutLockTimeout fails the restore Unavailable, cutLocks).
+		var unlockCut func()
+		if unlockCut, err = e.cuts.cut(ctx, sb.ID, "restore"); err == nil {
+			dctx, dcancel := context.WithTimeout(ctx, e.ck.drvTimeout)
+			rs, err = cp.Restore(dctx, sandbox.Spec{ID: sb.ID, Tenant: sb.Tenant, Template: tmpl, Limits: sb.Limits, Env: sb.Env}, dir, sandbox.RestoreOptions{})
+			dcancel()
+			unlockCut()
+		}
 	}
 	if err != nil {
 		// The row leaves "restoring": a new sandbox is destroyed, one

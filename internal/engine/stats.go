@@ -48,7 +48,10 @@ func (e *Engine) Stats(ctx context.Context, tenant, id string) (Stats, error) {
 	// Under the hold a cut waits for (as exec), but not through enter:
 	// looking is not activity (the idle timeout does not restart) and a
 	// stopped sandbox is not resumed to be looked at.
-	unlock := e.inSandbox(id)
+	unlock, err := e.inSandbox(ctx, id)
+	if err != nil {
+		return st, nil // a cut held it past the call's wait: disk unknown
+	}
 	defer unlock()
 	if cur, err := e.meta.Get(ctx, id); err != nil || cur.State != meta.StateRunning {
 		return st, nil // stopped meanwhile: CPU and memory as read, disk unknown

@@ -15,6 +15,7 @@
 package failpoint
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sort"
@@ -43,6 +44,9 @@ type arm struct {
 	// every hit from the at-th on when each is set (ArmEach).
 	fn   func(subject string) error
 	each bool
+	// cfn, when set, is fn for a point on a call with a context (ArmCtx,
+	// Hang): it gets the call's ctx (context.Background from Eval).
+	cfn func(ctx context.Context, subject string) error
 }
 
 // New returns an empty Set.
@@ -72,6 +76,13 @@ func (s *Set) Eval(name string) error { return s.EvalFor(name, "") }
 // EvalFor is Eval naming what the point is evaluated for (a sandbox id),
 // which an ArmFunc hook receives.
 func (s *Set) EvalFor(name, subject string) error {
+	return s.EvalCtx(context.Background(), name, subject)
+}
+
+// EvalCtx is EvalFor at a point on a call that has a context: an arm made
+// with ArmCtx (a Hang) gets ctx, so a hung call ends when its deadline
+// does, as a real call that does not answer would.
+func (s *Set) EvalCtx(ctx context.Context, name, subject string) error {
 	if s == nil {
 		return nil
 	}
@@ -85,6 +96,10 @@ func (s *Set) EvalFor(name, subject string) error {
 		var err error
 		switch {
 		case n < a.at:
+		case a.cfn != nil:
+			if n == a.at || a.each {
+				err = a.cfn(ctx, subject)
+			}
 		case a.fn != nil:
 			if n == a.at || a.each {
 				err = a.fn(subject)
@@ -126,10 +141,13 @@ func Parse(spec string, actions map[string]func(point, subject string) error) (*
 
 // Action is what an armed point does: Fn is called at its N-th evaluation
 // only, or, when Each is set, at every evaluation from the N-th on (a fault
-// that lasts, such as an error window; see Window).
+// that lasts, such as an error window; see Window). CtxFn, when set, is
+// called instead of Fn with the evaluating call's context (EvalCtx; see
+// ArmCtx): a hang that ends with the call's deadline.
 type Action struct {
-	Fn   func(subject string) error
-	Each bool
+	Fn    func(subject string) error
+	CtxFn func(ctx context.Context, subject string) error
+	Each  bool
 }
 
 // ParseActions arms a new Set from spec, "point=N:action[/ARG][,…]"; build
@@ -155,7 +173,7 @@ func ParseActions(spec string, build func(point, action, arg string) (Action, er
 		}
 		// A point named twice has both arms (each acts at its own hit).
 		s.mu.Lock()
-		s.armed[name] = append(s.armed[name], arm{at: n, fn: a.Fn, each: a.Each})
+		s.armed[name] = append(s.armed[name], arm{at: n, fn: a.Fn, cfn: a.CtxFn, each: a.Each})
 		s.mu.Unlock()
 	}
 	return s, nil
@@ -170,6 +188,33 @@ func (s *Set) ArmEach(name string, at int, fn func(subject string) error) {
 	s.mu.Lock()
 	s.armed[name] = []arm{{at: at, fn: fn, each: true}}
 	s.mu.Unlock()
+}
+
+// ArmCtx is ArmFunc (each false) or ArmEach (each true) for a fn that
+// gets the evaluating call's context (EvalCtx; context.Background from
+// Eval and EvalFor): see Hang.
+func (s *Set) ArmCtx(name string, at int, each bool, fn func(ctx context.Context, subject string) error) {
+	if at < 1 {
+		at = 1
+	}
+	s.mu.Lock()
+	s.armed[name] = []arm{{at: at, cfn: fn, each: each}}
+	s.mu.Unlock()
+}
+
+// Hang returns the fn of a call that does not answer (for ArmCtx): it
+// blocks until the call's ctx ends, and returns ctx's error, or until
+// release is closed, and returns nil (the call goes on). A store call
+// whose database stopped answering, a lock never given back.
+func Hang(release <-chan struct{}) func(ctx context.Context, subject string) error {
+	return func(ctx context.Context, _ string) error {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-release:
+			return nil
+		}
+	}
 }
 
 // Window returns the Fn of a fault that lasts d from its first call: every

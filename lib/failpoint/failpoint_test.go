@@ -1,6 +1,7 @@
 package failpoint
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -133,5 +134,37 @@ func TestParseActionsSamePointTwice(t *testing.T) {
 	}
 	if strings.Join(fired, ",") != "a,b" {
 		t.Fatalf("fired %v, want a at hit 1 and b at hit 3", fired)
+	}
+}
+
+// TestHang: a Hang armed with ArmCtx blocks the evaluating call until its
+// context ends (returning its error) or the release is closed; Eval
+// evaluates with no deadline, so only the release ends it there.
+func TestHang(t *testing.T) {
+	s := New()
+	release := make(chan struct{})
+	s.ArmCtx("p", 2, true, Hang(release))
+	if err := s.EvalCtx(context.Background(), "p", ""); err != nil {
+		t.Fatalf("first hit hung or failed: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := s.EvalCtx(ctx, "p", ""); !errors.Is(err, context.DeadlineExceeded) || time.Since(start) < 50*time.Millisecond {
+		t.Fatalf("a hang with a deadline: %v after %v", err, time.Since(start))
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Eval("p") }()
+	select {
+	case err := <-done:
+		t.Fatalf("Eval did not hang: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("a released hang: %v", err)
+	}
+	if n := s.Hits("p"); n != 3 {
+		t.Fatalf("hits %d, want 3", n)
 	}
 }

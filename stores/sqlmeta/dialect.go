@@ -45,14 +45,15 @@ const (
 	ReadPoint  = "meta.read"
 )
 
-// fault evaluates point (nil without failpoints); the subject is the
-// statement's first word, or "begin".
-func (d *db) fault(point, query string) error {
+// fault evaluates point (nil without failpoints) with the call's ctx (a
+// failpoint.Hang ends with it); the subject is the statement's first
+// word, or "begin".
+func (d *db) fault(ctx context.Context, point, query string) error {
 	if d.fps == nil {
 		return nil
 	}
 	verb, _, _ := strings.Cut(strings.TrimSpace(query), " ")
-	return d.fps.EvalFor(point, strings.ToLower(verb))
+	return d.fps.EvalCtx(ctx, point, strings.ToLower(verb))
 }
 
 // faultyRow is a *sql.Row that may carry an injected error instead (ReadPoint):
@@ -105,21 +106,21 @@ func (d *db) args(args []any) []any {
 }
 
 func (d *db) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	if err := d.fault(WritePoint, query); err != nil {
+	if err := d.fault(ctx, WritePoint, query); err != nil {
 		return nil, err
 	}
 	return d.DB.ExecContext(ctx, d.q(query), d.args(args)...)
 }
 
 func (d *db) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	if err := d.fault(ReadPoint, query); err != nil {
+	if err := d.fault(ctx, ReadPoint, query); err != nil {
 		return nil, err
 	}
 	return d.DB.QueryContext(ctx, d.q(query), d.args(args)...)
 }
 
 func (d *db) QueryRowContext(ctx context.Context, query string, args ...any) *faultyRow {
-	if err := d.fault(ReadPoint, query); err != nil {
+	if err := d.fault(ctx, ReadPoint, query); err != nil {
 		return &faultyRow{err: err}
 	}
 	return &faultyRow{Row: d.DB.QueryRowContext(ctx, d.q(query), d.args(args)...)}
@@ -136,7 +137,7 @@ func (d *db) QueryRow(query string, args ...any) *faultyRow {
 // BeginTx starts a transaction whose statements are rewritten like the
 // store's.
 func (d *db) BeginTx(ctx context.Context, opts *sql.TxOptions) (*tx, error) {
-	if err := d.fault(WritePoint, "begin"); err != nil {
+	if err := d.fault(ctx, WritePoint, "begin"); err != nil {
 		return nil, err
 	}
 	t, err := d.DB.BeginTx(ctx, opts)

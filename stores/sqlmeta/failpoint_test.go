@@ -64,6 +64,18 @@ func TestStoreFailpoints(t *testing.T) {
 		t.Fatalf("meta.read hit %d times, want at least 3", n)
 	}
 
+	// A hang (failpoint.Hang) gets the call's context: the read ends
+	// with its deadline, as one to a database that stopped answering.
+	release := make(chan struct{})
+	defer close(release)
+	fps.ArmCtx(ReadPoint, 1, true, failpoint.Hang(release))
+	hctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := s.GetTenant(hctx, "acme"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("get with meta.read hung: %v, want the call's deadline", err)
+	}
+	fps.Disarm(ReadPoint)
+
 	// Production: no failpoints, nothing evaluated (and nothing fails).
 	p, err := Open(filepath.Join(t.TempDir(), "meta.db"), Options{})
 	if err != nil {

@@ -14,8 +14,10 @@
 // A point that returns an error fails the operation with it, before the store
 // is touched (so a failed write wrote nothing: the same as a store that
 // refused it). An action that sleeps and returns nil makes the operation
-// slow. With a nil *failpoint.Set (production) the wrappers are not used at
-// all: Blobs and Log return the store itself.
+// slow; one armed with failpoint.Hang hangs it until its context ends (each
+// point is evaluated with the operation's ctx: failpoint.Set.EvalCtx). With
+// a nil *failpoint.Set (production) the wrappers are not used at all: Blobs
+// and Log return the store itself.
 package faults
 
 import (
@@ -53,42 +55,42 @@ type blobs struct {
 }
 
 func (b *blobs) Put(ctx context.Context, key string, r io.Reader, size int64) error {
-	if err := b.fps.EvalFor(BlobWrite, key); err != nil {
+	if err := b.fps.EvalCtx(ctx, BlobWrite, key); err != nil {
 		return err
 	}
 	return b.s.Put(ctx, key, r, size)
 }
 
 func (b *blobs) PutIfAbsent(ctx context.Context, key string, r io.Reader, size int64) error {
-	if err := b.fps.EvalFor(BlobWrite, key); err != nil {
+	if err := b.fps.EvalCtx(ctx, BlobWrite, key); err != nil {
 		return err
 	}
 	return b.s.PutIfAbsent(ctx, key, r, size)
 }
 
 func (b *blobs) Delete(ctx context.Context, key string) error {
-	if err := b.fps.EvalFor(BlobWrite, key); err != nil {
+	if err := b.fps.EvalCtx(ctx, BlobWrite, key); err != nil {
 		return err
 	}
 	return b.s.Delete(ctx, key)
 }
 
 func (b *blobs) Get(ctx context.Context, key string) (io.ReadCloser, error) {
-	if err := b.fps.EvalFor(BlobRead, key); err != nil {
+	if err := b.fps.EvalCtx(ctx, BlobRead, key); err != nil {
 		return nil, err
 	}
 	return b.s.Get(ctx, key)
 }
 
 func (b *blobs) Stat(ctx context.Context, key string) (blob.Info, error) {
-	if err := b.fps.EvalFor(BlobRead, key); err != nil {
+	if err := b.fps.EvalCtx(ctx, BlobRead, key); err != nil {
 		return blob.Info{}, err
 	}
 	return b.s.Stat(ctx, key)
 }
 
 func (b *blobs) List(ctx context.Context, prefix string) iter.Seq2[blob.Info, error] {
-	if err := b.fps.EvalFor(BlobRead, prefix); err != nil {
+	if err := b.fps.EvalCtx(ctx, BlobRead, prefix); err != nil {
 		return func(yield func(blob.Info, error) bool) { yield(blob.Info{}, err) }
 	}
 	return b.s.List(ctx, prefix)
@@ -113,56 +115,56 @@ type log struct {
 }
 
 func (l *log) Append(ctx context.Context, stream string, epoch, expectedSeq uint64, events ...eventlog.Event) (eventlog.AppendResult, error) {
-	if err := l.fps.EvalFor(EventlogAppend, stream); err != nil {
+	if err := l.fps.EvalCtx(ctx, EventlogAppend, stream); err != nil {
 		return eventlog.AppendResult{}, err
 	}
 	return l.s.Append(ctx, stream, epoch, expectedSeq, events...)
 }
 
 func (l *log) Truncate(ctx context.Context, stream string, before uint64) error {
-	if err := l.fps.EvalFor(EventlogAppend, stream); err != nil {
+	if err := l.fps.EvalCtx(ctx, EventlogAppend, stream); err != nil {
 		return err
 	}
 	return l.s.Truncate(ctx, stream, before)
 }
 
 func (l *log) Read(ctx context.Context, stream string, from uint64, limit int) ([]eventlog.Event, error) {
-	if err := l.fps.EvalFor(EventlogRead, stream); err != nil {
+	if err := l.fps.EvalCtx(ctx, EventlogRead, stream); err != nil {
 		return nil, err
 	}
 	return l.s.Read(ctx, stream, from, limit)
 }
 
 func (l *log) Bounds(ctx context.Context, stream string) (eventlog.Bounds, error) {
-	if err := l.fps.EvalFor(EventlogRead, stream); err != nil {
+	if err := l.fps.EvalCtx(ctx, EventlogRead, stream); err != nil {
 		return eventlog.Bounds{}, err
 	}
 	return l.s.Bounds(ctx, stream)
 }
 
 func (l *log) Acquire(ctx context.Context, stream, holder string, ttl time.Duration) (eventlog.Lease, error) {
-	if err := l.fps.EvalFor(EventlogLease, stream); err != nil {
+	if err := l.fps.EvalCtx(ctx, EventlogLease, stream); err != nil {
 		return eventlog.Lease{}, err
 	}
 	return l.s.Acquire(ctx, stream, holder, ttl)
 }
 
 func (l *log) Renew(ctx context.Context, ls eventlog.Lease, ttl time.Duration) (eventlog.Lease, error) {
-	if err := l.fps.EvalFor(EventlogLease, ls.Stream); err != nil {
+	if err := l.fps.EvalCtx(ctx, EventlogLease, ls.Stream); err != nil {
 		return eventlog.Lease{}, err
 	}
 	return l.s.Renew(ctx, ls, ttl)
 }
 
 func (l *log) Release(ctx context.Context, ls eventlog.Lease) error {
-	if err := l.fps.EvalFor(EventlogLease, ls.Stream); err != nil {
+	if err := l.fps.EvalCtx(ctx, EventlogLease, ls.Stream); err != nil {
 		return err
 	}
 	return l.s.Release(ctx, ls)
 }
 
 func (l *log) CurrentLease(ctx context.Context, stream string) (eventlog.Lease, error) {
-	if err := l.fps.EvalFor(EventlogLease, stream); err != nil {
+	if err := l.fps.EvalCtx(ctx, EventlogLease, stream); err != nil {
 		return eventlog.Lease{}, err
 	}
 	return l.s.CurrentLease(ctx, stream)
