@@ -9,12 +9,12 @@ import (
 	"github.com/amber-run/amber/core/sandbox/fidelitytest"
 )
 
-// TestFidelityKernelObjects: a zombie child, a unix socket on a deleted
-// path and a TCP connection with a full send buffer (one sender blocked in
-// send) come back after a checkpoint, a kill and a restore. A FIFO held
-// open after its path was deleted cannot be saved by gVisor: the
-// checkpoint is refused with one line naming the FIFO (not runsc's dump)
-// and the sandbox runs on.
+// TestFidelityKernelObjects: a zombie child, unix sockets on deleted
+// paths, TCP connections with full send buffers (one sender blocked in
+// send) and file locks (POSIX, flock, OFD) come back after a checkpoint, a
+// kill and a restore. A FIFO held open after its path was deleted cannot
+// be saved by gVisor: the checkpoint is refused with one line naming the
+// FIFO (not runsc's dump) and the sandbox runs on.
 func TestFidelityKernelObjects(t *testing.T) {
 	runsc := requireHost(t)
 	fidelitytest.KernelObjects(t, newTestDriver(t, runsc, "/amber/gvisor-kobj"), fidelitytest.PythonTemplate(t), "fifo")

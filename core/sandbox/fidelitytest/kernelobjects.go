@@ -8,22 +8,27 @@ import (
 	"github.com/amber-run/amber/core/sandbox"
 )
 
-// kernelObjectsPy holds four kernel objects that live only in the kernel
-// (and so only in a checkpoint's image), each with a value drawn at random
-// inside the sandbox, then, once /tmp/ko.go appears, reads each back and
-// prints one "part: ok" or "part: <what it found>" line:
+// kernelObjectsPy holds one kind of kernel object (its argument, the part)
+// that lives only in the kernel (and so only in a checkpoint's image), with
+// values drawn at random inside the sandbox, then, once /tmp/ko.go appears,
+// checks it and prints one "part: ok" or "part: <what it found>" line:
 //
 //   - zombie: a child that exited with a random status, not yet waited for:
 //     it must still be a zombie (state Z) and waitpid must give its status;
 //   - fifo: a FIFO opened read-write, its path then unlinked, a random token
 //     written into its buffer: the token must still be readable from the fd;
-//   - unixsock: a listening unix socket whose path was unlinked: a client
-//     through the socket's abstract twin cannot reach it, so the check is
-//     the socket's own: getsockname names the path and a non-blocking
-//     accept says "nothing pending" (EAGAIN), not an error of the socket;
-//   - tcpfull: a loopback TCP connection whose sender filled the send
-//     buffer (the receiver never read): the receiver must read exactly the
-//     bytes the sender wrote, ending with a random token.
+//   - unixsock: a listening and a datagram unix socket whose paths were
+//     unlinked (nothing can reach them, so the check is the sockets' own):
+//     getsockname names each path, and a non-blocking accept or recv says
+//     "nothing pending" (EAGAIN), not an error of the socket;
+//   - tcpfull: loopback TCP connections whose senders filled the send
+//     buffer (the receiver never read), one sender blocked in send(2)
+//     through the cut: each receiver must read exactly the bytes its
+//     sender wrote;
+//   - locks: POSIX (fcntl), flock and OFD locks on files in the writable
+//     layer (/root) and in /tmp: after the restore another process is
+//     refused each, and the holder still owns each (it converts it to
+//     shared and back and lets go; then another process gets it).
 const kernelObjectsPy = `
 import os, socket, sys, time, errno, random, fcntl, stat
 
@@ -55,6 +60,35 @@ if part == "unixsock":
   ud = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
   ud.bind("/tmp/ko.dgram"); ud.setblocking(False)
   os.unlink("/tmp/ko.dgram")
+
+if part == "locks":
+  import fcntl, struct
+  def ofd(fd, kind):
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhxxxxqqixxxx", kind, 0, 0, 0, 0))
+  # In the writable layer and in /tmp (a mount of its own under gvisor).
+  kinds = [(d, k) for d in ("/root", "/tmp") for k in ("posix", "flock", "ofd")]
+  lk = {}
+  for d, k in kinds:
+    fd = lk[d, k] = os.open(d + "/ko.lock." + k, os.O_RDWR | os.O_CREAT, 0o600)
+    if k == "posix": fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    elif k == "flock": fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    else: ofd(fd, fcntl.F_WRLCK)
+  def held():  # a child, another owner, tries each lock
+    pid = os.fork()
+    if pid == 0:
+      bits = 0
+      for i, (d, name) in enumerate(kinds):
+        fd = os.open(d + "/ko.lock." + name, os.O_RDWR)
+        try:
+          if name == "posix": fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+          elif name == "flock": fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+          else: ofd(fd, fcntl.F_WRLCK)
+        except OSError:
+          bits |= 1 << i  # refused: the lock is held
+      os._exit(bits)
+    return os.WEXITSTATUS(os.waitpid(pid, 0)[1])
+  if held() != 63:
+    line("locks: not all held before the cut: %d" % held()); sys.exit(1)
 
 if part == "tcpfull":
   ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
@@ -114,6 +148,32 @@ if part == "unixsock":
   except Exception as e:
     line("unixsock: %r" % e)
 
+if part == "locks":
+  got = held()
+  names = [d + "/" + k for i, (d, k) in enumerate(kinds) if not got & (1 << i)]
+  # The holder is still their owner: it converts each lock to shared and
+  # back (EAGAIN here means the lock is held, but by an owner that is not
+  # it), then lets go, and then another owner gets it.
+  owned = []
+  for d, k in kinds:
+    fd = lk[d, k]
+    try:
+      for mode in ("sh", "ex"):
+        if k == "posix": fcntl.lockf(fd, (fcntl.LOCK_SH if mode == "sh" else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        elif k == "flock": fcntl.flock(fd, (fcntl.LOCK_SH if mode == "sh" else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        else: ofd(fd, fcntl.F_RDLCK if mode == "sh" else fcntl.F_WRLCK)
+      if k == "posix": fcntl.lockf(fd, fcntl.LOCK_UN)
+      elif k == "flock": fcntl.flock(fd, fcntl.LOCK_UN)
+      else: ofd(fd, fcntl.F_UNLCK)
+    except OSError as e:
+      owned.append("%s/%s (%s)" % (d, k, e.strerror))
+  after = held()
+  freed = [d + "/" + k for i, (d, k) in enumerate(kinds) if after & (1 << i)]
+  if names: line("locks: not held after the restore: " + ", ".join(names))
+  elif owned: line("locks: held, but not by their owner: " + ", ".join(owned))
+  elif freed: line("locks: still held after their owner let go: " + ", ".join(freed))
+  else: line("locks: ok")
+
 if part == "tcpfull":
   try:
     tx.setblocking(True); tx.shutdown(socket.SHUT_WR)
@@ -139,10 +199,10 @@ if part == "tcpfull":
 line("done")
 `
 
-// KernelObjects checks four kernel objects across a checkpoint, a kill and
-// a restore, each in a sandbox of its own (kernelObjectsPy): a zombie
-// child, a FIFO whose path was unlinked, a listening unix socket whose path
-// was unlinked and a TCP connection with a full send buffer. Each must come
+// KernelObjects checks five kinds of kernel objects across a checkpoint, a
+// kill and a restore, each in a sandbox of its own (kernelObjectsPy): a
+// zombie child, a FIFO whose path was unlinked, unix sockets whose paths
+// were unlinked, TCP connections with full send buffers, and file locks. Each must come
 // back as it was, or the checkpoint must fail with an error that names the
 // object (never a stack dump) and leave the sandbox running, as Checkpoint
 // promises. refused lists the parts a driver documents as refused at the
@@ -153,7 +213,7 @@ func KernelObjects(t *testing.T, d Driver, tmpl sandbox.Template, refused ...str
 	for _, r := range refused {
 		known[r] = true
 	}
-	for _, name := range []string{"zombie", "fifo", "unixsock", "tcpfull"} {
+	for _, name := range []string{"zombie", "fifo", "unixsock", "tcpfull", "locks"} {
 		t.Run(name, func(t *testing.T) { kernelObject(t, d, tmpl, name, known[name]) })
 	}
 }
@@ -164,6 +224,7 @@ var kernelObjectWords = map[string][]string{
 	"fifo":     {"FIFO", "fifo"},
 	"unixsock": {"unix socket"},
 	"tcpfull":  {"TCP", "send buffer"},
+	"locks":    {"lock"},
 }
 
 func kernelObject(t *testing.T, d Driver, tmpl sandbox.Template, name string, refused bool) {
