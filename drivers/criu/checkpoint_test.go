@@ -386,23 +386,45 @@ func TestCheckpointBenchmark(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitRSS(t, td, id, "awk", int64(mib)<<20)
-		var frozen, total, running []time.Duration
+		var frozen, total, running, lazyRunning, lazyFull []time.Duration
 		var memBytes int64
-		for r := 0; r < rounds; r++ {
+		// With LazyRestore, rounds alternate eager and lazy restores; a
+		// lazy round waits until awk is resident again (every page
+		// served) before the next cut.
+		lazyCap := td.Capabilities().LazyRestore
+		n := rounds
+		if lazyCap {
+			n = 2 * rounds
+		}
+		for r := 0; r < n; r++ {
 			dir := t.TempDir()
 			cs, err := td.Checkpoint(ctx, id, dir, sandbox.CheckpointOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			frozen, total, memBytes = append(frozen, cs.Frozen), append(total, cs.Total), cs.MemoryBytes
+			memBytes = cs.MemoryBytes
 			if err := td.Destroy(ctx, id); err != nil { // the node is lost
 				t.Fatal(err)
 			}
-			rs, err := td.Restore(ctx, sandbox.Spec{ID: id}, dir, sandbox.RestoreOptions{})
+			lazy := lazyCap && r%2 == 1
+			t0 := time.Now()
+			rs, err := td.Restore(ctx, sandbox.Spec{ID: id}, dir, sandbox.RestoreOptions{Lazy: lazy})
 			if err != nil {
 				t.Fatal(err)
 			}
-			running = append(running, rs.Running)
+			if !lazy {
+				frozen, total, running = append(frozen, cs.Frozen), append(total, cs.Total), append(running, rs.Running)
+				continue
+			}
+			if !rs.Lazy {
+				t.Fatal("asked for a lazy restore, got an eager one")
+			}
+			waitRSS(t, td, id, "awk", int64(mib)<<20)
+			lazyRunning, lazyFull = append(lazyRunning, rs.Running), append(lazyFull, time.Since(t0))
+		}
+		if lazyCap {
+			t.Logf("%d MiB touched, %d rounds: lazy Restore to running p50 %v max %v; until awk is resident again p50 %v",
+				mib, rounds, p50(lazyRunning), slicesMax(lazyRunning), p50(lazyFull))
 		}
 		if err := td.Destroy(ctx, id); err != nil {
 			t.Fatal(err)

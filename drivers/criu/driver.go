@@ -109,6 +109,9 @@ type Driver struct {
 	// sandboxes run.
 	agentStore *agent.Store
 	agentBuild string
+
+	uffdDevOnce sync.Once
+	uffdDevOK   bool // uffdDev's answer, probed once
 }
 
 var _ sandbox.Driver = (*Driver)(nil)
@@ -241,15 +244,21 @@ func (d *Driver) Name() string { return "criu" }
 
 // Capabilities implements sandbox.Driver. Checkpoint is CRIU through
 // libcontainer (checkpoint.go); CRIU restores live TCP (TCP_REPAIR).
-// LazyRestore (`criu lazy-pages`, see startLazyPages) is true only when
-// vm.unprivileged_userfaultfd is 1: the restored tasks create their
-// userfaultfd inside the sandbox's user namespace, which the kernel refuses
-// (EPERM) otherwise. That sysctl is a host-wide relaxation the driver does
-// not make itself; without it RestoreOptions.Lazy is ignored.
+// LazyRestore (`criu lazy-pages`, see startLazyPages) needs the restored
+// tasks to create their userfaultfd inside the sandbox's user namespace,
+// which userfaultfd(2) refuses (EPERM) while vm.unprivileged_userfaultfd is
+// 0. The patched CRIU (scripts/setup/criu-4.1.1-uffd-dev.patch) creates it
+// through the root-only /dev/userfaultfd instead: `criu lazy-pages`, root
+// and outside the sandbox's cgroups (whose device controller denies the
+// device to the restoring CRIU), opens it and hands it to the restore over
+// the lazy-pages socket in the root-only work directory; every restored
+// task closes it before restored code runs. So the sysctl, a host-wide
+// relaxation, stays 0. LazyRestore is true when that works (uffdDev) or
+// the sysctl is 1; otherwise RestoreOptions.Lazy is ignored.
 func (d *Driver) Capabilities() sandbox.Capabilities {
 	return sandbox.Capabilities{
 		Checkpoint:     true,
-		LazyRestore:    unprivilegedUserfaultfd(),
+		LazyRestore:    unprivilegedUserfaultfd() || d.uffdDev(),
 		LiveOutsideTCP: true,
 		PTY:            true,
 		PortForward:    true,
@@ -259,6 +268,22 @@ func (d *Driver) Capabilities() sandbox.Capabilities {
 func unprivilegedUserfaultfd() bool {
 	b, err := os.ReadFile("/proc/sys/vm/unprivileged_userfaultfd")
 	return err == nil && strings.TrimSpace(string(b)) == "1"
+}
+
+// uffdDev reports whether Options.CriuPath creates userfaultfds through
+// /dev/userfaultfd and the device works here: `criu check --feature
+// uffd-dev`, which an unpatched CRIU does not know. Probed once per driver
+// (the binary and the device do not change under a running daemon).
+func (d *Driver) uffdDev() bool {
+	d.uffdDevOnce.Do(func() {
+		if _, err := os.Stat("/dev/userfaultfd"); err != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		d.uffdDevOK = exec.CommandContext(ctx, d.opts.CriuPath, "check", "--feature", "uffd-dev").Run() == nil
+	})
+	return d.uffdDevOK
 }
 
 // setupHint is the command that installs what Check finds missing.

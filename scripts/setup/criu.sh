@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build CRIU 4.1.1 (+ Amber's two fixes) into
-# $AMBER_CACHE/criu-4.1.1-p1/sbin/criu and point $AMBER_CACHE/bin/criu at it.
+# Build CRIU 4.1.1 (+ Amber's three patches) into
+# $AMBER_CACHE/criu-4.1.1-p2/sbin/criu and point $AMBER_CACHE/bin/criu at it.
 #
 # Why build it: Debian 12's criu 3.17 does not start on kernels >= 6.13 (vDSO
 # layout). Never `apt-get install criu` here: runc would find that broken
@@ -21,15 +21,22 @@
 #    dump hangs while CRIU waits for the task to leave the parasite. The patch
 #    probes for working breakpoints and otherwise uses CRIU's syscall-tracing
 #    fallback (what CRIU_FAULT=130 forces).
+#  - criu-4.1.1-uffd-dev.patch: a lazy restore has each restored task call
+#    userfaultfd(2) inside the sandbox's user namespace, which the kernel
+#    refuses (EPERM) while vm.unprivileged_userfaultfd=0. criu, still root,
+#    opens the root-only /dev/userfaultfd (Linux >= 6.1) before forking the
+#    tree and the tasks create their userfaultfd with USERFAULTFD_IOC_NEW on
+#    it; the sysctl stays 0. Adds `criu check --feature uffd-dev`.
 # The install dir records a hash of the patches: editing a patch rebuilds.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 CRIU_VERSION=4.1.1
-CRIU_BUILD=p1
+CRIU_BUILD=p2
 ORIG=criu_${CRIU_VERSION}.orig.tar.xz
 ORIG_SHA256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe
-PATCHES=("$SETUP_DIR/criu-$CRIU_VERSION-passcred.patch" "$SETUP_DIR/criu-$CRIU_VERSION-hw-breakpoints.patch")
+PATCHES=("$SETUP_DIR/criu-$CRIU_VERSION-passcred.patch" "$SETUP_DIR/criu-$CRIU_VERSION-hw-breakpoints.patch"
+    "$SETUP_DIR/criu-$CRIU_VERSION-uffd-dev.patch")
 
 DIR="$CACHE/criu-$CRIU_VERSION-$CRIU_BUILD"
 BIN="$DIR/sbin/criu"
@@ -144,7 +151,7 @@ log "criu check:"
 out=$("$BIN" check 2>&1) && rc=0 || rc=$?
 sed 's/^/    /' <<<"$out" >&2
 [[ $rc -eq 0 ]] || die "criu check failed (exit $rc)"
-for f in uffd uffd-noncoop mem_dirty_track; do
+for f in uffd uffd-noncoop uffd-dev mem_dirty_track; do
     if fout=$("$BIN" check --feature "$f" 2>&1); then
         log "criu check --feature $f: yes"
     else
