@@ -578,9 +578,33 @@ func TestCheckpointLazy(t *testing.T) {
 	if !rs.Lazy {
 		t.Error("RestoreStats.Lazy is false")
 	}
+	noUserfaultfd(t, td, id)
 	time.Sleep(400 * time.Millisecond)
 	if err := checkMemory(t, td, id, st); err != nil {
 		t.Error(err)
+	}
+}
+
+// noUserfaultfd fails t if a process of sandbox id holds /dev/userfaultfd
+// or a userfaultfd: CRIU's lazy restore must close both before restored
+// code runs (scripts/setup/criu-4.1.1-uffd-dev.patch).
+func noUserfaultfd(t *testing.T, td *testDriver, id string) {
+	t.Helper()
+	ls, err := td.container(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toHost, _, err := td.sandboxPids(ls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, hp := range toHost {
+		fds, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", hp))
+		for _, fd := range fds {
+			if l, _ := os.Readlink(fd); strings.Contains(l, "userfaultfd") {
+				t.Errorf("sandbox process %d holds %s (%s)", hp, l, fd)
+			}
+		}
 	}
 }
 

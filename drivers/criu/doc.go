@@ -153,9 +153,19 @@
 //     must be plain TCP: CRIU cannot dump MPTCP, which Go's net.Listen
 //     uses by default (the agent turns it off on its listener).
 //   - lazy restore (`criu lazy-pages` sharing the restore's work directory,
-//     fs.pipe-max-size >= 4 MiB) needs vm.unprivileged_userfaultfd=1: the
-//     restored tasks open their userfaultfd inside the user namespace.
-//     Capabilities().LazyRestore reports whether the host allows it.
+//     fs.pipe-max-size >= 4 MiB): the restored tasks create their
+//     userfaultfd inside the user namespace, where userfaultfd(2) is EPERM
+//     while vm.unprivileged_userfaultfd=0 (it stays 0: a host-wide
+//     relaxation). The patched CRIU (criu-4.1.1-uffd-dev.patch) creates it
+//     with USERFAULTFD_IOC_NEW on the root-only /dev/userfaultfd (Linux >=
+//     6.1; permission is checked at open only), which `criu lazy-pages`,
+//     root and outside the sandbox's cgroups, opens and hands to the
+//     restore over its socket in the root-only work directory (the
+//     restoring CRIU is already in the sandbox's devices cgroup, which
+//     denies the device). Each restored task closes it before restored
+//     code runs (TestCheckpointLazy checks no sandbox process holds it).
+//     Capabilities().LazyRestore reports whether this works here (`criu
+//     check --feature uffd-dev`) or the sysctl is 1.
 //
 // # State
 //
