@@ -175,7 +175,7 @@ func TestMCPReadScope(t *testing.T) {
 }
 
 // TestMCPReadFile: read_file stops at its cap (a 3 MiB file gives 1 MiB,
-// truncated, with its size), and a binary file comes back as an embedded
+// truncated, with its size), so does exec's output, and a binary file comes back as an embedded
 // resource with a base64 blob, not as mangled text.
 func TestMCPReadFile(t *testing.T) {
 	_, env, url := newAPI(t)
@@ -195,6 +195,12 @@ func TestMCPReadFile(t *testing.T) {
 	sc := toolCall(t, url, testKey, "read_file", map[string]any{"sandbox": sb, "path": "/root/big"})["structuredContent"].(map[string]any)
 	if n := len(sc["content"].(string)); n != 1<<20 || sc["truncated"] != true || sc["size"] != float64(3<<20) {
 		t.Fatalf("read_file of 3 MiB: %d bytes, truncated %v, size %v", n, sc["truncated"], sc["size"])
+	}
+
+	// exec's output has the same cap.
+	sc = toolCall(t, url, testKey, "exec", map[string]any{"sandbox": sb, "command": []string{"cat", "/root/big"}})["structuredContent"].(map[string]any)
+	if out := sc["stdout"].(string); len(out) > 1<<20+64 || !strings.HasSuffix(out, "bytes cut]") {
+		t.Fatalf("exec of 3 MiB of output: %d bytes, ending %q", len(out), out[max(0, len(out)-40):])
 	}
 
 	res := toolCall(t, url, testKey, "read_file", map[string]any{"sandbox": sb, "path": "/root/bin"})
