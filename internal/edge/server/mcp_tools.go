@@ -176,7 +176,7 @@ type (
 		Stdout     string `json:"stdout"`
 		Stderr     string `json:"stderr"`
 		NextOffset int64  `json:"next_offset"`
-		Running    bool   `json:"running"`
+		Running    bool   `json:"running" jsonschema:"true while the process runs or output remains: call again from next_offset"`
 		ExitCode   *int   `json:"exit_code,omitempty"`
 	}
 	mcpPortIn struct {
@@ -286,8 +286,15 @@ func (t mcpTools) startProcess(ctx context.Context, _ *mcp.CallToolRequest, in m
 
 // processOutput reads what the process has written since in.Offset (not
 // following: the tool answers now), at most mcpMaxOutput bytes of it.
+// Without follow the stream stops at what was written so far, before the
+// end, so it asks Wait (briefly) whether the process ended — before
+// reading, so that output written just before the end is not missed.
+// Running stays true while output remains past the cap.
 func (t mcpTools) processOutput(ctx context.Context, _ *mcp.CallToolRequest, in mcpOutputIn) (*mcp.CallToolResult, mcpOutputOut, error) {
 	out := mcpOutputOut{NextOffset: in.Offset, Running: true}
+	wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	st, werr := t.eng.Wait(wctx, t.tenant, in.Sandbox, in.PID)
+	cancel()
 	var stdout, stderr bytes.Buffer
 	err := t.eng.ProcessOutput(ctx, t.tenant, in.Sandbox, in.PID, in.Offset, false, func(f sandbox.OutputFrame) error {
 		switch f.Kind {
@@ -303,26 +310,14 @@ func (t mcpTools) processOutput(ctx context.Context, _ *mcp.CallToolRequest, in 
 			out.NextOffset = f.Offset + int64(len(f.Data))
 		case "rewound", "lost":
 			out.NextOffset = f.Offset
-		case "exited":
-			out.Running = false
-			if f.Exit != nil {
-				code := f.Exit.Code
-				out.ExitCode = &code
-			}
 		}
 		return nil
 	})
 	if err != nil && !errors.Is(err, errCapped) {
 		return nil, mcpOutputOut{}, err
 	}
-	if out.Running {
-		// Without follow the stream may stop before the end: ask whether
-		// it came, without waiting for it.
-		wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		if st, err := t.eng.Wait(wctx, t.tenant, in.Sandbox, in.PID); err == nil {
-			out.Running, out.ExitCode = false, &st.Code
-		}
-		cancel()
+	if werr == nil && err == nil {
+		out.Running, out.ExitCode = false, &st.Code
 	}
 	out.Stdout, out.Stderr = stdout.String(), stderr.String()
 	return nil, out, nil
