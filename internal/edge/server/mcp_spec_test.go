@@ -184,8 +184,9 @@ func TestMCPReadFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fs.WriteFile(ctxT(t), "/root/big", bytes.NewReader(bytes.Repeat([]byte("a"), 3<<20)), 0o644); err != nil {
-		t.Fatal(err)
+	// Made inside the sandbox: the test is about reading it.
+	if sc := toolCall(t, url, testKey, "exec", map[string]any{"sandbox": sb, "command": []string{"sh", "-c", "yes | head -c 3145728 > /root/big"}})["structuredContent"].(map[string]any); sc["exit_code"] != float64(0) {
+		t.Fatalf("making /root/big: %v", sc)
 	}
 	bin := []byte{0x89, 'P', 'N', 'G', 0, 0xff, 0xfe, 0x80}
 	if err := fs.WriteFile(ctxT(t), "/root/bin", bytes.NewReader(bin), 0o644); err != nil {
