@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -10,53 +9,87 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/amber-run/amber/api"
+	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/lib/httpx"
 )
 
 // MCP: POST /v1/mcp serves the caller's tenant's sandboxes as Model Context
 // Protocol tools (streamable HTTP, stateless), so any MCP client can drive
-// an Amber sandbox with its API key. Every request is authenticated and
-// authorized like any other call (scope write: the tools change things) and
-// audited; stateless means no MCP session outlives a request, so none can
-// be carried to another tenant. The tools call the engine as the API does:
-// another tenant's sandbox is not found.
+// an Amber sandbox with its API key. Every request is authenticated like any
+// other call; the route needs scope read (listing the tools and the tools
+// that only look), and each tool that changes something checks for scope
+// write itself, refusing a read-only key with a JSON-RPC error. Calls made
+// with a write key are audited as before. Stateless means no MCP session
+// outlives a request, so none can be carried to another tenant. The tools
+// call the engine as the API does: another tenant's sandbox is not found.
+// GET and DELETE, which a stateless server does not serve (no standalone
+// SSE stream, no session to end), answer 405 with Allow: POST, as the
+// streamable HTTP transport asks (mcpNotAllowed).
 
-type mcpTenantKey struct{}
+type mcpCallerKey struct{}
 
-// mcp hands the request to the MCP handler with the caller's tenant.
+// mcpCaller is what the per-request server factory and the tools know of the
+// caller: its tenant, whether its key may change things, and the request
+// (for the URLs of exposed ports).
+type mcpCaller struct {
+	tenant string
+	write  bool
+	r      *http.Request
+}
+
+// mcp hands the request to the MCP handler with the caller.
 func (s *Server) mcp(w http.ResponseWriter, r *http.Request, c *call) error {
 	s.mcpOnce.Do(func() {
 		s.mcpHandler = mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
-			tenant, _ := r.Context().Value(mcpTenantKey{}).(string)
-			return s.mcpServer(tenant)
+			cl, _ := r.Context().Value(mcpCallerKey{}).(mcpCaller)
+			return s.mcpServer(cl.tenant, cl.write)
 		}, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
 	})
-	s.mcpHandler.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), mcpTenantKey{}, c.tenant)))
+	cl := mcpCaller{tenant: c.tenant, write: c.key.Has(write), r: r}
+	if sw, ok := w.(*httpx.StatusWriter); ok && cl.write {
+		// The route's scope is read (a read-only key lists and looks), so
+		// the middleware does not audit it: a write key's calls are, as
+		// every call that may change something.
+		defer s.record(r, Route{Method: "POST", Path: "/v1/mcp", Scope: write}, c, w.Header().Get("X-Request-Id"), sw, nil)
+	}
+	s.mcpHandler.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), mcpCallerKey{}, cl)))
 	return nil
 }
 
-// mcpServer returns tenant's MCP server (made once per tenant).
-func (s *Server) mcpServer(tenant string) *mcp.Server {
-	if v, ok := s.mcpServers.Load(tenant); ok {
+// mcpNotAllowed answers the methods other than POST on /v1/mcp: the server
+// is stateless, so it has no standalone SSE stream (GET) and no session to
+// end (DELETE). It needs no key: the answer is the same for everyone.
+func mcpNotAllowed(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Allow", "POST")
+	writeJSON(w, http.StatusMethodNotAllowed, api.Error{Error: api.ErrorBody{Kind: errdefs.Kind(errdefs.ErrInvalidArgument),
+		Message: r.Method + " /v1/mcp: this MCP server is stateless (no SSE stream, no session); send JSON-RPC messages with POST"}})
+}
+
+// mcpServer returns the MCP server of tenant for a key that may (write) or
+// may not change things (made once per tenant and kind). Both list every
+// tool; on the read-only one the tools that change things refuse.
+func (s *Server) mcpServer(tenant string, write bool) *mcp.Server {
+	k := tenant + "\x00r"
+	if write {
+		k = tenant + "\x00w"
+	}
+	if v, ok := s.mcpServers.Load(k); ok {
 		return v.(*mcp.Server)
 	}
 	srv := mcp.NewServer(&mcp.Implementation{Name: "amber", Version: s.version}, nil)
-	t := mcpTools{eng: s.eng, tenant: tenant}
-	mcp.AddTool(srv, &mcp.Tool{Name: "sandbox_create", Description: "Create a sandbox from a template (e.g. python, minimal); returns its id."}, t.create)
-	mcp.AddTool(srv, &mcp.Tool{Name: "sandbox_list", Description: "List your sandboxes."}, t.list)
-	mcp.AddTool(srv, &mcp.Tool{Name: "exec", Description: "Run a command in a sandbox; returns its exit code, stdout and stderr."}, t.exec)
-	mcp.AddTool(srv, &mcp.Tool{Name: "read_file", Description: "Read a file of a sandbox."}, t.readFile)
-	mcp.AddTool(srv, &mcp.Tool{Name: "write_file", Description: "Write a file in a sandbox."}, t.writeFile)
-	mcp.AddTool(srv, &mcp.Tool{Name: "checkpoint", Description: "Checkpoint a sandbox (memory, processes, files); returns the checkpoint id."}, t.checkpoint)
-	mcp.AddTool(srv, &mcp.Tool{Name: "restore", Description: "Restore a sandbox in place from one of its checkpoints."}, t.restore)
-	v, _ := s.mcpServers.LoadOrStore(tenant, srv)
+	addMCPTools(srv, mcpTools{s: s, eng: s.eng, tenant: tenant, write: write})
+	v, _ := s.mcpServers.LoadOrStore(k, srv)
 	return v.(*mcp.Server)
 }
 
 type mcpTools struct {
+	s      *Server
 	eng    *engine.Engine
 	tenant string
+	write  bool // the caller's key has scope write
 }
 
 // mcpMaxOutput bounds what a tool returns of a command's output or a file.
@@ -64,7 +97,15 @@ const mcpMaxOutput = 1 << 20
 
 type (
 	mcpCreateIn struct {
-		Template string `json:"template" jsonschema:"the template, e.g. python or minimal"`
+		Template string    `json:"template" jsonschema:"the template, e.g. python or minimal"`
+		Limits   mcpLimits `json:"limits,omitempty" jsonschema:"resource limits; omitted ones take the daemon's defaults"`
+		Env      []string  `json:"env,omitempty" jsonschema:"entries of the form KEY=VALUE, added to every process of the sandbox"`
+	}
+	mcpLimits struct {
+		MemoryBytes int64 `json:"memory_bytes,omitempty" jsonschema:"memory limit in bytes"`
+		MilliCPUs   int64 `json:"millicpus,omitempty" jsonschema:"CPU limit in thousandths of a core (1000 is one core)"`
+		Pids        int64 `json:"pids,omitempty" jsonschema:"the most processes at once"`
+		DiskBytes   int64 `json:"disk_bytes,omitempty" jsonschema:"the writable layer's size in bytes"`
 	}
 	mcpSandboxOut struct {
 		Sandbox string `json:"sandbox"`
@@ -90,10 +131,7 @@ type (
 	}
 	mcpPathIn struct {
 		Sandbox string `json:"sandbox"`
-		Path    string `json:"path"`
-	}
-	mcpContentOut struct {
-		Content string `json:"content"`
+		Path    string `json:"path" jsonschema:"an absolute path inside the sandbox"`
 	}
 	mcpWriteIn struct {
 		Sandbox string `json:"sandbox"`
@@ -116,7 +154,14 @@ type (
 )
 
 func (t mcpTools) create(ctx context.Context, _ *mcp.CallToolRequest, in mcpCreateIn) (*mcp.CallToolResult, mcpSandboxOut, error) {
-	sb, err := t.eng.Create(ctx, engine.CreateRequest{Tenant: t.tenant, Template: in.Template})
+	l := fromAPILimits(api.Limits(in.Limits))
+	if err := t.s.limits.checkSandbox(l); err != nil {
+		return nil, mcpSandboxOut{}, err
+	}
+	if err := t.s.limits.checkEnv("sandbox", in.Env); err != nil {
+		return nil, mcpSandboxOut{}, err
+	}
+	sb, err := t.eng.Create(ctx, engine.CreateRequest{Tenant: t.tenant, Template: in.Template, Limits: l, Env: in.Env})
 	return nil, mcpSandboxOut{Sandbox: sb.ID}, err
 }
 
@@ -133,6 +178,9 @@ func (t mcpTools) exec(ctx context.Context, _ *mcp.CallToolRequest, in mcpExecIn
 	if len(in.Command) == 0 {
 		return nil, mcpExecOut{}, fmt.Errorf("command is empty")
 	}
+	if err := t.s.limits.checkCommand("exec", in.Command, nil); err != nil {
+		return nil, mcpExecOut{}, err
+	}
 	to := time.Duration(in.TimeoutSeconds) * time.Second
 	if to <= 0 || to > time.Hour {
 		to = time.Minute
@@ -143,18 +191,6 @@ func (t mcpTools) exec(ctx context.Context, _ *mcp.CallToolRequest, in mcpExecIn
 		return nil, mcpExecOut{}, err
 	}
 	return nil, mcpExecOut{ExitCode: st.Code, Stdout: out.String(), Stderr: errb.String(), TimedOut: st.TimedOut}, nil
-}
-
-func (t mcpTools) readFile(ctx context.Context, _ *mcp.CallToolRequest, in mcpPathIn) (*mcp.CallToolResult, mcpContentOut, error) {
-	fs, err := t.eng.Files(ctx, t.tenant, in.Sandbox)
-	if err != nil {
-		return nil, mcpContentOut{}, err
-	}
-	var b capped
-	if err := fs.ReadFile(ctx, in.Path, &b); err != nil {
-		return nil, mcpContentOut{}, err
-	}
-	return nil, mcpContentOut{Content: b.String()}, nil
 }
 
 func (t mcpTools) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in mcpWriteIn) (*mcp.CallToolResult, mcpWriteOut, error) {
@@ -176,26 +212,4 @@ func (t mcpTools) checkpoint(ctx context.Context, _ *mcp.CallToolRequest, in mcp
 func (t mcpTools) restore(ctx context.Context, _ *mcp.CallToolRequest, in mcpRestoreIn) (*mcp.CallToolResult, mcpSandboxOut, error) {
 	sb, err := t.eng.Restore(ctx, engine.RestoreRequest{Tenant: t.tenant, Checkpoint: in.Checkpoint})
 	return nil, mcpSandboxOut{Sandbox: sb.ID}, err
-}
-
-// capped keeps the first mcpMaxOutput bytes written and counts the rest.
-type capped struct {
-	bytes.Buffer
-	dropped int
-}
-
-func (c *capped) Write(p []byte) (int, error) {
-	room := mcpMaxOutput - c.Len()
-	if room > 0 {
-		c.Buffer.Write(p[:min(len(p), room)])
-	}
-	c.dropped += max(0, len(p)-max(room, 0))
-	return len(p), nil
-}
-
-func (c *capped) String() string {
-	if c.dropped > 0 {
-		return c.Buffer.String() + fmt.Sprintf("\n[%d bytes cut]", c.dropped)
-	}
-	return c.Buffer.String()
 }

@@ -209,7 +209,7 @@ func (s *Server) routes() []Route {
 		{Method: "POST", Path: "/v1/sandboxes/{id}/effects/reconcile", Scope: write, h: s.reconcileEffect},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/stats", Scope: read, h: s.sandboxStats},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/terminal", Scope: write, h: s.terminalTicket},
-		{Method: "POST", Path: "/v1/mcp", Scope: write, h: s.mcp},
+		{Method: "POST", Path: "/v1/mcp", Scope: read, h: s.mcp},
 		{Method: "PUT", Path: "/v1/tenants/{tenant}/secrets/{name}", Scope: write, h: s.putSecret},
 		{Method: "GET", Path: "/v1/tenants/{tenant}/secrets", Scope: read, h: s.listSecrets},
 		{Method: "DELETE", Path: "/v1/tenants/{tenant}/secrets/{name}", Scope: write, h: s.deleteSecret},
@@ -266,6 +266,8 @@ func New(o Options) *Server {
 	// The old path form of exposed ports: a redirect to the port's own
 	// origin (ports.go), which ServeHTTP serves.
 	s.mux.HandleFunc(proxyPattern, s.legacyPortPath)
+	// The MCP endpoint's other methods: 405 (mcp.go).
+	s.mux.HandleFunc("/v1/mcp", mcpNotAllowed)
 	// The terminal's WebSocket, authorised by a ticket (terminal.go).
 	s.mux.HandleFunc("GET /v1/sandboxes/{id}/terminal/ws", s.terminalWS)
 	if o.Console != nil {
