@@ -47,10 +47,12 @@ import (
 	"github.com/amber-run/amber/internal/obs/tracing"
 	"github.com/amber-run/amber/internal/state/chunkstore"
 	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/lib/failpoint"
 )
 
 // checkpointer is checkpointing and restore (checkpoint.go, restore.go,
-// gc.go, hostcompat.go, the hot tier: hottier.go). Besides the core it
+// gc.go, hostcompat.go, the hot tier: hottier.go, uploads behind local
+// commits: upload.go). Besides the core it
 // calls the egress runs (a cut holds and restarts a sandbox's run, a
 // restore starts one) and the quotas (checkpoint bytes, a restore's new
 // sandbox); it names nothing of metering or budgets, which observe it
@@ -72,6 +74,8 @@ type checkpointing struct {
 	gcs         sync.Map // tenant → *gcState (gc.go)
 	hot         *hotTier // the node's newest images (hottier.go)
 	drvTimeout  time.Duration
+	up          uploads        // uploads behind local commits (upload.go)
+	fps         *failpoint.Set // Options.Failpoints
 }
 
 // Progress reports a long checkpoint or restore: the phase ("cut",
@@ -93,6 +97,9 @@ type CheckpointRequest struct {
 	Progress func(Progress)
 	// stopReason, when set, is the stopped sandbox's reason (idle.go).
 	stopReason string
+	// uploadBehind commits on the node and uploads after (the strict
+	// policy on local stores: upload.go); not with Stop.
+	uploadBehind bool
 }
 
 // RestoreRequest asks for a restore of a checkpoint.
@@ -251,8 +258,15 @@ func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (met
 	payload := CheckpointedPayload{Checkpoint: ck.ID, Seq: ck.Seq, FrozenNS: int64(cs.Frozen),
 		MemoryBytes: cs.MemoryBytes, LayerBytes: cs.LayerBytes, Stopped: r.Stop}
 	var eventSeq uint64
-	upStart := time.Now()
-	pm := manifestMeta(id, ck, sb, hostMeta)
+	upStart, pm := time.Now(), manifestMeta(id, ck, sb, hostMeta)
+	if r.uploadBehind && !r.Stop {
+		lck, took, err := e.commitLocal(ctx, ck, sb, dir, pm, payload, cs, dumped, start)
+		if keptHot = took; err != nil {
+			return fail(fmt.Errorf("commit checkpoint of %s on the node: %w", id, err))
+		} else if took {
+			return lck, nil
+		}
+	}
 	res, err := e.ck.store.Put(ctx, sb.Tenant, ck.ID, dir, chunkstore.PutOptions{
 		Parent: parent.ID,
 		Meta:   pm,
@@ -436,6 +450,9 @@ func (e *checkpointer) DeleteCheckpoint(ctx context.Context, tenant, id string) 
 	if ck.State == meta.CheckpointPending {
 		return errdefs.FailedPreconditionf("checkpoint %s is being written", id)
 	}
+	if ck.State == meta.CheckpointCommitted && ck.UploadPending {
+		return errdefs.FailedPreconditionf("checkpoint %s is being uploaded; try again once it is", id)
+	}
 	if e.ck.store == nil {
 		return errdefs.FailedPreconditionf("this daemon has no checkpoint store")
 	}
@@ -482,11 +499,11 @@ func (e *checkpointer) reconcileCheckpoints(ctx context.Context) error {
 				lg.Info("pending checkpoint was committed before the daemon stopped")
 				continue
 			}
-			e.ck.hot.drop(ck.ID) // the node keeps no copy of a deleted checkpoint
 			if _, err := e.ck.store.DeleteCheckpoint(ctx, ck.Tenant, ck.ID); err != nil && !errdefs.IsNotFound(err) {
 				return fmt.Errorf("reconcile checkpoint %s: %w", ck.ID, err)
 			}
 		}
+		e.ck.hot.drop(ck.ID) // the node keeps no copy of a failed checkpoint (upload.go)
 		if _, err := e.meta.SetCheckpointState(ctx, ck.ID, meta.CheckpointFailed, "the daemon stopped before the checkpoint committed", meta.CheckpointPending); err != nil {
 			return err
 		}
@@ -538,7 +555,7 @@ func (e *checkpointer) retain(ctx context.Context, sb meta.Sandbox) error {
 	}
 	var oldestKept uint64
 	for i, ck := range cks {
-		if ck.Tag != "" || i >= len(cks)-keep {
+		if ck.Tag != "" || i >= len(cks)-keep || ck.UploadPending {
 			if oldestKept == 0 || (ck.EventSeq > 0 && ck.EventSeq < oldestKept) {
 				oldestKept = ck.EventSeq
 			}
