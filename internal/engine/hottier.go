@@ -10,7 +10,10 @@ package engine
 // # Durability order
 //
 // A hot copy is kept only after its checkpoint committed (pointer, log
-// event, row: checkpoint.go), and it counts only once complete:
+// event, row: checkpoint.go) — or, for a strict checkpoint on local
+// stores, before its local commit, pinned until its upload ends
+// (keepLocal; the order at the top of checkpoint.go) — and it counts only
+// once complete:
 //
 //  1. every file of the cut directory is fsync'd (the driver wrote them);
 //  2. hot.json, naming the checkpoint, its image digest and each file's

@@ -4,41 +4,8 @@ package engine
 // are its own (not Options.Cluster.Shared) acknowledges an exec once its
 // checkpoint is durable on the node, and uploads it after.
 //
-// # Durability order (strict, local stores)
-//
-//  1. intent: the pending row (checkpoint.go, step 1);
-//  2. cut: the driver writes the image to a work directory (step 2);
-//  3. hot: the image becomes the sandbox's pinned hot copy — every file
-//     fsync'd, hot.json (the files' sizes, times and inodes, and the
-//     manifest metadata) written and fsync'd, the directory renamed into
-//     hot/ and hot/ fsync'd (hottier.go) — and the digest of its hot.json
-//     is the copy's integrity record;
-//  4. local commit: the lease is held (a stale epoch is ErrFenced, nothing
-//     is published), sandbox.checkpointed is appended (no manifest digest
-//     yet), and the row becomes committed with UploadPending and the
-//     record (HotDigest);
-//  5. the exec is acknowledged;
-//  6. in the background, one sandbox's uploads in order: the copy is
-//     checked against the row's record, then the chunk store writes the
-//     chunks, the manifest and the pointer from it, then FinishUpload
-//     records the digests and clears the mark, and the copy is unpinned.
-//
-// A crash before 4 leaves a pending row (the next start fails it and drops
-// its copy, as for any checkpoint); one between the log event and the row
-// commit too (the row, not the log, says which checkpoints count). A crash
-// after 4 leaves a committed row with its upload pending: the next start
-// pins its copy and uploads it (reconcileUploads). Until the upload ends,
-// a restore on this node uses the hot copy, checked against the row's
-// record (the manifest does not exist yet), and nothing else can restore
-// the checkpoint: a copy lost or damaged before its upload ends makes the
-// checkpoint failed (never used), and a restore to an event falls back to
-// an older one, the restored event naming the lost ones (LostCheckpoints).
-//
-// A second strict checkpoint while one uploads keeps both copies: the
-// pinned older one stays until its upload ends (uploads of one sandbox run
-// in order, so each upload's parent is stored), then the newest copy is the
-// only one. Retention and DeleteCheckpoint leave a checkpoint whose upload
-// is pending alone; the hot tier's size bound does not evict a pinned copy.
+// The order and what a crash at each step leaves: "Strict on local stores"
+// at the top of checkpoint.go.
 
 import (
 	"context"
