@@ -14,6 +14,14 @@ import (
 // pointer, and the row becomes committed after that. A daemon that dies in
 // between finds the row pending at its next start and settles it by asking
 // the blob store whether the pointer exists (engine.reconcileCheckpoints).
+//
+// A checkpoint committed locally (the strict policy on a node whose stores
+// are its own) is committed before its image is in the blob store: its
+// UploadPending mark says the image is only the node's hot copy, whose
+// integrity record is HotDigest, until FinishUpload records the manifest
+// and clears the mark. One whose hot copy is lost before the upload ends
+// goes committed ──▶ failed and keeps the mark (its image never reached
+// the blob store).
 type CheckpointState string
 
 // The checkpoint states.
@@ -48,7 +56,16 @@ type Checkpoint struct {
 	Driver          string `json:"driver"`
 	Template        string `json:"template"`
 	TemplateVersion string `json:"template_version"`
-	// Filled once committed.
+	// UploadPending marks a checkpoint committed locally whose image is
+	// not yet in the blob store (no manifest, no pointer): only the node's
+	// hot copy holds it. HotDigest is that copy's integrity record (the
+	// digest of its file list: sizes, times, inodes, and the manifest
+	// metadata it will carry), set at the local commit; a restore before
+	// the upload ends checks the copy against it instead of the manifest.
+	UploadPending bool   `json:"upload_pending,omitempty"`
+	HotDigest     string `json:"hot_digest,omitempty"`
+	// Filled once committed (ManifestDigest and ImageDigest, for a
+	// checkpoint committed locally, once its upload ended).
 	ManifestDigest string          `json:"manifest_digest,omitempty"`
 	ImageDigest    string          `json:"image_digest,omitempty"`
 	Stats          CheckpointStats `json:"stats"`

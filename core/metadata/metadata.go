@@ -101,11 +101,16 @@ type Checkpoints interface {
 	// Checkpoints returns the matching checkpoints, oldest first.
 	Checkpoints(ctx context.Context, f CheckpointFilter) ([]Checkpoint, error)
 	// CommitCheckpoint marks pending checkpoint c.ID committed with c's digests,
-	// event position and stats.
+	// event position and stats, and its UploadPending and HotDigest.
 	CommitCheckpoint(ctx context.Context, c Checkpoint) (Checkpoint, error)
 	// SetCheckpointState moves checkpoint id to state to with reason, provided
 	// it is in one of from (any when empty).
 	SetCheckpointState(ctx context.Context, id string, to CheckpointState, reason string, from ...CheckpointState) (Checkpoint, error)
+	// FinishUpload records that committed checkpoint c.ID, committed with
+	// its upload pending (Checkpoint.UploadPending), is in the blob store:
+	// c's manifest and image digests and stats, and the mark cleared.
+	// ErrFailedPrecondition unless the row is committed with the mark set.
+	FinishUpload(ctx context.Context, c Checkpoint) (Checkpoint, error)
 }
 
 // Egress is a sandbox's own egress policy and the gateway run its traffic

@@ -29,6 +29,47 @@ package engine
 // collector removes the chunks. A crash between the pointer and the row
 // commit is settled from the log: the checkpoint counts only if its
 // sandbox.checkpointed event is there; otherwise its pointer is deleted.
+//
+// The strict policy on a node whose stores are its own (not
+// Options.Cluster.Shared) acknowledges an exec once its checkpoint is
+// durable on the node, and uploads it after (upload.go); in a cluster the
+// order above stands, the upload before the ack.
+//
+// # Strict on local stores: durability order
+//
+//  1. intent: the pending row (step 1 above);
+//  2. cut: the driver writes the image to a work directory (step 2);
+//  3. hot: the image becomes the sandbox's pinned hot copy — every file
+//     fsync'd, hot.json (the files' sizes, times and inodes, and the
+//     manifest metadata) written and fsync'd, the directory renamed into
+//     hot/ and hot/ fsync'd (hottier.go) — and the digest of its hot.json
+//     is the copy's integrity record;
+//  4. local commit: the lease is held (a stale epoch is ErrFenced, nothing
+//     is published), sandbox.checkpointed is appended (no manifest digest
+//     yet), and the row becomes committed with UploadPending and the
+//     record (HotDigest);
+//  5. the exec is acknowledged;
+//  6. in the background, one sandbox's uploads in order: the copy is
+//     checked against the row's record, then the chunk store writes the
+//     chunks, the manifest and the pointer from it, then FinishUpload
+//     records the digests and clears the mark, and the copy is unpinned.
+//
+// A crash before 4 leaves a pending row (the next start fails it and drops
+// its copy, as for any checkpoint); one between the log event and the row
+// commit too (the row, not the log, says which checkpoints count). A crash
+// after 4 leaves a committed row with its upload pending: the next start
+// pins its copy and uploads it (reconcileUploads). Until the upload ends,
+// a restore on this node uses the hot copy, checked against the row's
+// record (the manifest does not exist yet), and nothing else can restore
+// the checkpoint: a copy lost or damaged before its upload ends makes the
+// checkpoint failed (never used), and a restore to an event falls back to
+// an older one, the restored event naming the lost ones (LostCheckpoints).
+//
+// A second strict checkpoint while one uploads keeps both copies: the
+// pinned older one stays until its upload ends (uploads of one sandbox run
+// in order, so each upload's parent is stored), then the newest copy is the
+// only one. Retention and DeleteCheckpoint leave a checkpoint whose upload
+// is pending alone; the hot tier's size bound does not evict a pinned copy.
 
 import (
 	"context"
@@ -47,10 +88,12 @@ import (
 	"github.com/amber-run/amber/internal/obs/tracing"
 	"github.com/amber-run/amber/internal/state/chunkstore"
 	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/lib/failpoint"
 )
 
 // checkpointer is checkpointing and restore (checkpoint.go, restore.go,
-// gc.go, hostcompat.go, the hot tier: hottier.go). Besides the core it
+// gc.go, hostcompat.go, the hot tier: hottier.go, uploads behind local
+// commits: upload.go). Besides the core it
 // calls the egress runs (a cut holds and restarts a sandbox's run, a
 // restore starts one) and the quotas (checkpoint bytes, a restore's new
 // sandbox); it names nothing of metering or budgets, which observe it
@@ -72,6 +115,8 @@ type checkpointing struct {
 	gcs         sync.Map // tenant → *gcState (gc.go)
 	hot         *hotTier // the node's newest images (hottier.go)
 	drvTimeout  time.Duration
+	up          uploads        // uploads behind local commits (upload.go)
+	fps         *failpoint.Set // Options.Failpoints
 }
 
 // Progress reports a long checkpoint or restore: the phase ("cut",
@@ -93,6 +138,9 @@ type CheckpointRequest struct {
 	Progress func(Progress)
 	// stopReason, when set, is the stopped sandbox's reason (idle.go).
 	stopReason string
+	// uploadBehind commits on the node and uploads after (the strict
+	// policy on local stores: upload.go); not with Stop.
+	uploadBehind bool
 }
 
 // RestoreRequest asks for a restore of a checkpoint.
@@ -251,8 +299,15 @@ func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (met
 	payload := CheckpointedPayload{Checkpoint: ck.ID, Seq: ck.Seq, FrozenNS: int64(cs.Frozen),
 		MemoryBytes: cs.MemoryBytes, LayerBytes: cs.LayerBytes, Stopped: r.Stop}
 	var eventSeq uint64
-	upStart := time.Now()
-	pm := manifestMeta(id, ck, sb, hostMeta)
+	upStart, pm := time.Now(), manifestMeta(id, ck, sb, hostMeta)
+	if r.uploadBehind && !r.Stop {
+		lck, took, err := e.commitLocal(ctx, ck, sb, dir, pm, payload, cs, dumped, start)
+		if keptHot = took; err != nil {
+			return fail(fmt.Errorf("commit checkpoint of %s on the node: %w", id, err))
+		} else if took {
+			return lck, nil
+		}
+	}
 	res, err := e.ck.store.Put(ctx, sb.Tenant, ck.ID, dir, chunkstore.PutOptions{
 		Parent: parent.ID,
 		Meta:   pm,
@@ -436,6 +491,9 @@ func (e *checkpointer) DeleteCheckpoint(ctx context.Context, tenant, id string) 
 	if ck.State == meta.CheckpointPending {
 		return errdefs.FailedPreconditionf("checkpoint %s is being written", id)
 	}
+	if ck.State == meta.CheckpointCommitted && ck.UploadPending {
+		return errdefs.FailedPreconditionf("checkpoint %s is being uploaded; try again once it is", id)
+	}
 	if e.ck.store == nil {
 		return errdefs.FailedPreconditionf("this daemon has no checkpoint store")
 	}
@@ -482,11 +540,11 @@ func (e *checkpointer) reconcileCheckpoints(ctx context.Context) error {
 				lg.Info("pending checkpoint was committed before the daemon stopped")
 				continue
 			}
-			e.ck.hot.drop(ck.ID) // the node keeps no copy of a deleted checkpoint
 			if _, err := e.ck.store.DeleteCheckpoint(ctx, ck.Tenant, ck.ID); err != nil && !errdefs.IsNotFound(err) {
 				return fmt.Errorf("reconcile checkpoint %s: %w", ck.ID, err)
 			}
 		}
+		e.ck.hot.drop(ck.ID) // the node keeps no copy of a failed checkpoint (upload.go)
 		if _, err := e.meta.SetCheckpointState(ctx, ck.ID, meta.CheckpointFailed, "the daemon stopped before the checkpoint committed", meta.CheckpointPending); err != nil {
 			return err
 		}
@@ -538,7 +596,7 @@ func (e *checkpointer) retain(ctx context.Context, sb meta.Sandbox) error {
 	}
 	var oldestKept uint64
 	for i, ck := range cks {
-		if ck.Tag != "" || i >= len(cks)-keep {
+		if ck.Tag != "" || i >= len(cks)-keep || ck.UploadPending {
 			if oldestKept == 0 || (ck.EventSeq > 0 && ck.EventSeq < oldestKept) {
 				oldestKept = ck.EventSeq
 			}

@@ -49,6 +49,7 @@ import (
 	"github.com/amber-run/amber/internal/state/audit"
 	"github.com/amber-run/amber/internal/state/chunkstore"
 	"github.com/amber-run/amber/internal/state/meta"
+	"github.com/amber-run/amber/lib/failpoint"
 )
 
 // Options configure New.
@@ -66,6 +67,9 @@ type Options struct {
 	Clock         clock.Clock
 	Logger        *slog.Logger
 
+	// Failpoints, when set, are the engine's crash points (tests:
+	// FPLocalKept, FPUpload).
+	Failpoints *failpoint.Set
 	// Checkpoints stores checkpoint images (see checkpoint.go); nil
 	// disables checkpoint and restore.
 	Checkpoints *chunkstore.Store
@@ -177,7 +181,8 @@ type EgressOptions struct {
 // the core and, as named fields, only the capabilities it calls:
 //
 //   - checkpointer: checkpoints, restores, their GC and the hot tier
-//     (checkpoint.go, restore.go, gc.go, hostcompat.go, hottier.go); calls
+//     (checkpoint.go, restore.go, gc.go, hostcompat.go, hottier.go,
+//     upload.go); calls
 //     egressRunner and quotas.
 //   - pool: the warm pool (pool.go); creates and destroys through the
 //     lifecycle's functions it is given (poolDeps).
@@ -268,7 +273,7 @@ func New(o Options) (*Engine, error) {
 	e.egressRunner = &egressRunner{core: c, egr: egressRuns{gw: o.Egress.Gateway, def: o.Egress.Default, ceiling: o.Egress.Ceiling, tenantCA: o.Egress.TenantCA}}
 	e.checkpointer = &checkpointer{core: c, eg: e.egressRunner, qt: e.quotas,
 		ck: checkpointing{store: o.Checkpoints, workDir: o.WorkDir, keep: o.Recovery.KeepCheckpoints,
-			hot: newHotTier(o.WorkDir, o.Recovery.HotTierBytes, o.Logger), drvTimeout: o.Recovery.DriverTimeout}}
+			hot: newHotTier(o.WorkDir, o.Recovery.HotTierBytes, o.Logger), drvTimeout: o.Recovery.DriverTimeout, fps: o.Failpoints}}
 	e.policyRunner = &policyRunner{core: c, ckr: e.checkpointer, eg: e.egressRunner,
 		pol: policies{fastEvery: o.Recovery.FastEvery, fastInterval: o.Recovery.FastInterval, idle: o.Recovery.IdleTimeout}}
 	e.mover = &mover{core: c, ckr: e.checkpointer, idle: e.policyRunner}
@@ -369,6 +374,10 @@ func (e *Engine) Start(ctx context.Context) error {
 		cancel()
 		return err
 	}
+	if err := e.startStep(ctx, "reconcile uploads", e.reconcileUploads); err != nil {
+		cancel()
+		return err
+	}
 	e.pool.start(bg)
 	if e.ck.store != nil {
 		e.bg.wg.Add(1)
@@ -408,6 +417,7 @@ func (e *Engine) Close(ctx context.Context) error {
 		e.bg.cancel()
 	}
 	e.bg.wg.Wait()
+	e.waitUploads()
 	e.ck.hot.wait()
 	return e.pool.drain(ctx, "warm pool drained at shutdown")
 }

@@ -82,6 +82,10 @@ type RestoredPayload struct {
 	RunningNS int64 `json:"running_ns"`
 	// Replaced says a running incarnation was killed to make room.
 	Replaced bool `json:"replaced,omitempty"`
+	// LostCheckpoints are the sandbox's checkpoints cut after this one
+	// whose image was lost before their upload (upload.go): the restore
+	// fell back past them.
+	LostCheckpoints []string `json:"lost_checkpoints,omitempty"`
 }
 
 // RegisterEvents declares the lifecycle event types, all at version 1.

@@ -46,3 +46,10 @@ func (e *Engine) HotCopy(id string) (string, bool) { return e.ck.hot.path(id), e
 
 // DropHotCopy removes checkpoint id's hot copy (the next restore fetches).
 func (e *Engine) DropHotCopy(id string) { e.ck.hot.drop(id) }
+
+// SetStrictUploadFirst makes the strict policy upload before the ack on
+// local stores too (today's order before upload.go), for benchmarks.
+func (e *Engine) SetStrictUploadFirst(on bool) { e.pol.uploadFirst = on }
+
+// WaitUploads waits for the uploads behind local commits queued so far.
+func (e *Engine) WaitUploads() { e.waitUploads() }

@@ -10,7 +10,10 @@ package engine
 // # Durability order
 //
 // A hot copy is kept only after its checkpoint committed (pointer, log
-// event, row: checkpoint.go), and it counts only once complete:
+// event, row: checkpoint.go) — or, for a strict checkpoint on local
+// stores, before its local commit, pinned until its upload ends
+// (keepLocal; the order at the top of checkpoint.go) — and it counts only
+// once complete:
 //
 //  1. every file of the cut directory is fsync'd (the driver wrote them);
 //  2. hot.json, naming the checkpoint, its image digest and each file's
@@ -40,6 +43,8 @@ package engine
 // size bound evicts it (oldest first).
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -76,6 +81,10 @@ type hotTier struct {
 	lg    *slog.Logger
 
 	mu sync.Mutex // guards the directory's contents
+	// pinned are the copies of checkpoints whose upload is pending
+	// (upload.go): neither a newer copy of their sandbox nor the size
+	// bound removes them, only unpin, drop or their upload's failure.
+	pinned map[string]bool
 
 	// Copies being made in the background (keepAsync), waited for by
 	// wait (Engine.Close).
@@ -92,6 +101,10 @@ type hotMeta struct {
 	Size        int64     `json:"size"`
 	Files       []hotFile `json:"files"`
 	Kept        time.Time `json:"kept"`
+	// Meta, for a copy kept before its upload (keepLocal), is the
+	// manifest metadata its upload will record: what a restore checks
+	// (hostcompat.go) before the manifest exists.
+	Meta map[string]string `json:"meta,omitempty"`
 }
 
 type hotFile struct {
@@ -105,7 +118,7 @@ func newHotTier(workDir string, limit int64, lg *slog.Logger) *hotTier {
 	if limit == 0 {
 		limit = DefaultHotTierBytes
 	}
-	h := &hotTier{dir: filepath.Join(workDir, "hot"), limit: limit, lg: lg}
+	h := &hotTier{dir: filepath.Join(workDir, "hot"), limit: limit, lg: lg, pinned: map[string]bool{}}
 	h.landed = sync.NewCond(&h.fmu)
 	return h
 }
@@ -165,8 +178,29 @@ func (h *hotTier) keep(ck meta.Checkpoint, cutDir string) error {
 	if !h.on() || ck.ImageDigest == "" {
 		return nil
 	}
-	hm := hotMeta{Checkpoint: ck.ID, Sandbox: ck.SandboxID, ImageDigest: ck.ImageDigest, Kept: time.Now().UTC()}
-	err := filepath.WalkDir(cutDir, func(p string, d fs.DirEntry, err error) error {
+	_, _, err := h.keepMeta(hotMeta{Checkpoint: ck.ID, Sandbox: ck.SandboxID, ImageDigest: ck.ImageDigest, Kept: time.Now().UTC()}, cutDir, false)
+	return err
+}
+
+// keepLocal makes cutDir, the image of checkpoint ck cut but not
+// uploaded, a pinned hot copy (the order above, before the local commit:
+// upload.go), carrying pm, the manifest metadata its upload will record.
+// It returns the digest of the copy's hot.json — the integrity record the
+// checkpoint's row carries (Checkpoint.HotDigest) — and false, consuming
+// nothing, when the tier cannot keep it (off, too big, the disk nearly
+// full): then the upload comes before the ack.
+func (h *hotTier) keepLocal(ck meta.Checkpoint, cutDir string, pm map[string]string) (digest string, kept bool, err error) {
+	if !h.on() {
+		return "", false, nil
+	}
+	return h.keepMeta(hotMeta{Checkpoint: ck.ID, Sandbox: ck.SandboxID, Kept: time.Now().UTC(), Meta: pm}, cutDir, true)
+}
+
+// keepMeta is keep and keepLocal: hm names the copy; pin keeps it until
+// unpin.
+func (h *hotTier) keepMeta(hm hotMeta, cutDir string, pin bool) (digest string, kept bool, err error) {
+	ck := meta.Checkpoint{ID: hm.Checkpoint, SandboxID: hm.Sandbox}
+	err = filepath.WalkDir(cutDir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || !d.Type().IsRegular() {
 			return err
 		}
@@ -189,38 +223,86 @@ func (h *hotTier) keep(ck meta.Checkpoint, cutDir string) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("hot copy of %s: %w", ck.ID, err)
+		return "", false, fmt.Errorf("hot copy of %s: %w", ck.ID, err)
 	}
 	if hm.Size > h.limit {
-		return nil // bigger than the whole tier: cold only
+		return "", false, nil // bigger than the whole tier: cold only
 	}
 	if !roomFor(cutDir, hm.Size) {
 		h.lg.Warn("hot copy not kept: the disk is nearly full", "checkpoint_id", ck.ID, "bytes", hm.Size)
-		return nil
+		return "", false, nil
 	}
 	b, _ := json.Marshal(hm)
 	if err := writeSynced(filepath.Join(cutDir, hotMetaName), b); err != nil {
-		return fmt.Errorf("hot copy of %s: %w", ck.ID, err)
+		return "", false, fmt.Errorf("hot copy of %s: %w", ck.ID, err)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := os.MkdirAll(h.dir, 0o700); err != nil {
-		return err
+		return "", false, err
 	}
 	dst := h.path(ck.ID)
 	_ = os.RemoveAll(dst)
 	if err := os.Rename(cutDir, dst); err != nil {
-		return fmt.Errorf("hot copy of %s: %w", ck.ID, err)
+		return "", false, fmt.Errorf("hot copy of %s: %w", ck.ID, err)
 	}
 	syncDir(h.dir)
-	// One copy per sandbox: the newest.
+	if pin {
+		h.pinned[ck.ID] = true
+	}
+	h.pruneLocked(ck.SandboxID, ck.ID)
+	h.evictLocked()
+	return recordDigest(b), true, nil
+}
+
+// pruneLocked keeps one copy per sandbox, newest (and the pinned ones).
+func (h *hotTier) pruneLocked(sandbox, newest string) {
 	for _, c := range h.listLocked() {
-		if c.Sandbox == ck.SandboxID && c.Checkpoint != ck.ID {
+		if c.Sandbox == sandbox && c.Checkpoint != newest && !h.pinned[c.Checkpoint] {
 			_ = os.RemoveAll(h.path(c.Checkpoint))
 		}
 	}
+}
+
+// pin keeps checkpoint ckID's copy until unpin (a restart's pending
+// uploads: upload.go).
+func (h *hotTier) pin(ckID string) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.pinned[ckID] = true
+	h.mu.Unlock()
+}
+
+// unpin lets checkpoint ckID's copy go as any other: its upload ended. An
+// older copy than the newest of its sandbox goes now.
+func (h *hotTier) unpin(ckID string) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.pinned, ckID)
+	cs := h.listLocked()
+	for i := len(cs) - 1; i >= 0; i-- {
+		if cs[i].Checkpoint == ckID {
+			for _, c := range cs[i+1:] {
+				if c.Sandbox == cs[i].Sandbox {
+					_ = os.RemoveAll(h.path(ckID)) // a newer copy of its sandbox is kept
+					break
+				}
+			}
+			break
+		}
+	}
 	h.evictLocked()
-	return nil
+}
+
+// recordDigest is the digest of a copy's hot.json, its integrity record.
+func recordDigest(b []byte) string {
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
 func fileRecord(rel string, st os.FileInfo) hotFile {
@@ -257,22 +339,31 @@ func (h *hotTier) evictLocked() {
 		total += c.Size
 	}
 	for i := 0; total > h.limit && i < len(cs); i++ {
+		if h.pinned[cs[i].Checkpoint] {
+			continue
+		}
 		_ = os.RemoveAll(h.path(cs[i].Checkpoint))
 		total -= cs[i].Size
 	}
 }
 
 func readHotMeta(dir string) (hotMeta, error) {
+	hm, _, err := readHotRecord(dir)
+	return hm, err
+}
+
+// readHotRecord is readHotMeta with the record's digest (recordDigest).
+func readHotRecord(dir string) (hotMeta, string, error) {
 	var hm hotMeta
 	b, err := os.ReadFile(filepath.Join(dir, hotMetaName))
 	if err != nil {
-		return hm, err
+		return hm, "", err
 	}
 	if len(b) > 16<<20 {
-		return hm, errors.New("hot.json too big")
+		return hm, "", errors.New("hot.json too big")
 	}
 	err = json.Unmarshal(b, &hm)
-	return hm, err
+	return hm, recordDigest(b), err
 }
 
 // errNoHotCopy: the restore is cold.
@@ -290,16 +381,21 @@ func (h *hotTier) take(ck meta.Checkpoint, workDir string, entries func() ([]chu
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	src := h.path(ck.ID)
-	hm, err := readHotMeta(src)
+	hm, rec, err := readHotRecord(src)
 	if err != nil {
 		return "", nil, errNoHotCopy
 	}
 	drop := func(why string) (string, func(), error) {
 		h.lg.Warn("hot copy refused; restoring from the chunk store", "checkpoint_id", ck.ID, "why", why)
 		_ = os.RemoveAll(src)
-		return "", nil, errNoHotCopy
+		return "", nil, fmt.Errorf("%w: %s", errNoHotCopy, why)
 	}
-	if hm.Checkpoint != ck.ID || hm.ImageDigest != ck.ImageDigest {
+	// A copy kept before its upload is checked against the record its
+	// row carries (keepLocal), any other against the image digest.
+	if ck.HotDigest != "" && (hm.Checkpoint != ck.ID || rec != ck.HotDigest) {
+		return drop(fmt.Sprintf("its record %s is not the checkpoint's %s", rec, ck.HotDigest))
+	}
+	if ck.HotDigest == "" && (hm.Checkpoint != ck.ID || hm.ImageDigest != ck.ImageDigest) {
 		return drop(fmt.Sprintf("it is of %s %s, the checkpoint is %s", hm.Checkpoint, hm.ImageDigest, ck.ImageDigest))
 	}
 	dir = filepath.Join(workDir, "hot-"+ck.ID+"-"+strings.TrimPrefix(newID(), "sbx-"))
@@ -357,6 +453,19 @@ func (h *hotTier) take(ck meta.Checkpoint, workDir string, entries func() ([]chu
 	return dir, verify, nil
 }
 
+// metaOf is checkpoint ckID's copy's manifest metadata (keepLocal; nil if
+// it has no copy).
+func (h *hotTier) metaOf(ckID string) map[string]string {
+	if !h.on() {
+		return nil
+	}
+	hm, err := readHotMeta(h.path(ckID))
+	if err != nil || hm.Checkpoint != ckID {
+		return nil
+	}
+	return hm.Meta
+}
+
 // drop removes checkpoint ckID's hot copy.
 func (h *hotTier) drop(ckID string) {
 	if h == nil || ckID == "" {
@@ -364,6 +473,7 @@ func (h *hotTier) drop(ckID string) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	delete(h.pinned, ckID)
 	_ = os.RemoveAll(h.path(ckID))
 }
 

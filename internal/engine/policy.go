@@ -5,9 +5,12 @@ package engine
 //   - "" (none): only on request.
 //   - strict: after every exec, before the exec is acknowledged. An exec
 //     whose answer the client saw is in a checkpoint: a crash loses
-//     nothing acknowledged. The cost is a full checkpoint per exec. Every
-//     exec counts as a change (a command may change memory of running
-//     processes as well as files; there is no cheap way to tell).
+//     nothing acknowledged. The cost is a checkpoint per exec; on a node
+//     whose stores are its own, only the cut and the durable local copy
+//     come before the ack, the upload after (upload.go); in a cluster the
+//     upload comes before it too (another node must be able to restore).
+//     Every exec counts as a change (a command may change memory of
+//     running processes as well as files; there is no cheap way to tell).
 //   - fast: in the background, after every FastEvery execs or when an exec
 //     comes FastInterval after the last checkpoint, and from a ticker every
 //     FastInterval for a sandbox that ran execs since; never two at once
@@ -43,6 +46,9 @@ type policies struct {
 	fastInterval time.Duration
 	idle         time.Duration
 	activity     sync.Map // sandbox id → time.Time of the last call into it
+	// uploadFirst keeps the upload before the ack on local stores too
+	// (tests: the benchmark of both orders in one run).
+	uploadFirst bool
 }
 
 // The recovery policies.
@@ -101,7 +107,7 @@ func (e *policyRunner) policyState(id string) *policyState {
 func (e *policyRunner) afterExec(ctx context.Context, sb meta.Sandbox) error {
 	switch sb.Policy {
 	case PolicyStrict:
-		if _, err := e.ckr.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID}); err != nil {
+		if _, err := e.ckr.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID, uploadBehind: !e.lease.shared && !e.pol.uploadFirst}); err != nil {
 			return fmt.Errorf("the command ran, but the checkpoint the strict policy takes after it failed: %w", err)
 		}
 	case PolicyFast:

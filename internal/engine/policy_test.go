@@ -114,6 +114,9 @@ func TestTenantPolicy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// On local stores retention runs once a strict checkpoint's upload,
+	// behind the exec's answer, ended (upload.go).
+	e.WaitUploads()
 	all, _ := e.ListCheckpoints(ctx, "default", sb.ID, true)
 	kept, _ := e.ListCheckpoints(ctx, "default", sb.ID, false)
 	if len(all) != 2 || len(kept) != 1 {

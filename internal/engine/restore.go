@@ -68,7 +68,7 @@ func (e *checkpointer) RecoverTo(ctx context.Context, tenant, id string, toEvent
 			return sb, err
 		}
 		for _, c := range cks {
-			if c.Seq <= toEvent {
+			if c.Seq <= toEvent && e.usableLocal(ctx, c) {
 				ck = c
 			}
 		}
@@ -78,6 +78,12 @@ func (e *checkpointer) RecoverTo(ctx context.Context, tenant, id string, toEvent
 		return e.restore(ctx, ck, id, progress)
 	}
 	ck, err = e.latestCheckpoint(ctx, id)
+	for tries := 0; err == nil && !e.usableLocal(ctx, ck); tries++ {
+		if tries == 16 {
+			return sb, errdefs.Unavailablef("sandbox %s: its newest checkpoints' images are lost and cannot be recorded so", id)
+		}
+		ck, err = e.latestCheckpoint(ctx, id) // it failed: the one before
+	}
 	if errdefs.IsNotFound(err) && sb.Origin != "" {
 		ck, err = e.meta.Checkpoint(ctx, sb.Origin)
 	}
@@ -258,7 +264,7 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 		Checkpoint: ck.ID, From: ck.SandboxID, Seq: ck.Seq, Generation: sb.Generation, ImageDigest: imageDigest, Hot: hot,
 		Processes: rs.Processes, MemoryBytes: rs.MemoryBytes, Files: rs.Files,
 		ConnectionsRestored: rs.ConnectionsRestored, ConnectionsReset: rs.ConnectionsReset, Lazy: rs.Lazy,
-		FetchNS: int64(fetched), RunningNS: int64(rs.Running), Replaced: replaced,
+		FetchNS: int64(fetched), RunningNS: int64(rs.Running), Replaced: replaced, LostCheckpoints: e.lostAfter(ctx, ck),
 	}))
 	if err := e.appendEvents(ctx, sb, evs...); err != nil {
 		return sb, err
@@ -268,13 +274,29 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 	return sb, nil
 }
 
+// lostBeforeUpload fails ck, whose upload is pending and whose hot copy
+// is gone or damaged (why), and returns the restore's error.
+func (e *checkpointer) lostBeforeUpload(ctx context.Context, ck meta.Checkpoint, why error) error {
+	if err := e.uploadLost(ctx, ck, why); err != nil {
+		e.lg.Error("record lost checkpoint", "checkpoint_id", ck.ID, "err", err)
+	}
+	return errdefs.DataLossf("checkpoint %s: its image was lost before its upload: %v", ck.ID, why)
+}
+
 // restoreTemplate checks what ck's image depends on (refused before
 // anything is fetched) and returns exactly the template version it was cut
 // on, whatever the template's tag says now (fetched from the blob store if
 // this node has no copy).
 func (e *checkpointer) restoreTemplate(ctx context.Context, ck meta.Checkpoint) (sandbox.Template, error) {
-	m, err := e.ck.store.Manifest(ctx, ck.Tenant, ck.ID)
-	if err != nil {
+	var m *chunkstore.Manifest
+	var err error
+	if ck.UploadPending {
+		// No manifest yet: its metadata is the hot copy's (upload.go).
+		m = &chunkstore.Manifest{Meta: e.ck.hot.metaOf(ck.ID)}
+		if m.Meta == nil {
+			return sandbox.Template{}, e.lostBeforeUpload(ctx, ck, errNoHotCopy)
+		}
+	} else if m, err = e.ck.store.Manifest(ctx, ck.Tenant, ck.ID); err != nil {
 		return sandbox.Template{}, fmt.Errorf("checkpoint %s: %w", ck.ID, err)
 	}
 	if err := e.checkImageCompat(ctx, ck, m); err != nil {
@@ -344,6 +366,9 @@ func (e *checkpointer) restoreImage(ctx context.Context, ck meta.Checkpoint, pro
 	})
 	if err == nil {
 		return restoreImage{dir: dir, digest: ck.ImageDigest, hot: true, verify: verify}, nil
+	}
+	if ck.UploadPending {
+		return restoreImage{}, e.lostBeforeUpload(ctx, ck, err)
 	}
 	dir = filepath.Join(e.ck.workDir, "fetch-"+strings.TrimPrefix(newID(), "sbx-"))
 	report(progress, Progress{Phase: "fetch"})

@@ -31,14 +31,21 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 	image_digest     TEXT NOT NULL,
 	stats            TEXT NOT NULL,
 	created_ns       INTEGER NOT NULL,
-	updated_ns       INTEGER NOT NULL
+	updated_ns       INTEGER NOT NULL,
+	upload_pending   INTEGER NOT NULL DEFAULT 0,
+	hot_digest       TEXT NOT NULL DEFAULT ''
 ) STRICT;
 CREATE INDEX IF NOT EXISTS checkpoints_sandbox ON checkpoints(sandbox_id, created_ns);
 CREATE INDEX IF NOT EXISTS checkpoints_state ON checkpoints(state);
 `
 
 const ckCols = `id, tenant, sandbox_id, state, reason, parent, tag, stream, seq, event_seq, driver, template,
-	template_version, manifest_digest, image_digest, stats, created_ns, updated_ns`
+	template_version, manifest_digest, image_digest, stats, created_ns, updated_ns, upload_pending, hot_digest`
+
+// checkpointColumnsV6 are the columns schema version 6 added (the
+// migration of both backends).
+const checkpointColumnsV6 = `ALTER TABLE checkpoints ADD COLUMN upload_pending INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE checkpoints ADD COLUMN hot_digest TEXT NOT NULL DEFAULT '';`
 
 // InsertCheckpoint records a new checkpoint (normally pending).
 func (s *Store) InsertCheckpoint(ctx context.Context, c Checkpoint) (Checkpoint, error) {
@@ -48,9 +55,10 @@ func (s *Store) InsertCheckpoint(ctx context.Context, c Checkpoint) (Checkpoint,
 	now := s.clock.Now()
 	c.Created, c.Updated = now, now
 	stats, _ := json.Marshal(c.Stats)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO checkpoints (`+ckCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err := s.db.ExecContext(ctx, `INSERT INTO checkpoints (`+ckCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		c.ID, c.Tenant, c.SandboxID, string(c.State), c.Reason, c.Parent, c.Tag, c.Stream, int64(c.Seq), int64(c.EventSeq),
-		c.Driver, c.Template, c.TemplateVersion, c.ManifestDigest, c.ImageDigest, string(stats), now.UnixNano(), now.UnixNano())
+		c.Driver, c.Template, c.TemplateVersion, c.ManifestDigest, c.ImageDigest, string(stats), now.UnixNano(), now.UnixNano(),
+		c.UploadPending, c.HotDigest)
 	if err != nil {
 		if isUnique(err) {
 			return c, errdefs.AlreadyExistsf("checkpoint %s", c.ID)
@@ -101,14 +109,25 @@ func (s *Store) Checkpoints(ctx context.Context, f CheckpointFilter) ([]Checkpoi
 }
 
 // CommitCheckpoint marks pending checkpoint c.ID committed with c's digests,
-// event position and stats.
+// event position and stats, and its UploadPending and HotDigest.
 func (s *Store) CommitCheckpoint(ctx context.Context, c Checkpoint) (Checkpoint, error) {
 	stats, _ := json.Marshal(c.Stats)
 	return s.updateCheckpoint(ctx, c.ID, "commit",
-		`UPDATE checkpoints SET state = ?, manifest_digest = ?, image_digest = ?, event_seq = ?, stats = ?, updated_ns = ?
+		`UPDATE checkpoints SET state = ?, manifest_digest = ?, image_digest = ?, event_seq = ?, stats = ?, updated_ns = ?,
+		 upload_pending = ?, hot_digest = ?
 		 WHERE id = ? AND state = ?`,
 		string(CheckpointCommitted), c.ManifestDigest, c.ImageDigest, int64(c.EventSeq), string(stats), s.clock.Now().UnixNano(),
-		c.ID, string(CheckpointPending))
+		c.UploadPending, c.HotDigest, c.ID, string(CheckpointPending))
+}
+
+// FinishUpload records that committed checkpoint c.ID, whose upload was
+// pending, is in the blob store: its digests and stats, the mark cleared.
+func (s *Store) FinishUpload(ctx context.Context, c Checkpoint) (Checkpoint, error) {
+	stats, _ := json.Marshal(c.Stats)
+	return s.updateCheckpoint(ctx, c.ID, "finish upload of",
+		`UPDATE checkpoints SET manifest_digest = ?, image_digest = ?, stats = ?, updated_ns = ?, upload_pending = 0
+		 WHERE id = ? AND state = ? AND upload_pending = 1`,
+		c.ManifestDigest, c.ImageDigest, string(stats), s.clock.Now().UnixNano(), c.ID, string(CheckpointCommitted))
 }
 
 // SetCheckpointState moves checkpoint id to state to with reason, provided
@@ -149,7 +168,8 @@ func scanCheckpoint(r scanner) (Checkpoint, error) {
 	var state, stats string
 	var seq, eventSeq, created, updated int64
 	err := r.Scan(&c.ID, &c.Tenant, &c.SandboxID, &state, &c.Reason, &c.Parent, &c.Tag, &c.Stream, &seq, &eventSeq,
-		&c.Driver, &c.Template, &c.TemplateVersion, &c.ManifestDigest, &c.ImageDigest, &stats, &created, &updated)
+		&c.Driver, &c.Template, &c.TemplateVersion, &c.ManifestDigest, &c.ImageDigest, &stats, &created, &updated,
+		&c.UploadPending, &c.HotDigest)
 	if err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return c, err

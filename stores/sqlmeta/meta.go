@@ -54,7 +54,7 @@ type Store struct {
 }
 
 // schemaVersion is stored in PRAGMA user_version.
-const schemaVersion = 5
+const schemaVersion = 6
 
 const schema = `
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -128,6 +128,9 @@ var migrations = map[int]string{
 	3: sessionsSchema,
 	// 4 → 5: the node that runs each sandbox (nodes.go).
 	4: `ALTER TABLE sandboxes ADD COLUMN node TEXT NOT NULL DEFAULT '';`,
+	// 5 → 6: checkpoints committed on the node before their upload
+	// (checkpoints.go; PostgreSQL's own: pgMigrations).
+	5: checkpointColumnsV6,
 }
 
 // Open opens (creating if needed) the store at path: a SQLite file, or,
@@ -186,6 +189,11 @@ func (s *Store) migrate() error {
 	return err
 }
 
+// migrationAlters names the table migrations[v] alters: a database
+// without it (older than the table) skips the migration, and the schema
+// creates the table whole.
+var migrationAlters = map[int]string{5: "checkpoints"}
+
 // migrateOne applies migrations[v] and records version v+1 in one
 // transaction, so a crash leaves the database at v or at v+1, never between.
 func (s *Store) migrateOne(v int) error {
@@ -194,8 +202,18 @@ func (s *Store) migrateOne(v int) error {
 		return err
 	}
 	defer tx.Rollback()
-	if _, err := tx.Exec(migrations[v]); err != nil {
-		return err
+	run := true
+	if table, ok := migrationAlters[v]; ok {
+		var n int
+		if err := tx.QueryRowContext(context.Background(), `SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, table).Scan(&n); err != nil {
+			return err
+		}
+		run = n > 0
+	}
+	if run {
+		if _, err := tx.Exec(migrations[v]); err != nil {
+			return err
+		}
 	}
 	if _, err := tx.Exec(fmt.Sprintf(`PRAGMA user_version = %d`, v+1)); err != nil {
 		return err

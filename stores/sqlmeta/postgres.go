@@ -44,11 +44,20 @@ func openPostgres(dsn string, opts Options) (*Store, error) {
 // ("meta" in ASCII).
 const metaLockKey = 0x6d657461
 
-// migratePostgres creates the schema at schemaVersion. PostgreSQL
-// deployments began at version 5, so there is nothing to migrate yet: a
-// newer version (another node runs a newer binary) is refused, an older one
-// cannot exist. Several nodes starting together serialise on an advisory
-// lock inside one transaction.
+// pgMigrations[v] brings a PostgreSQL database at version v to v+1 before
+// the schema's CREATE … IF NOT EXISTS statements run (in the transaction
+// that records the new version). PostgreSQL deployments began at version 5.
+var pgMigrations = map[int]string{
+	// 5 → 6: checkpoints committed on the node before their upload.
+	5: `ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS upload_pending BIGINT NOT NULL DEFAULT 0;
+	    ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS hot_digest TEXT NOT NULL DEFAULT '';`,
+}
+
+// migratePostgres creates the schema at schemaVersion, migrating an older
+// one (pgMigrations): a newer version (another node runs a newer binary)
+// is refused. Several nodes starting together serialise on an advisory
+// lock inside one transaction, so the migration and its version commit
+// together or not at all.
 func (s *Store) migratePostgres(ctx context.Context) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -68,6 +77,11 @@ func (s *Store) migratePostgres(ctx context.Context) error {
 	if v.Int64 > schemaVersion {
 		return errdefs.FailedPreconditionf("meta schema version %d is newer than this binary's %d; upgrade amber", v.Int64, schemaVersion)
 	}
+	for ver := v.Int64; v.Valid && ver < schemaVersion; ver++ {
+		if _, err := tx.ExecContext(ctx, pgMigrations[int(ver)]); err != nil {
+			return fmt.Errorf("migrate schema %d to %d: %w", ver, ver+1, err)
+		}
+	}
 	if _, err := tx.Exec(schema); err != nil {
 		return err
 	}
@@ -75,7 +89,7 @@ func (s *Store) migratePostgres(ctx context.Context) error {
 		DefaultTenant, DefaultTenant, TenantActive, s.clock.Now().UnixNano()); err != nil {
 		return err
 	}
-	if !v.Valid {
+	if v.Int64 < schemaVersion {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO meta_schema_version (version) VALUES (?)`, schemaVersion); err != nil {
 			return err
 		}

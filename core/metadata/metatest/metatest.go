@@ -33,6 +33,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Opener) {
 		{"SetStateIsConditional", testSetStateIsConditional},
 		{"ClaimOnlyOnce", testClaimOnlyOnce},
 		{"StatementsRoundTrip", testStatementsRoundTrip},
+		{"CheckpointUploadPending", testCheckpointUploadPending},
 		{"TenantsAndKeys", testTenantsAndKeys},
 		{"Sessions", testSessions},
 		{"NodeLeases", testNodeLeases},

@@ -1,6 +1,7 @@
 package metatest
 
 import (
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -135,6 +136,61 @@ func testClaimOnlyOnce(t *testing.T, open Opener) {
 	got, err := s.Get(ctx, "p")
 	if err != nil || got.Pooled || !got.FromPool || got.Tenant != metadata.DefaultTenant || got.Env[0] != "X=1" || !got.Created.Equal(pooledAt.Created.Add(time.Minute)) {
 		t.Fatalf("claimed row: %+v %v", got, err)
+	}
+}
+
+// testCheckpointUploadPending: a checkpoint committed locally keeps its
+// mark and hot digest across a reopen until FinishUpload clears it, once;
+// one that failed keeps the mark.
+func testCheckpointUploadPending(t *testing.T, open Opener) {
+	ctx := ctxT(t)
+	s := mustOpen(t, open, clock.NewFake(epoch))
+	if _, err := s.Insert(ctx, row("sbx-1", false)); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"ckpt-1", "ckpt-2", "ckpt-3"} {
+		if _, err := s.InsertCheckpoint(ctx, metadata.Checkpoint{ID: id, Tenant: metadata.DefaultTenant, SandboxID: "sbx-1", State: metadata.CheckpointPending,
+			Stream: "sandbox/sbx-1", Seq: 3, Driver: "gvisor", Template: "minimal", TemplateVersion: "v1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// ckpt-3 is committed the usual way: FinishUpload refuses it.
+	if _, err := s.CommitCheckpoint(ctx, metadata.Checkpoint{ID: "ckpt-3", EventSeq: 6, ManifestDigest: "m3"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.FinishUpload(ctx, metadata.Checkpoint{ID: "ckpt-3", ManifestDigest: "x"}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("finish upload of a checkpoint not pending upload: %v", err)
+	}
+	for _, id := range []string{"ckpt-1", "ckpt-2"} {
+		if _, err := s.FinishUpload(ctx, metadata.Checkpoint{ID: id}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+			t.Fatalf("finish upload of a pending checkpoint: %v", err)
+		}
+		ck, err := s.CommitCheckpoint(ctx, metadata.Checkpoint{ID: id, EventSeq: 4, UploadPending: true, HotDigest: "sha256:hot-" + id})
+		if err != nil || ck.State != metadata.CheckpointCommitted || !ck.UploadPending || ck.HotDigest != "sha256:hot-"+id || ck.ManifestDigest != "" {
+			t.Fatalf("local commit: %+v %v", ck, err)
+		}
+	}
+	if _, err := s.SetCheckpointState(ctx, "ckpt-2", metadata.CheckpointFailed, "hot copy lost", metadata.CheckpointCommitted); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s = mustOpen(t, open, clock.NewFake(epoch))
+	if got, err := s.Checkpoint(ctx, "ckpt-1"); err != nil || !got.UploadPending || got.HotDigest != "sha256:hot-ckpt-1" || got.EventSeq != 4 {
+		t.Fatalf("after reopen: %+v %v", got, err)
+	}
+	if got, err := s.Checkpoint(ctx, "ckpt-2"); err != nil || got.State != metadata.CheckpointFailed || !got.UploadPending {
+		t.Fatalf("failed before its upload: %+v %v", got, err)
+	}
+	if _, err := s.FinishUpload(ctx, metadata.Checkpoint{ID: "ckpt-2", ManifestDigest: "m"}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("finish upload of a failed checkpoint: %v", err)
+	}
+	ck, err := s.FinishUpload(ctx, metadata.Checkpoint{ID: "ckpt-1", ManifestDigest: "m1", ImageDigest: "sha256:i1", Stats: metadata.CheckpointStats{StoredBytes: 77}})
+	if err != nil || ck.UploadPending || ck.ManifestDigest != "m1" || ck.ImageDigest != "sha256:i1" || ck.Stats.StoredBytes != 77 ||
+		ck.HotDigest != "sha256:hot-ckpt-1" || ck.EventSeq != 4 || ck.State != metadata.CheckpointCommitted {
+		t.Fatalf("finish upload: %+v %v", ck, err)
+	}
+	if _, err := s.FinishUpload(ctx, ck); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("upload finished twice: %v", err)
 	}
 }
 
