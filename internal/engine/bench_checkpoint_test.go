@@ -281,7 +281,7 @@ func benchRawDriver(t *testing.T, ctx context.Context, env *enginetest.Env, r *c
 	case lazyCap:
 	case env.Driver.Name() == "criu":
 		b, _ := os.ReadFile("/proc/sys/vm/unprivileged_userfaultfd")
-		r.lazyNote = fmt.Sprintf("off: vm.unprivileged_userfaultfd=%s (criu lazy-pages needs 1)", strings.TrimSpace(string(b)))
+		r.lazyNote = fmt.Sprintf("off: vm.unprivileged_userfaultfd=%s (criu lazy-pages needs 1, or the patched CRIU with /dev/userfaultfd: the driver's LazyRestore)", strings.TrimSpace(string(b)))
 	default:
 		r.lazyNote = fmt.Sprintf("driver %s has no lazy restore", env.Driver.Name())
 	}
