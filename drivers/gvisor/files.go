@@ -2,9 +2,6 @@ package gvisor
 
 import (
 	"context"
-	"os"
-	"path/filepath"
-	"strings"
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
@@ -42,13 +39,8 @@ func (d *Driver) Files(ctx context.Context, id string) (sandbox.FS, error) {
 // would fail (a `runsc port-forward` and a `runsc state` per call). A
 // cgroup that cannot be read says nothing: the agent is asked.
 func cgroupEmpty(path string) bool {
-	for _, ctrl := range []string{"pids", "memory", "cpu"} {
-		b, err := os.ReadFile(filepath.Join(cgroupRoot, ctrl, path, "cgroup.procs"))
-		if err == nil {
-			return len(strings.TrimSpace(string(b))) == 0
-		}
-	}
-	return false
+	pids, ok := readCgroupProcs(path)
+	return ok && len(pids) == 0
 }
 
 // hostFiles is drivers/internal/confinedfs over the layer's merged

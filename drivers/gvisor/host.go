@@ -120,20 +120,26 @@ func cgroupDirs(path string) []string {
 // cgroupProcs returns the host pids in cgroup path (read from the pids
 // hierarchy, falling back to memory).
 func cgroupProcs(path string) []int {
+	pids, _ := readCgroupProcs(path)
+	return pids
+}
+
+// readCgroupProcs reads cgroup path's processes from the first controller
+// that has it; ok is false when none could be read.
+func readCgroupProcs(path string) (pids []int, ok bool) {
 	for _, ctrl := range []string{"pids", "memory", "cpu"} {
 		b, err := os.ReadFile(filepath.Join(cgroupRoot, ctrl, path, "cgroup.procs"))
 		if err != nil {
 			continue
 		}
-		var pids []int
 		for _, f := range strings.Fields(string(b)) {
 			if n, err := strconv.Atoi(f); err == nil {
 				pids = append(pids, n)
 			}
 		}
-		return pids
+		return pids, true
 	}
-	return nil
+	return nil, false
 }
 
 // killCgroup SIGKILLs every process left in cgroup path (a sandbox whose

@@ -6,8 +6,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"path"
-	"time"
 	"unicode/utf8"
 
 	"github.com/google/jsonschema-go/jsonschema"
@@ -202,7 +200,7 @@ func (t mcpTools) readFile(ctx context.Context, _ *mcp.CallToolRequest, in mcpPa
 	if err != nil {
 		return nil, mcpFileOut{}, err
 	}
-	p := path.Clean("/" + in.Path)
+	p := in.Path // the sandbox's FS refuses a relative one, as write_file's does
 	fi, err := fs.Stat(ctx, p)
 	if err != nil {
 		return nil, mcpFileOut{}, err
@@ -245,7 +243,7 @@ func (t mcpTools) listDir(ctx context.Context, _ *mcp.CallToolRequest, in mcpPat
 	if err != nil {
 		return nil, mcpDirOut{}, err
 	}
-	p := path.Clean("/" + in.Path)
+	p := in.Path // the sandbox's FS refuses a relative one, as write_file's does
 	ents, err := fs.List(ctx, p)
 	if err != nil {
 		return nil, mcpDirOut{}, err
@@ -285,16 +283,11 @@ func (t mcpTools) startProcess(ctx context.Context, _ *mcp.CallToolRequest, in m
 }
 
 // processOutput reads what the process has written since in.Offset (not
-// following: the tool answers now), at most mcpMaxOutput bytes of it.
-// Without follow the stream stops at what was written so far, before the
-// end, so it asks Wait (briefly) whether the process ended — before
-// reading, so that output written just before the end is not missed.
-// Running stays true while output remains past the cap.
+// following: the tool answers now), at most mcpMaxOutput bytes of it. The
+// stream of an ended process ends with its exit frame once every byte was
+// sent; Running stays true while output remains past the cap.
 func (t mcpTools) processOutput(ctx context.Context, _ *mcp.CallToolRequest, in mcpOutputIn) (*mcp.CallToolResult, mcpOutputOut, error) {
 	out := mcpOutputOut{NextOffset: in.Offset, Running: true}
-	wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	st, werr := t.eng.Wait(wctx, t.tenant, in.Sandbox, in.PID)
-	cancel()
 	var stdout, stderr bytes.Buffer
 	err := t.eng.ProcessOutput(ctx, t.tenant, in.Sandbox, in.PID, in.Offset, false, func(f sandbox.OutputFrame) error {
 		switch f.Kind {
@@ -310,14 +303,15 @@ func (t mcpTools) processOutput(ctx context.Context, _ *mcp.CallToolRequest, in 
 			out.NextOffset = f.Offset + int64(len(f.Data))
 		case "rewound", "lost":
 			out.NextOffset = f.Offset
+		case "exited":
+			if f.Exit != nil {
+				out.Running, out.ExitCode = false, &f.Exit.Code
+			}
 		}
 		return nil
 	})
 	if err != nil && !errors.Is(err, errCapped) {
 		return nil, mcpOutputOut{}, err
-	}
-	if werr == nil && err == nil {
-		out.Running, out.ExitCode = false, &st.Code
 	}
 	out.Stdout, out.Stderr = stdout.String(), stderr.String()
 	return nil, out, nil
