@@ -75,7 +75,34 @@ type RestoreStats struct {
 	ConnectionsRestored int  `json:"connections_restored"`
 	ConnectionsReset    int  `json:"connections_reset"`
 	Lazy                bool `json:"lazy"`
+	// NotRestored lists every kind of state the driver knows it did not
+	// bring back (empty: all it can check came back). A driver that could
+	// not check a kind says so (LossUnverified) rather than leave it out.
+	NotRestored []Loss `json:"not_restored,omitempty"`
 }
+
+// Loss is one kind of state a restore did not bring back: the fidelity
+// report's negative half.
+type Loss struct {
+	Kind   string `json:"kind"`
+	Count  int    `json:"count,omitempty"`
+	Detail string `json:"detail"`
+}
+
+// The kinds of Loss.
+const (
+	// LossProcesses: processes of the cut missing after the restore.
+	LossProcesses = "processes"
+	// LossConnections: TCP connections of the cut reset (their peer
+	// outside the sandbox did not survive, or the driver cannot restore
+	// them, e.g. after a crash).
+	LossConnections = "tcp-connections"
+	// LossCheckpoints: newer checkpoints whose image was lost before
+	// their upload; the restore fell back past them (the engine's).
+	LossCheckpoints = "checkpoints"
+	// LossUnverified: a kind the driver could not check this time.
+	LossUnverified = "unverified"
+)
 
 // RuntimeReporter is implemented by a driver that can name the exact build
 // of the runtime its images come from (for gvisor the runsc module version

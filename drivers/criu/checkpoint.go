@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -314,6 +315,37 @@ func countTCPEstablished(pid int) int {
 	return n
 }
 
+// restoreLosses compares the cut (meta) with the restored sandbox: the
+// processes of the cut missing after the restore (by sandbox PID, the
+// agent left out on both sides) and the TCP connections reset.
+func restoreLosses(meta *imageMeta, after []sandbox.Process, procErr error, reset int) []sandbox.Loss {
+	var out []sandbox.Loss
+	if procErr != nil {
+		out = append(out, sandbox.Loss{Kind: sandbox.LossUnverified, Detail: "processes: " + procErr.Error()})
+	} else {
+		present := make(map[int]bool, len(after))
+		for _, p := range after {
+			present[p.PID] = true
+		}
+		var missing []int
+		for pid := range meta.StartTicks {
+			if !present[pid] {
+				missing = append(missing, pid)
+			}
+		}
+		if len(missing) > 0 {
+			slices.Sort(missing)
+			out = append(out, sandbox.Loss{Kind: sandbox.LossProcesses, Count: len(missing),
+				Detail: fmt.Sprintf("sandbox PIDs %v of the cut are not running after the restore", missing)})
+		}
+	}
+	if reset > 0 {
+		out = append(out, sandbox.Loss{Kind: sandbox.LossConnections, Count: reset,
+			Detail: fmt.Sprintf("%d of %d established at the cut did not come back established", reset, meta.Connections)})
+	}
+	return out
+}
+
 func readImageMeta(imageDir string) (*imageMeta, error) {
 	b, err := os.ReadFile(filepath.Join(imageDir, imageMetaName))
 	if err != nil {
@@ -478,6 +510,8 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	if meta.Connections > stats.ConnectionsRestored {
 		stats.ConnectionsReset = meta.Connections - stats.ConnectionsRestored
 	}
+	procs, perr := d.Processes(ctx, spec.ID)
+	stats.NotRestored = restoreLosses(meta, procs, perr, stats.ConnectionsReset)
 	d.log.Info("sandbox restored", "sandbox", spec.ID, "running", stats.Running, "processes", stats.Processes, "memory_bytes", stats.MemoryBytes)
 	return stats, nil
 }

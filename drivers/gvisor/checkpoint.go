@@ -376,6 +376,8 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 		stats.Processes, stats.ConnectionsRestored = procs, conns
 	} else {
 		d.log.Warn("restore: cannot count processes and connections", "sandbox", id, "err", err)
+		stats.NotRestored = append(stats.NotRestored, sandbox.Loss{Kind: sandbox.LossUnverified,
+			Detail: "processes and connections: " + err.Error()})
 	}
 	// The phases, for the failover figures (docs/benchmarks.md): the old
 	// copy's cleanup and the layer set up, the layer's content, the

@@ -86,6 +86,10 @@ type RestoredPayload struct {
 	// whose image was lost before their upload (upload.go): the restore
 	// fell back past them.
 	LostCheckpoints []string `json:"lost_checkpoints,omitempty"`
+	// NotRestored lists every kind of state the restore did not bring
+	// back: the driver's account (sandbox.RestoreStats.NotRestored) and
+	// the lost checkpoints. Empty when everything checked came back.
+	NotRestored []sandbox.Loss `json:"not_restored,omitempty"`
 }
 
 // RegisterEvents declares the lifecycle event types, all at version 1.

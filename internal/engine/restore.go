@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -260,11 +261,12 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 		evs = append(evs, lifecycleEvent(sb, EventCreated, CreatedPayload{
 			Template: sb.Template, TemplateVersion: sb.TemplateVersion, Driver: sb.Driver, Limits: sb.Limits}))
 	}
+	lost := e.lostAfter(ctx, ck)
 	evs = append(evs, lifecycleEvent(sb, EventRestored, RestoredPayload{
 		Checkpoint: ck.ID, From: ck.SandboxID, Seq: ck.Seq, Generation: sb.Generation, ImageDigest: imageDigest, Hot: hot,
 		Processes: rs.Processes, MemoryBytes: rs.MemoryBytes, Files: rs.Files,
 		ConnectionsRestored: rs.ConnectionsRestored, ConnectionsReset: rs.ConnectionsReset, Lazy: rs.Lazy,
-		FetchNS: int64(fetched), RunningNS: int64(rs.Running), Replaced: replaced, LostCheckpoints: e.lostAfter(ctx, ck),
+		FetchNS: int64(fetched), RunningNS: int64(rs.Running), Replaced: replaced, LostCheckpoints: lost, NotRestored: notRestored(rs, lost),
 	}))
 	if err := e.appendEvents(ctx, sb, evs...); err != nil {
 		return sb, err
@@ -272,6 +274,17 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 	lg.InfoContext(ctx, "sandbox restored", "fork", target == "", "fetch", fetched.Round(time.Millisecond),
 		"running", rs.Running.Round(time.Millisecond), "processes", rs.Processes)
 	return sb, nil
+}
+
+// notRestored is the restored event's list of what did not come back:
+// the driver's and the checkpoints lost before their upload.
+func notRestored(rs sandbox.RestoreStats, lostCheckpoints []string) []sandbox.Loss {
+	out := slices.Clone(rs.NotRestored)
+	if len(lostCheckpoints) > 0 {
+		out = append(out, sandbox.Loss{Kind: sandbox.LossCheckpoints, Count: len(lostCheckpoints),
+			Detail: "lost before their upload (the restore fell back past them): " + strings.Join(lostCheckpoints, ", ")})
+	}
+	return out
 }
 
 // lostBeforeUpload fails ck, whose upload is pending and whose hot copy

@@ -217,6 +217,11 @@ func TestUploadBehindCrashes(t *testing.T) {
 	if err != nil || p.Checkpoint != ck1.ID || !slices.Contains(p.LostCheckpoints, ck2.ID) {
 		t.Fatalf("restored: %+v %v", p, err)
 	}
+	// The fidelity report's list of what did not come back names it too.
+	if i := slices.IndexFunc(p.NotRestored, func(l sandbox.Loss) bool { return l.Kind == sandbox.LossCheckpoints }); i < 0 ||
+		!strings.Contains(p.NotRestored[i].Detail, ck2.ID) {
+		t.Fatalf("restored: not_restored %+v, want the lost checkpoint %s", p.NotRestored, ck2.ID)
+	}
 	if out, _ := execOut(t, e, "default", id, "cat", "/root/a"); out != "one\n" {
 		t.Fatalf("after the fallback: %q", out)
 	}

@@ -225,6 +225,9 @@ func cut(t *testing.T, d Driver, spec sandbox.Spec, lap func(string)) (sandbox.R
 	}
 	lap(fmt.Sprintf("killed and restored (running after %v, %d processes, %d connections restored, %d reset)",
 		rs.Running.Round(time.Millisecond), rs.Processes, rs.ConnectionsRestored, rs.ConnectionsReset))
+	for _, l := range rs.NotRestored {
+		lap(fmt.Sprintf("not restored: %s (%d): %s", l.Kind, l.Count, l.Detail))
+	}
 	return rs, nil
 }
 

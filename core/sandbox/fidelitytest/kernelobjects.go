@@ -234,7 +234,11 @@ func kernelObject(t *testing.T, d Driver, tmpl sandbox.Template, name string, re
 	if _, err := waitLog(d, spec.ID, pid, "ready ", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	_, err := cut(t, d, spec, lapper(t))
+	rs, err := cut(t, d, spec, lapper(t))
+	if err == nil && len(rs.NotRestored) > 0 {
+		// Everything here comes back, so the fidelity report must say so.
+		t.Errorf("the restore reports state it did not bring back: %+v", rs.NotRestored)
+	}
 	if err != nil {
 		msg := err.Error()
 		named := false
