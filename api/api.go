@@ -622,6 +622,10 @@ type TenantPolicy struct {
 	// many execs or this long after the last checkpoint.
 	FastEvery      int   `json:"fast_every,omitempty"`
 	FastIntervalMS int64 `json:"fast_interval_ms,omitempty"`
+	// FastReplayBudgetMS: the fast policy also checkpoints once the execs
+	// since the last checkpoint ran this long in all (the adaptive cut:
+	// what a crash would replay stays under it).
+	FastReplayBudgetMS int64 `json:"fast_replay_budget_ms,omitempty"`
 	// KeepCheckpoints keeps each sandbox's newest N checkpoints plus tagged
 	// ones and truncates its log below them.
 	KeepCheckpoints int `json:"keep_checkpoints,omitempty"`

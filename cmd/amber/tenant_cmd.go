@@ -251,9 +251,9 @@ func fmtTime(t *time.Time) string {
 func newTenantPolicyCmd(g *globalFlags) *cobra.Command {
 	var recovery string
 	var fastEvery, keep int
-	var fastInterval, idle time.Duration
+	var fastInterval, replayBudget, idle time.Duration
 	c := &cobra.Command{
-		Use:   "policy TENANT [--recovery none|fast|strict] [--fast-every N] [--fast-interval D] [--keep-checkpoints N] [--idle-timeout D]",
+		Use:   "policy TENANT [--recovery none|fast|strict] [--fast-every N] [--fast-interval D] [--fast-replay-budget D] [--keep-checkpoints N] [--idle-timeout D]",
 		Short: "Show or set a tenant's recovery policy",
 		Long: `Show a tenant's recovery policy, or set it with flags (flags not given keep
 their value; 0 means the daemon's default):
@@ -261,6 +261,9 @@ their value; 0 means the daemon's default):
   --recovery          policy of sandboxes created without --recovery
   --fast-every N      the fast policy checkpoints after N execs …
   --fast-interval D   … or D after the last checkpoint
+  --fast-replay-budget D
+                      … or once the execs since it ran D in all (what a
+                      crash would replay; default 5s)
   --keep-checkpoints  keep each sandbox's newest N checkpoints plus tagged ones
   --idle-timeout D    checkpoint and stop sandboxes idle this long`,
 		Args: exactArgs(1, "a tenant id"),
@@ -283,6 +286,9 @@ their value; 0 means the daemon's default):
 				}
 				if f.Changed("fast-interval") {
 					p.FastIntervalMS = fastInterval.Milliseconds()
+				}
+				if f.Changed("fast-replay-budget") {
+					p.FastReplayBudgetMS = replayBudget.Milliseconds()
 				}
 				if f.Changed("keep-checkpoints") {
 					p.KeepCheckpoints = keep
@@ -307,6 +313,7 @@ their value; 0 means the daemon's default):
 			fmt.Fprintf(tw, "recovery\t%s\n", show(p.Recovery, "none"))
 			fmt.Fprintf(tw, "fast every\t%s\n", show(p.FastEvery, "default"))
 			fmt.Fprintf(tw, "fast interval\t%s\n", show(time.Duration(p.FastIntervalMS)*time.Millisecond, "default"))
+			fmt.Fprintf(tw, "fast replay budget\t%s\n", show(time.Duration(p.FastReplayBudgetMS)*time.Millisecond, "default"))
 			fmt.Fprintf(tw, "keep checkpoints\t%s\n", show(p.KeepCheckpoints, "default"))
 			fmt.Fprintf(tw, "idle timeout\t%s\n", show(time.Duration(p.IdleTimeoutMS)*time.Millisecond, "default"))
 			return tw.Flush()
@@ -316,6 +323,7 @@ their value; 0 means the daemon's default):
 	f.StringVar(&recovery, "recovery", "", "none, fast or strict")
 	f.IntVar(&fastEvery, "fast-every", 0, "fast policy: checkpoint after this many execs")
 	f.DurationVar(&fastInterval, "fast-interval", 0, "fast policy: checkpoint this long after the last one")
+	f.DurationVar(&replayBudget, "fast-replay-budget", 0, "fast policy: checkpoint once the execs since the last one ran this long in all")
 	f.IntVar(&keep, "keep-checkpoints", 0, "keep each sandbox's newest N checkpoints (plus tagged)")
 	f.DurationVar(&idle, "idle-timeout", 0, "checkpoint and stop sandboxes idle this long")
 	return c

@@ -52,6 +52,9 @@ type TenantPolicy struct {
 	// FastEvery and FastInterval tune the fast policy.
 	FastEvery    int           `json:"fast_every,omitempty"`
 	FastInterval time.Duration `json:"fast_interval_ns,omitempty"`
+	// FastReplayBudget: a fast checkpoint is due once the execs since the
+	// last one ran this long in all (the adaptive cut, policy.go).
+	FastReplayBudget time.Duration `json:"fast_replay_budget_ns,omitempty"`
 	// KeepCheckpoints keeps each sandbox's newest N (plus tagged ones).
 	KeepCheckpoints int `json:"keep_checkpoints,omitempty"`
 	// IdleTimeout checkpoints and stops a sandbox idle this long.
@@ -68,6 +71,8 @@ func (p TenantPolicy) Check() error {
 		return errdefs.InvalidArgumentf("fast_every %d: want 0 (the default) to 1000000", p.FastEvery)
 	case p.FastInterval < 0 || (p.FastInterval > 0 && p.FastInterval < 100*time.Millisecond):
 		return errdefs.InvalidArgumentf("fast interval %v: want 0 (the default) or at least 100ms", p.FastInterval)
+	case p.FastReplayBudget < 0 || (p.FastReplayBudget > 0 && p.FastReplayBudget < 100*time.Millisecond):
+		return errdefs.InvalidArgumentf("fast replay budget %v: want 0 (the default) or at least 100ms", p.FastReplayBudget)
 	case p.KeepCheckpoints < 0 || p.KeepCheckpoints > 10_000:
 		return errdefs.InvalidArgumentf("keep_checkpoints %d: want 0 (keep all) to 10000", p.KeepCheckpoints)
 	case p.IdleTimeout < 0 || (p.IdleTimeout > 0 && p.IdleTimeout < time.Second):

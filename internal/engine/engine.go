@@ -124,6 +124,12 @@ type RecoveryOptions struct {
 	// 10 execs, 30s; see policy.go).
 	FastEvery    int
 	FastInterval time.Duration
+	// FastReplayBudget (default 5s) is the fast policy's adaptive cut:
+	// a checkpoint is also due once the execs since the last one ran
+	// this long in all, the time a crash would make the session replay
+	// (a few long tool calls are cut sooner than FastEvery, many short
+	// ones are not cut more often for it).
+	FastReplayBudget time.Duration
 	// KeepCheckpoints, when > 0, keeps each sandbox's newest K committed
 	// checkpoints plus the tagged ones, deletes the others, and truncates
 	// the sandbox's stream below the oldest one kept (see retain).
@@ -254,6 +260,9 @@ func New(o Options) (*Engine, error) {
 	if o.Recovery.FastInterval <= 0 {
 		o.Recovery.FastInterval = 30 * time.Second
 	}
+	if o.Recovery.FastReplayBudget <= 0 {
+		o.Recovery.FastReplayBudget = 5 * time.Second
+	}
 	if o.Recovery.DriverTimeout <= 0 {
 		o.Recovery.DriverTimeout = 5 * time.Minute
 	}
@@ -275,7 +284,8 @@ func New(o Options) (*Engine, error) {
 		ck: checkpointing{store: o.Checkpoints, workDir: o.WorkDir, keep: o.Recovery.KeepCheckpoints,
 			hot: newHotTier(o.WorkDir, o.Recovery.HotTierBytes, o.Logger), drvTimeout: o.Recovery.DriverTimeout, fps: o.Failpoints}}
 	e.policyRunner = &policyRunner{core: c, ckr: e.checkpointer, eg: e.egressRunner,
-		pol: policies{fastEvery: o.Recovery.FastEvery, fastInterval: o.Recovery.FastInterval, idle: o.Recovery.IdleTimeout}}
+		pol: policies{fastEvery: o.Recovery.FastEvery, fastInterval: o.Recovery.FastInterval,
+			replayBudget: o.Recovery.FastReplayBudget, idle: o.Recovery.IdleTimeout}}
 	e.mover = &mover{core: c, ckr: e.checkpointer, idle: e.policyRunner}
 	e.ck.cpuFeatures = o.CPUFeatures
 	if e.ck.cpuFeatures == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
@@ -139,12 +140,13 @@ func (e *Engine) Exec(ctx context.Context, tenant, id string, spec sandbox.ExecS
 		return sandbox.ExitStatus{}, err
 	}
 	// Driver errors name the sandbox already.
+	began := time.Now()
 	st, err = e.drv.Exec(ctx, id, withEnv(sb, spec))
 	unlock()
 	if err != nil {
 		return st, err
 	}
-	return st, e.afterExec(ctx, sb)
+	return st, e.afterExec(ctx, sb, time.Since(began))
 }
 
 // StartProcess runs a command in the background in sandbox id and returns

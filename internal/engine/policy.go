@@ -11,7 +11,10 @@ package engine
 //     upload comes before it too (another node must be able to restore).
 //     Every exec counts as a change (a command may change memory of
 //     running processes as well as files; there is no cheap way to tell).
-//   - fast: in the background, after every FastEvery execs or when an exec
+//   - fast: in the background, after every FastEvery execs, when the
+//     execs since the last checkpoint ran FastReplayBudget in all (the
+//     adaptive cut: what a crash would make the session replay is bounded
+//     by the work's cost, not only by its count of steps), or when an exec
 //     comes FastInterval after the last checkpoint, and from a ticker every
 //     FastInterval for a sandbox that ran execs since; never two at once
 //     for one sandbox (a due checkpoint while one runs is skipped). A crash
@@ -44,6 +47,7 @@ type policies struct {
 	states       sync.Map // sandbox id → *policyState
 	fastEvery    int
 	fastInterval time.Duration
+	replayBudget time.Duration
 	idle         time.Duration
 	activity     sync.Map // sandbox id → time.Time of the last call into it
 	// uploadFirst keeps the upload before the ack on local stores too
@@ -77,23 +81,33 @@ func normPolicy(p string) string {
 }
 
 // fastParams are the fast policy's thresholds for tenant.
-func (e *policyRunner) fastParams(ctx context.Context, tenant string) (every int, interval time.Duration) {
-	every, interval = e.pol.fastEvery, e.pol.fastInterval
-	p := e.tenantPolicy(ctx, tenant)
-	if p.FastEvery > 0 {
-		every = p.FastEvery
-	}
-	if p.FastInterval > 0 {
-		interval = p.FastInterval
-	}
-	return every, interval
+type fastParams struct {
+	every    int
+	interval time.Duration
+	budget   time.Duration
 }
 
-// policyState is a fast-policy sandbox's count of execs since its last
-// checkpoint.
+func (e *policyRunner) fastParams(ctx context.Context, tenant string) fastParams {
+	f := fastParams{every: e.pol.fastEvery, interval: e.pol.fastInterval, budget: e.pol.replayBudget}
+	p := e.tenantPolicy(ctx, tenant)
+	if p.FastEvery > 0 {
+		f.every = p.FastEvery
+	}
+	if p.FastInterval > 0 {
+		f.interval = p.FastInterval
+	}
+	if p.FastReplayBudget > 0 {
+		f.budget = p.FastReplayBudget
+	}
+	return f
+}
+
+// policyState is a fast-policy sandbox's execs since its last
+// checkpoint: their count and their summed run time (replay).
 type policyState struct {
 	mu      sync.Mutex
 	execs   int
+	replay  time.Duration
 	last    time.Time
 	running bool
 }
@@ -103,19 +117,21 @@ func (e *policyRunner) policyState(id string) *policyState {
 	return st.(*policyState)
 }
 
-// afterExec applies sb's recovery policy once an exec finished.
-func (e *policyRunner) afterExec(ctx context.Context, sb meta.Sandbox) error {
+// afterExec applies sb's recovery policy once an exec that ran for took
+// finished.
+func (e *policyRunner) afterExec(ctx context.Context, sb meta.Sandbox, took time.Duration) error {
 	switch sb.Policy {
 	case PolicyStrict:
 		if _, err := e.ckr.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID, uploadBehind: !e.lease.shared && !e.pol.uploadFirst}); err != nil {
 			return fmt.Errorf("the command ran, but the checkpoint the strict policy takes after it failed: %w", err)
 		}
 	case PolicyFast:
-		every, interval := e.fastParams(ctx, sb.Tenant)
+		f := e.fastParams(ctx, sb.Tenant)
 		st := e.policyState(sb.ID)
 		st.mu.Lock()
 		st.execs++
-		due := st.execs >= every || time.Since(st.last) >= interval
+		st.replay += took
+		due := st.execs >= f.every || st.replay >= f.budget || time.Since(st.last) >= f.interval
 		st.mu.Unlock()
 		if due {
 			e.fastCheckpoint(sb)
@@ -132,7 +148,7 @@ func (e *policyRunner) fastCheckpoint(sb meta.Sandbox) {
 		st.mu.Unlock()
 		return
 	}
-	st.running, st.execs = true, 0
+	st.running, st.execs, st.replay = true, 0, 0
 	st.mu.Unlock()
 	e.bg.wg.Add(1)
 	go func() {
@@ -170,7 +186,7 @@ func (e *policyRunner) policyLoop(ctx context.Context) {
 			}
 			interval, seen := intervalOf[sb.Tenant]
 			if !seen {
-				_, interval = e.fastParams(ctx, sb.Tenant)
+				interval = e.fastParams(ctx, sb.Tenant).interval
 				intervalOf[sb.Tenant] = interval
 			}
 			st := e.policyState(sb.ID)

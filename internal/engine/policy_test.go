@@ -79,6 +79,55 @@ func TestRecoveryPolicies(t *testing.T) {
 		medians["strict"].Round(time.Millisecond), float64(medians["strict"])/float64(medians["none"]))
 }
 
+// TestFastReplayBudget: the fast policy's adaptive cut. Short execs far
+// below FastEvery take no checkpoint; once the execs since the last one
+// ran FastReplayBudget in all, one is taken, and the count starts again.
+func TestFastReplayBudget(t *testing.T) {
+	env := enginetest.NewFor(t, "gvisor", engine.Options{Recovery: engine.RecoveryOptions{
+		FastEvery: 1000, FastInterval: time.Hour, FastReplayBudget: time.Second}})
+	e := env.Engine
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Policy: "fast", Cold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func() int {
+		cks, err := e.ListCheckpoints(ctx, "default", sb.ID, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(cks)
+	}
+	run := func(args ...string) {
+		if _, err := e.Exec(ctx, "default", sb.ID, sandbox.ExecSpec{Args: args}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 5 {
+		run("true")
+	}
+	time.Sleep(300 * time.Millisecond) // a checkpoint wrongly started would show by now
+	if n := count(); n != 0 {
+		t.Fatalf("%d checkpoints after 5 short execs (budget 1s, every 1000)", n)
+	}
+	run("sleep", "0.6")
+	run("sleep", "0.6") // 1.2s since the last cut, with the short ones
+	deadline := time.Now().Add(time.Minute)
+	for count() < 1 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("%d checkpoints once the execs ran past the replay budget, want 1", n)
+	}
+	// The budget starts again from the cut.
+	run("sleep", "0.3")
+	time.Sleep(300 * time.Millisecond)
+	if n := count(); n != 1 {
+		t.Fatalf("%d checkpoints after 0.3s more of execs, want still 1", n)
+	}
+}
+
 // TestTenantPolicy: a tenant's policy gives its new sandboxes their
 // recovery policy, its retention and its idle timeout, over the daemon's
 // defaults (none of which are set here).
@@ -87,7 +136,7 @@ func TestTenantPolicy(t *testing.T) {
 	e := env.Engine
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	for _, bad := range []meta.TenantPolicy{{Recovery: "sometimes"}, {IdleTimeout: 10 * time.Millisecond}, {KeepCheckpoints: -1}} {
+	for _, bad := range []meta.TenantPolicy{{Recovery: "sometimes"}, {IdleTimeout: 10 * time.Millisecond}, {KeepCheckpoints: -1}, {FastReplayBudget: 10 * time.Millisecond}} {
 		if err := e.SetTenantPolicy(ctx, "default", bad); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("policy %+v: %v", bad, err)
 		}

@@ -139,7 +139,7 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, c *call) erro
 
 func toAPITenantPolicy(p metadata.TenantPolicy) api.TenantPolicy {
 	return api.TenantPolicy{Recovery: p.Recovery, FastEvery: p.FastEvery, FastIntervalMS: p.FastInterval.Milliseconds(),
-		KeepCheckpoints: p.KeepCheckpoints, IdleTimeoutMS: p.IdleTimeout.Milliseconds(), Egress: toAPIEgress(p.Egress)}
+		FastReplayBudgetMS: p.FastReplayBudget.Milliseconds(), KeepCheckpoints: p.KeepCheckpoints, IdleTimeoutMS: p.IdleTimeout.Milliseconds(), Egress: toAPIEgress(p.Egress)}
 }
 
 func (s *Server) getTenantPolicy(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -163,11 +163,12 @@ func (s *Server) putTenantPolicy(w http.ResponseWriter, r *http.Request, c *call
 	if err := readJSON(r, &req); err != nil {
 		return err
 	}
-	if req.FastIntervalMS < 0 || req.IdleTimeoutMS < 0 {
+	if req.FastIntervalMS < 0 || req.IdleTimeoutMS < 0 || req.FastReplayBudgetMS < 0 {
 		return errdefs.InvalidArgumentf("durations must not be negative")
 	}
 	p := metadata.TenantPolicy{Recovery: req.Recovery, FastEvery: req.FastEvery,
 		FastInterval: time.Duration(req.FastIntervalMS) * time.Millisecond, KeepCheckpoints: req.KeepCheckpoints,
+		FastReplayBudget: time.Duration(req.FastReplayBudgetMS) * time.Millisecond,
 		IdleTimeout: time.Duration(req.IdleTimeoutMS) * time.Millisecond, Egress: fromAPIEgress(req.Egress)}
 	if err := s.eng.SetTenantPolicy(r.Context(), tenant, p); err != nil {
 		return err

@@ -435,8 +435,8 @@ class Client:
 
     def tenant_policy(self, tenant, **changes):
         """Returns tenant's recovery policy; with keyword arguments
-        (recovery, fast_every, fast_interval_ms, keep_checkpoints,
-        idle_timeout_ms), changes them first."""
+        (recovery, fast_every, fast_interval_ms, fast_replay_budget_ms,
+        keep_checkpoints, idle_timeout_ms), changes them first."""
         path = "/v1/tenants/%s/policy" % urllib.parse.quote(tenant, safe="")
         p = self._json("GET", path)
         if changes:

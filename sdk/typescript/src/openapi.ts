@@ -1288,6 +1288,11 @@ export interface components {
             fast_every?: number;
             /** Format: int64 */
             fast_interval_ms?: number;
+            /**
+             * Format: int64
+             * @description The fast policy also checkpoints once the execs since the last checkpoint ran this long in all (0: the daemon's default, 5 s).
+             */
+            fast_replay_budget_ms?: number;
             keep_checkpoints?: number;
             /** Format: int64 */
             idle_timeout_ms?: number;
