@@ -13,7 +13,7 @@ BIN := bin/amber
 
 -include mk/setup.mk
 
-.PHONY: build test test-unit test-extended test-fencing test-partition bench bench-failover fuzz chaos demo vet clean console
+.PHONY: build test test-unit test-extended test-fencing test-partition bench bench-restore bench-failover fuzz chaos demo vet clean console
 
 # amber-agent is static (no cgo): it runs inside sandboxes whatever their
 # template holds. It is looked up next to bin/amber.
@@ -93,6 +93,20 @@ test-partition: setup-test build
 
 bench: setup-test build
 	scripts/bench.sh
+
+# Restore to running, every stack side by side on one workload (raw runsc,
+# raw runc+CRIU eager and lazy, Amber gvisor and criu, hot and cold), warm
+# and after drop_caches: docs/benchmarks.md, "Restore to running". Sizes in
+# MiB; N rounds; STACKS a subset (comma-separated); the table goes to
+# BENCH_OUT too.
+BENCH_SIZES ?= 64,256,1024
+BENCH_N ?= 5
+BENCH_STACKS ?=
+BENCH_OUT ?= bench-restore.md
+bench-restore: setup-test setup-bench-deps build
+	AMBER_BIN=$(abspath $(BIN)) AMBER_BENCH_RESTORE=1 AMBER_BENCH_SIZES=$(BENCH_SIZES) AMBER_BENCH_N=$(BENCH_N) \
+	  AMBER_BENCH_STACKS=$(BENCH_STACKS) AMBER_BENCH_OUT=$(abspath $(BENCH_OUT)) \
+	  $(GO) test -tags $(GOTAGS) -count=1 -timeout 120m -run '^TestBenchRestore$$' -v ./cmd/amber
 
 # Time from a node's death to its sandboxes running on another node
 # (docs/deploy.md): FAILOVER_SANDBOXES sandboxes, default lease settings.

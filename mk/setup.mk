@@ -24,7 +24,7 @@ SETUP_SCRIPTS := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../scripts/setup)
 _setup_mk_default_goal := $(.DEFAULT_GOAL)
 
 .PHONY: setup setup-test setup-runsc setup-criu setup-sysctl setup-minimal \
-	setup-python-template setup-postgres setup-minio setup-build-deps setup-test-deps setup-tssdk-deps \
+	setup-python-template setup-postgres setup-minio setup-build-deps setup-test-deps setup-bench-deps setup-tssdk-deps \
 	setup-browser-deps setup-extended setup-chromium-template setup-postgres-template setup-kubeconform
 
 setup: setup-build-deps setup-runsc setup-criu setup-sysctl setup-minimal setup-python-template
@@ -36,6 +36,10 @@ setup-kubeconform:
 
 setup-test-deps:
 	$(SETUP_SCRIPTS)/test-deps.sh
+
+# runc for `make bench-restore` (the raw runtime beside the criu driver).
+setup-bench-deps:
+	$(SETUP_SCRIPTS)/bench-deps.sh
 
 # npm ci of sdk/typescript's dev dependencies into $(AMBER_CACHE)/npm (its tests).
 setup-tssdk-deps:
