@@ -782,7 +782,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Model Context Protocol (streamable HTTP, stateless; GET and DELETE answer 405): the caller's tenant's sandboxes as MCP tools — sandbox_create, sandbox_list, sandbox_destroy, exec, process_start, process_output, read_file, list_dir, write_file, checkpoint, checkpoint_list, restore, fork, port_expose. Use any MCP client with the API key as a Bearer token; a read-scoped key lists the tools and calls the read-only ones (the others answer JSON-RPC error -32003). */
+        /** Model Context Protocol (streamable HTTP: initialize opens a session bound to the key, Mcp-Session-Id, whose POSTs answer as SSE streams with progress and whose GET and DELETE serve its stream and end it; without a session, POSTs answer JSON and GET and DELETE 405): the caller's tenant's sandboxes as MCP tools — sandbox_create, sandbox_list, sandbox_destroy, exec, process_start, process_output, read_file, list_dir, write_file, checkpoint, checkpoint_list, restore, fork, port_expose. Use any MCP client with the API key as a Bearer token; a read-scoped key lists the tools and calls the read-only ones (the others answer JSON-RPC error -32003). */
         post: operations["mcp"];
         delete?: never;
         options?: never;

@@ -1,0 +1,168 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/amber-run/amber/api"
+	"github.com/amber-run/amber/core/errdefs"
+)
+
+// The streamable HTTP transport of /v1/mcp (MCP 2025-03-26 and 2025-06-18)
+// has two modes, chosen per request:
+//
+//   - Sessions. An initialize POST opens an MCP session: the answer carries
+//     Mcp-Session-Id, and the client sends it on every later request. The
+//     answers to POSTs with requests in them are SSE streams, so a tool's
+//     progress notifications reach the client while it runs; a
+//     notifications/cancelled sent in another POST of the session cancels
+//     the call's context, which kills the command (an exec's process group
+//     is SIGKILLed: see the agent client's Exec); GET opens the session's
+//     standalone SSE stream and DELETE ends the session (its running
+//     calls are cancelled with it).
+//   - Sessionless. A POST that carries no session id and no initialize is
+//     answered on its own, in JSON, as before sessions existed (curl, and
+//     clients that never initialize). Such a call cannot be cancelled or
+//     report progress: nothing can name it afterwards.
+//   - Sessionless, protocol 2026-07-28 and later (Mcp-Protocol-Version),
+//     where the POST is the whole life of a request: the answer is an SSE
+//     stream with the call's progress, and the client's closing the
+//     request cancels the call (PropagateRequestCancellation).
+//
+// Security: a session is bound to the key that opened it (its tenant and
+// the hash of its secret), not just to the tenant. Each key has its own
+// mcp.Server (mcpServer), and a session id is looked for only among the
+// sessions of the caller's key's server: another key's session id, or one
+// that ended, is 404, which tells the client to initialize again. A
+// session id is 26 characters of crypto/rand (the SDK's rand.Text), and a
+// guess of one is worth nothing without the key that opened it. Sessions
+// live in this daemon's memory: a client whose next request reaches
+// another node (or a restarted daemon) gets 404 and initializes again, as
+// the transport foresees. A session nobody uses for mcpSessionIdle ends.
+//
+// GET and DELETE without a session id answer 405 with Allow: POST before
+// any key is asked for (mcpOtherMethods): there is no stream or session to
+// serve without one, and the official clients read 405 as "none".
+
+// mcpSessionIdle is how long an MCP session lives without a request.
+const mcpSessionIdle = 30 * time.Minute
+
+// mcpEndpoint holds the SDK's two handlers of /v1/mcp.
+type mcpEndpoint struct {
+	sessions, sessionless, perRequest http.Handler
+}
+
+// mcpPerRequestProtocol is the first protocol version without sessions
+// (SEP-2575; the SDK's latest).
+const mcpPerRequestProtocol = "2026-07-28"
+
+// mcpEndpointFor makes the endpoint once; its handlers find the caller's
+// server from the request's context (mcpServer).
+func (s *Server) mcpEndpointFor() *mcpEndpoint {
+	s.mcpOnce.Do(func() {
+		get := func(r *http.Request) *mcp.Server {
+			cl, _ := r.Context().Value(mcpCallerKey{}).(mcpCaller)
+			return s.mcpServer(cl)
+		}
+		s.mcpHandler = &mcpEndpoint{
+			sessions:    mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{SessionTimeout: mcpSessionIdle}),
+			sessionless: mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true}),
+			perRequest:  mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{Stateless: true, PropagateRequestCancellation: true}),
+		}
+	})
+	return s.mcpHandler
+}
+
+// serve hands r to the handler of its mode: a request naming a session
+// goes to the sessions handler only when that session is the caller's key's
+// (else 404); one without goes there only if it initializes.
+func (s *Server) mcpServe(w http.ResponseWriter, r *http.Request, cl mcpCaller) {
+	ep := s.mcpEndpointFor()
+	if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
+		if !s.mcpOwns(cl, sid) {
+			writeJSON(w, http.StatusNotFound, api.Error{Error: api.ErrorBody{Kind: errdefs.Kind(errdefs.ErrNotFound),
+				Message: "MCP session " + sid + " not found (it ended, or another key opened it): initialize a new one"}})
+			return
+		}
+		ep.sessions.ServeHTTP(w, r)
+		return
+	}
+	if r.Method == http.MethodPost {
+		body, err := io.ReadAll(r.Body) // bounded by the route's body limit (limitBody)
+		if err != nil {
+			writeError(w, bodyError(err))
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if mcpInitializes(body) {
+			ep.sessions.ServeHTTP(w, r)
+			return
+		}
+	}
+	if r.Header.Get("Mcp-Protocol-Version") >= mcpPerRequestProtocol {
+		ep.perRequest.ServeHTTP(w, r)
+		return
+	}
+	ep.sessionless.ServeHTTP(w, r)
+}
+
+// mcpOwns reports whether sid is a live session of the caller's key.
+func (s *Server) mcpOwns(cl mcpCaller, sid string) bool {
+	for ss := range s.mcpServer(cl).Sessions() {
+		if ss.ID() == sid {
+			return true
+		}
+	}
+	return false
+}
+
+// mcpInitializes reports whether a POST's body (one JSON-RPC message or a
+// batch) holds an initialize request.
+func mcpInitializes(body []byte) bool {
+	type msg struct {
+		Method string `json:"method"`
+	}
+	var batch []msg
+	if err := json.Unmarshal(body, &batch); err != nil {
+		var one msg
+		if json.Unmarshal(body, &one) != nil {
+			return false
+		}
+		batch = []msg{one}
+	}
+	for _, m := range batch {
+		if m.Method == "initialize" {
+			return true
+		}
+	}
+	return false
+}
+
+// mcpOtherMethods serves /v1/mcp's methods other than POST: GET (the
+// session's SSE stream) and DELETE (end the session) with a session id go
+// through the middleware as any call (key, scope read, the owner check of
+// mcpServe); without one they are 405 with Allow: POST, for everyone.
+func (s *Server) mcpOtherMethods() http.Handler {
+	withSession := map[string]http.Handler{}
+	for _, m := range []string{http.MethodGet, http.MethodDelete} {
+		withSession[m] = s.wrap(Route{Method: m, Path: "/v1/mcp", Scope: read, h: s.mcp})
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h := withSession[r.Method]; h != nil && r.Header.Get("Mcp-Session-Id") != "" {
+			h.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Allow", "POST")
+		msg := r.Method + " /v1/mcp needs the Mcp-Session-Id of an MCP session (initialize opens one); send JSON-RPC messages with POST"
+		if withSession[r.Method] == nil {
+			msg = r.Method + " /v1/mcp: send JSON-RPC messages with POST"
+		}
+		writeJSON(w, http.StatusMethodNotAllowed, api.Error{Error: api.ErrorBody{Kind: errdefs.Kind(errdefs.ErrInvalidArgument), Message: msg}})
+	})
+}
+
