@@ -165,4 +165,3 @@ func (s *Server) mcpOtherMethods() http.Handler {
 		writeJSON(w, http.StatusMethodNotAllowed, api.Error{Error: api.ErrorBody{Kind: errdefs.Kind(errdefs.ErrInvalidArgument), Message: msg}})
 	})
 }
-
