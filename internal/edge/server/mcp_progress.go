@@ -102,8 +102,8 @@ func (p *mcpProgress) Write(b []byte) (int, error) {
 // note sends one notification now. Notifications are told apart by their
 // count, which note alone advances (in the order they are sent).
 func (p *mcpProgress) note(msg string) {
-	if p == nil {
-		return
+	if p == nil || p.ctx.Err() != nil {
+		return // a cancelled call's client knows no more of its token
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -2,7 +2,6 @@ package server
 
 import (
 	"bytes"
-	"encoding/json"
 	"io"
 	"net/http"
 	"time"
@@ -55,6 +54,7 @@ const mcpSessionIdle = 30 * time.Minute
 // mcpEndpoint holds the SDK's two handlers of /v1/mcp.
 type mcpEndpoint struct {
 	sessions, sessionless, perRequest http.Handler
+	cancels                           mcpCancels
 }
 
 // mcpPerRequestProtocol is the first protocol version without sessions
@@ -78,20 +78,13 @@ func (s *Server) mcpEndpointFor() *mcpEndpoint {
 	return s.mcpHandler
 }
 
-// serve hands r to the handler of its mode: a request naming a session
-// goes to the sessions handler only when that session is the caller's key's
-// (else 404); one without goes there only if it initializes.
+// mcpServe hands r to the handler of its mode: a request naming a session
+// goes to the sessions handler only when that session is the caller's
+// key's (else 404); one without goes there only if it initializes. A
+// session's POST passes its cancels to the filter of answers (mcp_cancel.go).
 func (s *Server) mcpServe(w http.ResponseWriter, r *http.Request, cl mcpCaller) {
 	ep := s.mcpEndpointFor()
-	if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
-		if !s.mcpOwns(cl, sid) {
-			writeJSON(w, http.StatusNotFound, api.Error{Error: api.ErrorBody{Kind: errdefs.Kind(errdefs.ErrNotFound),
-				Message: "MCP session " + sid + " not found (it ended, or another key opened it): initialize a new one"}})
-			return
-		}
-		ep.sessions.ServeHTTP(w, r)
-		return
-	}
+	var msgs []mcpMsg
 	if r.Method == http.MethodPost {
 		body, err := io.ReadAll(r.Body) // bounded by the route's body limit (limitBody)
 		if err != nil {
@@ -99,7 +92,22 @@ func (s *Server) mcpServe(w http.ResponseWriter, r *http.Request, cl mcpCaller) 
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		if mcpInitializes(body) {
+		msgs = mcpMessages(body)
+	}
+	if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
+		if !s.mcpOwns(cl, sid) {
+			writeJSON(w, http.StatusNotFound, api.Error{Error: api.ErrorBody{Kind: errdefs.Kind(errdefs.ErrNotFound),
+				Message: "MCP session " + sid + " not found (it ended, or another key opened it): initialize a new one"}})
+			return
+		}
+		if calls := ep.cancels.noteCancels(sid, msgs); len(calls) > 0 {
+			w = &mcpCancelFilter{ResponseWriter: w, cancels: &ep.cancels, sid: sid, calls: calls}
+		}
+		ep.sessions.ServeHTTP(w, r)
+		return
+	}
+	for _, m := range msgs {
+		if m.Method == "initialize" {
 			ep.sessions.ServeHTTP(w, r)
 			return
 		}
@@ -115,28 +123,6 @@ func (s *Server) mcpServe(w http.ResponseWriter, r *http.Request, cl mcpCaller) 
 func (s *Server) mcpOwns(cl mcpCaller, sid string) bool {
 	for ss := range s.mcpServer(cl).Sessions() {
 		if ss.ID() == sid {
-			return true
-		}
-	}
-	return false
-}
-
-// mcpInitializes reports whether a POST's body (one JSON-RPC message or a
-// batch) holds an initialize request.
-func mcpInitializes(body []byte) bool {
-	type msg struct {
-		Method string `json:"method"`
-	}
-	var batch []msg
-	if err := json.Unmarshal(body, &batch); err != nil {
-		var one msg
-		if json.Unmarshal(body, &one) != nil {
-			return false
-		}
-		batch = []msg{one}
-	}
-	for _, m := range batch {
-		if m.Method == "initialize" {
 			return true
 		}
 	}

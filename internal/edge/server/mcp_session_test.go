@@ -209,3 +209,40 @@ func notes0(mu *sync.Mutex, notes *[]string) []string {
 	defer mu.Unlock()
 	return append([]string(nil), *notes...)
 }
+
+// TestMCPCancelledGetsNoAnswer, on the wire: a call cancelled by a
+// notifications/cancelled in another POST of its session is not answered
+// (the spec asks it; the TypeScript client reports an answer to a request
+// it cancelled as an error), and its stream ends. Its progress
+// notifications stop too.
+func TestMCPCancelledGetsNoAnswer(t *testing.T) {
+	_, _, url := newAPI(t)
+	resp, _ := mcpPost(t, url, testKey, "", mcpInit)
+	sid := resp.Header.Get("Mcp-Session-Id")
+	mcpPost(t, url, testKey, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	_, body := mcpPost(t, url, testKey, sid, `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"sandbox_create","arguments":{"template":"minimal"}}}`)
+	i := strings.Index(body, `"sandbox":"`)
+	if i < 0 {
+		t.Fatalf("sandbox_create: %s", body)
+	}
+	sb := body[i+len(`"sandbox":"`):]
+	sb = sb[:strings.IndexByte(sb, '"')]
+
+	got := make(chan string, 1)
+	go func() {
+		_, b := mcpPost(t, url, testKey, sid, `{"jsonrpc":"2.0","id":"long","method":"tools/call","params":{"_meta":{"progressToken":"p"},"name":"exec","arguments":{"sandbox":"`+sb+`","command":["sh","-c","while :; do echo tick; sleep 0.1; done"]}}}`)
+		got <- b
+	}()
+	time.Sleep(time.Second) // the command runs, ticks go out as progress
+	if resp, b := mcpPost(t, url, testKey, sid, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"long","reason":"test"}}`); resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("cancel: %d %s", resp.StatusCode, b)
+	}
+	select {
+	case b := <-got:
+		if strings.Contains(b, `"id":"long"`) {
+			t.Fatalf("the cancelled call was answered:\n%s", b)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the cancelled call's stream did not end")
+	}
+}

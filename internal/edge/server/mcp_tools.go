@@ -72,12 +72,14 @@ func addMCPTools(srv *mcp.Server, t mcpTools) {
 	mcpTool(srv, t, writes, "port_expose", "Expose a TCP port of a sandbox on a URL (it carries a token: keep it).", mcpHints{openWorld: true}, t.exposePort)
 }
 
-// mcpTool adds one tool with a portable input schema (mcpInputSchema) and
+// mcpTool adds one tool with portable input and output schemas
+// (mcpInputSchema: the Inspector's --strict check flags an output schema
+// of ["null","array"] too; the tools never return null for a list) and
 // its annotations, and notes in writes the tools that change things. On a
 // read-only key's server a tool runs with the engine told not to resume an
 // idle sandbox (the middleware does the same for the API's GETs).
 func mcpTool[In, Out any](srv *mcp.Server, t mcpTools, writes map[string]bool, name, desc string, h mcpHints, fn mcp.ToolHandlerFor[In, Out]) {
-	tool := &mcp.Tool{Name: name, Description: desc, InputSchema: mcpInputSchema[In](), Annotations: h.annotations()}
+	tool := &mcp.Tool{Name: name, Description: desc, InputSchema: mcpInputSchema[In](), OutputSchema: mcpInputSchema[Out](), Annotations: h.annotations()}
 	writes[name] = !h.readOnly
 	if !t.write {
 		inner := fn
