@@ -74,8 +74,25 @@ func (s *Server) mcpEndpointFor() *mcpEndpoint {
 			sessionless: mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true}),
 			perRequest:  mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{Stateless: true, PropagateRequestCancellation: true}),
 		}
+		go s.mcpCloseOnShutdown()
 	})
 	return s.mcpHandler
+}
+
+// mcpCloseOnShutdown ends every MCP session when the daemon shuts down
+// (CloseStreams): a session's GET stream is open for as long as its
+// client lives, and would hold http.Server.Shutdown to its deadline. A
+// session's Close waits for its calls in flight, as Shutdown does for
+// requests; its clients get 404 on their next request and initialize
+// again, with the next daemon.
+func (s *Server) mcpCloseOnShutdown() {
+	<-s.streams.Done()
+	s.mcpServers.Range(func(_, v any) bool {
+		for ss := range v.(*mcp.Server).Sessions() {
+			go ss.Close()
+		}
+		return true
+	})
 }
 
 // mcpServe hands r to the handler of its mode: a request naming a session
@@ -108,6 +125,10 @@ func (s *Server) mcpServe(w http.ResponseWriter, r *http.Request, cl mcpCaller) 
 	}
 	for _, m := range msgs {
 		if m.Method == "initialize" {
+			if s.streams.Err() != nil {
+				writeError(w, errdefs.Unavailablef("the daemon is shutting down: initialize again in a moment"))
+				return
+			}
 			ep.sessions.ServeHTTP(w, r)
 			return
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +13,9 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/amber-run/amber/internal/edge/server"
+	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/engine/enginetest"
 	"github.com/amber-run/amber/internal/state/meta"
 )
 
@@ -244,5 +248,44 @@ func TestMCPCancelledGetsNoAnswer(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the cancelled call's stream did not end")
+	}
+}
+
+// TestMCPSessionsEndAtShutdown: when the daemon shuts down (CloseStreams)
+// its MCP sessions end, their GET streams with them (an open one would
+// hold http.Server.Shutdown to its deadline), and no new one opens.
+func TestMCPSessionsEndAtShutdown(t *testing.T) {
+	env := enginetest.New(t, engine.Options{})
+	if err := env.Meta.PutKey(context.Background(), meta.APIKey{Tenant: "default", Name: "admin", Hash: meta.HashKey(testKey), Scopes: meta.AllScopes}); err != nil {
+		t.Fatal(err)
+	}
+	srv := server.New(server.Options{Engine: env.Engine, Meta: env.Meta, Logger: enginetest.Logger(t), Version: "test"})
+	ts := httptest.NewServer(srv)
+	t.Cleanup(ts.Close)
+	resp, _ := mcpPost(t, ts.URL, testKey, "", mcpInit)
+	sid := resp.Header.Get("Mcp-Session-Id")
+	mcpPost(t, ts.URL, testKey, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	req, _ := http.NewRequestWithContext(ctxT(t), "GET", ts.URL+"/v1/mcp", nil)
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Mcp-Session-Id", sid)
+	stream, err := http.DefaultClient.Do(req) // returns once the stream is open
+	if err != nil || stream.StatusCode != 200 {
+		t.Fatalf("GET stream: %v %v", err, stream)
+	}
+	defer stream.Body.Close()
+	ended := make(chan error, 1)
+	go func() { _, err := io.Copy(io.Discard, stream.Body); ended <- err }()
+	srv.CloseStreams()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the session's GET stream outlived CloseStreams")
+	}
+	if resp, body := mcpPost(t, ts.URL, testKey, sid, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`); resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("POST in a session after shutdown: %d %s", resp.StatusCode, body)
+	}
+	if resp, body := mcpPost(t, ts.URL, testKey, "", mcpInit); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("initialize during shutdown: %d %s", resp.StatusCode, body)
 	}
 }
