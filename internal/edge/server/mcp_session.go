@@ -2,8 +2,10 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -55,6 +57,65 @@ const mcpSessionIdle = 30 * time.Minute
 type mcpEndpoint struct {
 	sessions, sessionless, perRequest http.Handler
 	cancels                           mcpCancels
+	calls                             mcpSessionCalls
+}
+
+// mcpSessionCalls cancels a session's calls in flight when the session is
+// deleted: the SDK's Close waits for them to return, so a DELETE would
+// wait for a running command (up to its timeout, an hour) and leave it
+// running meanwhile. Every tool's context is tied to its session's
+// (mcpTool), which DELETE cancels before the SDK closes the session.
+type mcpSessionCalls struct {
+	mu sync.Mutex
+	m  map[string]*mcpSessionCtx
+}
+
+type mcpSessionCtx struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// bind returns ctx, cancelled also when session sid is deleted, and the
+// function that releases it. Sessions that ended otherwise (idle, the
+// daemon's shutdown) are forgotten when the next session is first seen.
+func (c *mcpSessionCalls) bind(ctx context.Context, s *Server, sid string) (context.Context, func()) {
+	c.mu.Lock()
+	sc := c.m[sid]
+	if sc == nil {
+		if c.m == nil {
+			c.m = map[string]*mcpSessionCtx{}
+		}
+		live := map[string]bool{}
+		s.mcpServers.Range(func(_, v any) bool {
+			for ss := range v.(*mcp.Server).Sessions() {
+				live[ss.ID()] = true
+			}
+			return true
+		})
+		for id, old := range c.m {
+			if !live[id] {
+				old.cancel()
+				delete(c.m, id)
+			}
+		}
+		sc = &mcpSessionCtx{}
+		sc.ctx, sc.cancel = context.WithCancel(context.Background())
+		c.m[sid] = sc
+	}
+	c.mu.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(sc.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// end cancels the calls of session sid.
+func (c *mcpSessionCalls) end(sid string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if sc := c.m[sid]; sc != nil {
+		sc.cancel()
+		delete(c.m, sid)
+	}
 }
 
 // mcpPerRequestProtocol is the first protocol version without sessions
@@ -116,6 +177,9 @@ func (s *Server) mcpServe(w http.ResponseWriter, r *http.Request, cl mcpCaller) 
 			writeJSON(w, http.StatusNotFound, api.Error{Error: api.ErrorBody{Kind: errdefs.Kind(errdefs.ErrNotFound),
 				Message: "MCP session " + sid + " not found (it ended, or another key opened it): initialize a new one"}})
 			return
+		}
+		if r.Method == http.MethodDelete {
+			ep.calls.end(sid)
 		}
 		if calls := ep.cancels.noteCancels(sid, msgs); len(calls) > 0 {
 			w = &mcpCancelFilter{ResponseWriter: w, cancels: &ep.cancels, sid: sid, calls: calls}

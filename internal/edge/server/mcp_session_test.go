@@ -289,3 +289,45 @@ func TestMCPSessionsEndAtShutdown(t *testing.T) {
 		t.Fatalf("initialize during shutdown: %d %s", resp.StatusCode, body)
 	}
 }
+
+// TestMCPDeleteEndsCalls: DELETE of a session ends at once, its running
+// command with it (the SDK's Close waits for the calls in flight).
+func TestMCPDeleteEndsCalls(t *testing.T) {
+	_, _, url := newAPI(t)
+	resp, _ := mcpPost(t, url, testKey, "", mcpInit)
+	sid := resp.Header.Get("Mcp-Session-Id")
+	mcpPost(t, url, testKey, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	_, body := mcpPost(t, url, testKey, sid, `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"sandbox_create","arguments":{"template":"minimal"}}}`)
+	i := strings.Index(body, `"sandbox":"`)
+	if i < 0 {
+		t.Fatalf("sandbox_create: %s", body)
+	}
+	sb := body[i+len(`"sandbox":"`):]
+	sb = sb[:strings.IndexByte(sb, '"')]
+	go mcpPost(t, url, testKey, sid, `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"exec","arguments":{"sandbox":"`+sb+`","command":["sleep","1618"]}}}`)
+	ps := func() string {
+		res := toolCall(t, url, testKey, "exec", map[string]any{"sandbox": sb, "command": []string{"ps"}})
+		return res["structuredContent"].(map[string]any)["stdout"].(string)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(ps(), "sleep 1618") {
+		if time.Now().After(deadline) {
+			t.Fatal("the exec never ran")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	start := time.Now()
+	if resp, body := mcpDo(t, "DELETE", url, testKey, sid, ""); resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("DELETE: %d %s", resp.StatusCode, body)
+	}
+	t.Logf("DELETE took %s", time.Since(start))
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("DELETE took %s", took)
+	}
+	for strings.Contains(ps(), "sleep 1618") {
+		if time.Now().After(deadline) {
+			t.Fatal("the session's command outlived its DELETE")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

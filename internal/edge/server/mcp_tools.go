@@ -77,15 +77,23 @@ func addMCPTools(srv *mcp.Server, t mcpTools) {
 // of ["null","array"] too; the tools never return null for a list) and
 // its annotations, and notes in writes the tools that change things. On a
 // read-only key's server a tool runs with the engine told not to resume an
-// idle sandbox (the middleware does the same for the API's GETs).
+// idle sandbox (the middleware does the same for the API's GETs). In a
+// session a tool's context ends with the session's DELETE
+// (mcpSessionCalls).
 func mcpTool[In, Out any](srv *mcp.Server, t mcpTools, writes map[string]bool, name, desc string, h mcpHints, fn mcp.ToolHandlerFor[In, Out]) {
 	tool := &mcp.Tool{Name: name, Description: desc, InputSchema: mcpInputSchema[In](), OutputSchema: mcpInputSchema[Out](), Annotations: h.annotations()}
 	writes[name] = !h.readOnly
-	if !t.write {
-		inner := fn
-		fn = func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
-			return inner(engine.WithoutResume(ctx), req, in)
+	inner := fn
+	fn = func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		if !t.write {
+			ctx = engine.WithoutResume(ctx)
 		}
+		if req != nil && req.Session != nil && req.Session.ID() != "" {
+			var release func()
+			ctx, release = t.s.mcpEndpointFor().calls.bind(ctx, t.s, req.Session.ID())
+			defer release()
+		}
+		return inner(ctx, req, in)
 	}
 	mcp.AddTool(srv, tool, fn)
 }
