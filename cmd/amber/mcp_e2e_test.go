@@ -21,7 +21,7 @@ import (
 // reports fails it), then the MCP Inspector's CLI
 // (@modelcontextprotocol/inspector-cli) listing the tools and calling
 // one. The packages, pinned by testdata/mcpclients/package-lock.json, are
-// installed by scripts/setup/mcp-deps.sh (`make setup-test`) into the
+// installed by scripts/setup/npm-deps.sh mcp (`make setup-test`) into the
 // cache, keyed by the lockfile's hash, and linked into a copy of the
 // directory: the source tree is not written to.
 func TestE2EMCPClients(t *testing.T) {
@@ -41,9 +41,9 @@ func TestE2EMCPClients(t *testing.T) {
 	deps := filepath.Join(enginetest.Cache(), "npm", "mcp-"+hex.EncodeToString(sum[:])[:16], "node_modules")
 	if _, err := os.Stat(filepath.Join(deps, "@modelcontextprotocol", "sdk", "package.json")); err != nil {
 		if os.Getenv("CI") != "" {
-			t.Fatalf("the MCP clients are not in %s: run make setup-test (scripts/setup/mcp-deps.sh)", deps)
+			t.Fatalf("the MCP clients are not in %s: run make setup-test (make setup-mcp-deps)", deps)
 		}
-		t.Skipf("no %s: run scripts/setup/mcp-deps.sh", deps)
+		t.Skipf("no %s: run make setup-mcp-deps", deps)
 	}
 	if testing.Short() {
 		t.Skip("end-to-end test; skipped with -short")

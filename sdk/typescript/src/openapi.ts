@@ -1648,7 +1648,16 @@ export interface operations {
                     };
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1677,7 +1686,16 @@ export interface operations {
                     "application/json": Record<string, never>;
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1706,7 +1724,16 @@ export interface operations {
                     "application/json": components["schemas"]["Info"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1735,7 +1762,16 @@ export interface operations {
                     "application/json": components["schemas"]["TemplateList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1764,7 +1800,16 @@ export interface operations {
                     "application/json": components["schemas"]["SandboxList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1800,7 +1845,16 @@ export interface operations {
                     "application/json": components["schemas"]["Sandbox"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1832,7 +1886,16 @@ export interface operations {
                     "application/json": components["schemas"]["Sandbox"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1862,7 +1925,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1894,7 +1966,16 @@ export interface operations {
                     "application/json": components["schemas"]["Sandbox"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1943,7 +2024,16 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["ExecFrame"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1975,7 +2065,16 @@ export interface operations {
                     "application/json": components["schemas"]["ProcessList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2014,7 +2113,16 @@ export interface operations {
                     "application/json": components["schemas"]["StartProcessResponse"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2050,7 +2158,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2084,7 +2201,16 @@ export interface operations {
                     "application/json": components["schemas"]["ExitStatus"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2122,7 +2248,16 @@ export interface operations {
                     "application/json": components["schemas"]["FileList"] | components["schemas"]["FileInfo"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2161,7 +2296,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2196,7 +2340,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2231,7 +2384,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2265,7 +2427,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2300,7 +2471,16 @@ export interface operations {
                     "application/x-tar": string;
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2337,7 +2517,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2377,7 +2566,16 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["Event"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2409,7 +2607,16 @@ export interface operations {
                     "application/json": components["schemas"]["PortList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2445,7 +2652,16 @@ export interface operations {
                     "application/json": components["schemas"]["PortExposure"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2477,7 +2693,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2511,7 +2736,16 @@ export interface operations {
                     "application/json": components["schemas"]["CheckpointList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2560,7 +2794,16 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["OperationFrame"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2600,7 +2843,16 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["OperationFrame"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2632,7 +2884,16 @@ export interface operations {
                     "application/json": components["schemas"]["Checkpoint"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2662,7 +2923,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2712,7 +2982,16 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["OperationFrame"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2741,7 +3020,16 @@ export interface operations {
                     "application/json": components["schemas"]["TenantList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2774,7 +3062,16 @@ export interface operations {
                     "application/json": components["schemas"]["Tenant"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2806,7 +3103,16 @@ export interface operations {
                     "application/json": components["schemas"]["APIKeyList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2842,7 +3148,16 @@ export interface operations {
                     "application/json": components["schemas"]["APIKey"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2874,7 +3189,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2906,7 +3230,16 @@ export interface operations {
                     "application/json": components["schemas"]["TenantPolicy"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2942,7 +3275,16 @@ export interface operations {
                     "application/json": components["schemas"]["TenantPolicy"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2976,7 +3318,16 @@ export interface operations {
                     "application/json": components["schemas"]["AuditList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3008,7 +3359,16 @@ export interface operations {
                     "application/json": components["schemas"]["AuditReport"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3035,7 +3395,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3064,7 +3433,16 @@ export interface operations {
                     "text/plain": string;
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3096,7 +3474,16 @@ export interface operations {
                     "application/json": components["schemas"]["TenantQuota"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3132,7 +3519,16 @@ export interface operations {
                     "application/json": components["schemas"]["TenantQuota"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3164,7 +3560,16 @@ export interface operations {
                     "application/json": components["schemas"]["SandboxEgress"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3187,7 +3592,7 @@ export interface operations {
         };
         requestBody: {
             content: {
-                "application/json": components["schemas"]["EgressPolicy"];
+                "application/json": components["schemas"]["EgressPolicy"] | null;
             };
         };
         responses: {
@@ -3200,7 +3605,16 @@ export interface operations {
                     "application/json": components["schemas"]["SandboxEgress"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3232,7 +3646,16 @@ export interface operations {
                     "application/json": components["schemas"]["EffectList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3264,7 +3687,16 @@ export interface operations {
                     "application/json": components["schemas"]["SecretList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3302,7 +3734,16 @@ export interface operations {
                     "application/json": components["schemas"]["Secret"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3334,7 +3775,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3363,7 +3813,16 @@ export interface operations {
                     "application/json": components["schemas"]["SessionList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3396,7 +3855,16 @@ export interface operations {
                     "application/json": components["schemas"]["Session"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3428,7 +3896,16 @@ export interface operations {
                     "application/json": components["schemas"]["Session"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3465,7 +3942,16 @@ export interface operations {
                     "application/json": components["schemas"]["EventList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3501,7 +3987,16 @@ export interface operations {
                     "application/json": components["schemas"]["Event"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3539,7 +4034,16 @@ export interface operations {
                     "text/event-stream": components["schemas"]["Event"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3571,7 +4075,16 @@ export interface operations {
                     "application/json": components["schemas"]["TemplateVersion"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3601,7 +4114,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3649,7 +4171,16 @@ export interface operations {
                     "application/json": components["schemas"]["ImportTemplateResult"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3685,7 +4216,16 @@ export interface operations {
                     "application/json": components["schemas"]["TemplateVersion"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3714,7 +4254,16 @@ export interface operations {
                     "application/json": components["schemas"]["GCTemplatesResult"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3753,7 +4302,16 @@ export interface operations {
                     "application/json": components["schemas"]["Sandbox"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3786,7 +4344,16 @@ export interface operations {
                     "application/json": Record<string, never>;
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3824,7 +4391,16 @@ export interface operations {
                     "application/json": components["schemas"]["UsageReport"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3860,7 +4436,16 @@ export interface operations {
                     "application/json": components["schemas"]["Effect"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3892,7 +4477,16 @@ export interface operations {
                     "application/json": components["schemas"]["SandboxStats"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3924,7 +4518,16 @@ export interface operations {
                     "application/json": components["schemas"]["TerminalTicket"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3953,7 +4556,16 @@ export interface operations {
                     "application/json": components["schemas"]["NodeList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3989,7 +4601,16 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["DrainFrame"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -4021,7 +4642,16 @@ export interface operations {
                     "application/json": components["schemas"]["Node"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -4060,7 +4690,16 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["OutputFrame"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -4097,7 +4736,16 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["WatchEvent"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
