@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -96,5 +97,25 @@ func TestE2EMCPClients(t *testing.T) {
 	out = run("inspector tools/call", append(inspector, "--method", "tools/call", "--tool-name", "sandbox_list")...)
 	if !strings.Contains(out, `"sandboxes"`) || strings.Contains(out, `"isError"`) {
 		t.Fatalf("inspector tools/call sandbox_list:\n%s", out)
+	}
+	// A sandbox made, used and destroyed by the Inspector's calls.
+	call := func(tool string, args ...string) map[string]any {
+		t.Helper()
+		out := run("inspector "+tool, append(append(inspector, "--method", "tools/call", "--tool-name", tool), append([]string{"--tool-arg"}, args...)...)...)
+		var res struct {
+			StructuredContent map[string]any `json:"structuredContent"`
+			IsError           bool           `json:"isError"`
+		}
+		if err := json.Unmarshal([]byte(out), &res); err != nil || res.IsError {
+			t.Fatalf("inspector tools/call %s: %v\n%s", tool, err, out)
+		}
+		return res.StructuredContent
+	}
+	sb, _ := call("sandbox_create", "template=minimal")["sandbox"].(string)
+	if ex := call("exec", "sandbox="+sb, `command=["sh","-c","echo from-inspector"]`); ex["stdout"] != "from-inspector\n" {
+		t.Fatalf("inspector exec: %v", ex)
+	}
+	if d := call("sandbox_destroy", "sandbox="+sb); d["done"] != true {
+		t.Fatalf("inspector sandbox_destroy: %v", d)
 	}
 }
