@@ -50,6 +50,10 @@ import (
 // any key is asked for (mcpOtherMethods): there is no stream or session to
 // serve without one, and the official clients read 405 as "none".
 
+// mcpRequestIDHeader carries the id of the request a tool call came in
+// from the edge to the tool (mcpServe, mcpTool).
+const mcpRequestIDHeader = "X-Amber-Mcp-Request-Id"
+
 // mcpSessionIdle is how long an MCP session lives without a request.
 const mcpSessionIdle = 30 * time.Minute
 
@@ -162,6 +166,13 @@ func (s *Server) mcpCloseOnShutdown() {
 // session's POST passes its cancels to the filter of answers (mcp_cancel.go).
 func (s *Server) mcpServe(w http.ResponseWriter, r *http.Request, cl mcpCaller) {
 	ep := s.mcpEndpointFor()
+	// The tools of a session run in the context of the request that opened
+	// it; this request's id reaches them in a header (mcpTool), so their
+	// logs name the call's request. Set here, never taken from the client.
+	r.Header.Del(mcpRequestIDHeader)
+	if rid := w.Header().Get("X-Request-Id"); rid != "" {
+		r.Header.Set(mcpRequestIDHeader, rid)
+	}
 	var msgs []mcpMsg
 	if r.Method == http.MethodPost {
 		body, err := io.ReadAll(r.Body) // bounded by the route's body limit (limitBody)

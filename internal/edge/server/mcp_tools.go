@@ -14,6 +14,7 @@ import (
 
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/obs/logging"
 )
 
 // mcpCodeForbidden is the JSON-RPC error code of a tool the caller's key may
@@ -87,6 +88,9 @@ func mcpTool[In, Out any](srv *mcp.Server, t mcpTools, writes map[string]bool, n
 	fn = func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
 		if !t.write {
 			ctx = engine.WithoutResume(ctx)
+		}
+		if req != nil && req.Extra != nil && req.Extra.Header.Get(mcpRequestIDHeader) != "" {
+			ctx = logging.With(ctx, logging.RequestID, req.Extra.Header.Get(mcpRequestIDHeader))
 		}
 		if req != nil && req.Session != nil && req.Session.ID() != "" {
 			var release func()
