@@ -6,7 +6,9 @@
 #                     the minimal and python templates
 #   make setup-test   setup + PostgreSQL and MinIO for the store tests,
 #                     kubeconform for the Kubernetes manifests (deploy/),
-#                     the TypeScript SDK's npm dev dependencies, Debian's
+#                     the TypeScript SDK's npm dev dependencies, the official
+#                     MCP clients (TypeScript SDK, Inspector), Redocly's CLI
+#                     (the OpenAPI lint), Debian's
 #                     chromium for the console's browser tests
 #   make setup-extended  the chromium and postgres templates of
 #                     `make test-extended`
@@ -24,12 +26,12 @@ SETUP_SCRIPTS := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../scripts/setup)
 _setup_mk_default_goal := $(.DEFAULT_GOAL)
 
 .PHONY: setup setup-test setup-runsc setup-criu setup-sysctl setup-minimal \
-	setup-python-template setup-postgres setup-minio setup-build-deps setup-test-deps setup-bench-deps setup-tssdk-deps \
+	setup-python-template setup-postgres setup-minio setup-build-deps setup-test-deps setup-bench-deps setup-tssdk-deps setup-mcp-deps setup-openapi-lint-deps \
 	setup-browser-deps setup-extended setup-chromium-template setup-postgres-template setup-kubeconform
 
 setup: setup-build-deps setup-runsc setup-criu setup-sysctl setup-minimal setup-python-template
 
-setup-test: setup setup-postgres setup-minio setup-test-deps setup-tssdk-deps setup-browser-deps setup-kubeconform
+setup-test: setup setup-postgres setup-minio setup-test-deps setup-tssdk-deps setup-mcp-deps setup-openapi-lint-deps setup-browser-deps setup-kubeconform
 
 setup-kubeconform:
 	$(SETUP_SCRIPTS)/kubeconform.sh
@@ -44,6 +46,16 @@ setup-bench-deps:
 # npm ci of sdk/typescript's dev dependencies into $(AMBER_CACHE)/npm (its tests).
 setup-tssdk-deps:
 	$(SETUP_SCRIPTS)/tssdk-deps.sh
+
+# npm ci of the official MCP clients (TypeScript SDK, Inspector) into
+# $(AMBER_CACHE)/npm (cmd/amber TestE2EMCPClients).
+setup-mcp-deps:
+	$(SETUP_SCRIPTS)/npm-deps.sh mcp cmd/amber/testdata/mcpclients \
+	  @modelcontextprotocol/sdk/package.json @modelcontextprotocol/inspector/package.json
+
+# npm ci of Redocly's CLI into $(AMBER_CACHE)/npm (api TestOpenAPILint).
+setup-openapi-lint-deps:
+	$(SETUP_SCRIPTS)/npm-deps.sh openapi-lint api/lint @redocly/cli/bin/cli.js
 
 # Debian's chromium for the console's browser tests (cmd/amber TestE2EConsole).
 setup-browser-deps:

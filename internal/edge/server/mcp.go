@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -10,77 +11,62 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/amber-run/amber/api"
-	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/lib/httpx"
 )
 
-// MCP: POST /v1/mcp serves the caller's tenant's sandboxes as Model Context
-// Protocol tools (streamable HTTP, stateless), so any MCP client can drive
-// an Amber sandbox with its API key. Every request is authenticated like any
-// other call; the route needs scope read (listing the tools and the tools
-// that only look), and each tool that changes something checks for scope
-// write itself, refusing a read-only key with a JSON-RPC error. Calls made
-// with a write key are audited as before. Stateless means no MCP session
-// outlives a request, so none can be carried to another tenant. The tools
-// call the engine as the API does: another tenant's sandbox is not found.
-// GET and DELETE, which a stateless server does not serve (no standalone
-// SSE stream, no session to end), answer 405 with Allow: POST, as the
-// streamable HTTP transport asks (mcpNotAllowed).
+// MCP: /v1/mcp serves the caller's tenant's sandboxes as Model Context
+// Protocol tools over the streamable HTTP transport (sessions with SSE
+// answers, or sessionless JSON: mcp_session.go), so any MCP client can
+// drive an Amber sandbox with its API key. Every request is authenticated
+// like any other call; the route needs scope read (listing the tools and
+// the tools that only look), and each tool that changes something checks
+// for scope write itself, refusing a read-only key with a JSON-RPC error.
+// Calls made with a write key are audited as before. An MCP session is
+// bound to the key that opened it, so none can be carried to another key
+// or tenant. The tools call the engine as the API does: another tenant's
+// sandbox is not found.
 
 type mcpCallerKey struct{}
 
-// mcpCaller is what the per-request server factory and the tools know of the
-// caller: its tenant, whether its key may change things, and the request
-// (for the URLs of exposed ports).
+// mcpCaller is what the per-key server factory and the tools know of the
+// caller: its tenant, its key (the hash of its secret: the owner of the
+// sessions it opens), whether the key may change things, and the request
+// (for the URLs of exposed ports; in a session, the one that opened it).
 type mcpCaller struct {
-	tenant string
-	write  bool
-	r      *http.Request
+	tenant, keyHash string
+	write           bool
+	r               *http.Request
 }
 
-// mcp hands the request to the MCP handler with the caller.
+// mcp hands the request to the MCP handlers with the caller.
 func (s *Server) mcp(w http.ResponseWriter, r *http.Request, c *call) error {
-	s.mcpOnce.Do(func() {
-		s.mcpHandler = mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
-			cl, _ := r.Context().Value(mcpCallerKey{}).(mcpCaller)
-			return s.mcpServer(cl.tenant, cl.write)
-		}, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
-	})
-	cl := mcpCaller{tenant: c.tenant, write: c.key.Has(write), r: r}
-	if sw, ok := w.(*httpx.StatusWriter); ok && cl.write {
+	cl := mcpCaller{tenant: c.tenant, keyHash: c.key.Hash, write: c.key.Has(write), r: r}
+	if sw, ok := w.(*httpx.StatusWriter); ok && cl.write && r.Method == http.MethodPost {
 		// The route's scope is read (a read-only key lists and looks), so
 		// the middleware does not audit it: a write key's calls are, as
 		// every call that may change something.
 		defer s.record(r, Route{Method: "POST", Path: "/v1/mcp", Scope: write}, c, w.Header().Get("X-Request-Id"), sw, nil)
 	}
-	s.mcpHandler.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), mcpCallerKey{}, cl)))
+	s.mcpServe(w, r.WithContext(context.WithValue(r.Context(), mcpCallerKey{}, cl)), cl)
 	return nil
 }
 
-// mcpNotAllowed answers the methods other than POST on /v1/mcp: the server
-// is stateless, so it has no standalone SSE stream (GET) and no session to
-// end (DELETE). It needs no key: the answer is the same for everyone.
-func mcpNotAllowed(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Allow", "POST")
-	writeJSON(w, http.StatusMethodNotAllowed, api.Error{Error: api.ErrorBody{Kind: errdefs.Kind(errdefs.ErrInvalidArgument),
-		Message: r.Method + " /v1/mcp: this MCP server is stateless (no SSE stream, no session); send JSON-RPC messages with POST"}})
-}
-
-// mcpServer returns the MCP server of tenant for a key that may (write) or
-// may not change things (made once per tenant and kind). Both list every
-// tool; on the read-only one the tools that change things refuse.
-func (s *Server) mcpServer(tenant string, write bool) *mcp.Server {
-	k := tenant + "\x00r"
-	if write {
-		k = tenant + "\x00w"
-	}
+// mcpServer returns the MCP server of the caller's key (made once per key).
+// A key may (write) or may not change things: both servers list every
+// tool; on the read-only one the tools that change things refuse. The
+// server is per key, not per tenant, because it holds the sessions the key
+// opened (mcpOwns). No logging capability is advertised: the tools report
+// through their results and progress notifications, and have no log
+// stream to offer.
+func (s *Server) mcpServer(cl mcpCaller) *mcp.Server {
+	k := cl.tenant + "\x00" + cl.keyHash
 	if v, ok := s.mcpServers.Load(k); ok {
 		return v.(*mcp.Server)
 	}
-	srv := mcp.NewServer(&mcp.Implementation{Name: "amber", Version: s.version}, nil)
-	addMCPTools(srv, mcpTools{s: s, eng: s.eng, tenant: tenant, write: write})
+	srv := mcp.NewServer(&mcp.Implementation{Name: "amber", Version: s.version}, &mcp.ServerOptions{Capabilities: &mcp.ServerCapabilities{}})
+	addMCPTools(srv, mcpTools{s: s, eng: s.eng, tenant: cl.tenant, write: cl.write})
 	v, _ := s.mcpServers.LoadOrStore(k, srv)
 	return v.(*mcp.Server)
 }
@@ -174,7 +160,11 @@ func (t mcpTools) list(ctx context.Context, _ *mcp.CallToolRequest, _ struct{}) 
 	return nil, out, err
 }
 
-func (t mcpTools) exec(ctx context.Context, _ *mcp.CallToolRequest, in mcpExecIn) (*mcp.CallToolResult, mcpExecOut, error) {
+// exec runs a command to its end. Asked for progress, it reports the
+// command's output as it comes (mcpProgress); a cancelled call (the
+// client's notifications/cancelled, or its session's end) cancels ctx,
+// and the driver kills the command's process group.
+func (t mcpTools) exec(ctx context.Context, req *mcp.CallToolRequest, in mcpExecIn) (*mcp.CallToolResult, mcpExecOut, error) {
 	if len(in.Command) == 0 {
 		return nil, mcpExecOut{}, fmt.Errorf("command is empty")
 	}
@@ -186,10 +176,18 @@ func (t mcpTools) exec(ctx context.Context, _ *mcp.CallToolRequest, in mcpExecIn
 		to = time.Minute
 	}
 	var out, errb capped
-	st, err := t.eng.Exec(ctx, t.tenant, in.Sandbox, sandbox.ExecSpec{Args: in.Command, Stdout: &out, Stderr: &errb, Timeout: to})
+	spec := sandbox.ExecSpec{Args: in.Command, Stdout: &out, Stderr: &errb, Timeout: to}
+	p := startProgress(ctx, req, "exec")
+	if p != nil {
+		spec.Stdout, spec.Stderr = io.MultiWriter(&out, p), io.MultiWriter(&errb, p)
+		spec.Started = func(pid int) { p.note(fmt.Sprintf("started as pid %d", pid)) }
+	}
+	st, err := t.eng.Exec(ctx, t.tenant, in.Sandbox, spec)
 	if err != nil {
+		p.end("exec failed")
 		return nil, mcpExecOut{}, err
 	}
+	p.end(fmt.Sprintf("exited with code %d", st.Code))
 	return nil, mcpExecOut{ExitCode: st.Code, Stdout: out.String(), Stderr: errb.String(), TimedOut: st.TimedOut}, nil
 }
 
@@ -204,8 +202,17 @@ func (t mcpTools) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in mcpW
 	return nil, mcpWriteOut{Bytes: len(in.Content)}, nil
 }
 
-func (t mcpTools) checkpoint(ctx context.Context, _ *mcp.CallToolRequest, in mcpCheckpointIn) (*mcp.CallToolResult, mcpCheckpointOut, error) {
+// checkpoint takes a checkpoint; asked for progress, it says when it
+// started, that it still runs (a large sandbox's memory takes seconds),
+// and how it ended.
+func (t mcpTools) checkpoint(ctx context.Context, req *mcp.CallToolRequest, in mcpCheckpointIn) (*mcp.CallToolResult, mcpCheckpointOut, error) {
+	p := startProgress(ctx, req, "checkpoint of "+in.Sandbox)
 	ck, err := t.eng.Checkpoint(ctx, engine.CheckpointRequest{Tenant: t.tenant, Sandbox: in.Sandbox, Tag: in.Tag})
+	if err != nil {
+		p.end("checkpoint failed")
+	} else {
+		p.end("checkpoint " + ck.ID + " taken")
+	}
 	return nil, mcpCheckpointOut{Checkpoint: ck.ID}, err
 }
 

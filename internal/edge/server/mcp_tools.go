@@ -14,6 +14,7 @@ import (
 
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/engine"
+	"github.com/amber-run/amber/internal/obs/logging"
 )
 
 // mcpCodeForbidden is the JSON-RPC error code of a tool the caller's key may
@@ -72,18 +73,31 @@ func addMCPTools(srv *mcp.Server, t mcpTools) {
 	mcpTool(srv, t, writes, "port_expose", "Expose a TCP port of a sandbox on a URL (it carries a token: keep it).", mcpHints{openWorld: true}, t.exposePort)
 }
 
-// mcpTool adds one tool with a portable input schema (mcpInputSchema) and
+// mcpTool adds one tool with portable input and output schemas
+// (mcpInputSchema: the Inspector's --strict check flags an output schema
+// of ["null","array"] too; the tools never return null for a list) and
 // its annotations, and notes in writes the tools that change things. On a
 // read-only key's server a tool runs with the engine told not to resume an
-// idle sandbox (the middleware does the same for the API's GETs).
+// idle sandbox (the middleware does the same for the API's GETs). In a
+// session a tool's context ends with the session's DELETE
+// (mcpSessionCalls).
 func mcpTool[In, Out any](srv *mcp.Server, t mcpTools, writes map[string]bool, name, desc string, h mcpHints, fn mcp.ToolHandlerFor[In, Out]) {
-	tool := &mcp.Tool{Name: name, Description: desc, InputSchema: mcpInputSchema[In](), Annotations: h.annotations()}
+	tool := &mcp.Tool{Name: name, Description: desc, InputSchema: mcpInputSchema[In](), OutputSchema: mcpInputSchema[Out](), Annotations: h.annotations()}
 	writes[name] = !h.readOnly
-	if !t.write {
-		inner := fn
-		fn = func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
-			return inner(engine.WithoutResume(ctx), req, in)
+	inner := fn
+	fn = func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		if !t.write {
+			ctx = engine.WithoutResume(ctx)
 		}
+		if req != nil && req.Extra != nil && req.Extra.Header.Get(mcpRequestIDHeader) != "" {
+			ctx = logging.With(ctx, logging.RequestID, req.Extra.Header.Get(mcpRequestIDHeader))
+		}
+		if req != nil && req.Session != nil && req.Session.ID() != "" {
+			var release func()
+			ctx, release = t.s.mcpEndpointFor().calls.bind(ctx, t.s, req.Session.ID())
+			defer release()
+		}
+		return inner(ctx, req, in)
 	}
 	mcp.AddTool(srv, tool, fn)
 }

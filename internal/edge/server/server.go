@@ -96,8 +96,8 @@ type keyStore interface {
 type Server struct {
 	secrets    *secretstore.Store
 	mcpOnce    sync.Once
-	mcpHandler http.Handler
-	mcpServers sync.Map // tenant → *mcp.Server
+	mcpHandler *mcpEndpoint
+	mcpServers sync.Map // tenant and key → *mcp.Server
 	rates      rateLimits
 	audit      *audit.Trail
 	metrics    *metrics.Metrics
@@ -266,8 +266,9 @@ func New(o Options) *Server {
 	// The old path form of exposed ports: a redirect to the port's own
 	// origin (ports.go), which ServeHTTP serves.
 	s.mux.HandleFunc(proxyPattern, s.legacyPortPath)
-	// The MCP endpoint's other methods: 405 (mcp.go).
-	s.mux.HandleFunc("/v1/mcp", mcpNotAllowed)
+	// The MCP endpoint's other methods: a session's GET and DELETE, else
+	// 405 (mcp_session.go).
+	s.mux.Handle("/v1/mcp", s.mcpOtherMethods())
 	// The terminal's WebSocket, authorised by a ticket (terminal.go).
 	s.mux.HandleFunc("GET /v1/sandboxes/{id}/terminal/ws", s.terminalWS)
 	if o.Console != nil {

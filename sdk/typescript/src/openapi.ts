@@ -782,7 +782,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Model Context Protocol (streamable HTTP, stateless; GET and DELETE answer 405): the caller's tenant's sandboxes as MCP tools — sandbox_create, sandbox_list, sandbox_destroy, exec, process_start, process_output, read_file, list_dir, write_file, checkpoint, checkpoint_list, restore, fork, port_expose. Use any MCP client with the API key as a Bearer token; a read-scoped key lists the tools and calls the read-only ones (the others answer JSON-RPC error -32003). */
+        /** Model Context Protocol (streamable HTTP: initialize opens a session bound to the key, Mcp-Session-Id, whose POSTs answer as SSE streams with progress and whose GET and DELETE serve its stream and end it; without a session, POSTs answer JSON and GET and DELETE 405): the caller's tenant's sandboxes as MCP tools — sandbox_create, sandbox_list, sandbox_destroy, exec, process_start, process_output, read_file, list_dir, write_file, checkpoint, checkpoint_list, restore, fork, port_expose. Use any MCP client with the API key as a Bearer token; a read-scoped key lists the tools and calls the read-only ones (the others answer JSON-RPC error -32003). */
         post: operations["mcp"];
         delete?: never;
         options?: never;
@@ -1653,7 +1653,16 @@ export interface operations {
                     };
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1682,7 +1691,16 @@ export interface operations {
                     "application/json": Record<string, never>;
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1711,7 +1729,16 @@ export interface operations {
                     "application/json": components["schemas"]["Info"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1740,7 +1767,16 @@ export interface operations {
                     "application/json": components["schemas"]["TemplateList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1769,7 +1805,16 @@ export interface operations {
                     "application/json": components["schemas"]["SandboxList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1805,7 +1850,16 @@ export interface operations {
                     "application/json": components["schemas"]["Sandbox"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1837,7 +1891,16 @@ export interface operations {
                     "application/json": components["schemas"]["Sandbox"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1867,7 +1930,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1899,7 +1971,16 @@ export interface operations {
                     "application/json": components["schemas"]["Sandbox"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1948,7 +2029,16 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["ExecFrame"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -1980,7 +2070,16 @@ export interface operations {
                     "application/json": components["schemas"]["ProcessList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2019,7 +2118,16 @@ export interface operations {
                     "application/json": components["schemas"]["StartProcessResponse"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2055,7 +2163,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2089,7 +2206,16 @@ export interface operations {
                     "application/json": components["schemas"]["ExitStatus"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2127,7 +2253,16 @@ export interface operations {
                     "application/json": components["schemas"]["FileList"] | components["schemas"]["FileInfo"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2166,7 +2301,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2201,7 +2345,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2236,7 +2389,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2270,7 +2432,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2305,7 +2476,16 @@ export interface operations {
                     "application/x-tar": string;
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2342,7 +2522,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2382,7 +2571,16 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["Event"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2414,7 +2612,16 @@ export interface operations {
                     "application/json": components["schemas"]["PortList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2450,7 +2657,16 @@ export interface operations {
                     "application/json": components["schemas"]["PortExposure"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2482,7 +2698,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2516,7 +2741,16 @@ export interface operations {
                     "application/json": components["schemas"]["CheckpointList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2565,7 +2799,16 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["OperationFrame"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2605,7 +2848,16 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["OperationFrame"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2637,7 +2889,16 @@ export interface operations {
                     "application/json": components["schemas"]["Checkpoint"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2667,7 +2928,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2717,7 +2987,16 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["OperationFrame"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2746,7 +3025,16 @@ export interface operations {
                     "application/json": components["schemas"]["TenantList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2779,7 +3067,16 @@ export interface operations {
                     "application/json": components["schemas"]["Tenant"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2811,7 +3108,16 @@ export interface operations {
                     "application/json": components["schemas"]["APIKeyList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2847,7 +3153,16 @@ export interface operations {
                     "application/json": components["schemas"]["APIKey"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2879,7 +3194,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2911,7 +3235,16 @@ export interface operations {
                     "application/json": components["schemas"]["TenantPolicy"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2947,7 +3280,16 @@ export interface operations {
                     "application/json": components["schemas"]["TenantPolicy"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -2981,7 +3323,16 @@ export interface operations {
                     "application/json": components["schemas"]["AuditList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3013,7 +3364,16 @@ export interface operations {
                     "application/json": components["schemas"]["AuditReport"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3040,7 +3400,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3069,7 +3438,16 @@ export interface operations {
                     "text/plain": string;
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3101,7 +3479,16 @@ export interface operations {
                     "application/json": components["schemas"]["TenantQuota"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3137,7 +3524,16 @@ export interface operations {
                     "application/json": components["schemas"]["TenantQuota"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3169,7 +3565,16 @@ export interface operations {
                     "application/json": components["schemas"]["SandboxEgress"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3192,7 +3597,7 @@ export interface operations {
         };
         requestBody: {
             content: {
-                "application/json": components["schemas"]["EgressPolicy"];
+                "application/json": components["schemas"]["EgressPolicy"] | null;
             };
         };
         responses: {
@@ -3205,7 +3610,16 @@ export interface operations {
                     "application/json": components["schemas"]["SandboxEgress"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3237,7 +3651,16 @@ export interface operations {
                     "application/json": components["schemas"]["EffectList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3269,7 +3692,16 @@ export interface operations {
                     "application/json": components["schemas"]["SecretList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3307,7 +3739,16 @@ export interface operations {
                     "application/json": components["schemas"]["Secret"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3339,7 +3780,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3368,7 +3818,16 @@ export interface operations {
                     "application/json": components["schemas"]["SessionList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3401,7 +3860,16 @@ export interface operations {
                     "application/json": components["schemas"]["Session"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3433,7 +3901,16 @@ export interface operations {
                     "application/json": components["schemas"]["Session"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3470,7 +3947,16 @@ export interface operations {
                     "application/json": components["schemas"]["EventList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3506,7 +3992,16 @@ export interface operations {
                     "application/json": components["schemas"]["Event"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3544,7 +4039,16 @@ export interface operations {
                     "text/event-stream": components["schemas"]["Event"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3576,7 +4080,16 @@ export interface operations {
                     "application/json": components["schemas"]["TemplateVersion"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3606,7 +4119,16 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3654,7 +4176,16 @@ export interface operations {
                     "application/json": components["schemas"]["ImportTemplateResult"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3690,7 +4221,16 @@ export interface operations {
                     "application/json": components["schemas"]["TemplateVersion"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3719,7 +4259,16 @@ export interface operations {
                     "application/json": components["schemas"]["GCTemplatesResult"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3758,7 +4307,16 @@ export interface operations {
                     "application/json": components["schemas"]["Sandbox"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3791,7 +4349,16 @@ export interface operations {
                     "application/json": Record<string, never>;
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3829,7 +4396,16 @@ export interface operations {
                     "application/json": components["schemas"]["UsageReport"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3865,7 +4441,16 @@ export interface operations {
                     "application/json": components["schemas"]["Effect"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3897,7 +4482,16 @@ export interface operations {
                     "application/json": components["schemas"]["SandboxStats"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3929,7 +4523,16 @@ export interface operations {
                     "application/json": components["schemas"]["TerminalTicket"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3958,7 +4561,16 @@ export interface operations {
                     "application/json": components["schemas"]["NodeList"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -3994,7 +4606,16 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["DrainFrame"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -4026,7 +4647,16 @@ export interface operations {
                     "application/json": components["schemas"]["Node"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -4065,7 +4695,16 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["OutputFrame"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
@@ -4102,7 +4741,16 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["WatchEvent"];
                 };
             };
-            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
             default: {
                 headers: {
                     [name: string]: unknown;
