@@ -64,7 +64,7 @@ func (c *Client) Exec(ctx context.Context, id string, r api.ExecRequest, stdin i
 		case f.Exit != nil:
 			return *f.Exit, nil
 		case f.Error != nil:
-			return api.ExitStatus{}, fromBody(*f.Error, 200)
+			return api.ExitStatus{}, fromFrame(*f.Error)
 		case f.Stream == "stdout" && stdout != nil:
 			if _, err := stdout.Write(f.Data); err != nil {
 				return api.ExitStatus{}, err

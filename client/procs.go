@@ -148,7 +148,7 @@ func (c *Client) outputOnce(ctx context.Context, id string, pid int, offset int6
 			if f.Error == nil {
 				return false, offset, &Error{Kind: "unavailable", Message: "output stream failed"}
 			}
-			return false, offset, fromBody(*f.Error, 200)
+			return false, offset, fromFrame(*f.Error)
 		case "stdout", "stderr":
 			end := f.Offset + int64(len(f.Data))
 			if end <= offset {

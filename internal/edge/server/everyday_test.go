@@ -130,6 +130,12 @@ func TestEverydayExec(t *testing.T) {
 			t.Errorf("exec %+v: %v, want a 400", req, err)
 		}
 	}
+	// An error inside the exec stream (after its 200) carries its kind's status.
+	_, err = c.Exec(ctx, sb.ID, api.ExecRequest{Args: []string{"true"}, Cwd: "/no/such/dir"}, nil, nil, nil)
+	var ce *client.Error
+	if !errors.As(err, &ce) || ce.Status != 400 {
+		t.Errorf("exec in a missing cwd: %#v, want an error of status 400", err)
+	}
 	if code, body := rawCall(t, ctx, "POST", base+"/v1/sandboxes/"+sb.ID+"/exec?arg=echo&arg=a%00b", "Bearer", "application/octet-stream", nil); code != 400 {
 		t.Errorf("streamed exec with a NUL in an arg: %d %s", code, body)
 	}
