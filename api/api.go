@@ -303,12 +303,16 @@ type Info struct {
 }
 
 // ExecRequest runs a command to completion (POST /v1/sandboxes/{id}/exec
-// with Content-Type application/json). Stdin, when set, is the command's
-// whole input. To stream input instead, send the command as query
-// parameters (arg, env, cwd, tty, timeout_ms) and the input as the raw
-// request body (Content-Type application/octet-stream).
+// with Content-Type application/json). The command is Args (argv, no
+// shell), or Cmd, a shell command line run by the template's /bin/sh -c
+// ("ls -la | wc -l"); exactly one of the two. Stdin, when set, is the
+// command's whole input. To stream input instead, send the command as
+// query parameters (arg or cmd, env, cwd, tty, timeout_ms) and the input as
+// the raw request body (Content-Type application/octet-stream). Env
+// entries are KEY=VALUE; none of the strings may hold a NUL byte.
 type ExecRequest struct {
-	Args      []string `json:"args"`
+	Args      []string `json:"args,omitempty"`
+	Cmd       string   `json:"cmd,omitempty"`
 	Env       []string `json:"env,omitempty"`
 	Cwd       string   `json:"cwd,omitempty"`
 	Stdin     []byte   `json:"stdin,omitempty"`
@@ -341,11 +345,15 @@ type ExitStatus struct {
 	Reason string `json:"reason,omitempty"`
 }
 
-// StartProcessRequest starts a background process (POST …/processes).
+// StartProcessRequest starts a background process (POST …/processes):
+// Args or Cmd as in ExecRequest. With Stdin its stdin stays open for
+// POST …/processes/{pid}/stdin; without, it reads end of file at once.
 type StartProcessRequest struct {
-	Args []string `json:"args"`
-	Env  []string `json:"env,omitempty"`
-	Cwd  string   `json:"cwd,omitempty"`
+	Args  []string `json:"args,omitempty"`
+	Cmd   string   `json:"cmd,omitempty"`
+	Env   []string `json:"env,omitempty"`
+	Cwd   string   `json:"cwd,omitempty"`
+	Stdin bool     `json:"stdin,omitempty"`
 }
 
 // StartProcessResponse gives the started process's sandbox-side PID.

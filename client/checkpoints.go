@@ -41,7 +41,7 @@ func (c *Client) operation(ctx context.Context, path string, in any, progress fu
 		}
 		switch {
 		case f.Error != nil:
-			return f, fromBody(*f.Error, 200)
+			return f, fromFrame(*f.Error)
 		case f.Progress != nil:
 			if progress != nil {
 				progress(*f.Progress)

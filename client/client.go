@@ -87,6 +87,14 @@ func fromBody(eb api.ErrorBody, status int) *Error {
 	return &Error{Status: status, Kind: eb.Kind, Message: eb.Message}
 }
 
+// fromFrame is the error of a stream's error frame, sent after the 200:
+// its Status is the one its kind has as a plain answer (errdefs.HTTPStatus).
+func fromFrame(eb api.ErrorBody) *Error {
+	e := &Error{Kind: eb.Kind, Message: eb.Message}
+	e.Status = errdefs.HTTPStatus(e)
+	return e
+}
+
 // request builds a request to path (relative to the base) with query q.
 func (c *Client) request(ctx context.Context, method, path string, q url.Values, body io.Reader, ctype string) (*http.Request, error) {
 	u := *c.base

@@ -11,7 +11,7 @@ import (
 	"github.com/amber-run/amber/api"
 )
 
-// Exec runs r.Args in sandbox id to completion, writing its output to stdout
+// Exec runs r.Args (or r.Cmd, a shell command line) in sandbox id to completion, writing its output to stdout
 // and stderr (nil discards) as it comes. When stdin is non-nil it is streamed
 // to the command while output is read (r.Stdin is then ignored); otherwise
 // r.Stdin, if any, is the whole input. The command's exit status is
@@ -22,6 +22,9 @@ func (c *Client) Exec(ctx context.Context, id string, r api.ExecRequest, stdin i
 	ctype := "application/json"
 	if stdin != nil {
 		q = url.Values{"arg": r.Args, "env": r.Env}
+		if r.Cmd != "" {
+			q.Set("cmd", r.Cmd)
+		}
 		if r.Cwd != "" {
 			q.Set("cwd", r.Cwd)
 		}
@@ -61,7 +64,7 @@ func (c *Client) Exec(ctx context.Context, id string, r api.ExecRequest, stdin i
 		case f.Exit != nil:
 			return *f.Exit, nil
 		case f.Error != nil:
-			return api.ExitStatus{}, fromBody(*f.Error, 200)
+			return api.ExitStatus{}, fromFrame(*f.Error)
 		case f.Stream == "stdout" && stdout != nil:
 			if _, err := stdout.Write(f.Data); err != nil {
 				return api.ExitStatus{}, err

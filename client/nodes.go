@@ -48,7 +48,7 @@ func (c *Client) DrainNode(ctx context.Context, id string, wait bool, each func(
 			return f, fmt.Errorf("drain node %s: the answer broke off before the node was empty: %w", id, err)
 		}
 		if f.Error != nil {
-			return f, fromBody(*f.Error, 200)
+			return f, fromFrame(*f.Error)
 		}
 		if each != nil {
 			each(f)

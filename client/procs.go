@@ -29,6 +29,28 @@ func (c *Client) StartProcess(ctx context.Context, id string, r api.StartProcess
 	return out.PID, c.do(ctx, "POST", sbPath(id, "/processes"), nil, r, &out)
 }
 
+// WriteStdin sends r to the stdin of background process pid (started with
+// Stdin: true); closeAfter closes its stdin after r, so it reads end of
+// file.
+func (c *Client) WriteStdin(ctx context.Context, id string, pid int, r io.Reader, closeAfter bool) error {
+	var q url.Values
+	if closeAfter {
+		q = url.Values{"close": {"true"}}
+	}
+	if r == nil {
+		r = bytesReader(nil)
+	}
+	req, err := c.request(ctx, "POST", sbPath(id, fmt.Sprintf("/processes/%d/stdin", pid)), q, r, "application/octet-stream")
+	if err != nil {
+		return err
+	}
+	resp, err := c.send(req)
+	if err != nil {
+		return err
+	}
+	return resp.Body.Close()
+}
+
 // Signal sends signal (a name like "TERM" or a number) to process pid.
 func (c *Client) Signal(ctx context.Context, id string, pid int, signal string) error {
 	return c.do(ctx, "POST", sbPath(id, fmt.Sprintf("/processes/%d/signal", pid)), nil, api.SignalRequest{Signal: signal}, nil)
@@ -126,7 +148,7 @@ func (c *Client) outputOnce(ctx context.Context, id string, pid int, offset int6
 			if f.Error == nil {
 				return false, offset, &Error{Kind: "unavailable", Message: "output stream failed"}
 			}
-			return false, offset, fromBody(*f.Error, 200)
+			return false, offset, fromFrame(*f.Error)
 		case "stdout", "stderr":
 			end := f.Offset + int64(len(f.Data))
 			if end <= offset {

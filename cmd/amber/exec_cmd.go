@@ -15,12 +15,12 @@ import (
 )
 
 func newExecCmd(g *globalFlags) *cobra.Command {
-	var interactive, tty, detach bool
+	var interactive, tty, detach, openStdin bool
 	var timeout time.Duration
 	var env []string
-	var cwd string
+	var cwd, shellCmd string
 	c := &cobra.Command{
-		Use:   "exec SBX [flags] -- CMD [ARGS...]",
+		Use:   "exec SBX [flags] -- CMD [ARGS...]  |  exec SBX -c 'SHELL COMMAND LINE'",
 		Short: "Run a command in a sandbox, streaming its output; exit with its status",
 		Long: `Run a command in a sandbox to completion. Its stdout and stderr stream to
 amber's own as they are produced, and amber exits with the command's exit code
@@ -33,12 +33,19 @@ Either way the command is a child of the sandbox's own init (its agent), so
 it and everything it leaves running are part of every checkpoint and come
 back with a restore.
 
+With -c, the command is one shell command line, run by the sandbox's /bin/sh
+-c ('ls -la | wc -l'); without, CMD and ARGS are run as they are, no shell.
+
 With -i, amber's stdin is streamed to the command; without it the command's
-stdin is empty. -t runs the command on a pseudo-terminal. With --json, amber
+stdin is empty. With -d --stdin, the background process's stdin stays open:
+'amber stdin SBX PID' sends to it. -t runs the command on a pseudo-terminal. With --json, amber
 prints one JSON object at the end: {"exit":{…},"stdout":…,"stderr":…}.`,
 		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) < 2 {
-				return usageError{fmt.Errorf("exec needs a sandbox id and a command: amber exec SBX -- CMD [ARGS...]")}
+			switch {
+			case shellCmd != "" && len(args) != 1:
+				return usageError{fmt.Errorf("exec -c takes the command line as its value, and no CMD after the sandbox id: amber exec SBX -c 'ls | wc -l'")}
+			case shellCmd == "" && len(args) < 2:
+				return usageError{fmt.Errorf("exec needs a sandbox id and a command: amber exec SBX -- CMD [ARGS...] (or -c 'SHELL COMMAND LINE')")}
 			}
 			return nil
 		},
@@ -49,9 +56,9 @@ prints one JSON object at the end: {"exit":{…},"stdout":…,"stderr":…}.`,
 			}
 			if detach {
 				if interactive || tty || timeout != 0 {
-					return usageError{fmt.Errorf("--detach runs in the background: -i, -t and --timeout do not apply")}
+					return usageError{fmt.Errorf("--detach runs in the background: -i, -t and --timeout do not apply (--stdin keeps its stdin open for 'amber stdin')")}
 				}
-				pid, err := cl.StartProcess(cmd.Context(), args[0], api.StartProcessRequest{Args: args[1:], Env: env, Cwd: cwd})
+				pid, err := cl.StartProcess(cmd.Context(), args[0], api.StartProcessRequest{Args: args[1:], Cmd: shellCmd, Env: env, Cwd: cwd, Stdin: openStdin})
 				if err != nil {
 					return err
 				}
@@ -61,7 +68,10 @@ prints one JSON object at the end: {"exit":{…},"stdout":…,"stderr":…}.`,
 				fmt.Fprintln(cmd.OutOrStdout(), pid)
 				return nil
 			}
-			req := api.ExecRequest{Args: args[1:], Env: env, Cwd: cwd, TTY: tty, TimeoutMS: timeout.Milliseconds()}
+			if openStdin {
+				return usageError{fmt.Errorf("--stdin is for a background process (-d); use -i to stream stdin to a command")}
+			}
+			req := api.ExecRequest{Args: args[1:], Cmd: shellCmd, Env: env, Cwd: cwd, TTY: tty, TimeoutMS: timeout.Milliseconds()}
 			var stdin io.Reader
 			if interactive {
 				stdin = os.Stdin
@@ -98,6 +108,8 @@ prints one JSON object at the end: {"exit":{…},"stdout":…,"stderr":…}.`,
 	f.BoolVarP(&interactive, "interactive", "i", false, "stream stdin to the command")
 	f.BoolVarP(&tty, "tty", "t", false, "run on a pseudo-terminal")
 	f.BoolVarP(&detach, "detach", "d", false, "start in the background and print the PID")
+	f.StringVarP(&shellCmd, "command", "c", "", "a shell command line, run by the sandbox's /bin/sh -c")
+	f.BoolVar(&openStdin, "stdin", false, "with -d: keep the process's stdin open ('amber stdin SBX PID' sends to it)")
 	f.DurationVar(&timeout, "timeout", 0, "kill the command after this long (e.g. 30s); 0 means none")
 	f.StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE for the command (repeatable)")
 	f.StringVarP(&cwd, "workdir", "w", "", "working directory inside the sandbox")

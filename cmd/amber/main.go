@@ -80,6 +80,7 @@ func newRoot() *cobra.Command {
 		newFilesCmd(g),
 		newPsCmd(g),
 		newWaitCmd(g),
+		newStdinCmd(g),
 		newLogsCmd(g),
 		newPortCmd(g),
 		newTemplateCmd(g),

@@ -78,3 +78,29 @@ process. With --json, amber prints the status as {"code":…,"signal":…}.`,
 		},
 	}
 }
+
+func newStdinCmd(g *globalFlags) *cobra.Command {
+	var closeAfter bool
+	c := &cobra.Command{
+		Use:   "stdin SBX PID",
+		Short: "Send amber's stdin to a background process's stdin",
+		Long: `Send what amber reads on its stdin, to its end, to the stdin of a process that
+'amber exec -d --stdin' started. The process's stdin stays open for more
+unless --close is given, which closes it after (the process then reads end
+of file).`,
+		Args: exactArgs(2, "a sandbox id and a PID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			pid, err := strconv.Atoi(args[1])
+			if err != nil || pid <= 0 {
+				return usageError{fmt.Errorf("PID %q is not a process id", args[1])}
+			}
+			cl, err := g.client()
+			if err != nil {
+				return err
+			}
+			return cl.WriteStdin(cmd.Context(), args[0], pid, cmd.InOrStdin(), closeAfter)
+		},
+	}
+	c.Flags().BoolVar(&closeAfter, "close", false, "close the process's stdin after amber's stdin ends")
+	return c
+}

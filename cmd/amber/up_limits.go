@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -18,6 +19,7 @@ type edgeOptions struct {
 	maxMemory, maxCPUs, maxDisk string
 	maxPids                     int64
 	maxStreams                  int
+	bodyReadTimeout             time.Duration
 
 	domain string         // checked --port-domain
 	max    sandbox.Limits // checked maxima
@@ -30,6 +32,7 @@ func (o *edgeOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.maxDisk, "max-sandbox-disk", "256Gi", "the most disk (writable layer) a sandbox may ask for")
 	f.Int64Var(&o.maxPids, "max-sandbox-pids", 32768, "the most processes a sandbox may ask for")
 	f.IntVar(&o.maxStreams, "max-streams-per-tenant", server.DefaultLimits.MaxStreamsPerTenant, "long-lived streams (followed events, session SSE, exec, process waits, terminals) one tenant may hold open at once on this node; one more is a 429")
+	f.DurationVar(&o.bodyReadTimeout, "body-read-timeout", server.DefaultLimits.BodyReadTimeout, "the longest a request body (an upload, a JSON body) may pause before its next bytes; a stalled one is a 400 and its connection is closed (an exec's streamed stdin is not timed)")
 }
 
 // check reads and checks the flags, before the daemon starts anything
@@ -65,6 +68,9 @@ func (o *edgeOptions) check(addr string) error {
 	if o.maxStreams < 1 {
 		return usageError{fmt.Errorf("--max-streams-per-tenant %d: at least 1", o.maxStreams)}
 	}
+	if o.bodyReadTimeout < time.Second {
+		return usageError{fmt.Errorf("--body-read-timeout %s: at least 1s", o.bodyReadTimeout)}
+	}
 	o.max = l
 	return nil
 }
@@ -74,6 +80,7 @@ func (o *edgeOptions) apply(so *server.Options) {
 	so.PortDomain = o.domain
 	so.Limits.MaxSandbox = o.max
 	so.Limits.MaxStreamsPerTenant = o.maxStreams
+	so.Limits.BodyReadTimeout = o.bodyReadTimeout
 }
 
 // checkPortDomain accepts a DNS name of at least two labels of letters,

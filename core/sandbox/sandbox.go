@@ -118,6 +118,9 @@ type ExecSpec struct {
 	// client's file descriptors to the sandbox.
 	Stdin          io.Reader
 	Stdout, Stderr io.Writer
+	// OpenStdin (Start only) keeps a background process's stdin open for
+	// StdinWriter.WriteStdin; otherwise it reads end of file at once.
+	OpenStdin bool
 	// TTY runs the command on a pseudo-terminal; Stderr is merged into Stdout.
 	TTY bool
 	// Size is the terminal's first size (zero: 80×24); each value from
@@ -309,6 +312,17 @@ type OutputReader interface {
 	// does not know is ErrNotFound; fn's error ends the stream and is
 	// returned.
 	Output(ctx context.Context, id string, pid int, offset int64, follow bool, fn func(OutputFrame) error) error
+}
+
+// StdinWriter is implemented by a driver that feeds a background process's
+// stdin (one Start made with OpenStdin; the sandbox's agent holds the
+// pipe). The engine finds it by type assertion.
+type StdinWriter interface {
+	// WriteStdin copies r into process pid's stdin; closeAfter closes
+	// the stdin at r's end (the process then reads end of file). A pid
+	// the agent does not know is ErrNotFound; a process whose stdin is
+	// not open (started without OpenStdin, or closed) ErrInvalidArgument.
+	WriteStdin(ctx context.Context, id string, pid int, r io.Reader, closeAfter bool) error
 }
 
 // OutputFrame is one piece of a process's output stream.

@@ -273,6 +273,7 @@ func (d *Driver) agentStart(ctx context.Context, ls *liveSandbox, spec sandbox.E
 	}
 	s.Args = spec.Args
 	s.Log = true
+	s.Stdin = spec.OpenStdin
 	pid, err := d.agentClient(ls).Start(ctx, s)
 	if err != nil {
 		var ae *agent.Error
@@ -446,6 +447,21 @@ func (d *Driver) agentWait(ctx context.Context, id string, pid int) (st sandbox.
 }
 
 var _ sandbox.Watcher = (*Driver)(nil)
+
+var _ sandbox.StdinWriter = (*Driver)(nil)
+
+// WriteStdin implements sandbox.StdinWriter through the sandbox's agent,
+// which holds the stdin of the processes it started with OpenStdin.
+func (d *Driver) WriteStdin(ctx context.Context, id string, pid int, r io.Reader, closeAfter bool) error {
+	ls, err := d.running(id)
+	if err != nil {
+		return err
+	}
+	if !ls.rec.hasAgent() {
+		return errdefs.FailedPreconditionf("sandbox %s runs no agent (created before it): its background processes take no input", id)
+	}
+	return d.agentClient(ls).Stdin(ctx, pid, r, closeAfter)
+}
 
 // Watch implements sandbox.Watcher through the sandbox's agent.
 func (d *Driver) Watch(ctx context.Context, id, path string, recursive bool, ready chan<- struct{}, fn func(sandbox.WatchEvent) error) error {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -314,6 +315,7 @@ func (d *Driver) agentStart(ctx context.Context, rec *record, spec sandbox.ExecS
 	}
 	s.Args = spec.Args
 	s.Log = true
+	s.Stdin = spec.OpenStdin
 	pid, err := d.agentFor(rec).Start(ctx, s)
 	if err != nil {
 		var ae *agent.Error
@@ -460,6 +462,24 @@ func checkAgentFile(path string) error {
 }
 
 var _ sandbox.Watcher = (*Driver)(nil)
+
+var _ sandbox.StdinWriter = (*Driver)(nil)
+
+// WriteStdin implements sandbox.StdinWriter through the sandbox's agent,
+// which holds the stdin of the processes it started with OpenStdin.
+func (d *Driver) WriteStdin(ctx context.Context, id string, pid int, r io.Reader, closeAfter bool) error {
+	rec, err := d.running(id)
+	if err != nil {
+		return err
+	}
+	if rec.SpecVersion < 2 {
+		return errdefs.FailedPreconditionf("sandbox %s runs the sh init of an older driver (spec generation %d): its background processes take no input", id, rec.SpecVersion)
+	}
+	if err := d.agentFor(rec).Stdin(ctx, pid, r, closeAfter); err != nil {
+		return d.agentErr(ctx, rec, err)
+	}
+	return nil
+}
 
 // Watch implements sandbox.Watcher through the sandbox's agent.
 func (d *Driver) Watch(ctx context.Context, id, path string, recursive bool, ready chan<- struct{}, fn func(sandbox.WatchEvent) error) error {

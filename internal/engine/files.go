@@ -4,7 +4,10 @@ import (
 	"context"
 	"io"
 	"os"
+	"path"
+	"strings"
 
+	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 )
 
@@ -20,6 +23,20 @@ type heldFS struct {
 
 var _ sandbox.FS = (*heldFS)(nil)
 
+// refuseProc refuses a file write (op) at or under /proc with a 400 that
+// says why: /proc is the kernel's view of the sandbox's processes, not
+// files; each runtime otherwise answers in its own way (gVisor "operation
+// not permitted", a host mount namespace "no such file"), neither of which
+// tells the caller that the path, not a permission, is wrong. Only the
+// spelled path is checked: the sandbox's FS confines every path anyway,
+// and a symlink into /proc fails there.
+func refuseProc(op, p string) error {
+	if c := path.Clean(p); c == "/proc" || strings.HasPrefix(c, "/proc/") {
+		return errdefs.InvalidArgumentf("%s %q: /proc is the kernel's view of the sandbox's processes, not files; the files API does not write there (run a command in the sandbox to change a /proc setting)", op, p)
+	}
+	return nil
+}
+
 func (h *heldFS) ReadFile(ctx context.Context, path string, w io.Writer) error {
 	release, err := h.hold(ctx)
 	if err != nil {
@@ -30,6 +47,9 @@ func (h *heldFS) ReadFile(ctx context.Context, path string, w io.Writer) error {
 }
 
 func (h *heldFS) WriteFile(ctx context.Context, path string, r io.Reader, mode os.FileMode) error {
+	if err := refuseProc("write", path); err != nil {
+		return err
+	}
 	release, err := h.hold(ctx)
 	if err != nil {
 		return err
@@ -57,6 +77,9 @@ func (h *heldFS) List(ctx context.Context, dir string) ([]sandbox.FileInfo, erro
 }
 
 func (h *heldFS) Mkdir(ctx context.Context, path string, mode os.FileMode) error {
+	if err := refuseProc("mkdir", path); err != nil {
+		return err
+	}
 	release, err := h.hold(ctx)
 	if err != nil {
 		return err
@@ -66,6 +89,9 @@ func (h *heldFS) Mkdir(ctx context.Context, path string, mode os.FileMode) error
 }
 
 func (h *heldFS) Remove(ctx context.Context, path string, recursive bool) error {
+	if err := refuseProc("remove", path); err != nil {
+		return err
+	}
 	release, err := h.hold(ctx)
 	if err != nil {
 		return err
@@ -77,6 +103,12 @@ func (h *heldFS) Remove(ctx context.Context, path string, recursive bool) error 
 // Rename renames within the sandbox (see sandbox.FS.Rename). It is a file
 // write like WriteFile: the API's files/rename route, write scope.
 func (h *heldFS) Rename(ctx context.Context, from, to string) error {
+	if err := refuseProc("rename", from); err != nil {
+		return err
+	}
+	if err := refuseProc("rename", to); err != nil {
+		return err
+	}
 	release, err := h.hold(ctx)
 	if err != nil {
 		return err
@@ -95,6 +127,9 @@ func (h *heldFS) TarOut(ctx context.Context, path string, w io.Writer) error {
 }
 
 func (h *heldFS) TarIn(ctx context.Context, dir string, r io.Reader) error {
+	if err := refuseProc("extract a tar into", dir); err != nil {
+		return err
+	}
 	release, err := h.hold(ctx)
 	if err != nil {
 		return err

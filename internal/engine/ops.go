@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -85,6 +86,21 @@ func (e *Engine) enter(ctx context.Context, tenant, id string) (meta.Sandbox, fu
 			return sb, nil, errdefs.FailedPreconditionf("sandbox %s stopped while the call waited", id)
 		}
 	}
+}
+
+// Wake returns tenant's sandbox id running: one stopped for being idle (or
+// suspended by a lifecycle observer) is resumed first, as by every call
+// into it (enter); any other state that is not running is
+// FailedPrecondition. The API calls it before it answers a call whose
+// answer starts before the work does (an exec's stream, a terminal's
+// ticket), so that an idle sandbox wakes as it does for files and MCP.
+func (e *Engine) Wake(ctx context.Context, tenant, id string) (meta.Sandbox, error) {
+	sb, unlock, err := e.enter(ctx, tenant, id)
+	if err != nil {
+		return sb, err
+	}
+	unlock()
+	return sb, nil
 }
 
 // running returns sandbox id if tenant owns it and it runs.
@@ -273,6 +289,27 @@ func (e *Engine) ProcessOutput(ctx context.Context, tenant, id string, pid int, 
 	}
 	unlock()
 	return or.Output(ctx, id, pid, offset, follow, fn)
+}
+
+// WriteStdin copies r into background process pid's stdin (one
+// StartProcess made with OpenStdin; see sandbox.StdinWriter). Like
+// ProcessOutput it holds nothing a checkpoint waits for: a stream of input
+// does not hold a cut back; one a cut breaks fails, and the client sends
+// the rest again.
+func (e *Engine) WriteStdin(ctx context.Context, tenant, id string, pid int, r io.Reader, closeAfter bool) error {
+	if pid <= 0 {
+		return errdefs.InvalidArgumentf("pid %d is not a process", pid)
+	}
+	sw, ok := e.drv.(sandbox.StdinWriter)
+	if !ok {
+		return errdefs.NotImplementedf("the %s driver cannot feed a background process's stdin", e.drv.Name())
+	}
+	_, unlock, err := e.enter(ctx, tenant, id)
+	if err != nil {
+		return err
+	}
+	unlock()
+	return sw.WriteStdin(ctx, id, pid, r, closeAfter)
 }
 
 // WatchFiles streams changes under path in sandbox id to fn (see

@@ -6,7 +6,18 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 )
+
+// Bearer is the token of an Authorization header value of the Bearer
+// scheme, whose name is case-insensitive (RFC 9110 §11.1: "bearer" and
+// "BEARER" are Bearer too), the token after spaces; ok is false for
+// another scheme or an empty token.
+func Bearer(h string) (token string, ok bool) {
+	scheme, token, ok := strings.Cut(strings.TrimSpace(h), " ")
+	token = strings.TrimSpace(token)
+	return token, ok && strings.EqualFold(scheme, "Bearer") && token != ""
+}
 
 // StatusWriter remembers the status a handler wrote (200 when it wrote a
 // body without one), for access logs and spans.

@@ -182,8 +182,8 @@ func (p *Proxy) authenticate(r *http.Request) (metadata.APIKey, error) {
 	if !strings.HasPrefix(r.URL.Path, "/v1/") || r.URL.Path == "/v1/openapi.json" {
 		return metadata.APIKey{}, nil // public: the console's assets, the API description
 	}
-	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || strings.TrimSpace(token) == "" {
+	token, ok := httpx.Bearer(r.Header.Get("Authorization"))
+	if !ok {
 		return metadata.APIKey{}, fmt.Errorf("missing Authorization: Bearer <api key>: %w", errdefs.ErrUnauthenticated)
 	}
 	k, err := p.o.Meta.KeyByHash(r.Context(), metadata.HashKey(strings.TrimSpace(token)))

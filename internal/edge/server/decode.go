@@ -30,7 +30,8 @@ func (s *Server) decodeCreateSandbox(r *http.Request) (api.CreateSandboxRequest,
 
 // decodeExec reads an exec request: a JSON ExecRequest body (bounded like
 // any JSON body), or the command in query parameters and the raw body as
-// streamed stdin (not bounded: it is a stream).
+// streamed stdin (not bounded: it is a stream). A shell command line (Cmd)
+// becomes the argv of the template's /bin/sh -c.
 func (s *Server) decodeExec(w http.ResponseWriter, r *http.Request) (req api.ExecRequest, stdin io.Reader, streamed bool, err error) {
 	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
 		s.limitBody(w, r)
@@ -38,15 +39,42 @@ func (s *Server) decodeExec(w http.ResponseWriter, r *http.Request) (req api.Exe
 	if req, stdin, streamed, err = parseExec(r); err != nil {
 		return req, nil, false, err
 	}
-	if len(req.Args) == 0 {
-		return req, nil, false, errdefs.InvalidArgumentf("exec: no command (args is empty)")
+	if req.Args, err = commandArgs("exec", req.Args, req.Cmd); err != nil {
+		return req, nil, false, err
+	}
+	if err := checkCwd("exec", req.Cwd); err != nil {
+		return req, nil, false, err
 	}
 	return req, stdin, streamed, s.limits.checkCommand("exec", req.Args, req.Env)
+}
+
+// shell runs a Cmd: the template's POSIX shell, as a terminal's would.
+const shell = "/bin/sh"
+
+// commandArgs is the argv of a request's command: args as given, or cmd,
+// a shell command line, as /bin/sh -c cmd. Exactly one of the two.
+func commandArgs(what string, args []string, cmd string) ([]string, error) {
+	switch {
+	case cmd != "" && len(args) > 0:
+		return nil, errdefs.InvalidArgumentf("%s: both args and cmd given; args is an argv run as is, cmd a shell command line: send one", what)
+	case cmd != "":
+		return []string{shell, "-c", cmd}, nil
+	case len(args) == 0:
+		return nil, errdefs.InvalidArgumentf("%s: no command (args is empty and cmd not given)", what)
+	}
+	return args, nil
 }
 
 func (s *Server) decodeStartProcess(r *http.Request) (api.StartProcessRequest, error) {
 	var req api.StartProcessRequest
 	if err := readJSON(r, &req); err != nil {
+		return req, err
+	}
+	var err error
+	if req.Args, err = commandArgs("process", req.Args, req.Cmd); err != nil {
+		return req, err
+	}
+	if err := checkCwd("process", req.Cwd); err != nil {
 		return req, err
 	}
 	return req, s.limits.checkCommand("process", req.Args, req.Env)

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/api"
-	"github.com/amber-run/amber/core/errdefs"
-	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/core/sandbox"
 )
 
@@ -59,7 +57,7 @@ func parseExec(r *http.Request) (req api.ExecRequest, stdin io.Reader, streamed 
 		return req, bytes.NewReader(req.Stdin), false, nil
 	}
 	q := r.URL.Query()
-	req.Args, req.Env, req.Cwd = q["arg"], q["env"], q.Get("cwd")
+	req.Args, req.Cmd, req.Env, req.Cwd = q["arg"], q.Get("cmd"), q["env"], q.Get("cwd")
 	if req.TTY, err = queryBool(r, "tty"); err != nil {
 		return req, nil, false, err
 	}
@@ -79,12 +77,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, c *call) error {
 		return err
 	}
 	id := r.PathValue("id")
-	sb, err := s.eng.Get(r.Context(), c.tenant, id)
-	if err != nil {
+	// An idle sandbox wakes before the 200 goes out (engine.Wake), so that
+	// a sandbox that cannot run is still a plain 412, not an error frame.
+	if _, err := s.eng.Wake(r.Context(), c.tenant, id); err != nil {
 		return err
-	}
-	if sb.State != metadata.StateRunning {
-		return errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
 	}
 	ctx, endStream, err := s.beginStream(w, r, c)
 	if err != nil {

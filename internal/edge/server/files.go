@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path"
@@ -37,9 +38,9 @@ func formatOctal(m uint32) string {
 }
 
 // fs returns the filesystem of the request's sandbox and the path query
-// parameter, cleaned to an absolute sandbox path.
+// parameter, an absolute sandbox path, cleaned.
 func (s *Server) fs(r *http.Request, c *call, param string) (sandbox.FS, string, error) {
-	p, err := requireQuery(r, param)
+	p, err := sandboxPath(r, param)
 	if err != nil {
 		return nil, "", err
 	}
@@ -47,7 +48,29 @@ func (s *Server) fs(r *http.Request, c *call, param string) (sandbox.FS, string,
 	if err != nil {
 		return nil, "", err
 	}
-	return fsys, path.Clean("/" + p), nil
+	return fsys, p, nil
+}
+
+// sandboxPath is query parameter param as a sandbox path: absolute (a
+// relative one is refused, as MCP's tools and rename refuse it: relative
+// to what would be a guess, and the sandbox's working directory is not
+// the API's) and without NUL bytes, cleaned.
+func sandboxPath(r *http.Request, param string) (string, error) {
+	p, err := requireQuery(r, param)
+	if err != nil {
+		return "", err
+	}
+	return absPath(p)
+}
+
+func absPath(p string) (string, error) {
+	if strings.IndexByte(p, 0) >= 0 {
+		return "", errdefs.InvalidArgumentf("path %q holds a NUL byte", p)
+	}
+	if !strings.HasPrefix(p, "/") {
+		return "", errdefs.InvalidArgumentf("path %q is not absolute: sandbox paths start with /", p)
+	}
+	return path.Clean(p), nil
 }
 
 // getFile returns a file's content, a directory's listing, or (stat=true)
@@ -145,8 +168,8 @@ func (s *Server) renameFile(w http.ResponseWriter, r *http.Request, c *call) err
 		return err
 	}
 	for _, p := range []string{req.From, req.To} {
-		if !strings.HasPrefix(p, "/") {
-			return errdefs.InvalidArgumentf("rename: path %q is not absolute", p)
+		if _, err := absPath(p); err != nil {
+			return fmt.Errorf("rename: %w", err)
 		}
 	}
 	fsys, err := s.eng.Files(r.Context(), c.tenant, r.PathValue("id"))
@@ -202,7 +225,7 @@ func (s *Server) upload(r *http.Request, what string) (*limitedBody, error) {
 // as ndjson WatchEvents until the client goes away (see api.WatchEvent).
 // Like the other streams it is one of the tenant's, ended by a revoked key.
 func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request, c *call) error {
-	p, err := requireQuery(r, "path")
+	p, err := sandboxPath(r, "path")
 	if err != nil {
 		return err
 	}
@@ -244,7 +267,7 @@ func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request, c *call) err
 		case <-done:
 		}
 	}()
-	err = s.eng.WatchFiles(ctx, c.tenant, r.PathValue("id"), path.Clean("/"+p), recursive, ready, func(e sandbox.WatchEvent) error {
+	err = s.eng.WatchFiles(ctx, c.tenant, r.PathValue("id"), p, recursive, ready, func(e sandbox.WatchEvent) error {
 		mu.Lock()
 		defer mu.Unlock()
 		start()

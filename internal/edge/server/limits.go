@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
@@ -42,6 +43,11 @@ type Limits struct {
 	// open on this daemon at once (max_streams_per_tenant): followed
 	// events, session SSE, exec, process waits and terminals (streams.go).
 	MaxStreamsPerTenant int
+	// BodyReadTimeout bounds the wait for a request body's next bytes
+	// (body_read_timeout): a client that stops sending mid-body gets a
+	// 400 and its connection is closed, instead of holding a connection
+	// and a handler forever (bodytimeout.go).
+	BodyReadTimeout time.Duration
 	// MaxSandbox is the most a sandbox may ask for (max_sandbox_memory,
 	// max_sandbox_cpus, max_sandbox_pids, max_sandbox_disk): a create above
 	// it is a 400 naming the maximum. Zero fields take the node's size
@@ -58,6 +64,7 @@ var DefaultLimits = Limits{
 	MaxCommandBytes:     1 << 20,
 	MaxExecsPerSandbox:  256,
 	MaxStreamsPerTenant: 128,
+	BodyReadTimeout:     time.Minute,
 }
 
 // DefaultMaxSandbox is the largest sandbox a node can hold: its memory
@@ -120,6 +127,9 @@ func (l Limits) withDefaults() Limits {
 	pickInt(&l.MaxCommandBytes, d.MaxCommandBytes)
 	pickInt(&l.MaxExecsPerSandbox, d.MaxExecsPerSandbox)
 	pickInt(&l.MaxStreamsPerTenant, d.MaxStreamsPerTenant)
+	if l.BodyReadTimeout <= 0 {
+		l.BodyReadTimeout = d.BodyReadTimeout
+	}
 	if m := l.MaxSandbox; m.MemoryBytes <= 0 || m.MilliCPUs <= 0 || m.Pids <= 0 || m.DiskBytes <= 0 {
 		dm := DefaultMaxSandbox()
 		pick(&l.MaxSandbox.MemoryBytes, dm.MemoryBytes)
@@ -207,10 +217,18 @@ func bodyError(err error) error {
 }
 
 // checkCommand applies the command limits to args and env (what names
-// the command in the error: "exec", "process", "sandbox").
+// the command in the error: "exec", "process", "sandbox") and refuses
+// what no execve could take: an argument with a NUL byte (C strings end
+// there: the kernel would run another command than the one asked for),
+// and env entries as checkEnv does.
 func (l Limits) checkCommand(what string, args, env []string) error {
 	if len(args) > l.MaxArgs {
 		return errdefs.InvalidArgumentf("%s: %d arguments; the limit is %d (max_args)", what, len(args), l.MaxArgs)
+	}
+	for i, a := range args {
+		if strings.IndexByte(a, 0) >= 0 {
+			return errdefs.InvalidArgumentf("%s: argument %d holds a NUL byte, which no command line can carry", what, i)
+		}
 	}
 	if err := l.checkEnv(what, env); err != nil {
 		return err
@@ -228,9 +246,33 @@ func (l Limits) checkCommand(what string, args, env []string) error {
 	return nil
 }
 
+// checkEnv bounds env's entries (max_env) and refuses one that is not
+// KEY=VALUE with a KEY of its own (no '=', an empty key) or holds a NUL
+// byte: execve would pass it on garbled or cut, and the sandbox would see
+// another environment than the one asked for.
 func (l Limits) checkEnv(what string, env []string) error {
 	if len(env) > l.MaxEnv {
 		return errdefs.InvalidArgumentf("%s: %d environment entries; the limit is %d (max_env)", what, len(env), l.MaxEnv)
+	}
+	for i, kv := range env {
+		k, _, ok := strings.Cut(kv, "=")
+		switch {
+		case strings.IndexByte(kv, 0) >= 0:
+			return errdefs.InvalidArgumentf("%s: environment entry %d holds a NUL byte", what, i)
+		case !ok:
+			return errdefs.InvalidArgumentf("%s: environment entry %d (%.40q) is not KEY=VALUE", what, i, kv)
+		case k == "":
+			return errdefs.InvalidArgumentf("%s: environment entry %d (%.40q) has an empty name", what, i, kv)
+		}
+	}
+	return nil
+}
+
+// checkCwd refuses a working directory with a NUL byte (no path holds
+// one); whether it exists is the sandbox's to say.
+func checkCwd(what, cwd string) error {
+	if strings.IndexByte(cwd, 0) >= 0 {
+		return errdefs.InvalidArgumentf("%s: cwd holds a NUL byte", what)
 	}
 	return nil
 }

@@ -130,7 +130,11 @@ func (s *Server) wrap(rt Route) http.Handler {
 				return
 			}
 		}
+		body := s.timeBody(sw, r, rt)
 		if done, err := s.forward(sw, r, rt); done || err != nil {
+			if se := body.stalledErr(); se != nil && err != nil {
+				err = se
+			}
 			if err != nil {
 				if errdefs.HTTPStatus(err) >= 500 {
 					c.lg.ErrorContext(r.Context(), "request failed", "err", err)
@@ -147,6 +151,9 @@ func (s *Server) wrap(rt Route) http.Handler {
 			h = func(w http.ResponseWriter, r *http.Request, c *call) error { return s.idempotent(w, r, c, rt.h) }
 		}
 		err := h(sw, r, c)
+		if se := body.stalledErr(); se != nil && err != nil {
+			err = se
+		}
 		if s.metrics != nil {
 			defer func() {
 				code := sw.Status
@@ -186,9 +193,8 @@ func (s *Server) authorize(r *http.Request, rt Route) (metadata.APIKey, error) {
 	if rt.Scope != read && rt.Scope != write && rt.Scope != admin {
 		return metadata.APIKey{}, fmt.Errorf("route %s %s declares no scope (server bug; refused): %w", rt.Method, rt.Path, errdefs.ErrPermissionDenied)
 	}
-	h := r.Header.Get("Authorization")
-	token, ok := strings.CutPrefix(h, "Bearer ")
-	if !ok || strings.TrimSpace(token) == "" {
+	token, ok := httpx.Bearer(r.Header.Get("Authorization"))
+	if !ok {
 		return metadata.APIKey{}, fmt.Errorf("missing Authorization: Bearer <api key> (the admin key is in DATA_DIR/admin.key): %w", errdefs.ErrUnauthenticated)
 	}
 	k, err := s.meta.KeyByHash(r.Context(), metadata.HashKey(strings.TrimSpace(token)))

@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -29,7 +30,7 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request, c *call) e
 	if err != nil {
 		return err
 	}
-	pid, err := s.eng.StartProcess(r.Context(), c.tenant, r.PathValue("id"), sandbox.ExecSpec{Args: req.Args, Env: req.Env, Cwd: req.Cwd})
+	pid, err := s.eng.StartProcess(r.Context(), c.tenant, r.PathValue("id"), sandbox.ExecSpec{Args: req.Args, Env: req.Env, Cwd: req.Cwd, OpenStdin: req.Stdin})
 	if err != nil {
 		return err
 	}
@@ -50,6 +51,30 @@ func (s *Server) signalProcess(w http.ResponseWriter, r *http.Request, c *call) 
 		return err
 	}
 	if err := s.eng.Signal(r.Context(), c.tenant, r.PathValue("id"), pid, sig); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// writeStdin sends the raw body to background process pid's stdin (one
+// started with "stdin": true); ?close=true closes its stdin after the
+// body, so the process reads end of file. The body is an upload, bounded
+// by max_upload_bytes.
+func (s *Server) writeStdin(w http.ResponseWriter, r *http.Request, c *call) error {
+	pid, err := strconv.Atoi(r.PathValue("pid"))
+	if err != nil || pid <= 0 {
+		return errdefs.InvalidArgumentf("pid %q is not a process id", r.PathValue("pid"))
+	}
+	closeAfter, err := queryBool(r, "close")
+	if err != nil {
+		return err
+	}
+	body, err := s.upload(r, fmt.Sprintf("stdin of process %d", pid))
+	if err != nil {
+		return err
+	}
+	if err := body.check(s.eng.WriteStdin(r.Context(), c.tenant, r.PathValue("id"), pid, body, closeAfter)); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -189,6 +189,7 @@ func (s *Server) routes() []Route {
 		{Method: "GET", Path: "/v1/sandboxes/{id}/processes", Scope: read, h: s.listProcesses},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/processes", Scope: write, Idempotent: true, h: s.startProcess},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}/signal", Scope: write, h: s.signalProcess},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}/stdin", Scope: write, Upload: true, h: s.writeStdin},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/processes/{pid}/wait", Scope: read, h: s.waitProcess},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/processes/{pid}/output", Scope: read, h: s.processOutput},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/files", Scope: read, h: s.getFile},

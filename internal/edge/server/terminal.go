@@ -92,15 +92,12 @@ func (t *tickets) take(id, sandbox string, now time.Time) (termTicket, bool) {
 	return tk, tk.sandbox == sandbox && !now.After(tk.expires)
 }
 
-// terminalTicket issues a ticket for the terminal of a running sandbox.
+// terminalTicket issues a ticket for the terminal of a running sandbox;
+// an idle one wakes first (engine.Wake), as for an exec.
 func (s *Server) terminalTicket(w http.ResponseWriter, r *http.Request, c *call) error {
 	id := r.PathValue("id")
-	sb, err := s.eng.Get(r.Context(), c.tenant, id)
-	if err != nil {
+	if _, err := s.eng.Wake(r.Context(), c.tenant, id); err != nil {
 		return err
-	}
-	if sb.State != metadata.StateRunning {
-		return errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
 	}
 	exp := s.clock.Now().Add(ticketTTL)
 	tk := s.tickets.issue(termTicket{tenant: c.tenant, key: c.key, sandbox: id, expires: exp}, s.clock.Now())

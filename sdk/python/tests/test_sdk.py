@@ -1,8 +1,9 @@
 """Tests of the Python SDK against a real daemon.
 
 They run when AMBER_ADDR and AMBER_TOKEN name one (cmd/amber's
-TestE2EPythonSDK starts a daemon and runs them; `make test` does that) and
-are skipped otherwise.
+TestE2EPythonSDK installs the package in a venv, starts a daemon and runs
+them with AMBER_SDK_INSTALLED=1; `make test` does that) and are skipped
+otherwise. Without AMBER_SDK_INSTALLED they import the tree's package.
 """
 
 import os
@@ -11,7 +12,8 @@ import threading
 import time
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+if not os.environ.get("AMBER_SDK_INSTALLED"):
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import amber  # noqa: E402
 
@@ -198,6 +200,105 @@ class SDKTest(unittest.TestCase):
         sb = self.c.session(se["id"]).get("sandbox")
         if sb:
             self.c.destroy(sb)
+
+    def test_9a_shell_missing_program_env(self):
+        sb = self.sb
+        r = self.c.exec(sb, "echo one two three | wc -w")  # the object the SDK returned, a shell line
+        self.assertEqual((r.code, r.text.strip()), (0, "3"))
+        r = self.c.exec(sb["id"], cmd="exit 4")
+        self.assertEqual(r.code, 4)
+        t = time.time()
+        r = self.c.exec(sb, ["no-such-program"])
+        self.assertEqual(r.code, 127)
+        self.assertLess(time.time() - t, 2.5, "a missing program is known at once")
+        for env in (["NOEQUALS"], ["=v"], ["A=b\x00c"]):
+            with self.assertRaises(amber.Error) as cm:
+                self.c.exec(sb, ["true"], env=env)
+            self.assertEqual((cm.exception.kind, cm.exception.status), ("invalid argument", 400))
+        # An error inside the exec stream (after its 200) carries its status.
+        with self.assertRaises(amber.Error) as cm:
+            self.c.exec(sb, ["true"], cwd="/no/such/dir")
+        self.assertEqual(cm.exception.status, 400)
+
+    def test_9b_background_stdin_output_wait(self):
+        sb = self.sb
+        pid = self.c.start(sb, 'while read l; do echo "got:$l"; done; echo bye >&2', stdin=True)
+        procs = self.c.processes(sb)
+        self.assertIn(pid, [p["pid"] for p in procs])
+        self.assertFalse([p for p in procs if p["pid"] == 1 or "amber" in " ".join(p["args"])], procs)
+        self.c.send_stdin(sb, pid, "a\n")
+        self.c.send_stdin(sb, {"pid": pid}, b"b\n", close=True)
+        frames = list(self.c.output(sb, pid, follow=True))
+        self.assertEqual(frames[-1].stream, "exited")
+        self.assertEqual(frames[-1].exit["code"], 0)
+        out = b"".join(f.data for f in frames if f.stream == "stdout")
+        self.assertEqual(out, b"got:a\ngot:b\n")
+        # Re-attach from an offset: the rest only, each byte once.
+        first = next(f for f in frames if f.stream in ("stdout", "stderr"))
+        rest = b"".join(f.data for f in self.c.output(sb, pid, offset=first.offset + 1))
+        whole = b"".join(f.data for f in frames if f.stream in ("stdout", "stderr"))
+        self.assertEqual(rest, whole[first.offset + 1:])
+        w = self.c.wait(sb, pid, with_output=True)
+        self.assertEqual((w.code, w.stdout, w.stderr), (0, b"got:a\ngot:b\n", b"bye\n"))
+        self.assertEqual(self.c.wait(sb, pid)["code"], 0)
+        quiet = self.c.start(sb, ["sleep", "30"])
+        with self.assertRaises(amber.Error) as cm:
+            self.c.send_stdin(sb, quiet, "x")
+        self.assertEqual(cm.exception.status, 400)
+        self.c.signal(sb, quiet, "KILL")
+
+    def test_9c_files(self):
+        sb = self.sb
+        self.c.mkdir(sb, "/root/d/e")
+        self.assertTrue(self.c.exists(sb, "/root/d/e"))
+        self.assertFalse(self.c.exists(sb, "/root/d/nope"))
+        self.assertEqual(self.c.stat(sb, "/root/d/e")["type"], "dir")
+        seen = []
+
+        def watch():
+            try:
+                for ev in self.c.watch(sb, "/root/d", recursive=True):
+                    seen.append((ev["path"], ev["op"]))
+                    if ev["path"] == "/root/d/e/f":
+                        return
+            except amber.Error:
+                pass
+
+        th = threading.Thread(target=watch, daemon=True)
+        th.start()
+        deadline = time.time() + 20
+        while th.is_alive() and not seen and time.time() < deadline:
+            self.c.write_file(sb, "/root/d/e/f", "x")
+            time.sleep(0.3)
+        th.join(20)
+        self.assertIn("/root/d/e/f", [p for p, _ in seen])
+        self.c.rename(sb, "/root/d/e/f", "/root/d/g")
+        self.assertEqual(self.c.read_text(sb, "/root/d/g"), "x")
+        for bad in (lambda: self.c.read_file(sb, "root/d/g"), lambda: self.c.mkdir(sb, "rel"),
+                    lambda: self.c.write_file(sb, "/proc/x", "y")):
+            with self.assertRaises(amber.Error) as cm:
+                bad()
+            self.assertEqual(cm.exception.status, 400)
+        self.c.remove(sb, "/root/d", recursive=True)
+
+    def test_9d_objects_ports_stats(self):
+        sb = self.c.sandbox(self.sb)
+        self.assertEqual(sb["id"], self.sb["id"])
+        st = self.c.stats(sb)
+        self.assertGreater(st["memory_bytes"], 0)
+        p = self.c.expose_port(sb, 8080)
+        self.assertIn("8080", p["url"])
+        self.assertIn(8080, [x["port"] for x in self.c.ports(sb)])
+        self.c.unexpose_port(sb, p)
+        self.assertNotIn(8080, [x["port"] for x in self.c.ports(sb)])
+        ck = self.c.checkpoint(sb, tag="objects")
+        self.assertIn(ck["id"], [c["id"] for c in self.c.checkpoints(sb)])
+        again = self.c.restore(ck)  # the checkpoint object, not its id
+        self.assertEqual(again["id"], sb["id"])
+        self.c.delete_checkpoint(ck)
+        with self.assertRaises(amber.Error) as cm:
+            self.c.restore({"no": "id"})
+        self.assertEqual(cm.exception.kind, "invalid argument")
 
     def test_4_errors(self):
         with self.assertRaises(amber.Error) as cm:

@@ -1,6 +1,7 @@
 import { AmberError } from "./errors.js";
 import { OPERATIONS, type OperationId, type Schemas } from "./operations.js";
 import { ndjson, sse } from "./streams.js";
+import { processOutput, statusOf, watchFiles, type OutputChunk, type OutputOptions, type WatchEvent } from "./background.js";
 
 export type Sandbox = Schemas["Sandbox"];
 export type CreateSandboxRequest = Schemas["CreateSandboxRequest"];
@@ -363,29 +364,33 @@ export class Client {
   /**
    * Runs a command in a sandbox and streams its output: iterate the
    * returned Execution for chunks as they arrive, or await its result().
+   * The command is an argv run as is (["ls", "-la"]), or a string: a shell
+   * command line run by the sandbox's /bin/sh -c ("ls -la | wc -l").
    */
-  exec(id: string, args: string[], o: ExecOptions = {}): Execution {
-    return new Execution(() => this.#startExec(id, args, o), o.signal);
+  exec(id: string, command: string | string[], o: ExecOptions = {}): Execution {
+    return new Execution(() => this.#startExec(id, command, o), o.signal);
   }
 
-  /** Runs a command to completion; resolves to its exit status and output. */
-  run(id: string, args: string[], o: ExecOptions = {}): Promise<ExecResult> {
-    return this.exec(id, args, o).result();
+  /** Runs a command (an argv or a shell command line) to completion; resolves to its exit status and output. */
+  run(id: string, command: string | string[], o: ExecOptions = {}): Promise<ExecResult> {
+    return this.exec(id, command, o).result();
   }
 
-  #startExec(id: string, args: string[], o: ExecOptions): Promise<Response> {
-    if (args.length === 0) throw new AmberError("invalid argument", "exec: args is empty");
+  #startExec(id: string, command: string | string[], o: ExecOptions): Promise<Response> {
+    const cmd = typeof command === "string" ? command : undefined;
+    const args = typeof command === "string" ? [] : command;
+    if (cmd === undefined && args.length === 0) throw new AmberError("invalid argument", "exec: args is empty");
     const streamed = o.stdin !== undefined && typeof o.stdin !== "string" && !(o.stdin instanceof Uint8Array);
     if (streamed) {
       return this.request("exec", {
         params: { id },
-        query: { arg: args, env: envList(o.env), cwd: o.cwd, tty: o.tty || undefined, timeout_ms: o.timeoutMs },
+        query: { arg: args, cmd, env: envList(o.env), cwd: o.cwd, tty: o.tty || undefined, timeout_ms: o.timeoutMs },
         raw: toStream(o.stdin as ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>),
         accept: "application/x-ndjson",
         signal: o.signal,
       });
     }
-    const req: Schemas["ExecRequest"] = { args };
+    const req: Schemas["ExecRequest"] = cmd !== undefined ? { cmd } : { args };
     const env = envList(o.env);
     if (env) req.env = env;
     if (o.cwd) req.cwd = o.cwd;
@@ -395,12 +400,17 @@ export class Client {
     return this.request("exec", { params: { id }, json: req, accept: "application/x-ndjson", signal: o.signal });
   }
 
-  /** Starts a command in the background; resolves to its PID in the sandbox. */
-  async start(id: string, args: string[], o: CreateOptions & { env?: Record<string, string> | string[]; cwd?: string } = {}): Promise<number> {
-    const req: Schemas["StartProcessRequest"] = { args };
+  /**
+   * Starts a command (an argv or a shell command line, as exec) in the
+   * background; resolves to its PID in the sandbox. With stdin: true its
+   * stdin stays open for sendStdin; otherwise it reads end of file at once.
+   */
+  async start(id: string, command: string | string[], o: CreateOptions & { env?: Record<string, string> | string[]; cwd?: string; stdin?: boolean } = {}): Promise<number> {
+    const req: Schemas["StartProcessRequest"] = typeof command === "string" ? { cmd: command } : { args: command };
     const env = envList(o.env);
     if (env) req.env = env;
     if (o.cwd) req.cwd = o.cwd;
+    if (o.stdin) req.stdin = true;
     const r = await this.#json<Schemas["StartProcessResponse"]>("startProcess", {
       params: { id },
       json: req,
@@ -421,6 +431,49 @@ export class Client {
   /** Waits for a started process to end. */
   wait(id: string, pid: number, o: CallOptions = {}): Promise<ExitStatus> {
     return this.#json("waitProcess", { params: { id, pid }, signal: o.signal });
+  }
+
+  /**
+   * Waits for a started process to end; resolves to its exit status and
+   * its output (the output the sandbox keeps, its last 1 MiB).
+   */
+  async waitOutput(id: string, pid: number, o: CallOptions = {}): Promise<ExecResult> {
+    const out: Uint8Array[] = [];
+    const err: Uint8Array[] = [];
+    let x: ExitStatus = { code: 0 };
+    for await (const c of this.output(id, pid, { follow: true, signal: o.signal })) {
+      if (c.stream === "stdout") out.push(c.data);
+      else if (c.stream === "stderr") err.push(c.data);
+      else if (c.stream === "exited" && c.exit) x = c.exit;
+    }
+    const stdout = concat(out);
+    return {
+      code: x.code, signal: x.signal || undefined, timedOut: x.timed_out ?? false, stdout, stderr: concat(err),
+      get text() {
+        return dec.decode(stdout);
+      },
+    };
+  }
+
+  /**
+   * A process's output from o.offset on (stdout and stderr in the order it
+   * wrote them; kept in the sandbox, so it survives a daemon restart, a
+   * checkpoint or a restore). With follow it goes on until the process
+   * ends, re-attaching from the last byte yielded when the stream breaks.
+   * Keep chunk.offset + chunk.data.length to re-attach later yourself.
+   */
+  output(id: string, pid: number, o: OutputOptions = {}): AsyncGenerator<OutputChunk> {
+    return processOutput((op, spec) => this.request(op, spec), id, pid, o);
+  }
+
+  /** Sends data to the stdin of a process started with stdin: true; close closes its stdin after. */
+  sendStdin(id: string, pid: number, data: string | Uint8Array, o: CallOptions & { close?: boolean } = {}): Promise<void> {
+    return this.#none("writeProcessStdin", {
+      params: { id, pid },
+      query: { close: o.close || undefined },
+      raw: typeof data === "string" ? enc.encode(data) : data,
+      signal: o.signal,
+    });
   }
 
   // --- files --------------------------------------------------------------------
@@ -460,6 +513,22 @@ export class Client {
 
   stat(id: string, path: string, o: CallOptions = {}): Promise<FileInfo> {
     return this.#json("getFile", { params: { id }, query: { path, stat: true }, signal: o.signal });
+  }
+
+  /** Whether path exists in the sandbox (a dangling symlink does). */
+  async exists(id: string, path: string, o: CallOptions = {}): Promise<boolean> {
+    try {
+      await this.stat(id, path, o);
+      return true;
+    } catch (e) {
+      if (e instanceof AmberError && e.kind === "not found") return false;
+      throw e;
+    }
+  }
+
+  /** The changes under path as they happen (recursive: below it too), until the caller stops or o.signal aborts. */
+  watch(id: string, path: string, o: CallOptions & { recursive?: boolean } = {}): AsyncGenerator<WatchEvent> {
+    return watchFiles((op, spec) => this.request(op, spec), id, path, o);
   }
 
   remove(id: string, path: string, o: CallOptions & { recursive?: boolean } = {}): Promise<void> {
@@ -502,7 +571,7 @@ export class Client {
       signal: o.signal,
     });
     for await (const f of ndjson<OperationFrame>(resp.body!)) {
-      if (f.error) throw new AmberError(f.error.kind, f.error.message);
+      if (f.error) throw new AmberError(f.error.kind, f.error.message, statusOf(f.error.kind));
       if (f.progress) {
         o.onProgress?.(f.progress);
         continue;
@@ -583,7 +652,7 @@ export class Client {
       });
       return (async function* () {
         for await (const f of ndjson<Event & Schemas["Error"]>(resp.body!)) {
-          if (f.error) throw new AmberError(f.error.kind, f.error.message);
+          if (f.error) throw new AmberError(f.error.kind, f.error.message, statusOf(f.error.kind));
           if (f.seq < next) continue; // never twice
           next = f.seq + 1;
           yield f as Event;
@@ -729,7 +798,7 @@ export class Client {
           for await (const m of sse(resp.body!)) {
             if (m.event === "error") {
               const e = (JSON.parse(m.data) as Schemas["Error"]).error;
-              throw new AmberError(e?.kind ?? "internal", e?.message ?? m.data);
+              throw new AmberError(e?.kind ?? "internal", e?.message ?? m.data, statusOf(e?.kind ?? "internal"));
             }
             if (m.id === undefined) {
               if (m.event === "session.assistant_delta") o.onDelta?.((JSON.parse(m.data) as { text: string }).text);
@@ -781,7 +850,7 @@ export class Execution implements AsyncIterable<ExecChunk> {
     for await (const f of this.#frames) {
       if (f.error) {
         this.#done = true;
-        throw new AmberError(f.error.kind, f.error.message);
+        throw new AmberError(f.error.kind, f.error.message, statusOf(f.error.kind));
       }
       if (f.exit) {
         this.#exit = f.exit;

@@ -1,8 +1,9 @@
 /**
  * A failed API call. `kind` is one of the API's error kinds ("not found",
  * "invalid argument", "permission denied", "unauthenticated", ...), `status`
- * the HTTP status (undefined when the failure came inside a stream whose
- * 200 was already sent, or when the daemon could not be reached).
+ * the HTTP status (for a failure inside a stream whose 200 was already
+ * sent: the status of its kind; undefined when the daemon could not be
+ * reached).
  */
 export class AmberError extends Error {
   readonly kind: string;

@@ -38,6 +38,7 @@ export type {
   Template,
   Tenant,
 } from "./client.js";
+export type { OutputChunk, OutputOptions, WatchEvent } from "./background.js";
 export { AmberError, Kinds } from "./errors.js";
 export { OPERATIONS } from "./operations.js";
 export type { Method, OperationId, Schemas } from "./operations.js";

@@ -177,6 +177,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/processes/{pid}/stdin": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Send bytes to a background process's stdin
+         * @description The raw body goes to the stdin of a process started with "stdin": true; close=true closes its stdin after it (the process reads end of file). A process started without stdin is a 400.
+         */
+        post: operations["writeProcessStdin"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/processes/{pid}/wait": {
         parameters: {
             query?: never;
@@ -1047,8 +1067,13 @@ export interface components {
             };
             tenant?: string;
         };
+        /** @description The command is args or cmd, exactly one of the two (a 400 otherwise). */
         ExecRequest: {
-            args: string[];
+            /** @description The command and its arguments, run as is (no shell); or cmd */
+            args?: string[];
+            /** @description A shell command line, run by the template's /bin/sh -c ("ls -la | wc -l"); instead of args */
+            cmd?: string;
+            /** @description KEY=VALUE entries added to the environment (no NUL bytes; a 400 otherwise) */
             env?: string[];
             cwd?: string;
             /**
@@ -1077,10 +1102,17 @@ export interface components {
             /** @description Why the sandbox killed the command, when it did: "out of memory (limit 512 MiB)" (its memory limit's OOM killer). A SIGKILL from anyone else has none. */
             reason?: string;
         };
+        /** @description The command is args or cmd, exactly one of the two (a 400 otherwise). */
         StartProcessRequest: {
-            args: string[];
+            /** @description The command and its arguments, run as is (no shell); or cmd */
+            args?: string[];
+            /** @description A shell command line, run by the template's /bin/sh -c ("ls -la | wc -l"); instead of args */
+            cmd?: string;
+            /** @description KEY=VALUE entries added to the environment (no NUL bytes; a 400 otherwise) */
             env?: string[];
             cwd?: string;
+            /** @description Keep the process's stdin open for POST …/processes/{pid}/stdin; otherwise it reads end of file at once */
+            stdin?: boolean;
         };
         StartProcessResponse: {
             pid: number;
@@ -1996,6 +2028,8 @@ export interface operations {
             query?: {
                 /** @description Streamed mode: the command and its arguments, in order */
                 arg?: string[];
+                /** @description Streamed mode: a shell command line, run by /bin/sh -c; instead of arg */
+                cmd?: string;
                 /** @description Streamed mode: KEY=VALUE added to the environment */
                 env?: string[];
                 /** @description Streamed mode: working directory */
@@ -2173,6 +2207,45 @@ export interface operations {
                 };
             };
             /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
+            default: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    writeProcessStdin: {
+        parameters: {
+            query?: {
+                /** @description Close the process's stdin after the body */
+                close?: boolean;
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+                /** @description Sandbox-side PID */
+                pid: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/octet-stream": string;
+            };
+        };
+        responses: {
+            /** @description Sent */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
             default: {
                 headers: {
                     [name: string]: unknown;
