@@ -2245,6 +2245,15 @@ export interface operations {
                 };
                 content?: never;
             };
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             /** @description An error: its kind maps to the status (not found 404, invalid argument 400, unauthenticated 401, permission denied 403, failed precondition 412, …). */
             default: {
                 headers: {
