@@ -626,13 +626,10 @@ type TenantPolicy struct {
 	// Recovery is the policy of sandboxes created without one: "none",
 	// "fast" or "strict".
 	Recovery string `json:"recovery,omitempty"`
-	// FastEvery and FastIntervalMS: the fast policy checkpoints after this
-	// many execs or this long after the last checkpoint.
+	// FastEvery, FastIntervalMS: the fast policy checkpoints after N execs or this long after the last.
 	FastEvery      int   `json:"fast_every,omitempty"`
 	FastIntervalMS int64 `json:"fast_interval_ms,omitempty"`
-	// FastReplayBudgetMS: the fast policy also checkpoints once the execs
-	// since the last checkpoint ran this long in all (the adaptive cut:
-	// what a crash would replay stays under it).
+	// FastReplayBudgetMS: also once the execs since the last one ran this long.
 	FastReplayBudgetMS int64 `json:"fast_replay_budget_ms,omitempty"`
 	// KeepCheckpoints keeps each sandbox's newest N checkpoints plus tagged
 	// ones and truncates its log below them.
