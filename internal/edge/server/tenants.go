@@ -169,7 +169,7 @@ func (s *Server) putTenantPolicy(w http.ResponseWriter, r *http.Request, c *call
 	p := metadata.TenantPolicy{Recovery: req.Recovery, FastEvery: req.FastEvery,
 		FastInterval: time.Duration(req.FastIntervalMS) * time.Millisecond, KeepCheckpoints: req.KeepCheckpoints,
 		FastReplayBudget: time.Duration(req.FastReplayBudgetMS) * time.Millisecond,
-		IdleTimeout: time.Duration(req.IdleTimeoutMS) * time.Millisecond, Egress: fromAPIEgress(req.Egress)}
+		IdleTimeout:      time.Duration(req.IdleTimeoutMS) * time.Millisecond, Egress: fromAPIEgress(req.Egress)}
 	if err := s.eng.SetTenantPolicy(r.Context(), tenant, p); err != nil {
 		return err
 	}
