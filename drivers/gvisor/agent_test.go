@@ -262,13 +262,24 @@ func heldInRound(t *testing.T, runsc string, tmpl sandbox.Template, gen int) []s
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	ps, err := d.Processes(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	before, missing := findHeldIn(ps)
-	if len(missing) > 0 {
-		t.Fatalf("before the checkpoint: %v missing from %+v", missing, ps)
+	// The nested shells of the tree fork after their exec has answered:
+	// wait until the whole tree is there (a slow machine takes a while).
+	var (
+		ps      []sandbox.Process
+		before  map[string]sandbox.Process
+		missing []string
+		err     error
+	)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if ps, err = d.Processes(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if before, missing = findHeldIn(ps); len(missing) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("before the checkpoint: %v missing from %+v", missing, ps)
+		}
 	}
 	if before["tree 2"].PPID != before["tree 1"].PID || before["tree 3"].PPID != before["tree 2"].PID {
 		t.Fatalf("not a tree three deep: %+v", before)
