@@ -26,7 +26,17 @@ const (
 	// this driver is written and tested against (scripts/setup/runsc.sh
 	// installs it). Check refuses any other build.
 	PinnedVersion = "v0.0.0-20260905035102-160fafc42237"
+	// PatchDigest is the first 12 hex digits of the sha256 of Amber's
+	// patches to that source, scripts/setup/runsc-*.patch concatenated in
+	// name order (TestPatchDigest recomputes it). runsc.sh stamps
+	// "<PinnedVersion>+amber.p<PatchDigest>" into the binary; Check refuses
+	// an unpatched build, whose port-forward proxy drops the bytes a full
+	// netstack send buffer did not take.
+	PatchDigest = "c8a801daf3c4"
 )
+
+// versionStamp is what runsc.sh puts into `runsc --version` by -ldflags.
+const versionStamp = PinnedVersion + "+amber.p" + PatchDigest
 
 // DefaultLimits apply where neither the spec nor the template sets a limit
 // (the same numbers as the criu driver's, so a template behaves alike on
@@ -183,19 +193,8 @@ func (d *Driver) Check(ctx context.Context) error {
 	if err != nil {
 		return errdefs.FailedPreconditionf("gvisor: %s: cannot read its Go build info (%v); %s", d.runsc, err, fix)
 	}
-	version := bi.Main.Version
-	if bi.Main.Path != "gvisor.dev/gvisor" {
-		// Built with `go install gvisor.dev/gvisor/runsc@v`: the main
-		// module is gvisor.dev/gvisor at v.
-		version = ""
-		for _, m := range bi.Deps {
-			if m.Path == "gvisor.dev/gvisor" {
-				version = m.Version
-			}
-		}
-	}
-	if version != PinnedVersion {
-		return errdefs.FailedPreconditionf("gvisor: %s is gvisor.dev/gvisor %q, this driver needs %s; %s", d.runsc, version, PinnedVersion, fix)
+	if err := checkRunscBuild(bi); err != nil {
+		return errdefs.FailedPreconditionf("gvisor: %s %v; %s", d.runsc, err, fix)
 	}
 	for _, s := range bi.Settings {
 		if s.Key == "CGO_ENABLED" && s.Value != "0" {
@@ -274,4 +273,28 @@ func mergeLimits(l, def sandbox.Limits) sandbox.Limits {
 		l.DiskBytes = def.DiskBytes
 	}
 	return l
+}
+
+// checkRunscBuild proves a runsc binary is the pinned source with Amber's
+// patches: runsc.sh builds the patched copy of the module in place (so the
+// main module is gvisor.dev/gvisor at "(devel)") and stamps versionStamp
+// into it by -ldflags, which the build info records.
+func checkRunscBuild(bi *buildinfo.BuildInfo) error {
+	if bi.Main.Path != "gvisor.dev/gvisor" {
+		return fmt.Errorf("is a build of %s, not of gvisor.dev/gvisor", bi.Main.Path)
+	}
+	var ldflags string
+	for _, s := range bi.Settings {
+		if s.Key == "-ldflags" {
+			ldflags = s.Value
+		}
+	}
+	if !strings.Contains(ldflags, "runsc/version.version="+versionStamp) {
+		stamp := "none"
+		if i := strings.Index(ldflags, "version.version="); i >= 0 {
+			stamp, _, _ = strings.Cut(ldflags[i+len("version.version="):], " ")
+		}
+		return fmt.Errorf("is gvisor.dev/gvisor stamped %q, this driver needs %s (the pinned source with Amber's patches)", stamp, versionStamp)
+	}
+	return nil
 }
