@@ -28,15 +28,12 @@ const (
 	PinnedVersion = "v0.0.0-20260905035102-160fafc42237"
 	// PatchDigest is the first 12 hex digits of the sha256 of Amber's
 	// patches to that source, scripts/setup/runsc-*.patch concatenated in
-	// name order (TestPatchDigest recomputes it). runsc.sh stamps
-	// "<PinnedVersion>+amber.p<PatchDigest>" into the binary; Check refuses
-	// an unpatched build, whose port-forward proxy drops the bytes a full
-	// netstack send buffer did not take.
-	PatchDigest = "c8a801daf3c4"
+	// name order (TestPatchDigest recomputes it). runsc.sh links it into
+	// the binary (-X …/runsc/version.amberPatches); Check refuses a build
+	// without it, whose port-forward proxy drops the bytes a full netstack
+	// send buffer did not take.
+	PatchDigest = "4b42d2de4670"
 )
-
-// versionStamp is what runsc.sh puts into `runsc --version` by -ldflags.
-const versionStamp = PinnedVersion + "+amber.p" + PatchDigest
 
 // DefaultLimits apply where neither the spec nor the template sets a limit
 // (the same numbers as the criu driver's, so a template behaves alike on
@@ -277,24 +274,28 @@ func mergeLimits(l, def sandbox.Limits) sandbox.Limits {
 
 // checkRunscBuild proves a runsc binary is the pinned source with Amber's
 // patches: runsc.sh builds the patched copy of the module in place (so the
-// main module is gvisor.dev/gvisor at "(devel)") and stamps versionStamp
-// into it by -ldflags, which the build info records.
+// main module is gvisor.dev/gvisor at "(devel)") and links the pin and the
+// patches' digest into it (-X), which its -ldflags build setting records.
 func checkRunscBuild(bi *buildinfo.BuildInfo) error {
 	if bi.Main.Path != "gvisor.dev/gvisor" {
 		return fmt.Errorf("is a build of %s, not of gvisor.dev/gvisor", bi.Main.Path)
 	}
-	var ldflags string
+	var ldflags []string
 	for _, s := range bi.Settings {
 		if s.Key == "-ldflags" {
-			ldflags = s.Value
+			ldflags = strings.Fields(s.Value)
 		}
 	}
-	if !strings.Contains(ldflags, "runsc/version.version="+versionStamp) {
-		stamp := "none"
-		if i := strings.Index(ldflags, "version.version="); i >= 0 {
-			stamp, _, _ = strings.Cut(ldflags[i+len("version.version="):], " ")
+	stamp := func(name string) string {
+		for _, f := range ldflags {
+			if v, ok := strings.CutPrefix(f, "gvisor.dev/gvisor/runsc/version."+name+"="); ok {
+				return v
+			}
 		}
-		return fmt.Errorf("is gvisor.dev/gvisor stamped %q, this driver needs %s (the pinned source with Amber's patches)", stamp, versionStamp)
+		return "none"
+	}
+	if v, p := stamp("version"), stamp("amberPatches"); v != PinnedVersion || p != PatchDigest {
+		return fmt.Errorf("is gvisor.dev/gvisor %s with patches %s, this driver needs %s with patches %s (the pinned source with Amber's patches)", v, p, PinnedVersion, PatchDigest)
 	}
 	return nil
 }

@@ -42,12 +42,17 @@ func TestPatchDigest(t *testing.T) {
 	}
 }
 
-// TestCheckRunscBuild: only the stamped, patched build passes; the pinned
-// module installed unpatched (the way runsc.sh once did), another stamp or
-// another program are refused, each with a message naming what it is.
+// TestCheckRunscBuild: only the build with the pin and the patches'
+// digest passes; the pinned module installed unpatched (the way runsc.sh
+// once did), older patches or another program are refused, each with a
+// message naming what it is.
 func TestCheckRunscBuild(t *testing.T) {
-	ld := func(v string) []debug.BuildSetting {
-		return []debug.BuildSetting{{Key: "-ldflags", Value: "-X gvisor.dev/gvisor/runsc/version.version=" + v}}
+	ld := func(version, patches string) []debug.BuildSetting {
+		v := "-X gvisor.dev/gvisor/runsc/version.version=" + version
+		if patches != "" {
+			v += " -X gvisor.dev/gvisor/runsc/version.amberPatches=" + patches
+		}
+		return []debug.BuildSetting{{Key: "-ldflags", Value: v}}
 	}
 	cases := []struct {
 		name     string
@@ -55,11 +60,12 @@ func TestCheckRunscBuild(t *testing.T) {
 		settings []debug.BuildSetting
 		want     string // "" = accepted
 	}{
-		{"patched", "gvisor.dev/gvisor", ld(versionStamp), ""},
-		{"unpatched stamp", "gvisor.dev/gvisor", ld(PinnedVersion), `stamped "` + PinnedVersion + `"`},
-		{"old patches", "gvisor.dev/gvisor", ld(PinnedVersion + "+amber.p000000000000"), "+amber.p000000000000"},
-		{"no stamp", "gvisor.dev/gvisor", nil, `stamped "none"`},
-		{"go install", "command-line-arguments", ld(versionStamp), "not of gvisor.dev/gvisor"},
+		{"patched", "gvisor.dev/gvisor", ld(PinnedVersion, PatchDigest), ""},
+		{"unpatched", "gvisor.dev/gvisor", ld(PinnedVersion, ""), "with patches none"},
+		{"old patches", "gvisor.dev/gvisor", ld(PinnedVersion, "000000000000"), "with patches 000000000000"},
+		{"another pin", "gvisor.dev/gvisor", ld("v0.0.0-20250101000000-000000000000", PatchDigest), "gvisor.dev/gvisor v0.0.0-20250101000000-000000000000"},
+		{"no stamp", "gvisor.dev/gvisor", nil, "gvisor.dev/gvisor none with patches none"},
+		{"go install", "command-line-arguments", ld(PinnedVersion, PatchDigest), "not of gvisor.dev/gvisor"},
 	}
 	for _, c := range cases {
 		bi := &buildinfo.BuildInfo{}

@@ -10,16 +10,15 @@
 # static binary, which runsc needs (its sandbox process re-execs itself inside
 # an empty filesystem).
 #
-# `runsc --version` (and the binary's -ldflags build setting) carries
-# "<pin>+amber.p<digest>": the gvisor driver's Check refuses any other build
-# (drivers/gvisor/driver.go: PinnedVersion, PatchDigest).
+# The binary's -ldflags build setting carries the pin and the digest: the
+# gvisor driver's Check refuses any other build (drivers/gvisor/driver.go:
+# PinnedVersion, PatchDigest).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 RUNSC_VERSION=v0.0.0-20260905035102-160fafc42237
 PATCHES=("$SETUP_DIR"/runsc-*.patch)
 PATCH_DIGEST=$(cat "${PATCHES[@]}" | sha256sum | cut -c1-12)
-STAMP="$RUNSC_VERSION+amber.p$PATCH_DIGEST"
 DIR="$CACHE/runsc-$RUNSC_VERSION-p$PATCH_DIGEST"
 BIN="$DIR/bin/runsc"
 
@@ -42,9 +41,12 @@ else
     for p in "${PATCHES[@]}"; do
         patch -p1 -s -d "$tmp/src" < "$p" || die "$p does not apply to gvisor.dev/gvisor@$RUNSC_VERSION"
     done
-    # -X stamps the pin and the patches into `runsc --version`.
+    # -X stamps the pin into `runsc --version` (what runsc compares with an
+    # image's: unchanged, so images of the unpatched build restore) and the
+    # patches' digest into the variable runsc-version-amber-patches.patch adds.
     (cd "$tmp/src" && CGO_ENABLED=0 go build -buildvcs=false \
-        -ldflags "-X gvisor.dev/gvisor/runsc/version.version=$STAMP" -o "$tmp/bin/runsc" ./runsc) \
+        -ldflags "-X gvisor.dev/gvisor/runsc/version.version=$RUNSC_VERSION -X gvisor.dev/gvisor/runsc/version.amberPatches=$PATCH_DIGEST" \
+        -o "$tmp/bin/runsc" ./runsc) \
         || die "building the patched runsc failed"
     rm -rf "$tmp/src"
     rm -rf "$DIR"; mv -T "$tmp" "$DIR"
