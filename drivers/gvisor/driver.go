@@ -32,7 +32,7 @@ const (
 	// the binary (-X …/runsc/version.amberPatches); Check refuses a build
 	// without it, whose port-forward proxy drops the bytes a full netstack
 	// send buffer did not take.
-	PatchDigest = "4b42d2de4670"
+	PatchDigest = "9c699fa464f6"
 )
 
 // DefaultLimits apply where neither the spec nor the template sets a limit
