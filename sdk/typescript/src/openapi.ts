@@ -1068,6 +1068,10 @@ export interface components {
                 [key: string]: boolean;
             };
             tenant: string;
+            /** @description The calling key's name */
+            key: string;
+            /** @description The calling key's scopes: what it may do (a route needs exactly one; see x-amber-scope) */
+            scopes: ("read" | "write" | "admin")[];
         };
         /** @description The command is args or cmd, exactly one of the two (a 400 otherwise). */
         ExecRequest: {
