@@ -66,6 +66,13 @@ func TestE2EConsoleManage(t *testing.T) {
 
 	// Create a sandbox from the Sandboxes page.
 	b.signIn(keyRW)
+	// (A sandbox that is not there: its error once, not once per call.)
+	b.open("/sandboxes/sbx-nosuchsandbox00/checkpoints")
+	b.wait("not found", `(document.querySelector('.error')||{}).innerText?.includes('not found')`, 30*time.Second)
+	time.Sleep(time.Second)
+	if n := evalAs[int](b, `document.querySelectorAll('.error').length`); n != 1 {
+		b.fail("a sandbox not found shows %d error boxes, want 1", n)
+	}
 	b.open("/sandboxes")
 	b.wait("the templates", `[...document.querySelectorAll('[data-testid=new-sandbox-template] option')].some(o => o.value === 'minimal')`, 30*time.Second)
 	evalAs[bool](b, `(() => { const s = document.querySelector('[data-testid=new-sandbox-template]'); s.value = 'minimal'; s.dispatchEvent(new Event('change', {bubbles: true})); return true })()`)

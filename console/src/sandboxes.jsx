@@ -70,6 +70,9 @@ export function SandboxPage({ id, tab }) {
   const cur = TABS.find((t) => t.toLowerCase() === tab) || 'Overview'
   const [sb, err, reload] = useLoad(() => get('/v1/sandboxes/' + esc(id)), [id], 3000)
   const pick = (t) => { location.hash = '/sandboxes/' + esc(id) + '/' + t.toLowerCase() }
+  // A sandbox that cannot be loaded (not found, not this tenant's): its
+  // error once, not again from every tab's own calls.
+  if (err && !sb) return <section><h2>Sandbox <code>{id}</code></h2><Err err={err} /></section>
   return (
     <section>
       <h2>Sandbox <code>{id}</code> {sb && <Badge v={sb.state} />}</h2>
