@@ -41,6 +41,7 @@ func typ[T any]() reflect.Type { return reflect.TypeFor[T]() }
 // content-type" (the types of a oneOf's members, in its order).
 var bodyTypes = map[string]map[string][]reflect.Type{
 	"GET /healthz":      {"200 application/json": {typ[map[string]string]()}},
+	"GET /readyz":       {"200 application/json": {typ[map[string]string]()}},
 	"GET /v1/info":      {"200 application/json": {typ[api.Info]()}},
 	"GET /v1/templates": {"200 application/json": {typ[api.TemplateList]()}},
 	"POST /v1/sandboxes": {"request": {typ[api.CreateSandboxRequest]()},
@@ -59,7 +60,7 @@ var bodyTypes = map[string]map[string][]reflect.Type{
 	"POST /v1/sandboxes/{id}/files/rename":           {"request": {typ[api.RenameRequest]()}},
 	"GET /v1/sandboxes/{id}/files/watch":             {"200 application/x-ndjson": {typ[api.WatchEvent]()}},
 	"GET /v1/sandboxes/{id}/events": {"200 application/json": {typ[api.EventList]()},
-		"200 application/x-ndjson": {typ[api.Event]()}},
+		"200 application/x-ndjson": {typ[api.Event](), typ[api.Error]()}},
 	"POST /v1/sandboxes/{id}/ports": {"request": {typ[api.ExposePortRequest]()},
 		"201 application/json": {typ[api.PortExposure]()}},
 	"GET /v1/sandboxes/{id}/ports": {"200 application/json": {typ[api.PortList]()}},
@@ -100,7 +101,7 @@ var bodyTypes = map[string]map[string][]reflect.Type{
 	"POST /v1/sessions/{id}/events": {"request": {typ[api.PostSessionEventRequest]()},
 		"201 application/json": {typ[api.Event]()}},
 	"GET /v1/sessions/{id}/events":        {"200 application/json": {typ[api.EventList]()}},
-	"GET /v1/sessions/{id}/events/stream": {"200 text/event-stream": {typ[api.Event]()}},
+	"GET /v1/sessions/{id}/events/stream": {"200 text/event-stream": {typ[api.Event](), typ[api.AssistantDelta](), typ[api.Error]()}},
 	"GET /v1/templates/{ref}":             {"200 application/json": {typ[api.TemplateVersion]()}},
 	"POST /v1/templates/{name}/import": {"200 application/json": {typ[api.ImportTemplateResult]()},
 		"201 application/json": {typ[api.ImportTemplateResult]()}},
@@ -367,6 +368,10 @@ func TestOpenAPIOneOfDiscriminates(t *testing.T) {
 	samples := map[reflect.Type]any{
 		typ[api.FileInfo](): fi,
 		typ[api.FileList](): api.FileList{Path: "/work", Entries: []api.FileInfo{fi}},
+		typ[api.Event](): api.Event{Seq: 3, ID: "evt-1", Type: "sandbox.created", Version: 1, Time: time.Now().UTC(),
+			Payload: json.RawMessage(`{"text":"x","error":{"kind":"internal","message":"m"}}`)},
+		typ[api.Error]():          api.Error{Error: api.ErrorBody{Kind: "unavailable", Message: "the stream broke"}},
+		typ[api.AssistantDelta](): api.AssistantDelta{Text: "hel"},
 	}
 	var raw any
 	if err := json.Unmarshal(api.OpenAPI, &raw); err != nil {
@@ -388,9 +393,13 @@ func TestOpenAPIOneOfDiscriminates(t *testing.T) {
 				continue
 			}
 			status, ct, _ := strings.Cut(body, " ")
+			ref := doc.Paths.Value(p).GetOperation(method).Responses.Status(atoi(t, status)).Value.Content[ct].Schema
 			ptr := "/paths/" + strings.ReplaceAll(p, "/", "~1") + "/" + strings.ToLower(method) + "/responses/" + status + "/content/" + strings.ReplaceAll(ct, "/", "~1") + "/schema/oneOf"
+			if ref.Ref != "" {
+				ptr = strings.TrimPrefix(ref.Ref, "#") + "/oneOf"
+			}
 			unions = slices.DeleteFunc(unions, func(u string) bool { return u == ptr })
-			s := doc.Paths.Value(p).GetOperation(method).Responses.Status(atoi(t, status)).Value.Content[ct].Schema.Value
+			s := ref.Value
 			for i, mt := range ts {
 				sample, ok := samples[mt]
 				if !ok {

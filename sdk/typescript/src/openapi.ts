@@ -1690,6 +1690,14 @@ export interface components {
             /** @description Absolute path inside the sandbox it gets; an existing file there is replaced, an empty directory too (a directory over a file, or over a non-empty directory, is refused) */
             to: string;
         };
+        /** @description Live text of a model's answer (an SSE event named session.assistant_delta), sent as it comes and never stored: the complete text arrives in a session.assistant_message Event. */
+        AssistantDelta: {
+            text: string;
+        };
+        /** @description One line of the NDJSON stream of GET …/events?follow=true: an Event (it has seq), or, last, an Error (it has error) when the stream fails. */
+        EventStreamLine: components["schemas"]["Event"] | components["schemas"]["Error"];
+        /** @description The data of one SSE event of GET /v1/sessions/{id}/events/stream: a durable Event (the SSE id is its seq, the SSE event its type); an AssistantDelta (SSE event session.assistant_delta, no id); or an Error (SSE event error), the last. */
+        SessionStreamData: components["schemas"]["Event"] | components["schemas"]["AssistantDelta"] | components["schemas"]["Error"];
     };
     responses: never;
     parameters: never;
@@ -2679,14 +2687,14 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description application/x-ndjson: newline-delimited JSON, one Event object per line, each line flushed as it happens; read it line by line. With follow=true, the events as they are appended; without, application/json: an EventList. */
+            /** @description application/x-ndjson: newline-delimited JSON, one EventStreamLine object per line, each line flushed as it happens; read it line by line. With follow=true, the events as they are appended, and an Error line last if the stream fails; without, application/json: an EventList. */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["EventList"];
-                    "application/x-ndjson": components["schemas"]["Event"];
+                    "application/x-ndjson": components["schemas"]["EventStreamLine"];
                 };
             };
             /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
@@ -3511,12 +3519,19 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Ready */
+            /** @description Ready: {"status":"ready"} */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        /** @enum {string} */
+                        status: "ready";
+                    } & {
+                        [key: string]: string;
+                    };
+                };
             };
             /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
             "4XX": {
@@ -4148,13 +4163,13 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description text/event-stream of Events */
+            /** @description text/event-stream (Server-Sent Events): each event's data is one SessionStreamData: durable Events (id: the seq, to resume with Last-Event-ID; event: the type), session.assistant_delta events with live text, and an error event last if the stream fails. Comments (: keep-alive) every 15 s. */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/event-stream": components["schemas"]["Event"];
+                    "text/event-stream": components["schemas"]["SessionStreamData"];
                 };
             };
             /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
