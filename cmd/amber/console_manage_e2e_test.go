@@ -139,8 +139,8 @@ func TestE2EConsoleManage(t *testing.T) {
 	b.signIn(keyRW)
 	b.open("/sandboxes/" + id)
 	b.wait("the destroy button", `(b => b && !b.disabled)(document.querySelector('[data-testid=destroy]'))`, 30*time.Second)
-	b.click(`[data-testid=destroy]`)
-	b.click(`[data-testid=destroy-yes]`)
+	jsClick(b, "destroy")
+	jsClick(b, "destroy-yes")
 	b.wait("back to the list", `location.hash === '#/sandboxes'`, 60*time.Second)
 	if sb, err := cl.GetSandbox(ctx, id); !errdefs.IsNotFound(err) && sb.State != "destroyed" {
 		t.Fatalf("after Destroy the sandbox is %+v, %v", sb, err)
@@ -160,8 +160,8 @@ func TestE2EConsoleManage(t *testing.T) {
 		t.Fatalf("the session the console created: %+v, %v", se, err)
 	}
 	b.wait("the session's events", `Number(document.querySelector('[data-testid=event-count]')?.innerText) > 0`, 30*time.Second)
-	b.click(`[data-testid=terminate]`)
-	b.click(`[data-testid=terminate-yes]`)
+	jsClick(b, "terminate")
+	jsClick(b, "terminate-yes")
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		se, err := cl.GetSession(ctx, sid)
@@ -202,4 +202,14 @@ func awaitJS(b *browser, expression string) string {
 		b.fail("evaluate %s: %v", expression, err)
 	}
 	return v
+}
+
+// jsClick waits for the element with this data-testid, enabled, and clicks
+// it from the page's own script: the two-step buttons change under the
+// pointer, and the graphs above them redraw every 2 s.
+func jsClick(b *browser, testid string) {
+	b.t.Helper()
+	sel := fmt.Sprintf(`document.querySelector('[data-testid=%s]')`, testid)
+	b.wait(testid, "(e => e && !e.disabled)("+sel+")", 30*time.Second)
+	evalAs[bool](b, "("+sel+".click(), true)")
 }
