@@ -253,7 +253,7 @@ function Checkpoints({ id, sb, reload }) {
               <td>{e.seq >= firstCut
                 ? <button data-testid="restore-to-event" disabled={!!busy || !!need} title={need || 'Restore to the newest checkpoint cut at or before this event'}
                   onClick={() => run('restore to event ' + e.seq, '/v1/sandboxes/' + esc(id) + '/recover', { to_event: e.seq })}>Restore to #{e.seq}</button>
-                : <span class="muted small" data-testid="no-restore" title={'No checkpoint is cut at or before #' + e.seq}>no checkpoint yet</span>}</td>
+                : <span class="muted small" data-testid="no-restore" title={'No checkpoint is cut at or before #' + e.seq}>no checkpoint by then</span>}</td>
             </tr>
           ))}
         </tbody>
