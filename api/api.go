@@ -294,14 +294,6 @@ type UpgradeSandboxRequest struct {
 	Template string `json:"template"`
 }
 
-// Info is the body of GET /v1/info.
-type Info struct {
-	Version      string          `json:"version"`
-	Driver       string          `json:"driver"`
-	Capabilities map[string]bool `json:"capabilities"`
-	Tenant       string          `json:"tenant"` // the caller's
-}
-
 // ExecRequest runs a command to completion (POST /v1/sandboxes/{id}/exec
 // with Content-Type application/json). The command is Args (argv, no
 // shell), or Cmd, a shell command line run by the template's /bin/sh -c

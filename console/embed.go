@@ -35,7 +35,7 @@ func Assets() fs.FS {
 
 // Sources are the files the build reads, relative to the console's
 // directory: a change to any of them makes dist/ stale.
-var Sources = []string{"index.html", "package.json", "package-lock.json", "vite.config.js", "src"}
+var Sources = []string{"index.html", "package.json", "package-lock.json", "vite.config.js", "src", "public"}
 
 // SourceHash hashes the console's sources under dir (the console's
 // directory): every file of Sources, in path order, as its slash path, its

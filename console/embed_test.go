@@ -57,7 +57,7 @@ func TestSourceHashSeesChanges(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, f := range []string{"index.html", "package.json", "package-lock.json", "vite.config.js", "src/main.jsx"} {
+	for _, f := range []string{"index.html", "package.json", "package-lock.json", "vite.config.js", "src/main.jsx", "public/favicon.svg"} {
 		write(f, f)
 	}
 	a, err := SourceHash(dir)

@@ -26,12 +26,12 @@ SETUP_SCRIPTS := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../scripts/setup)
 _setup_mk_default_goal := $(.DEFAULT_GOAL)
 
 .PHONY: setup setup-test setup-runsc setup-criu setup-sysctl setup-minimal \
-	setup-python-template setup-postgres setup-minio setup-build-deps setup-test-deps setup-bench-deps setup-tssdk-deps setup-mcp-deps setup-openapi-lint-deps \
+	setup-python-template setup-postgres setup-minio setup-build-deps setup-test-deps setup-bench-deps setup-tssdk-deps setup-mcp-deps setup-openapi-lint-deps setup-oapi-client-deps \
 	setup-browser-deps setup-extended setup-chromium-template setup-postgres-template setup-kubeconform
 
 setup: setup-build-deps setup-runsc setup-criu setup-sysctl setup-minimal setup-python-template
 
-setup-test: setup setup-postgres setup-minio setup-test-deps setup-tssdk-deps setup-mcp-deps setup-openapi-lint-deps setup-browser-deps setup-kubeconform
+setup-test: setup setup-postgres setup-minio setup-test-deps setup-tssdk-deps setup-mcp-deps setup-openapi-lint-deps setup-oapi-client-deps setup-browser-deps setup-kubeconform
 
 setup-kubeconform:
 	$(SETUP_SCRIPTS)/kubeconform.sh
@@ -56,6 +56,12 @@ setup-mcp-deps:
 # npm ci of Redocly's CLI into $(AMBER_CACHE)/npm (api TestOpenAPILint).
 setup-openapi-lint-deps:
 	$(SETUP_SCRIPTS)/npm-deps.sh openapi-lint api/lint @redocly/cli/bin/cli.js
+
+# npm ci of openapi-fetch, openapi-typescript and tsc into $(AMBER_CACHE)/npm
+# (cmd/amber TestE2EOpenAPIClient: a client generated from api/openapi.json).
+setup-oapi-client-deps:
+	$(SETUP_SCRIPTS)/npm-deps.sh oapi-client cmd/amber/testdata/oapiclient \
+	  openapi-fetch/package.json openapi-typescript/bin/cli.js typescript/bin/tsc
 
 # Debian's chromium for the console's browser tests (cmd/amber TestE2EConsole).
 setup-browser-deps:

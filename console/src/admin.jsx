@@ -74,13 +74,17 @@ function Keys({ tenant }) {
       <table data-testid="keys">
         <thead><tr><th>Name</th><th>Prefix</th><th>Scopes</th><th>Created</th><th>Expires</th><th>Revoked</th><th></th></tr></thead>
         <tbody>
-          {((keys && keys.keys) || []).map((k) => (
-            <tr data-testid="key-row" data-name={k.name}>
+          {((keys && keys.keys) || []).map((k) => {
+            // An expired key no longer works: marked, like a revoked one.
+            const expired = !!k.expires_at && new Date(k.expires_at).getTime() <= Date.now()
+            return (
+            <tr data-testid="key-row" data-name={k.name} data-expired={expired ? 'true' : 'false'} class={expired || k.revoked_at ? 'dead' : ''}>
               <td>{k.name}</td><td><code>{k.prefix}</code></td><td>{(k.scopes || []).join(', ')}</td><td>{when(k.created)}</td>
-              <td>{k.expires_at ? when(k.expires_at) : '–'}</td><td>{k.revoked_at ? when(k.revoked_at) : '–'}</td>
+              <td>{k.expires_at ? when(k.expires_at) : '–'}{expired && <> <Badge v="expired" /></>}</td><td>{k.revoked_at ? when(k.revoked_at) : '–'}</td>
               <td>{!k.revoked_at && <button class="danger" onClick={() => revoke(k.name)}>Revoke</button>}</td>
             </tr>
-          ))}
+            )
+          })}
         </tbody>
       </table>
       <form class="inline" onSubmit={create}>

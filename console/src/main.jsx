@@ -1,7 +1,7 @@
 import { render } from 'preact'
 import { useEffect, useState } from 'preact/hooks'
 import { get, storedKey, saveKey } from './api.js'
-import { Err, Link } from './ui.jsx'
+import { Err, Link, KeyInfo } from './ui.jsx'
 import { Sessions, SessionPage } from './sessions.jsx'
 import { Sandboxes, SandboxPage } from './sandboxes.jsx'
 import { Admin } from './admin.jsx'
@@ -35,7 +35,7 @@ function SignIn({ onIn, why }) {
     <div class="signin">
       <h1>Amber</h1>
       <p>Sign in with an API key. It is kept in this tab only (sessionStorage) and sent as a Bearer header.</p>
-      {why && <div class="error">{why}</div>}
+      {!err && why && <div class="error" data-testid="error">{why}</div>}
       <form onSubmit={submit}>
         <input type="password" data-testid="key" placeholder="amber_…" value={key} onInput={(e) => setKey(e.target.value)} autoFocus />
         <button type="submit" data-testid="signin">Sign in</button>
@@ -75,17 +75,19 @@ function App() {
   else page = <Sessions />
   const on = (p) => (parts[0] === p ? 'on' : '')
   return (
+    <KeyInfo.Provider value={info}>
     <div class="app">
       <nav>
         <b class="logo">Amber</b>
         <Link to="/sessions" class={on('sessions')} data-testid="nav-sessions">Sessions</Link>
         <Link to="/sandboxes" class={on('sandboxes')} data-testid="nav-sandboxes">Sandboxes</Link>
         {admin && <Link to="/admin" class={on('admin')} data-testid="nav-admin">Admin</Link>}
-        <span class="who" data-testid="tenant">tenant <b>{info.tenant}</b> · {info.driver} · {info.version}</span>
+        <span class="who" data-testid="tenant">tenant <b>{info.tenant}</b> · key {info.key} ({(info.scopes || []).join(', ')}) · {info.driver} · {info.version}</span>
         <button class="link" data-testid="signout" onClick={() => { saveKey(''); setInfo(null) }}>Sign out</button>
       </nav>
       <main>{page}</main>
     </div>
+    </KeyInfo.Provider>
   )
 }
 

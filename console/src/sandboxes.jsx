@@ -1,6 +1,6 @@
 import { useEffect, useState, useRef } from 'preact/hooks'
 import { get, post, call, operation, text, esc } from './api.js'
-import { useLoad, Err, Badge, Link, when, bytes, short, Tabs, Graph, Json } from './ui.jsx'
+import { useLoad, Err, Badge, Link, when, bytes, short, Tabs, Graph, Json, useNeed, Confirm } from './ui.jsx'
 import { Terminal as XTerm } from '@xterm/xterm'
 import '@xterm/xterm/css/xterm.css'
 
@@ -10,6 +10,7 @@ export function Sandboxes() {
   return (
     <section>
       <h2>Sandboxes</h2>
+      <NewSandbox />
       <Err err={err} />
       <table data-testid="sandboxes">
         <thead><tr><th>Sandbox</th><th>State</th><th>Template</th><th>Driver</th><th>Generation</th><th>Origin</th><th>Updated</th></tr></thead>
@@ -32,12 +33,46 @@ export function Sandboxes() {
   )
 }
 
+// NewSandbox creates a sandbox from a template (POST /v1/sandboxes) and
+// opens it.
+function NewSandbox() {
+  const need = useNeed('write')
+  const [tpls] = useLoad(() => get('/v1/templates'), [])
+  const [tpl, setTpl] = useState('')
+  const [busy, setBusy] = useState(false)
+  const [err, setErr] = useState(null)
+  const names = ((tpls && tpls.templates) || []).map((t) => t.name)
+  const pick = tpl || names[0] || ''
+  const create = async (e) => {
+    e.preventDefault()
+    setBusy(true); setErr(null)
+    try {
+      const sb = await post('/v1/sandboxes', { template: pick })
+      location.hash = '/sandboxes/' + esc(sb.id)
+    } catch (x) { setErr(x) }
+    setBusy(false)
+  }
+  return (
+    <form class="inline" onSubmit={create} data-testid="new-sandbox">
+      <select data-testid="new-sandbox-template" value={pick} onChange={(e) => setTpl(e.target.value)}>
+        {names.map((n) => <option value={n}>{n}</option>)}
+      </select>
+      {' '}<button type="submit" data-testid="create-sandbox" disabled={!!need || busy || !pick} title={need || 'Create a sandbox from this template'}>Create sandbox</button>
+      {busy && <span class="muted"> creating…</span>}
+      <Err err={err} />
+    </form>
+  )
+}
+
 const TABS = ['Overview', 'Checkpoints', 'Effects', 'Terminal', 'Files']
 
 export function SandboxPage({ id, tab }) {
   const cur = TABS.find((t) => t.toLowerCase() === tab) || 'Overview'
   const [sb, err, reload] = useLoad(() => get('/v1/sandboxes/' + esc(id)), [id], 3000)
   const pick = (t) => { location.hash = '/sandboxes/' + esc(id) + '/' + t.toLowerCase() }
+  // A sandbox that cannot be loaded (not found, not this tenant's): its
+  // error once, not again from every tab's own calls.
+  if (err && !sb) return <section><h2>Sandbox <code>{id}</code></h2><Err err={err} /></section>
   return (
     <section>
       <h2>Sandbox <code>{id}</code> {sb && <Badge v={sb.state} />}</h2>
@@ -94,10 +129,18 @@ function Overview({ id, sb, reload }) {
     const t = setInterval(tick, 2000)
     return () => { alive = false; clearInterval(t) }
   }, [id])
+  const need = useNeed('write')
   const act = async (what, fn) => {
     setBusy(what); setAerr(null)
     try { await fn() } catch (e) { setAerr(e) }
     setBusy(''); reload()
+  }
+  const destroy = async () => {
+    setBusy('destroy'); setAerr(null)
+    try {
+      await call('DELETE', '/v1/sandboxes/' + esc(id))
+      location.hash = '/sandboxes'
+    } catch (e) { setAerr(e); setBusy('') }
   }
   return (
     <div>
@@ -108,9 +151,10 @@ function Overview({ id, sb, reload }) {
       </div>
       {serr && <div class="muted">stats: {serr.message}</div>}
       <div class="actions">
-        <button data-testid="checkpoint-now" disabled={!!busy} onClick={() => act('checkpoint', () => operation('/v1/sandboxes/' + esc(id) + '/checkpoints', { tag: 'console' }))}>Checkpoint now</button>
-        <button data-testid="recover-latest" disabled={!!busy} onClick={() => act('recover', () => operation('/v1/sandboxes/' + esc(id) + '/recover', {}))}>Recover from latest checkpoint</button>
-        <button class="danger" data-testid="kill" disabled={!!busy || !sb || sb.state !== 'running'} onClick={() => act('kill', () => post('/v1/sandboxes/' + esc(id) + '/kill'))}>Kill</button>
+        <button data-testid="checkpoint-now" disabled={!!busy || !!need} title={need} onClick={() => act('checkpoint', () => operation('/v1/sandboxes/' + esc(id) + '/checkpoints', { tag: 'console' }))}>Checkpoint now</button>
+        <button data-testid="recover-latest" disabled={!!busy || !!need} title={need} onClick={() => act('recover', () => operation('/v1/sandboxes/' + esc(id) + '/recover', {}))}>Recover from latest checkpoint</button>
+        <button class="danger" data-testid="kill" disabled={!!busy || !!need || !sb || sb.state !== 'running'} title={need || (sb && sb.state !== 'running' ? 'The sandbox is not running' : '')} onClick={() => act('kill', () => post('/v1/sandboxes/' + esc(id) + '/kill'))}>Kill</button>
+        <Confirm testid="destroy" label="Destroy" confirm="Destroy: its state is gone" disabled={!!busy || !!need} title={need || 'Destroy the sandbox (its checkpoints stay)'} onYes={destroy} />
         {busy && <span class="muted">{busy}…</span>}
       </div>
       <Err err={aerr} />
@@ -134,6 +178,7 @@ function Checkpoints({ id, sb, reload }) {
   const [prog, setProg] = useState(null)
   const [aerr, setAerr] = useState(null)
   const [done, setDone] = useState('')
+  const need = useNeed('write')
   const run = async (what, path, body, after) => {
     setBusy(what); setAerr(null); setDone('')
     try {
@@ -154,6 +199,10 @@ function Checkpoints({ id, sb, reload }) {
   for (const e of restores) if (byId[e.payload.checkpoint]) byId[e.payload.checkpoint].restores.push(e)
   for (const s of (all && all.sandboxes) || []) if (s.id !== id && s.origin && byId[s.origin]) byId[s.origin].forks.push(s)
   const restoreIds = new Set(list.map((c) => c.id))
+  // "Restore to #N" recovers from the newest committed checkpoint of this
+  // sandbox cut at or before event N: offered only where there is one.
+  const cuts = list.filter((c) => c.state === 'committed' && c.sandbox_id === id).map((c) => c.seq)
+  const firstCut = cuts.length ? Math.min(...cuts) : Infinity
 
   const Node = ({ n }) => (
     <li class="ck" data-testid="checkpoint" data-id={n.c.id}>
@@ -161,8 +210,8 @@ function Checkpoints({ id, sb, reload }) {
         <b>{n.c.tag || short(n.c.id)}</b> <Badge v={n.c.state} />
         <span class="muted"> cut at event #{n.c.event_seq || n.c.seq}{n.c.reason ? ' · ' + n.c.reason : ''} · template {n.c.template}@{short(n.c.template_version)} · {when(n.c.created)}</span>
         <span class="ck-actions">
-          <button data-testid="restore" disabled={!!busy || n.c.state !== 'committed'} onClick={() => run('restore', '/v1/checkpoints/' + esc(n.c.id) + '/restore', {})}>Restore</button>
-          <button data-testid="fork" disabled={!!busy || n.c.state !== 'committed'} onClick={() => run('fork', '/v1/checkpoints/' + esc(n.c.id) + '/restore', { as_new: true },
+          <button data-testid="restore" disabled={!!busy || !!need || n.c.state !== 'committed'} title={need} onClick={() => run('restore', '/v1/checkpoints/' + esc(n.c.id) + '/restore', {})}>Restore</button>
+          <button data-testid="fork" disabled={!!busy || !!need || n.c.state !== 'committed'} title={need} onClick={() => run('fork', '/v1/checkpoints/' + esc(n.c.id) + '/restore', { as_new: true },
             (fr) => fr.sandbox && (location.hash = '/sandboxes/' + esc(fr.sandbox.id) + '/checkpoints'))}>Fork</button>
         </span>
       </div>
@@ -201,8 +250,10 @@ function Checkpoints({ id, sb, reload }) {
             <tr data-testid="lifecycle-event" data-seq={e.seq} data-type={e.type}>
               <td>{e.seq}</td><td>{when(e.time)}</td><td>{e.type}</td>
               <td class="small">{e.type === 'sandbox.checkpointed' ? `checkpoint ${short(e.payload.checkpoint)}` : e.type === 'sandbox.restored' ? `from ${short(e.payload.checkpoint)}` : (e.payload.state || e.payload.template || '')}{e.payload.reason ? ' — ' + e.payload.reason : ''}</td>
-              <td><button data-testid="restore-to-event" disabled={!!busy} title="Restore to the newest checkpoint cut at or before this event"
-                onClick={() => run('restore to event ' + e.seq, '/v1/sandboxes/' + esc(id) + '/recover', { to_event: e.seq })}>Restore to #{e.seq}</button></td>
+              <td>{e.seq >= firstCut
+                ? <button data-testid="restore-to-event" disabled={!!busy || !!need} title={need || 'Restore to the newest checkpoint cut at or before this event'}
+                  onClick={() => run('restore to event ' + e.seq, '/v1/sandboxes/' + esc(id) + '/recover', { to_event: e.seq })}>Restore to #{e.seq}</button>
+                : <span class="muted small" data-testid="no-restore" title={'No checkpoint is cut at or before #' + e.seq}>no checkpoint by then</span>}</td>
             </tr>
           ))}
         </tbody>
@@ -213,6 +264,7 @@ function Checkpoints({ id, sb, reload }) {
 
 // Effects: the sandbox's effect journal and the reconcile action.
 function Effects({ id }) {
+  const need = useNeed('write')
   const [fx, err, reload] = useLoad(() => get('/v1/sandboxes/' + esc(id) + '/effects'), [id], 3000)
   const [form, setForm] = useState(null)
   const [ferr, setFerr] = useState(null)
@@ -246,7 +298,7 @@ function Effects({ id }) {
               <td data-testid="replays">{f.replays ? `${f.replays}×` : '–'}</td>
               <td>{f.attempts}{f.divergences ? `, ${f.divergences} divergent` : ''}</td>
               <td class="small">{short(f.run)}</td>
-              <td>{f.state === 'needs-reconciliation' && <button data-testid="reconcile" onClick={() => setForm({ key: f.key, status: 200, body: '', note: '' })}>Reconcile…</button>}</td>
+              <td>{f.state === 'needs-reconciliation' && <button data-testid="reconcile" disabled={!!need} title={need} onClick={() => setForm({ key: f.key, status: 200, body: '', note: '' })}>Reconcile…</button>}</td>
             </tr>
           ))}
           {fx && list.length === 0 && <tr><td colSpan="8" class="muted">No outbound requests journaled.</td></tr>}
@@ -271,12 +323,13 @@ function Effects({ id }) {
 // single-use ticket (POST …/terminal) since a browser WebSocket cannot
 // carry the Authorization header.
 function Term({ id, running }) {
+  const need = useNeed('write')
   const el = useRef(null)
   const [state, setState] = useState('idle')
   const [err, setErr] = useState(null)
   const [gen, setGen] = useState(0)
   useEffect(() => {
-    if (!running || !el.current) return
+    if (!running || need || !el.current) return
     const term = new XTerm({ cols: 100, rows: 26, convertEol: false, fontSize: 13, cursorBlink: true })
     term.open(el.current)
     let ws = null
@@ -304,6 +357,7 @@ function Term({ id, running }) {
     return () => { alive = false; ws && ws.close(); term.dispose() }
   }, [id, running, gen])
   if (!running) return <div class="muted">The sandbox is not running.</div>
+  if (need) return <div class="muted" data-testid="term-denied">{need}: a terminal runs commands.</div>
   return (
     <div>
       <div class="facts"><span>terminal <b data-testid="term-state">{state}</b></span>{state === 'closed' && <button onClick={() => setGen(gen + 1)}>Reconnect</button>}</div>

@@ -1,6 +1,6 @@
 import { useEffect, useState, useRef } from 'preact/hooks'
 import { get, post, followSession, esc } from './api.js'
-import { useLoad, Err, Badge, Link, when, short } from './ui.jsx'
+import { useLoad, Err, Badge, Link, when, short, useNeed, Confirm } from './ui.jsx'
 
 // Sessions lists the tenant's agent sessions with their status and what
 // their sandboxes used (GET /v1/usage grouped by sandbox).
@@ -17,6 +17,7 @@ export function Sessions() {
   return (
     <section>
       <h2>Sessions</h2>
+      <NewSession />
       <Err err={err} />
       <table data-testid="sessions">
         <thead><tr><th>Session</th><th>Status</th><th>Sandbox</th><th>Model tokens</th><th>CPU s</th><th>Egress requests</th><th>Checkpoints</th><th>Updated</th></tr></thead>
@@ -40,6 +41,36 @@ export function Sessions() {
         </tbody>
       </table>
     </section>
+  )
+}
+
+// A session definition to start from: the scripted model needs no
+// provider. POST /v1/sessions takes any SessionDefinition.
+const EXAMPLE = JSON.stringify({ model: { adapter: 'scripted', script: [{ text: 'Hello from a scripted agent.' }] }, template: 'python', policy: 'strict' }, null, 1)
+
+// NewSession creates a session from a definition (JSON) and opens it.
+function NewSession() {
+  const need = useNeed('write')
+  const [open, setOpen] = useState(false)
+  const [def, setDef] = useState(EXAMPLE)
+  const [err, setErr] = useState(null)
+  const create = async (e) => {
+    e.preventDefault()
+    setErr(null)
+    let body
+    try { body = JSON.parse(def) } catch (x) { setErr({ kind: 'invalid argument', message: 'the definition is not JSON: ' + x.message }); return }
+    try {
+      const se = await post('/v1/sessions', body)
+      location.hash = '/sessions/' + esc(se.id)
+    } catch (x) { setErr(x) }
+  }
+  if (!open) return <button data-testid="new-session" disabled={!!need} title={need || 'Start an agent session'} onClick={() => setOpen(true)}>New session…</button>
+  return (
+    <form class="panel" onSubmit={create} data-testid="new-session-form">
+      <label>Definition (model, system, tools, limits, template, policy) <textarea data-testid="new-session-def" rows="6" value={def} onInput={(e) => setDef(e.target.value)} /></label>
+      <button type="submit" data-testid="create-session">Create session</button> <button type="button" onClick={() => setOpen(false)}>Cancel</button>
+      <Err err={err} />
+    </form>
   )
 }
 
@@ -92,6 +123,7 @@ export function SessionPage({ id }) {
   const [msg, setMsg] = useState('')
   const [sendErr, setSendErr] = useState(null)
   const [open, setOpen] = useState(null)
+  const need = useNeed('write')
   useEffect(() => {
     setEvs([])
     const stop = followSession(id, 0,
@@ -114,6 +146,13 @@ export function SessionPage({ id }) {
     } catch (x) { setSendErr(x) }
   }
 
+  const terminate = async () => {
+    try {
+      await post('/v1/sessions/' + esc(id) + '/events', { type: 'terminate' })
+      setSendErr(null); reload()
+    } catch (x) { setSendErr(x) }
+  }
+
   let status = se && se.status
   let tokIn = 0, tokOut = 0
   const results = {}
@@ -132,6 +171,7 @@ export function SessionPage({ id }) {
         <span>tokens {tokIn} in / {tokOut} out</span>
         <span>events <b data-testid="event-count">{evs.length}</b></span>
         <span>stream <b data-testid="stream-state" class={'conn-' + conn.split(':')[0]}>{conn}</b></span>
+        {status !== 'terminated' && <Confirm testid="terminate" label="Terminate" confirm="Terminate: the agent stops for good" disabled={!!need} title={need || 'End the session (its sandbox is destroyed)'} onYes={terminate} />}
       </div>
       <div class="cols">
         <div class="col">
@@ -163,7 +203,7 @@ export function SessionPage({ id }) {
           </div>
           <form class="send" onSubmit={send}>
             <input data-testid="msg" placeholder="Message the agent" value={msg} onInput={(e) => setMsg(e.target.value)} />
-            <button type="submit" data-testid="send" disabled={!msg}>Send</button>
+            <button type="submit" data-testid="send" disabled={!msg || !!need} title={need}>Send</button>
           </form>
           <Err err={sendErr} />
         </div>

@@ -1,4 +1,5 @@
-import { useEffect, useState, useCallback } from 'preact/hooks'
+import { createContext } from 'preact'
+import { useContext, useEffect, useState, useCallback } from 'preact/hooks'
 
 // useLoad runs load() now, again when deps change and every `every` ms
 // when given; it returns [data, error, reload].
@@ -80,4 +81,29 @@ export function Graph({ title, points, fmt, max, testid }) {
 
 export function Json({ v }) {
   return <pre class="json">{JSON.stringify(v, null, 2)}</pre>
+}
+
+// Who is the signed-in key: GET /v1/info's answer (tenant, key, scopes).
+export const KeyInfo = createContext(null)
+
+// useNeed returns '' when the signed-in key holds scope, else why not (a
+// disabled button's title). The routes refuse it anyway: this only keeps
+// the console from offering what the key cannot do.
+export function useNeed(scope) {
+  const info = useContext(KeyInfo)
+  const has = (info && info.scopes) || []
+  if (!info || !info.scopes || has.includes(scope)) return ''
+  return `Needs a key with scope ${scope}; this key (${info.key}) has ${has.join(', ') || 'none'}`
+}
+
+// Confirm is a two-step button: the first click asks, the second does.
+export function Confirm({ label, confirm, onYes, disabled, title, testid }) {
+  const [asking, setAsking] = useState(false)
+  if (!asking) return <button class="danger" data-testid={testid} disabled={disabled} title={title} onClick={() => setAsking(true)}>{label}</button>
+  return (
+    <span class="confirm">
+      <button class="danger" data-testid={testid + '-yes'} disabled={disabled} onClick={() => { setAsking(false); onYes() }}>{confirm}</button>
+      {' '}<button data-testid={testid + '-no'} onClick={() => setAsking(false)}>Cancel</button>
+    </span>
+  )
 }

@@ -64,11 +64,11 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, c *call) error {
 				return nil
 			}
 			eb := errBody(streamErr(ctx, err))
-			return enc.Encode(map[string]any{"error": eb})
+			return enc.Encode(api.Error{Error: eb})
 		}
 		if ev, err = s.eng.Upcast(ev); err != nil {
 			eb := errBody(err)
-			return enc.Encode(map[string]any{"error": eb})
+			return enc.Encode(api.Error{Error: eb})
 		}
 		if err := enc.Encode(toAPIEvent(ev)); err != nil {
 			return err

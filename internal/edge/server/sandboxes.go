@@ -42,12 +42,21 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request, c *call) error {
 	d := s.eng.Driver()
 	caps := d.Capabilities()
 	return writeJSON(w, http.StatusOK, api.Info{
-		Version: s.version, Driver: d.Name(), Tenant: c.tenant,
+		Version: s.version, Driver: d.Name(), Tenant: c.tenant, Key: c.key.Name, Scopes: scopeNames(c.key.Scopes),
 		Capabilities: map[string]bool{
 			"checkpoint": caps.Checkpoint, "lazy_restore": caps.LazyRestore,
 			"live_outside_tcp": caps.LiveOutsideTCP, "pty": caps.PTY, "port_forward": caps.PortForward,
 		},
 	})
+}
+
+// scopeNames lists scopes by name, never null.
+func scopeNames(sc []metadata.Scope) []string {
+	out := make([]string, 0, len(sc))
+	for _, x := range sc {
+		out = append(out, string(x))
+	}
+	return out
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) error {

@@ -194,14 +194,14 @@ func (s *Server) sessionStream(w http.ResponseWriter, r *http.Request, c *call) 
 		case <-tick.C:
 			fmt.Fprint(w, ": keep-alive\n\n")
 		case d := <-deltas:
-			b, _ := json.Marshal(map[string]string{"text": d})
+			b, _ := json.Marshal(api.AssistantDelta{Text: d})
 			fmt.Fprintf(w, "event: %s\ndata: %s\n\n", session.EventAssistantDelta, b)
 		case n := <-evc:
 			if n.err != nil {
 				if r.Context().Err() != nil {
 					return nil
 				}
-				b, _ := json.Marshal(map[string]any{"error": errBody(n.err)})
+				b, _ := json.Marshal(api.Error{Error: errBody(n.err)})
 				fmt.Fprintf(w, "event: error\ndata: %s\n\n", b)
 				rc.Flush()
 				return nil

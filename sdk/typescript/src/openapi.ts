@@ -986,6 +986,8 @@ export interface components {
             /** @description not found, already exists, invalid argument, conflict, fenced, compacted, unavailable, data loss, permission denied, unauthenticated, resource exhausted, failed precondition, not implemented, too large, or internal */
             kind: string;
             message: string;
+            /** @description The call's id in the daemon's log (X-Request-Id), where an internal error's detail is; sent with internal errors */
+            request_id?: string;
         };
         Limits: {
             /** Format: int64 */
@@ -1021,20 +1023,20 @@ export interface components {
             id: string;
             tenant: string;
             template: string;
-            template_version?: string;
-            driver?: string;
+            template_version: string;
+            driver: string;
             /** @enum {string} */
             state: "creating" | "running" | "stopped" | "crashed" | "destroyed";
             reason?: string;
             limits: components["schemas"]["Limits"];
             env?: string[];
-            from_pool?: boolean;
+            from_pool: boolean;
             /** Format: date-time */
             created: string;
             /** Format: date-time */
-            updated?: string;
+            updated: string;
             /** @description Restores in place so far */
-            generation?: number;
+            generation: number;
             /** @description The checkpoint the sandbox was last restored or forked from */
             origin?: string;
             /** @description Recovery policy (empty: none) */
@@ -1051,21 +1053,25 @@ export interface components {
             env?: string[];
             cwd?: string;
             user?: string;
-            limits?: components["schemas"]["Limits"];
-            pool_size?: number;
-            pool_ready?: number;
+            limits: components["schemas"]["Limits"];
+            pool_size: number;
+            pool_ready: number;
         };
         TemplateList: {
             templates: components["schemas"]["Template"][];
-            versions?: components["schemas"]["TemplateVersion"][];
+            versions: components["schemas"]["TemplateVersion"][];
         };
         Info: {
-            version?: string;
-            driver?: string;
-            capabilities?: {
+            version: string;
+            driver: string;
+            capabilities: {
                 [key: string]: boolean;
             };
-            tenant?: string;
+            tenant: string;
+            /** @description The calling key's name */
+            key: string;
+            /** @description The calling key's scopes: what it may do (a route needs exactly one; see x-amber-scope) */
+            scopes: ("read" | "write" | "admin")[];
         };
         /** @description The command is args or cmd, exactly one of the two (a 400 otherwise). */
         ExecRequest: {
@@ -1085,6 +1091,7 @@ export interface components {
             /** Format: int64 */
             timeout_ms?: number;
         };
+        /** @description One line of the NDJSON stream of POST …/exec: a first frame with the command's pid (when the sandbox reports it), output frames ({stream, data}), then exactly one last frame holding exit or error. */
         ExecFrame: {
             /** @description The command's sandbox pid, in a first frame of its own: GET /v1/sandboxes/{id}/processes/{pid}/output re-attaches to its output */
             pid?: number;
@@ -1122,32 +1129,35 @@ export interface components {
             signal: string;
         };
         Process: {
-            pid?: number;
-            ppid?: number;
-            args?: string[];
+            pid: number;
+            ppid: number;
+            args: string[];
             /** Format: int64 */
-            start_ticks?: number;
-            state?: string;
+            start_ticks: number;
+            state: string;
         };
         ProcessList: {
             processes: components["schemas"]["Process"][];
         };
+        /** @description A file's metadata (GET …/files?stat=true, and each entry of a FileList). Has name and no entries. */
         FileInfo: {
-            name?: string;
+            name: string;
             /** @enum {string} */
-            type?: "file" | "dir" | "symlink" | "other";
+            type: "file" | "dir" | "symlink" | "other";
             /** Format: int64 */
-            size?: number;
+            size: number;
             /** @description Octal permissions, e.g. 0644 */
-            mode?: string;
+            mode: string;
             /** Format: date-time */
-            mtime?: string;
+            mtime: string;
             link?: string;
         };
+        /** @description A directory listing (GET …/files?path=DIR). Has entries and no name: a client tells it from a FileInfo by the entries property. */
         FileList: {
             path: string;
             entries: components["schemas"]["FileInfo"][];
         };
+        /** @description One event of a sandbox's or session's log; with follow=true, one line of the NDJSON stream of GET …/events (one data: of the SSE stream of GET /v1/sessions/{id}/events/stream). */
         Event: {
             /** Format: int64 */
             seq: number;
@@ -1155,7 +1165,7 @@ export interface components {
             type: string;
             version: number;
             /** Format: date-time */
-            time?: string;
+            time: string;
             causation_id?: string;
             /** @description The event's payload, lifted to its type's current version */
             payload: unknown;
@@ -1193,25 +1203,25 @@ export interface components {
         };
         CheckpointStats: {
             /** Format: int64 */
-            frozen_ns?: number;
+            frozen_ns: number;
             /** Format: int64 */
-            dump_ns?: number;
+            dump_ns: number;
             /** Format: int64 */
-            upload_ns?: number;
+            upload_ns: number;
             /** Format: int64 */
-            total_ns?: number;
+            total_ns: number;
             /** Format: int64 */
-            memory_bytes?: number;
+            memory_bytes: number;
             /** Format: int64 */
-            layer_bytes?: number;
+            layer_bytes: number;
             /** Format: int64 */
-            image_bytes?: number;
+            image_bytes: number;
             /** Format: int64 */
-            stored_bytes?: number;
+            stored_bytes: number;
             /** Format: int64 */
-            chunks?: number;
+            chunks: number;
             /** Format: int64 */
-            new_chunks?: number;
+            new_chunks: number;
         };
         Checkpoint: {
             id: string;
@@ -1331,27 +1341,28 @@ export interface components {
             egress?: components["schemas"]["EgressPolicy"];
         };
         AuditRecord: {
-            seq?: number;
-            time?: string;
-            actor?: string;
-            action?: string;
+            seq: number;
+            /** Format: date-time */
+            time: string;
+            actor: string;
+            action: string;
             resource?: string;
-            outcome?: string;
+            outcome: string;
             status?: number;
             request_id?: string;
             detail?: string;
-            prev?: string;
-            hash?: string;
+            prev: string;
+            hash: string;
         };
         AuditList: {
-            records?: components["schemas"]["AuditRecord"][];
+            records: components["schemas"]["AuditRecord"][];
         };
         AuditReport: {
-            tenant?: string;
-            ok?: boolean;
-            records?: number;
-            first?: number;
-            head?: number;
+            tenant: string;
+            ok: boolean;
+            records: number;
+            first: number;
+            head: number;
             bad_seq?: number;
             problem?: string;
             head_hash?: string;
@@ -1469,17 +1480,38 @@ export interface components {
                 api_key_secret?: string;
                 max_tokens?: number;
                 script?: {
-                    [key: string]: unknown;
+                    text?: string;
+                    tool_calls?: {
+                        name: string;
+                        /** @description The tool's input */
+                        input?: unknown;
+                    }[];
                 }[];
+                /**
+                 * @deprecated
+                 * @description Refused (400): it named a daemon environment variable. Use api_key_secret.
+                 */
+                api_key_env?: string;
             };
             system?: string;
             tools?: string[];
             custom_tools?: {
-                [key: string]: unknown;
+                name: string;
+                description?: string;
+                /** @description The JSON Schema of the tool's input */
+                input_schema?: unknown;
             }[];
             confirm?: string[];
             limits?: {
-                [key: string]: unknown;
+                /** @description Model calls */
+                max_turns?: number;
+                /** @description Input plus output tokens */
+                max_tokens?: number;
+                /**
+                 * Format: int64
+                 * @description Wall time, in nanoseconds
+                 */
+                max_wall_ns?: number;
             };
             context_budget?: number;
             template?: string;
@@ -1494,17 +1526,17 @@ export interface components {
             env?: string[];
             cwd?: string;
             user?: string;
-            limits?: components["schemas"]["Limits"];
+            limits: components["schemas"]["Limits"];
             /** @description Debian package → exact version */
             packages?: {
                 [key: string]: string;
             };
             rootfs_digest?: string;
-            files?: number;
-            bytes?: number;
+            files: number;
+            bytes: number;
             source?: string;
             /** Format: date-time */
-            created?: string;
+            created: string;
             local: boolean;
             stored: boolean;
             tags?: string[];
@@ -1527,11 +1559,11 @@ export interface components {
             template: string;
         };
         UsageReport: {
-            tenant?: string;
+            tenant: string;
             from?: string;
             to?: string;
-            group_by?: string;
-            rows?: components["schemas"]["UsageRow"][];
+            group_by: string;
+            rows: components["schemas"]["UsageRow"][];
         };
         UsageRow: {
             /** @description The sandbox (group_by=sandbox); empty for tenant-wide meters (checkpoint storage) */
@@ -1539,10 +1571,10 @@ export interface components {
             /** @description The UTC day (group_by=day) */
             day?: string;
             /** @enum {string} */
-            meter?: "cpu_seconds" | "memory_gib_seconds" | "egress_requests" | "egress_bytes" | "checkpoints" | "restores" | "checkpoint_storage_gib_hours";
-            quantity?: number;
+            meter: "cpu_seconds" | "memory_gib_seconds" | "egress_requests" | "egress_bytes" | "checkpoints" | "restores" | "checkpoint_storage_gib_hours";
+            quantity: number;
             /** @description How many interval records were summed */
-            records?: number;
+            records: number;
         };
         ReconcileRequest: {
             /** @description The effect's key (Effect.key) */
@@ -1574,13 +1606,13 @@ export interface components {
         };
         NodeCapacity: {
             /** Format: int64 */
-            memory_bytes?: number;
-            max_sandboxes?: number;
-            sandboxes?: number;
+            memory_bytes: number;
+            max_sandboxes: number;
+            sandboxes: number;
             /** Format: int64 */
-            used_memory_bytes?: number;
-            templates?: string[];
-            driver?: string;
+            used_memory_bytes: number;
+            templates: string[];
+            driver: string;
         };
         Node: {
             id: string;
@@ -1592,11 +1624,11 @@ export interface components {
             alive: boolean;
             capacity: components["schemas"]["NodeCapacity"];
             /** Format: date-time */
-            started?: string;
+            started: string;
             /** Format: date-time */
-            heartbeat?: string;
+            heartbeat: string;
             /** Format: date-time */
-            expires?: string;
+            expires: string;
             /** @description The node that took over its sandboxes after it died */
             taken_by?: string;
         };
@@ -1633,6 +1665,7 @@ export interface components {
             done?: boolean;
             error?: components["schemas"]["ErrorBody"];
         };
+        /** @description One line of the NDJSON stream of GET …/processes/{pid}/output: output from an offset (stream stdout or stderr), markers (rewound, lost) and a last exited or error frame. */
         OutputFrame: {
             /** @enum {string} */
             stream: "stdout" | "stderr" | "exited" | "rewound" | "lost" | "error";
@@ -1645,6 +1678,7 @@ export interface components {
             lost?: number;
             error?: components["schemas"]["ErrorBody"];
         };
+        /** @description One line of the NDJSON stream of GET …/files/watch: a change under the watched path (op create, write, remove, rename or chmod; overflow: events were dropped). */
         WatchEvent: {
             path: string;
             /** @enum {string} */
@@ -1656,6 +1690,14 @@ export interface components {
             /** @description Absolute path inside the sandbox it gets; an existing file there is replaced, an empty directory too (a directory over a file, or over a non-empty directory, is refused) */
             to: string;
         };
+        /** @description Live text of a model's answer (an SSE event named session.assistant_delta), sent as it comes and never stored: the complete text arrives in a session.assistant_message Event. */
+        AssistantDelta: {
+            text: string;
+        };
+        /** @description One line of the NDJSON stream of GET …/events?follow=true: an Event (it has seq), or, last, an Error (it has error) when the stream fails. */
+        EventStreamLine: components["schemas"]["Event"] | components["schemas"]["Error"];
+        /** @description The data of one SSE event of GET /v1/sessions/{id}/events/stream: a durable Event (the SSE id is its seq, the SSE event its type); an AssistantDelta (SSE event session.assistant_delta, no id); or an Error (SSE event error), the last. */
+        SessionStreamData: components["schemas"]["Event"] | components["schemas"]["AssistantDelta"] | components["schemas"]["Error"];
     };
     responses: never;
     parameters: never;
@@ -1682,6 +1724,8 @@ export interface operations {
                 content: {
                     "application/json": {
                         status?: string;
+                    } & {
+                        [key: string]: string;
                     };
                 };
             };
@@ -2054,7 +2098,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description Newline-delimited ExecFrames: output frames, then one frame with exit or error. */
+            /** @description application/x-ndjson: newline-delimited JSON, one ExecFrame object per line, each line flushed as it happens; read it line by line. Output frames, then one frame with exit or error. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -2643,14 +2687,14 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description An EventList; with follow=true, newline-delimited Events as they are appended */
+            /** @description application/x-ndjson: newline-delimited JSON, one EventStreamLine object per line, each line flushed as it happens; read it line by line. With follow=true, the events as they are appended, and an Error line last if the stream fails; without, application/json: an EventList. */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["EventList"];
-                    "application/x-ndjson": components["schemas"]["Event"];
+                    "application/x-ndjson": components["schemas"]["EventStreamLine"];
                 };
             };
             /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
@@ -2862,7 +2906,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description Progress frames then the result (Accept: application/x-ndjson) */
+            /** @description application/x-ndjson: newline-delimited JSON, one OperationFrame object per line, each line flushed as it happens; read it line by line. Progress frames then the result (Accept: application/x-ndjson). */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -2871,7 +2915,7 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["OperationFrame"];
                 };
             };
-            /** @description The committed checkpoint */
+            /** @description application/x-ndjson: newline-delimited JSON, one OperationFrame object per line, each line flushed as it happens; read it line by line. With Accept: application/x-ndjson, progress frames then the result; otherwise application/json: the committed checkpoint. */
             201: {
                 headers: {
                     [name: string]: unknown;
@@ -2920,7 +2964,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description The restored sandbox */
+            /** @description application/x-ndjson: newline-delimited JSON, one OperationFrame object per line, each line flushed as it happens; read it line by line. With Accept: application/x-ndjson, progress frames then the result; otherwise application/json: the restored sandbox. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -3049,7 +3093,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description The sandbox, restored in place */
+            /** @description application/x-ndjson: newline-delimited JSON, one OperationFrame object per line, each line flushed as it happens; read it line by line. The sandbox, restored in place. With Accept: application/x-ndjson, progress frames then the result; otherwise application/json: the sandbox. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -3059,7 +3103,7 @@ export interface operations {
                     "application/x-ndjson": components["schemas"]["OperationFrame"];
                 };
             };
-            /** @description The new sandbox (as_new) */
+            /** @description application/x-ndjson: newline-delimited JSON, one OperationFrame object per line, each line flushed as it happens; read it line by line. The new sandbox (as_new). With Accept: application/x-ndjson, progress frames then the result; otherwise application/json: the sandbox. */
             201: {
                 headers: {
                     [name: string]: unknown;
@@ -3475,12 +3519,19 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Ready */
+            /** @description Ready: {"status":"ready"} */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
-                content?: never;
+                content: {
+                    "application/json": {
+                        /** @enum {string} */
+                        status: "ready";
+                    } & {
+                        [key: string]: string;
+                    };
+                };
             };
             /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
             "4XX": {
@@ -4112,13 +4163,13 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description text/event-stream of Events */
+            /** @description text/event-stream (Server-Sent Events): each event's data is one SessionStreamData: durable Events (id: the seq, to resume with Last-Event-ID; event: the type), session.assistant_delta events with live text, and an error event last if the stream fails. Comments (: keep-alive) every 15 s. */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/event-stream": components["schemas"]["Event"];
+                    "text/event-stream": components["schemas"]["SessionStreamData"];
                 };
             };
             /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
@@ -4678,7 +4729,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The node is draining (one DrainFrame; with wait=true a stream of them) */
+            /** @description application/x-ndjson: newline-delimited JSON, one DrainFrame object per line, each line flushed as it happens; read it line by line. With wait=true, a DrainFrame per step until done; otherwise application/json: one DrainFrame. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -4768,7 +4819,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The stream of frames */
+            /** @description application/x-ndjson: newline-delimited JSON, one OutputFrame object per line, each line flushed as it happens; read it line by line. The process's output from offset; with follow=true until it exits. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -4814,7 +4865,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The stream of changes */
+            /** @description application/x-ndjson: newline-delimited JSON, one WatchEvent object per line, each line flushed as it happens; read it line by line. The changes under path until the client goes away. */
             200: {
                 headers: {
                     [name: string]: unknown;
