@@ -171,7 +171,7 @@ func TestEnvdProcess(t *testing.T) {
 		}
 		defer s.Close()
 		c := startCollect(t, s, nil)
-		if c.pid == 0 || c.stdout != "bar baz\n/tmp\n" || c.stderr != "oops\n" || c.end == nil || c.end.ExitCode != 3 || !c.end.Exited || c.end.Status != "exit status 3" {
+		if c.pid == 0 || c.stdout != "bar baz\n/tmp\n" || c.stderr != "oops\n" || c.end == nil || c.end.ExitCode != 3 || !c.end.Exited || c.end.Status != "exit status 3" || c.end.GetError() != "exit status 3" {
 			t.Fatalf("got %+v end %+v", c, c.end)
 		}
 	})
@@ -231,6 +231,34 @@ func TestEnvdProcess(t *testing.T) {
 		rc = connectCollect(t, cs, nil)
 		if rc.end == nil || rc.end.Exited || rc.end.Status != "signal: killed" {
 			t.Fatalf("after SIGKILL: %+v end %+v", rc, rc.end)
+		}
+	})
+
+	t.Run("timeout", func(t *testing.T) {
+		// The SDK's timeoutMs travels as Connect-Timeout-Ms: the stream
+		// ends DeadlineExceeded and the command is killed then, as envd
+		// does, though nobody follows it any more.
+		tctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+		defer cancel()
+		s, err := pc.Start(tctx, connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/sleep", Args: []string{"60"}}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		var pid uint32
+		for s.Receive() {
+			if st := s.Msg().GetEvent().GetStart(); st != nil {
+				pid = st.Pid
+			}
+		}
+		if code(s.Err()) != connect.CodeDeadlineExceeded || pid == 0 {
+			t.Fatalf("pid %d, stream end %v", pid, s.Err())
+		}
+		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer wcancel()
+		st, err := f.env.Engine.Wait(wctx, "default", f.id, int(pid))
+		if err != nil || st.Signal != "SIGKILL" {
+			t.Fatalf("the timed-out command: %+v %v", st, err)
 		}
 	})
 

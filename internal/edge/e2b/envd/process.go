@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
@@ -149,6 +150,12 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[pb.Star
 		return connectErr(err)
 	}
 	s.tags.add(c.id, uint32(pid), started{config: req.Msg.GetProcess(), tag: tag})
+	if t, ok := ctx.Deadline(); ok {
+		// The client's timeout (Connect-Timeout-Ms, the SDK's timeoutMs)
+		// is the command's, as in envd: it is killed then, whether or not
+		// anyone still follows it.
+		go s.killAt(c, pid, t)
+	}
 	send := func(ev *pb.ProcessEvent) error { return st.Send(&pb.StartResponse{Event: ev}) }
 	return s.stream(ctx, req.Header(), pid, 0, nil, send)
 }
@@ -173,6 +180,21 @@ func (s *processService) Connect(ctx context.Context, req *connect.Request[pb.Co
 	}
 	send := func(ev *pb.ProcessEvent) error { return st.Send(&pb.ConnectResponse{Event: ev}) }
 	return s.stream(ctx, req.Header(), pid, next, past, send)
+}
+
+// killAt kills process pid of the call's sandbox at t unless it ended
+// before (engine.Wait returned its status).
+func (s *processService) killAt(c call, pid int, t time.Time) {
+	ctx, cancel := context.WithDeadline(context.Background(), t)
+	defer cancel()
+	if _, err := s.eng.Wait(ctx, c.tenant, c.id, pid); err == nil || ctx.Err() == nil {
+		return // it ended (or cannot be waited for: nothing to kill)
+	}
+	kctx, kcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer kcancel()
+	if err := s.eng.Signal(kctx, c.tenant, c.id, pid, syscall.SIGKILL); err != nil && !errdefs.IsNotFound(err) {
+		s.lg.Warn("envd: cannot kill a command at its timeout", "sandbox_id", c.id, "pid", pid, "err", err)
+	}
 }
 
 // stream sends a start event for pid, the frames of past, then pid's
@@ -228,20 +250,27 @@ func event(f sandbox.OutputFrame) *pb.ProcessEvent {
 	return nil
 }
 
-// endEvent is how envd reports an end: exited is false for a process a
-// signal ended, status is Go's ProcessState wording ("exit status 1",
-// "signal: killed"), exit_code -1 after a signal as Go's ExitCode gives.
+// endEvent is how envd reports an end (its Go ProcessState's words):
+// exited is false for a process a signal ended, whose exit_code is then
+// -1; status is "exit status 1" or "signal: killed"; error, set when the
+// command did not succeed, is what Go's Wait returned ("exit status 3"),
+// with the reason when the sandbox killed it (out of memory).
 func endEvent(st *sandbox.ExitStatus) *pb.ProcessEvent_EndEvent {
 	if st == nil {
-		return &pb.ProcessEvent_EndEvent{ExitCode: -1, Status: "unknown"}
+		msg := "the process ended without a status"
+		return &pb.ProcessEvent_EndEvent{ExitCode: -1, Status: "unknown", Error: &msg}
 	}
 	ev := &pb.ProcessEvent_EndEvent{ExitCode: int32(st.Code), Exited: st.Signal == "", Status: fmt.Sprintf("exit status %d", st.Code)}
 	if st.Signal != "" {
 		ev.ExitCode = -1
 		ev.Status = "signal: " + signalName(st.Signal)
 	}
-	if st.Reason != "" {
-		ev.Error = &st.Reason
+	if ev.ExitCode != 0 {
+		msg := ev.Status
+		if st.Reason != "" {
+			msg += ": " + st.Reason
+		}
+		ev.Error = &msg
 	}
 	return ev
 }
