@@ -8,6 +8,9 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -42,7 +45,17 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
+	return newFixtureOf(t, "minimal")
+}
+
+// newFixtureOf is newFixture with a sandbox of the named template (the
+// test skips when it is not installed).
+func newFixtureOf(t *testing.T, template string) *fixture {
+	t.Helper()
 	env := enginetest.New(t, engine.Options{})
+	if _, err := env.Catalog.Get(template); err != nil {
+		t.Skipf("template %s is not installed (make setup-%s)", template, template)
+	}
 	ctx := ctxT(t)
 	if _, err := env.Meta.CreateTenant(ctx, meta.Tenant{ID: "globex"}); err != nil {
 		t.Fatal(err)
@@ -55,7 +68,7 @@ func newFixture(t *testing.T) *fixture {
 			t.Fatal(err)
 		}
 	}
-	sb, err := env.Engine.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal"})
+	sb, err := env.Engine.Create(ctx, engine.CreateRequest{Tenant: "default", Template: template})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,13 +259,20 @@ func TestEnvdProcess(t *testing.T) {
 		}
 		defer s.Close()
 		var pid uint32
+		var end *pb.ProcessEvent_EndEvent
 		for s.Receive() {
 			if st := s.Msg().GetEvent().GetStart(); st != nil {
 				pid = st.Pid
 			}
+			if e := s.Msg().GetEvent().GetEnd(); e != nil {
+				end = e
+			}
 		}
-		if code(s.Err()) != connect.CodeDeadlineExceeded || pid == 0 {
-			t.Fatalf("pid %d, stream end %v", pid, s.Err())
+		// The kill and the deadline come at once: the stream ends with
+		// whichever is first, the deadline or the killed command's end.
+		killed := end != nil && !end.Exited && end.Status == "signal: killed"
+		if pid == 0 || (code(s.Err()) != connect.CodeDeadlineExceeded && !killed) {
+			t.Fatalf("pid %d, end %+v, stream end %v", pid, end, s.Err())
 		}
 		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
 		defer wcancel()
@@ -528,5 +548,42 @@ func TestEnvdTenancy(t *testing.T) {
 	_, err = f.files(keyB).Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: "/tmp"}))
 	if !errors.As(err, &ce) || strings.Contains(ce.Message(), "globex") && strings.Contains(ce.Message(), "default") {
 		t.Errorf("another tenant's error: %v", err)
+	}
+}
+
+// sdkDir is a directory holding node_modules/e2b: $AMBER_E2B_SDK, else
+// the one the project's setup installs ($AMBER_CACHE/npm/e2b-*).
+func sdkDir() string {
+	if d := os.Getenv("AMBER_E2B_SDK"); d != "" {
+		return d
+	}
+	ms, _ := filepath.Glob(filepath.Join(enginetest.Cache(), "npm", "e2b-*", "node_modules", "e2b"))
+	if len(ms) == 0 {
+		return ""
+	}
+	return filepath.Dir(filepath.Dir(ms[len(ms)-1]))
+}
+
+// TestEnvdOfficialSDK runs testdata/sdk_envd.mjs: the official e2b
+// package's commands and files against this envd and a real sandbox.
+func TestEnvdOfficialSDK(t *testing.T) {
+	dir := sdkDir()
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b", "package.json")); dir == "" || err != nil {
+		t.Skip("the e2b npm package is not installed (set AMBER_E2B_SDK to a directory holding node_modules/e2b)")
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("no node")
+	}
+	// The SDK runs commands with /bin/bash -l -c, which the minimal
+	// template has not.
+	f := newFixtureOf(t, "python")
+	cmd := exec.CommandContext(ctxT(t), node, "testdata/sdk_envd.mjs", dir)
+	cmd.Env = append(os.Environ(), "E2B_SANDBOX_URL="+f.url, "SANDBOX_ID="+f.id, "ACCESS_TOKEN="+keyA,
+		"ENVD_VERSION="+envd.Version, "E2B_API_KEY=e2b_0000000000000000000000000000000000000000")
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil || !strings.Contains(string(out), "ALL OK") {
+		t.Fatalf("the SDK script failed: %v", err)
 	}
 }

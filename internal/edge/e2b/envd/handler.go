@@ -24,6 +24,12 @@ import (
 // is Port-<id>.<domain>.
 const Port = 49983
 
+// Version is the envd version to report for Amber's sandboxes (the
+// control plane's envdVersion): the SDK turns features on by it, and
+// this envd has those of 0.5.7 (stdin off by default, closeStdin,
+// octet-stream uploads); not file metadata (0.6.2).
+const Version = "0.5.7"
+
 // Authorizer decides who may call envd of a sandbox: it returns the
 // tenant on whose behalf request r may use sandbox id, or an error of
 // errdefs' kinds (ErrUnauthenticated without a valid credential). It need
