@@ -20,7 +20,6 @@ import (
 	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/cluster"
-	"github.com/amber-run/amber/internal/edge/e2b/envd"
 	"github.com/amber-run/amber/internal/edge/server"
 	"github.com/amber-run/amber/internal/egress"
 	"github.com/amber-run/amber/internal/egress/gateway"
@@ -515,9 +514,8 @@ func (d *upDaemon) serve(ctx context.Context) error {
 		sopts.Router = d.node
 	}
 	sopts.Hop = d.hop
-	// E2B's in-sandbox API, for the e2b SDK: an Amber key with write
-	// scope as the sandbox's access token (X-Access-Token).
-	sopts.Envd = envd.Handler(envd.Options{Engine: d.eng, Auth: envd.KeyAuthorizer(d.m, nil), Logger: lg.With("component", "envd")})
+	// E2B's in-sandbox API, for the e2b SDK (server/envd.go).
+	sopts.Envd = true
 	o.edge.apply(&sopts)
 	api := server.New(sopts)
 	srv := &http.Server{

@@ -15,14 +15,12 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/core/metadata"
-	"github.com/amber-run/amber/internal/edge/e2b/envd"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/obs/metrics"
 	"github.com/amber-run/amber/internal/obs/tracing"
@@ -77,12 +75,12 @@ type Options struct {
 	// Router, when set, forwards calls into a sandbox to the node that
 	// runs it (nodes.go); nil: one node, every call answered here.
 	Router Router
-	// Envd, when set, serves E2B's in-sandbox API (envd.Handler): the
-	// requests for port envd.Port of a sandbox's origin
-	// (49983-<id>.<PortDomain>, the SDK's host with E2B_DOMAIN set to
-	// PortDomain) and those outside /v1/ that name a sandbox in the SDK's
-	// E2b-Sandbox-Id header (E2B_SANDBOX_URL set to the daemon's URL).
-	Envd http.Handler
+	// Envd serves E2B's in-sandbox API (envd.go): the requests for port
+	// envd.Port of a sandbox's origin (49983-<id>.<PortDomain>, the
+	// SDK's host with E2B_DOMAIN set to PortDomain) and those outside /v1/
+	// that name a sandbox in the SDK's E2b-Sandbox-Id header
+	// (E2B_SANDBOX_URL set to the daemon's URL).
+	Envd bool
 }
 
 // Store is what the server needs of the metadata store: the keys its
@@ -254,14 +252,6 @@ func (s *Server) routes() []Route {
 	}
 }
 
-// isEnvd reports whether r is for E2B's envd (see Options.Envd).
-func (s *Server) isEnvd(r *http.Request) bool {
-	if id, port, ok := parsePortHost(r.Host, s.portDomain); ok && id != "" {
-		return port == envd.Port
-	}
-	return r.Header.Get("E2b-Sandbox-Id") != "" && !strings.HasPrefix(r.URL.Path, "/v1/")
-}
-
 // New returns a Server.
 func New(o Options) *Server {
 	if o.Logger == nil {
@@ -278,7 +268,9 @@ func New(o Options) *Server {
 		sessions: o.Sessions, router: o.Router, hop: o.Hop}
 	s.streams, s.stopStreams = context.WithCancel(context.Background())
 	s.portDomain = portDomainOrDefault(o.PortDomain)
-	s.envd = o.Envd
+	if o.Envd {
+		s.envd = s.envdHandler()
+	}
 	for _, rt := range s.routes() {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}

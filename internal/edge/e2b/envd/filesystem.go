@@ -235,6 +235,11 @@ func (s *service) watch(ctx context.Context, p string, recursive, withEntry bool
 // WatchDir streams the changes under a directory: a start event once the
 // watch is in place, then each change, with keepalives when quiet.
 func (s *filesystemService) WatchDir(ctx context.Context, req *connect.Request[pb.WatchDirRequest], st *connect.ServerStream[pb.WatchDirResponse]) error {
+	ctx, end, err := s.beginStream(ctx)
+	if err != nil {
+		return err
+	}
+	defer end()
 	out := newSender(st.Send)
 	defer out.stop()
 	// The start event goes once the watch is in place, or before the
@@ -259,15 +264,12 @@ func (s *filesystemService) WatchDir(ctx context.Context, req *connect.Request[p
 		}
 	}()
 	m := req.Msg
-	err := s.watch(ctx, m.GetPath(), m.GetRecursive(), m.GetIncludeEntry(), ready, func(ev *pb.FilesystemEvent) error {
+	err = s.watch(ctx, m.GetPath(), m.GetRecursive(), m.GetIncludeEntry(), ready, func(ev *pb.FilesystemEvent) error {
 		start()
 		if startErr != nil {
 			return startErr
 		}
 		return out.send(&pb.WatchDirResponse{Event: &pb.WatchDirResponse_Filesystem{Filesystem: ev}})
 	})
-	if err != nil && ctx.Err() != nil {
-		return nil // the client went away: the end of a watch
-	}
-	return connectErr(err)
+	return streamEnd(ctx, err) // the client going away is the end of a watch
 }

@@ -39,6 +39,18 @@ type Authorizer interface {
 	Authorize(r *http.Request, sandboxID string) (tenant string, err error)
 }
 
+// StreamBeginner is implemented by an Authorizer that also bounds
+// long-lived streams (Start, Connect, WatchDir, a watcher): BeginStream
+// admits one more of the caller's (r, as authorized for tenant) and
+// returns the context it runs in — ended, with a cause of kind
+// ErrUnauthenticated, when the caller's credential stops being usable —
+// and the func that ends it; an error (ResourceExhausted at a cap)
+// refuses the stream. The daemon's server implements it with its own
+// streams' cap and key checks.
+type StreamBeginner interface {
+	BeginStream(ctx context.Context, r *http.Request, tenant string) (context.Context, func(), error)
+}
+
 // AuthorizerFunc is a func as an Authorizer.
 type AuthorizerFunc func(r *http.Request, sandboxID string) (string, error)
 
@@ -147,6 +159,7 @@ type callKey struct{}
 // tenant it runs as.
 type call struct {
 	tenant, id string
+	r          *http.Request
 }
 
 func callOf(ctx context.Context) call {
@@ -166,7 +179,7 @@ func Handler(o Options) http.Handler {
 	if o.MaxUploadBytes <= 0 {
 		o.MaxUploadBytes = 1 << 30
 	}
-	s := &service{eng: o.Engine, lg: o.Logger, maxUpload: o.MaxUploadBytes, tags: newTags(), watchers: newWatchers()}
+	s := &service{eng: o.Engine, auth: o.Auth, lg: o.Logger, maxUpload: o.MaxUploadBytes, tags: newTags(), watchers: newWatchers()}
 	mux := http.NewServeMux()
 	mux.Handle(processconnect.NewProcessHandler(&processService{s}))
 	mux.Handle(filesystemconnect.NewFilesystemHandler(&filesystemService{s}))
@@ -206,16 +219,49 @@ func authorize(r *http.Request, o Options) (call, error) {
 	if _, err := o.Engine.Get(r.Context(), tenant, id); err != nil {
 		return call{}, err
 	}
-	return call{tenant: tenant, id: id}, nil
+	return call{tenant: tenant, id: id, r: r}, nil
 }
 
 // service is what the two connect services and the HTTP routes share.
 type service struct {
 	eng       *engine.Engine
+	auth      Authorizer
 	lg        *slog.Logger
 	maxUpload int64
 	tags      *tags
 	watchers  *watchers
+}
+
+// beginStream admits a long-lived stream of the call in ctx (see
+// StreamBeginner); without a StreamBeginner it is ctx, unbounded.
+func (s *service) beginStream(ctx context.Context) (context.Context, func(), error) {
+	sb, ok := s.auth.(StreamBeginner)
+	c := callOf(ctx)
+	if !ok || c.r == nil {
+		return ctx, func() {}, nil
+	}
+	sctx, end, err := sb.BeginStream(ctx, c.r, c.tenant)
+	if err != nil {
+		return nil, nil, connectErr(err)
+	}
+	return sctx, end, nil
+}
+
+// streamEnd is what a stream whose work returned err answers: nothing
+// when its context ended because the client went away or its deadline
+// came (the end of a stream, not a failure), the cause when its
+// credential stopped being usable, else err as a connect error.
+func streamEnd(ctx context.Context, err error) error {
+	if err == nil || ctx.Err() == nil {
+		return connectErr(err)
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, errdefs.ErrUnauthenticated) {
+		return connectErr(cause)
+	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
+	}
+	return nil
 }
 
 var codes = []struct {

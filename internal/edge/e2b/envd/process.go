@@ -202,6 +202,11 @@ func (s *processService) killAt(c call, pid int, t time.Time) {
 // keepalive event whenever the stream was quiet for the client's interval.
 func (s *processService) stream(ctx context.Context, h http.Header, pid int, offset int64, past []sandbox.OutputFrame, send func(*pb.ProcessEvent) error) error {
 	c := callOf(ctx)
+	ctx, end, err := s.beginStream(ctx)
+	if err != nil {
+		return err
+	}
+	defer end()
 	out := newSender(send)
 	defer out.stop()
 	if err := out.send(&pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: uint32(pid)}}}); err != nil {
@@ -229,11 +234,8 @@ func (s *processService) stream(ctx context.Context, h http.Header, pid int, off
 	if ended {
 		return nil
 	}
-	err := s.eng.ProcessOutput(ctx, c.tenant, c.id, pid, offset, true, fn)
-	if err != nil && ctx.Err() != nil {
-		return nil // the client went away; the process runs on
-	}
-	return connectErr(err)
+	// The client going away ends the stream, never the process.
+	return streamEnd(ctx, s.eng.ProcessOutput(ctx, c.tenant, c.id, pid, offset, true, fn))
 }
 
 // event is an output frame as an E2B process event (nil: none: a rewound

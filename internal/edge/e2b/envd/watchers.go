@@ -80,8 +80,13 @@ func (s *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 	_, _ = rand.Read(b)
 	wid := hex.EncodeToString(b)
 	// The watch outlives this call: its context is the watcher's, with
-	// the call's values (tenant and sandbox).
-	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	// the call's values (tenant and sandbox), one of the caller's streams.
+	sctx, endStream, err := s.beginStream(context.WithoutCancel(ctx))
+	if err != nil {
+		return nil, err
+	}
+	wctx, cancelWatch := context.WithCancel(sctx)
+	cancel := func() { cancelWatch(); endStream() }
 	w := &watcher{tenant: c.tenant, id: c.id, asked: time.Now(), cancel: cancel}
 	ready := make(chan struct{})
 	done := make(chan error, 1)
@@ -110,27 +115,38 @@ func (s *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 	s.watchers.mu.Lock()
 	s.watchers.byID[wid] = w
 	s.watchers.mu.Unlock()
-	go func() {
-		t := time.NewTicker(time.Minute)
-		defer t.Stop()
-		for {
-			select {
-			case err := <-done:
-				w.mu.Lock()
-				w.err = err
-				w.mu.Unlock()
-				return
-			case <-t.C:
-				w.mu.Lock()
-				idle := time.Since(w.asked) > watcherIdle
-				w.mu.Unlock()
-				if idle {
-					s.watchers.remove(wid)
-				}
-			}
-		}
-	}()
+	go w.keep(s.watchers, wid, done, cancel)
 	return connect.NewResponse(&pb.CreateWatcherResponse{WatcherId: wid}), nil
+}
+
+// keep records how the watch ended (done), freeing its stream, and
+// removes the watcher once nobody asked for its events in watcherIdle; it
+// returns when both happened.
+func (w *watcher) keep(ws *watchers, wid string, done <-chan error, cancel func()) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	removed := false
+	for done != nil || !removed {
+		select {
+		case err := <-done:
+			w.mu.Lock()
+			w.err = err
+			w.mu.Unlock()
+			cancel()
+			done = nil
+		case <-t.C:
+			w.mu.Lock()
+			idle := time.Since(w.asked) > watcherIdle
+			w.mu.Unlock()
+			ws.mu.Lock()
+			_, there := ws.byID[wid]
+			ws.mu.Unlock()
+			if idle && there {
+				ws.remove(wid)
+			}
+			removed = idle || !there
+		}
+	}
 }
 
 func (s *filesystemService) GetWatcherEvents(ctx context.Context, req *connect.Request[pb.GetWatcherEventsRequest]) (*connect.Response[pb.GetWatcherEventsResponse], error) {
