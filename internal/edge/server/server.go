@@ -306,8 +306,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if s.envd != nil && s.isEnvd(r) { // E2B's in-sandbox API (Options.Envd)
-		s.envd.ServeHTTP(w, r)
+	if s.envd != nil && s.isEnvd(r) { // E2B's in-sandbox API (envd.go)
+		s.serveEnvd(w, r)
 		return
 	}
 	if s.servePortHost(w, r) { // an exposed port's origin: never the API (ports.go)
