@@ -439,6 +439,28 @@ func TestEnvdFiles(t *testing.T) {
 		}
 	}
 
+	t.Run("upload limit", func(t *testing.T) {
+		small := httptest.NewServer(envd.Handler(envd.Options{Engine: f.env.Engine, Auth: envd.KeyAuthorizer(f.env.Meta, nil), MaxUploadBytes: 16}))
+		defer small.Close()
+		for name, length := range map[string]bool{"declared": true, "streamed": false} {
+			var body io.Reader = strings.NewReader(strings.Repeat("x", 100))
+			if !length {
+				body = io.MultiReader(body) // no length known up front
+			}
+			req, _ := http.NewRequest("POST", small.URL+"/files?path=/tmp/e2b/big.bin", body)
+			req.Header.Set("Content-Type", "application/octet-stream")
+			resp, err := f.httpClient(keyA).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(b), "max_upload_bytes") {
+				t.Errorf("%s: a 100-byte upload over a limit of 16: %d %s", name, resp.StatusCode, b)
+			}
+		}
+	})
+
 	t.Run("watch", func(t *testing.T) {
 		wctx, cancel := context.WithCancel(ctx)
 		defer cancel()
