@@ -116,6 +116,25 @@ func TestEnvdStreamsAreTenantStreams(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeResourceExhausted {
 		t.Fatalf("a second stream over the cap of 1: %v", err)
 	}
+	// A Start over the cap is refused before it starts anything.
+	s2, err := pc.Start(ctx, connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/sleep", Args: []string{"61"}}}))
+	if err == nil {
+		s2.Receive()
+		err = s2.Err()
+		s2.Close()
+	}
+	if connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("a second Start over the cap of 1: %v", err)
+	}
+	ps, err := env.Engine.Processes(ctx, "default", sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		if len(p.Args) > 1 && p.Args[1] == "61" {
+			t.Fatalf("the refused Start started %v", p)
+		}
+	}
 	if _, err := env.Meta.RevokeKey(ctx, "default", "e2b"); err != nil {
 		t.Fatal(err)
 	}

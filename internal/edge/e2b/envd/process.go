@@ -139,6 +139,13 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[pb.Star
 		return connectErr(err)
 	}
 	sp.OpenStdin = req.Msg.GetStdin()
+	// The stream is admitted before the command starts: a refused one
+	// starts nothing.
+	ctx, end, err := s.beginStream(ctx)
+	if err != nil {
+		return err
+	}
+	defer end()
 	tag := req.Msg.GetTag()
 	if tag != "" {
 		if _, err := s.tags.pid(c.id, &pb.ProcessSelector{Selector: &pb.ProcessSelector_Tag{Tag: tag}}); err == nil {
@@ -166,6 +173,11 @@ func (s *processService) Connect(ctx context.Context, req *connect.Request[pb.Co
 	if err != nil {
 		return connectErr(err)
 	}
+	ctx, end, err := s.beginStream(ctx)
+	if err != nil {
+		return err
+	}
+	defer end()
 	// What the process wrote so far, read first: an unknown pid is
 	// NotFound before the stream's start event.
 	var past []sandbox.OutputFrame
@@ -199,14 +211,10 @@ func (s *processService) killAt(c call, pid int, t time.Time) {
 
 // stream sends a start event for pid, the frames of past, then pid's
 // output from offset on as data events until its end event, with a
-// keepalive event whenever the stream was quiet for the client's interval.
+// keepalive event whenever the stream was quiet for the client's
+// interval. ctx is the stream's (beginStream).
 func (s *processService) stream(ctx context.Context, h http.Header, pid int, offset int64, past []sandbox.OutputFrame, send func(*pb.ProcessEvent) error) error {
 	c := callOf(ctx)
-	ctx, end, err := s.beginStream(ctx)
-	if err != nil {
-		return err
-	}
-	defer end()
 	out := newSender(send)
 	defer out.stop()
 	if err := out.send(&pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: uint32(pid)}}}); err != nil {
