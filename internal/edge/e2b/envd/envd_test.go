@@ -3,6 +3,8 @@ package envd_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io"
 	"mime/multipart"
@@ -574,25 +576,33 @@ func TestEnvdTenancy(t *testing.T) {
 }
 
 // sdkDir is a directory holding node_modules/e2b: $AMBER_E2B_SDK, else
-// the one the project's setup installs ($AMBER_CACHE/npm/e2b-*).
-func sdkDir() string {
-	if d := os.Getenv("AMBER_E2B_SDK"); d != "" {
-		return d
+// the one `make setup-e2b-deps` installs for testdata/e2bsdk's lockfile
+// ($AMBER_CACHE/npm/e2b-<key>). Without one the test is skipped, or fails
+// under CI (which runs the setup first).
+func sdkDir(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("AMBER_E2B_SDK")
+	if dir == "" {
+		lock, err := os.ReadFile("testdata/e2bsdk/package-lock.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(lock)
+		dir = filepath.Join(enginetest.Cache(), "npm", "e2b-"+hex.EncodeToString(sum[:])[:16])
 	}
-	ms, _ := filepath.Glob(filepath.Join(enginetest.Cache(), "npm", "e2b-*", "node_modules", "e2b"))
-	if len(ms) == 0 {
-		return ""
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b", "dist", "index.js")); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("the e2b npm package is not in %s (CI runs `make setup-test` first; it did not work)", dir)
+		}
+		t.Skipf("the e2b npm package is not in %s: run `make setup-e2b-deps` (or set AMBER_E2B_SDK to a directory holding node_modules/e2b)", dir)
 	}
-	return filepath.Dir(filepath.Dir(ms[len(ms)-1]))
+	return dir
 }
 
 // TestEnvdOfficialSDK runs testdata/sdk_envd.mjs: the official e2b
 // package's commands and files against this envd and a real sandbox.
 func TestEnvdOfficialSDK(t *testing.T) {
-	dir := sdkDir()
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b", "package.json")); dir == "" || err != nil {
-		t.Skip("the e2b npm package is not installed (set AMBER_E2B_SDK to a directory holding node_modules/e2b)")
-	}
+	dir := sdkDir(t)
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Skip("no node")
