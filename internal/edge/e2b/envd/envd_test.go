@@ -52,7 +52,7 @@ func newFixture(t *testing.T) *fixture {
 
 // newFixtureOf is newFixture with a sandbox of the named template (the
 // test skips when it is not installed).
-func newFixtureOf(t *testing.T, template string) *fixture {
+func newFixtureOf(t testing.TB, template string) *fixture {
 	t.Helper()
 	env := enginetest.New(t, engine.Options{})
 	if _, err := env.Catalog.Get(template); err != nil {
@@ -79,7 +79,7 @@ func newFixtureOf(t *testing.T, template string) *fixture {
 	return &fixture{url: ts.URL, id: sb.ID, env: env}
 }
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
@@ -617,5 +617,30 @@ func TestEnvdOfficialSDK(t *testing.T) {
 	t.Logf("%s", out)
 	if err != nil || !strings.Contains(string(out), "ALL OK") {
 		t.Fatalf("the SDK script failed: %v", err)
+	}
+}
+
+// BenchmarkEnvdRun: one E2B command, /bin/true, from Start to its end
+// event, over the connect protocol with JSON as the SDK speaks it.
+func BenchmarkEnvdRun(b *testing.B) {
+	f := newFixtureOf(b, "minimal")
+	pc := f.proc(keyA)
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		s, err := pc.Start(ctx, connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/true"}}))
+		if err != nil {
+			b.Fatal(err)
+		}
+		ended := false
+		for s.Receive() {
+			if s.Msg().GetEvent().GetEnd() != nil {
+				ended = true
+			}
+		}
+		s.Close()
+		if !ended {
+			b.Fatalf("no end event: %v", s.Err())
+		}
 	}
 }
