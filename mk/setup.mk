@@ -26,12 +26,12 @@ SETUP_SCRIPTS := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../scripts/setup)
 _setup_mk_default_goal := $(.DEFAULT_GOAL)
 
 .PHONY: setup setup-test setup-runsc setup-criu setup-sysctl setup-minimal \
-	setup-python-template setup-postgres setup-minio setup-build-deps setup-test-deps setup-bench-deps setup-tssdk-deps setup-mcp-deps setup-openapi-lint-deps setup-e2b-deps \
+	setup-python-template setup-postgres setup-minio setup-build-deps setup-test-deps setup-bench-deps setup-tssdk-deps setup-mcp-deps setup-openapi-lint-deps \
 	setup-browser-deps setup-extended setup-chromium-template setup-postgres-template setup-kubeconform
 
 setup: setup-build-deps setup-runsc setup-criu setup-sysctl setup-minimal setup-python-template
 
-setup-test: setup setup-postgres setup-minio setup-test-deps setup-tssdk-deps setup-mcp-deps setup-openapi-lint-deps setup-e2b-deps setup-browser-deps setup-kubeconform
+setup-test: setup setup-postgres setup-minio setup-test-deps setup-tssdk-deps setup-mcp-deps setup-openapi-lint-deps setup-browser-deps setup-kubeconform
 
 setup-kubeconform:
 	$(SETUP_SCRIPTS)/kubeconform.sh
@@ -52,11 +52,6 @@ setup-tssdk-deps:
 setup-mcp-deps:
 	$(SETUP_SCRIPTS)/npm-deps.sh mcp cmd/amber/testdata/mcpclients \
 	  @modelcontextprotocol/sdk/package.json @modelcontextprotocol/inspector/package.json
-
-# npm ci of the official e2b SDK into $(AMBER_CACHE)/npm (internal/edge/e2b/envd
-# TestEnvdOfficialSDK, TestProtosMatchTheSDK).
-setup-e2b-deps:
-	$(SETUP_SCRIPTS)/npm-deps.sh e2b internal/edge/e2b/envd/testdata/e2bsdk e2b/package.json e2b/dist/index.js
 
 # npm ci of Redocly's CLI into $(AMBER_CACHE)/npm (api TestOpenAPILint).
 setup-openapi-lint-deps:

@@ -9,9 +9,6 @@
 #         TestE2EMCPClients drives against a daemon
 #   openapi-lint  api/lint: Redocly's CLI (@redocly/cli), which api's
 #         TestOpenAPILint runs on api/openapi.json
-#   e2b   internal/edge/e2b/envd/testdata/e2bsdk: the official e2b SDK,
-#         which internal/edge/e2b/envd's TestEnvdOfficialSDK drives against
-#         envd and TestProtosMatchTheSDK reads the protos' descriptors of
 #
 # Output: $AMBER_CACHE/npm/NAME-<key>/node_modules, <key> being the first
 #         16 hex digits of the sha256 of the lockfile: a new lockfile gets a
