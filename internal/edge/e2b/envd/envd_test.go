@@ -223,6 +223,16 @@ func TestEnvdProcess(t *testing.T) {
 			t.Fatalf("pid %d (tag %s) not listed as started: %+v", c.pid, tag, l.Msg.Processes)
 		}
 
+		// A tag names one live command.
+		dup, err := pc.Start(ctx, connect.NewRequest(&pb.StartRequest{Tag: &tag, Process: &pb.ProcessConfig{Cmd: "/bin/true"}}))
+		if err == nil {
+			dup.Receive()
+			err = dup.Err()
+			dup.Close()
+		}
+		if code(err) != connect.CodeAlreadyExists {
+			t.Errorf("a second command tagged %s: %v", tag, err)
+		}
 		sel := &pb.ProcessSelector{Selector: &pb.ProcessSelector_Tag{Tag: tag}}
 		if _, err := pc.SendInput(ctx, connect.NewRequest(&pb.SendInputRequest{Process: sel,
 			Input: &pb.ProcessInput{Input: &pb.ProcessInput_Stdin{Stdin: []byte("ping\n")}}})); err != nil {
@@ -245,6 +255,20 @@ func TestEnvdProcess(t *testing.T) {
 		if rc.end == nil || rc.end.Exited || rc.end.Status != "signal: killed" {
 			t.Fatalf("after SIGKILL: %+v end %+v", rc, rc.end)
 		}
+		// Its end freed the tag: it names nothing, and a new command may
+		// take it.
+		if _, err := pc.SendInput(ctx, connect.NewRequest(&pb.SendInputRequest{Process: sel,
+			Input: &pb.ProcessInput{Input: &pb.ProcessInput_Stdin{Stdin: []byte("x")}}})); code(err) != connect.CodeNotFound {
+			t.Errorf("input by the tag of an ended command: %v", err)
+		}
+		again, err := pc.Start(ctx, connect.NewRequest(&pb.StartRequest{Tag: &tag, Process: &pb.ProcessConfig{Cmd: "/bin/true"}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := startCollect(t, again, nil); c.end == nil || c.end.ExitCode != 0 {
+			t.Errorf("a new command with the freed tag: %+v", c)
+		}
+		again.Close()
 	})
 
 	t.Run("timeout", func(t *testing.T) {
