@@ -18,12 +18,13 @@ import (
 // sandbox (the SDK names the sandbox in a header, so the forwarded
 // request needs no Host of its own).
 
-// isEnvd reports whether r is for E2B's envd.
+// isEnvd reports whether r is for E2B's envd: on envd's origin, or one
+// of envd's own paths naming a sandbox in the SDK's header.
 func (s *Server) isEnvd(r *http.Request) bool {
 	if id, port, ok := parsePortHost(r.Host, s.portDomain); ok && id != "" {
 		return port == envd.Port
 	}
-	return r.Header.Get("E2b-Sandbox-Id") != "" && !strings.HasPrefix(r.URL.Path, "/v1/")
+	return r.Header.Get("E2b-Sandbox-Id") != "" && envd.IsPath(r.URL.Path)
 }
 
 // serveEnvd serves r with envd here, or forwards it to the node that

@@ -67,6 +67,11 @@ func TestEnvdMounted(t *testing.T) {
 	if got := get("127.0.0.1", "/v1/sandboxes", map[string]string{"Authorization": "Bearer " + testKey, "E2b-Sandbox-Id": sb.ID}); got != 200 {
 		t.Errorf("the API with an E2b-Sandbox-Id header: %d", got)
 	}
+	// A path that is not envd's is the server's, header or not (its
+	// unknown route: 404; envd would say 401 without a token).
+	if got := get("127.0.0.1", "/e2b/sandboxes", map[string]string{"E2b-Sandbox-Id": sb.ID}); got != 404 {
+		t.Errorf("a path not envd's with an E2b-Sandbox-Id header: %d", got)
+	}
 }
 
 // envdHeaders sends what the SDK sends: the sandbox and its token.

@@ -77,9 +77,9 @@ type Options struct {
 	Router Router
 	// Envd serves E2B's in-sandbox API (envd.go): the requests for port
 	// envd.Port of a sandbox's origin (49983-<id>.<PortDomain>, the
-	// SDK's host with E2B_DOMAIN set to PortDomain) and those outside /v1/
-	// that name a sandbox in the SDK's E2b-Sandbox-Id header
-	// (E2B_SANDBOX_URL set to the daemon's URL).
+	// SDK's host with E2B_DOMAIN set to PortDomain) and those for envd's
+	// paths (envd.IsPath) that name a sandbox in the SDK's E2b-Sandbox-Id
+	// header (E2B_SANDBOX_URL set to the daemon's URL).
 	Envd bool
 }
 

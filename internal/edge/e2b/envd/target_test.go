@@ -66,3 +66,14 @@ func FuzzTarget(f *testing.F) {
 		}
 	})
 }
+
+func TestIsPath(t *testing.T) {
+	for p, want := range map[string]bool{
+		"/files": true, "/health": true, "/process.Process/Start": true, "/filesystem.Filesystem/Stat": true,
+		"/": false, "/v1/sandboxes": false, "/e2b/sandboxes": false, "/files/x": false, "/process.Process": false, "/healthz": false,
+	} {
+		if IsPath(p) != want {
+			t.Errorf("IsPath(%q) = %v", p, !want)
+		}
+	}
+}
