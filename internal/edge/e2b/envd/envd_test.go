@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"mime/multipart"
 	"net/http"
@@ -186,6 +187,36 @@ func TestEnvdProcess(t *testing.T) {
 		c := startCollect(t, s, nil)
 		if c.pid == 0 || c.stdout != "bar baz\n/tmp\n" || c.stderr != "oops\n" || c.end == nil || c.end.ExitCode != 3 || !c.end.Exited || c.end.Status != "exit status 3" || c.end.GetError() != "exit status 3" {
 			t.Fatalf("got %+v end %+v", c, c.end)
+		}
+	})
+
+	t.Run("big output", func(t *testing.T) {
+		// 16 times the sandbox's output ring, faster than the stream
+		// reads it: every byte arrives (the command waits for the
+		// stream), as from envd.
+		const n = 16 << 20
+		s, err := pc.Start(ctx, connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{
+			Cmd: "/bin/sh", Args: []string{"-c", fmt.Sprintf("head -c %d /dev/zero | tr '\\0' a", n)}}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		got, other := 0, 0
+		var end *pb.ProcessEvent_EndEvent
+		for s.Receive() {
+			for _, b := range s.Msg().GetEvent().GetData().GetStdout() {
+				if b == 'a' {
+					got++
+				} else {
+					other++
+				}
+			}
+			if e := s.Msg().GetEvent().GetEnd(); e != nil {
+				end = e
+			}
+		}
+		if got != n || other != 0 || end == nil || end.ExitCode != 0 {
+			t.Fatalf("%d of %d bytes (%d others), end %+v, stream %v", got, n, other, end, s.Err())
 		}
 	})
 

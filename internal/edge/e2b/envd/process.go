@@ -182,6 +182,9 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[pb.Star
 		return connectErr(err)
 	}
 	sp.OpenStdin = req.Msg.GetStdin()
+	// Every byte reaches the stream (envd's Start loses none): the
+	// command waits behind a slow client rather than outrun it.
+	sp.Hold = true
 	// The stream is admitted before the command starts: a refused one
 	// starts nothing.
 	ctx, end, err := s.beginStream(ctx)
