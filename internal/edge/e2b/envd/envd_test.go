@@ -698,3 +698,58 @@ func BenchmarkEnvdRun(b *testing.B) {
 		}
 	}
 }
+
+// TestEnvdAfterDaemonRestart: a background command started through envd
+// outlives the daemon: after a restart (a new engine and envd over the
+// same state) it is listed, Connect replays its whole output and follows
+// it, and it takes input. (Its tag was the old daemon's memory.)
+func TestEnvdAfterDaemonRestart(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxT(t)
+	pc := f.proc(keyA)
+	stdin := true
+	sctx, cancel := context.WithCancel(ctx)
+	s, err := pc.Start(sctx, connect.NewRequest(&pb.StartRequest{Stdin: &stdin, Process: &pb.ProcessConfig{
+		Cmd: "/bin/sh", Args: []string{"-c", `echo before; while read l; do echo "after $l"; done`}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startCollect(t, s, func(c collected) bool { return c.stdout == "before\n" })
+	cancel()
+	s.Close()
+
+	f.env.Restart(t)
+	ts := httptest.NewServer(envd.Handler(envd.Options{Engine: f.env.Engine, Auth: envd.KeyAuthorizer(f.env.Meta, nil), Logger: enginetest.Logger(t)}))
+	t.Cleanup(ts.Close)
+	f.url = ts.URL
+	pc = f.proc(keyA)
+
+	l, err := pc.List(ctx, connect.NewRequest(&pb.ListRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := false
+	for _, p := range l.Msg.Processes {
+		listed = listed || p.Pid == c.pid && p.GetConfig().GetCmd() == "/bin/sh"
+	}
+	if !listed {
+		t.Fatalf("pid %d not listed after the restart: %v", c.pid, l.Msg.Processes)
+	}
+	sel := &pb.ProcessSelector{Selector: &pb.ProcessSelector_Pid{Pid: c.pid}}
+	cs, err := pc.Connect(ctx, connect.NewRequest(&pb.ConnectRequest{Process: sel}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	if _, err := pc.SendInput(ctx, connect.NewRequest(&pb.SendInputRequest{Process: sel,
+		Input: &pb.ProcessInput{Input: &pb.ProcessInput_Stdin{Stdin: []byte("restart\n")}}})); err != nil {
+		t.Fatal(err)
+	}
+	rc := connectCollect(t, cs, func(c collected) bool { return strings.Contains(c.stdout, "after restart\n") })
+	if rc.pid != c.pid || rc.stdout != "before\nafter restart\n" {
+		t.Fatalf("connect after the restart: %+v", rc)
+	}
+	if _, err := pc.SendSignal(ctx, connect.NewRequest(&pb.SendSignalRequest{Process: sel, Signal: pb.Signal_SIGNAL_SIGKILL})); err != nil {
+		t.Fatal(err)
+	}
+}
