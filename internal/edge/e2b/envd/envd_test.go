@@ -753,3 +753,46 @@ func TestEnvdAfterDaemonRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestEnvdAcrossPauseResume: E2B's pause is a checkpoint that stops the
+// sandbox and its resume a restore: a command started through envd is
+// the same process after them, re-attached with its whole output, taking
+// input.
+func TestEnvdAcrossPauseResume(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxT(t)
+	pc := f.proc(keyA)
+	stdin := true
+	tag := "kept"
+	sctx, cancel := context.WithCancel(ctx)
+	s, err := pc.Start(sctx, connect.NewRequest(&pb.StartRequest{Tag: &tag, Stdin: &stdin, Process: &pb.ProcessConfig{
+		Cmd: "/bin/sh", Args: []string{"-c", `echo before; while read l; do echo "after $l"; done`}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startCollect(t, s, func(c collected) bool { return c.stdout == "before\n" })
+	cancel()
+	s.Close()
+
+	ck, err := f.env.Engine.Checkpoint(ctx, engine.CheckpointRequest{Tenant: "default", Sandbox: f.id, Stop: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.env.Engine.Restore(ctx, engine.RestoreRequest{Tenant: "default", Checkpoint: ck.ID}); err != nil {
+		t.Fatal(err)
+	}
+	sel := &pb.ProcessSelector{Selector: &pb.ProcessSelector_Tag{Tag: tag}}
+	cs, err := pc.Connect(ctx, connect.NewRequest(&pb.ConnectRequest{Process: sel}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	if _, err := pc.SendInput(ctx, connect.NewRequest(&pb.SendInputRequest{Process: sel,
+		Input: &pb.ProcessInput{Input: &pb.ProcessInput_Stdin{Stdin: []byte("resume\n")}}})); err != nil {
+		t.Fatal(err)
+	}
+	rc := connectCollect(t, cs, func(c collected) bool { return strings.Contains(c.stdout, "after resume\n") })
+	if rc.pid != c.pid || rc.stdout != "before\nafter resume\n" {
+		t.Fatalf("connect after pause and resume: %+v", rc)
+	}
+}
