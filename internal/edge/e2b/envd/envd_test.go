@@ -299,6 +299,40 @@ func TestEnvdProcess(t *testing.T) {
 		again.Close()
 	})
 
+	t.Run("stream input, close stdin", func(t *testing.T) {
+		stdin := true
+		s, err := pc.Start(ctx, connect.NewRequest(&pb.StartRequest{Stdin: &stdin, Process: &pb.ProcessConfig{Cmd: "/bin/cat"}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if !s.Receive() || s.Msg().GetEvent().GetStart() == nil {
+			t.Fatalf("no start event: %v", s.Err())
+		}
+		sel := &pb.ProcessSelector{Selector: &pb.ProcessSelector_Pid{Pid: s.Msg().GetEvent().GetStart().GetPid()}}
+		in := pc.StreamInput(ctx)
+		for _, m := range []*pb.StreamInputRequest{
+			{Event: &pb.StreamInputRequest_Start{Start: &pb.StreamInputRequest_StartEvent{Process: sel}}},
+			{Event: &pb.StreamInputRequest_Data{Data: &pb.StreamInputRequest_DataEvent{Input: &pb.ProcessInput{Input: &pb.ProcessInput_Stdin{Stdin: []byte("one\n")}}}}},
+			{Event: &pb.StreamInputRequest_Keepalive{Keepalive: &pb.StreamInputRequest_KeepAlive{}}},
+			{Event: &pb.StreamInputRequest_Data{Data: &pb.StreamInputRequest_DataEvent{Input: &pb.ProcessInput{Input: &pb.ProcessInput_Stdin{Stdin: []byte("two\n")}}}}},
+		} {
+			if err := in.Send(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := in.CloseAndReceive(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pc.CloseStdin(ctx, connect.NewRequest(&pb.CloseStdinRequest{Process: sel})); err != nil {
+			t.Fatal(err)
+		}
+		c := startCollect(t, s, nil)
+		if c.stdout != "one\ntwo\n" || c.end == nil || c.end.ExitCode != 0 {
+			t.Fatalf("cat fed by StreamInput, then end of file: %+v end %+v", c, c.end)
+		}
+	})
+
 	t.Run("timeout", func(t *testing.T) {
 		// The SDK's timeoutMs travels as Connect-Timeout-Ms: the stream
 		// ends DeadlineExceeded and the command is killed then, as envd
