@@ -18,6 +18,7 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/internal/engine"
 	pb "github.com/amber-run/amber/internal/edge/e2b/envdpb/process"
 )
 
@@ -383,9 +384,10 @@ func (s *processService) List(ctx context.Context, _ *connect.Request[pb.ListReq
 			if st.tag != "" {
 				info.Tag = &st.tag
 			}
-		} else if p.PPID != 1 || len(p.Args) == 0 {
+		} else if p.PPID != 1 || len(p.Args) == 0 || engine.IsHelper(p.Args) {
 			// Not a command of the tenant's (the agent's children
-			// are): one of the sandbox's own, or a command's child.
+			// are, but for the engine's own helpers): one of the
+			// sandbox's own, or a command's child.
 			continue
 		} else {
 			info.Config = &pb.ProcessConfig{Cmd: p.Args[0], Args: p.Args[1:]}
