@@ -18,8 +18,8 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
-	"github.com/amber-run/amber/internal/engine"
 	pb "github.com/amber-run/amber/internal/edge/e2b/envdpb/process"
+	"github.com/amber-run/amber/internal/engine"
 )
 
 // processService is envd's process.Process on the engine. Every command
