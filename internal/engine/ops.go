@@ -182,14 +182,28 @@ func (e *Engine) StartProcess(ctx context.Context, tenant, id string, spec sandb
 	return e.drv.Start(ctx, id, withEnv(sb, spec))
 }
 
-// Processes lists the processes of sandbox id.
+// Processes lists the processes of sandbox id, without the engine's own
+// commands in it (withoutHelpers).
 func (e *Engine) Processes(ctx context.Context, tenant, id string) ([]sandbox.Process, error) {
 	_, unlock, err := e.enter(ctx, tenant, id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	return e.drv.Processes(ctx, id)
+	ps, err := e.drv.Processes(ctx, id)
+	return withoutHelpers(ps), err
+}
+
+// withoutHelpers leaves out of a process list the engine's own commands
+// in the sandbox (IsHelper: Stats' df), which are not the tenant's.
+func withoutHelpers(ps []sandbox.Process) []sandbox.Process {
+	out := ps[:0:0]
+	for _, p := range ps {
+		if !IsHelper(p.Args) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Signal sends sig to process pid of sandbox id.

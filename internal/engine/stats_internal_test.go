@@ -1,6 +1,10 @@
 package engine
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/amber-run/amber/core/sandbox"
+)
 
 func TestParseDF(t *testing.T) {
 	for _, c := range []struct {
@@ -24,5 +28,17 @@ func TestParseDF(t *testing.T) {
 func TestIsHelper(t *testing.T) {
 	if !IsHelper([]string{"df", "-kP", "/"}) || IsHelper([]string{"df", "-h"}) || IsHelper(nil) {
 		t.Fatal("IsHelper does not tell Stats' df from others")
+	}
+}
+
+// TestWithoutHelpers: a process list leaves out Stats' df, and only it.
+func TestWithoutHelpers(t *testing.T) {
+	ps := []sandbox.Process{{PID: 2, Args: []string{"sleep", "9"}}, {PID: 3, Args: dfArgs}, {PID: 4, Args: []string{"df", "-h"}}}
+	got := withoutHelpers(ps)
+	if len(got) != 2 || got[0].PID != 2 || got[1].PID != 4 {
+		t.Fatalf("withoutHelpers = %+v, want pids 2 and 4", got)
+	}
+	if len(ps) != 3 || ps[1].PID != 3 {
+		t.Fatalf("the driver's list was changed: %+v", ps)
 	}
 }
