@@ -39,6 +39,12 @@ const (
 	StateDestroyed = metadata.StateDestroyed
 )
 
+// What happens to a sandbox at its deadline (metadata.ExpireKill, ExpirePause).
+const (
+	ExpireKill  = metadata.ExpireKill
+	ExpirePause = metadata.ExpirePause
+)
+
 // The checkpoint states.
 const (
 	CheckpointPending   = metadata.CheckpointPending
