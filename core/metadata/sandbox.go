@@ -67,7 +67,7 @@ type Sandbox struct {
 	Expires  time.Time `json:"expires,omitempty"`
 	OnExpire string    `json:"on_expire,omitempty"`
 	Created  time.Time `json:"created"`
-	Updated time.Time `json:"updated"`
+	Updated  time.Time `json:"updated"`
 }
 
 // Filter selects rows for List. Zero values select everything except
