@@ -60,6 +60,19 @@ type CreateSandboxRequest struct {
 	// follows its tenant's (or the daemon's default). It must lie within
 	// its tenant's policy and the operator's ceiling (403 otherwise).
 	Egress *EgressPolicy `json:"egress,omitempty"`
+	// Metadata are the sandbox's labels (GET /v1/sandboxes?metadata=k=v
+	// selects by them).
+	Metadata map[string]string `json:"metadata,omitempty"`
+	// Timeout is the seconds until the sandbox's deadline (0: none);
+	// OnTimeout what happens then: "kill" (default) or "pause".
+	Timeout   int64  `json:"timeout,omitempty"`
+	OnTimeout string `json:"on_timeout,omitempty"`
+}
+
+// SetTimeoutRequest is the body of POST /v1/sandboxes/{id}/timeout: the
+// seconds from now until the new deadline (0: none).
+type SetTimeoutRequest struct {
+	Timeout int64 `json:"timeout"`
 }
 
 // EgressPolicy is what a sandbox may reach through the egress gateway.
@@ -210,9 +223,14 @@ type Sandbox struct {
 	// Recovery is the recovery policy ("" is none).
 	Recovery string `json:"recovery,omitempty"`
 	// Node is the node that runs the sandbox (deployments of many nodes).
-	Node    string    `json:"node,omitempty"`
-	Created time.Time `json:"created"`
-	Updated time.Time `json:"updated"`
+	Node string `json:"node,omitempty"`
+	// Metadata are its labels; ExpiresAt its deadline (nil: none), and
+	// OnTimeout what happens then ("": kill, "pause").
+	Metadata  map[string]string `json:"metadata,omitempty"`
+	ExpiresAt *time.Time        `json:"expires_at,omitempty"`
+	OnTimeout string            `json:"on_timeout,omitempty"`
+	Created   time.Time         `json:"created"`
+	Updated   time.Time         `json:"updated"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.

@@ -185,6 +185,7 @@ func (s *Server) routes() []Route {
 		{Method: "GET", Path: "/v1/sandboxes/{id}", Scope: read, h: s.getSandbox},
 		{Method: "DELETE", Path: "/v1/sandboxes/{id}", Scope: write, h: s.deleteSandbox},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/kill", Scope: write, h: s.killSandbox},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/timeout", Scope: write, h: s.setTimeout},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/exec", Scope: write, Upload: true, h: s.exec},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/processes", Scope: read, h: s.listProcesses},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/processes", Scope: write, Idempotent: true, h: s.startProcess},
