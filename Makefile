@@ -13,7 +13,7 @@ BIN := bin/amber
 
 -include mk/setup.mk
 
-.PHONY: build test test-unit test-extended test-fencing test-partition bench bench-restore bench-failover fuzz chaos demo vet clean console
+.PHONY: gen-envd build test test-unit test-extended test-fencing test-partition bench bench-restore bench-failover fuzz chaos demo vet clean console
 
 # amber-agent is static (no cgo): it runs inside sandboxes whatever their
 # template holds. It is looked up next to bin/amber.
@@ -23,6 +23,11 @@ build:
 
 vet:
 	$(GO) vet -tags $(GOTAGS) ./...
+
+# The Go code of E2B's envd protos (internal/edge/e2b/envdpb), committed:
+# regenerate after editing a .proto (protoc from Debian's protobuf-compiler).
+gen-envd:
+	scripts/gen-envd.sh
 
 # The web console's assets (console/dist, committed and embedded in the
 # binary, so `make build` needs no npm): rebuilt from console/src with the

@@ -3,6 +3,7 @@ module github.com/amber-run/amber
 go 1.26.8
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/anthropics/anthropic-sdk-go/v2 v2.15.0
 	github.com/checkpoint-restore/go-criu/v8 v8.3.0
 	github.com/chromedp/cdproto v0.159.0
@@ -86,7 +87,7 @@ require (
 	github.com/segmentio/asm v1.1.3 // indirect
 	github.com/segmentio/encoding v0.5.4 // indirect
 	github.com/sirupsen/logrus v1.10.2 // indirect
-	github.com/spf13/pflag v1.0.10 // indirect
+	github.com/spf13/pflag v1.0.10
 	github.com/standard-webhooks/standard-webhooks/libraries v0.0.1 // indirect
 	github.com/tidwall/gjson v1.20.0 // indirect
 	github.com/tidwall/match v1.1.1 // indirect

@@ -514,6 +514,8 @@ func (d *upDaemon) serve(ctx context.Context) error {
 		sopts.Router = d.node
 	}
 	sopts.Hop = d.hop
+	// E2B's in-sandbox API, for the e2b SDK (server/envd.go).
+	sopts.Envd = true
 	o.edge.apply(&sopts)
 	api := server.New(sopts)
 	srv := &http.Server{

@@ -75,6 +75,12 @@ type Options struct {
 	// Router, when set, forwards calls into a sandbox to the node that
 	// runs it (nodes.go); nil: one node, every call answered here.
 	Router Router
+	// Envd serves E2B's in-sandbox API (envd.go): the requests for port
+	// envd.Port of a sandbox's origin (49983-<id>.<PortDomain>, the
+	// SDK's host with E2B_DOMAIN set to PortDomain) and those outside /v1/
+	// that name a sandbox in the SDK's E2b-Sandbox-Id header
+	// (E2B_SANDBOX_URL set to the daemon's URL).
+	Envd bool
 }
 
 // Store is what the server needs of the metadata store: the keys its
@@ -115,6 +121,7 @@ type Server struct {
 
 	publicURL   string
 	portDomain  string // exposed ports' origins (ports.go)
+	envd        http.Handler
 	proxies     proxies
 	openStreams openStreams // streams per tenant, ended on key revocation (streams.go)
 
@@ -262,6 +269,9 @@ func New(o Options) *Server {
 		sessions: o.Sessions, router: o.Router, hop: o.Hop}
 	s.streams, s.stopStreams = context.WithCancel(context.Background())
 	s.portDomain = portDomainOrDefault(o.PortDomain)
+	if o.Envd {
+		s.envd = s.envdHandler()
+	}
 	for _, rt := range s.routes() {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}
@@ -295,6 +305,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := s.hop.Admit(r, forwardedHeader); err != nil { // a forged hop (httpx.Hop)
 		s.lg.WarnContext(r.Context(), "forwarded call refused", "path", r.URL.Path, "from", r.RemoteAddr, "err", err)
 		writeError(w, err)
+		return
+	}
+	if s.envd != nil && s.isEnvd(r) { // E2B's in-sandbox API (Options.Envd)
+		s.envd.ServeHTTP(w, r)
 		return
 	}
 	if s.servePortHost(w, r) { // an exposed port's origin: never the API (ports.go)

@@ -53,10 +53,12 @@ type openStreams struct {
 // the stream runs in (r's, ended also when c's key stops being usable) and
 // the func that ends it; a tenant at its cap gets a 429.
 func (s *Server) beginStream(w http.ResponseWriter, r *http.Request, c *call) (context.Context, func(), error) {
-	return s.openStreams.begin(s, w, r.Context(), c.tenant, c.key)
+	return s.openStreams.begin(s, w.Header(), r.Context(), c.tenant, c.key)
 }
 
-func (o *openStreams) begin(s *Server, w http.ResponseWriter, ctx context.Context, tenant string, key metadata.APIKey) (context.Context, func(), error) {
+// begin is beginStream's work; h, when not nil, gets the Retry-After of
+// a refusal.
+func (o *openStreams) begin(s *Server, h http.Header, ctx context.Context, tenant string, key metadata.APIKey) (context.Context, func(), error) {
 	limit := s.limits.MaxStreamsPerTenant
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -67,7 +69,9 @@ func (o *openStreams) begin(s *Server, w http.ResponseWriter, ctx context.Contex
 		if s.metrics != nil {
 			s.metrics.QuotaRejected(tenant, "max_streams_per_tenant")
 		}
-		w.Header().Set("Retry-After", "1")
+		if h != nil {
+			h.Set("Retry-After", "1")
+		}
 		return nil, nil, errdefs.ResourceExhaustedf("tenant %s already holds %d open streams (events, sessions, exec, waits, terminals); the limit is %d at once on this daemon (max_streams_per_tenant): close one first", tenant, o.n[tenant], limit)
 	}
 	sctx, cancel := context.WithCancelCause(ctx)

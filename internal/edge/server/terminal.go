@@ -119,7 +119,7 @@ func (s *Server) terminalWS(w http.ResponseWriter, r *http.Request) {
 	cols := boundedQueryInt(r, "cols", 80, 10, 500)
 	rows := boundedQueryInt(r, "rows", 24, 5, 200)
 	control := r.URL.Query().Get("control") == "1"
-	sctx, endStream, err := s.openStreams.begin(s, w, r.Context(), tk.tenant, tk.key)
+	sctx, endStream, err := s.openStreams.begin(s, w.Header(), r.Context(), tk.tenant, tk.key)
 	if err != nil {
 		writeError(w, err)
 		return
