@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -10,7 +12,31 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amber-run/amber/api"
+	"github.com/amber-run/amber/internal/edge/e2b"
 )
+
+// newKeyE2BCmd is `amber key e2b [KEY]`: the E2B-form alias of an Amber
+// key (the --token's by default), for E2B_API_KEY.
+func newKeyE2BCmd(g *globalFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "e2b [KEY]",
+		Short: "Print the e2b_<hex> alias of an Amber key (default: the one this CLI uses), for E2B_API_KEY",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key := ""
+			if len(args) == 1 {
+				key = args[0]
+			} else {
+				dir := g.resolvedDataDir()
+				if key = firstNonEmpty(g.token, os.Getenv("AMBER_TOKEN"), readTrim(filepath.Join(dir, "admin.key"))); key == "" {
+					return usageError{fmt.Errorf("no key: pass one, set AMBER_TOKEN or run where %s is readable", filepath.Join(dir, "admin.key"))}
+				}
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), e2b.Alias(strings.TrimSpace(key)))
+			return nil
+		},
+	}
+}
 
 // newTimeoutCmd is `amber sandbox timeout SBX DURATION`: a new deadline
 // from now (0: none).
