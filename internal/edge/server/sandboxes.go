@@ -118,6 +118,10 @@ func listFilter(q url.Values) (engine.ListFilter, error) {
 }
 
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, c *call) error {
+	// Another tenant's sandbox is a 404 whatever the body.
+	if _, err := s.eng.Get(r.Context(), c.tenant, r.PathValue("id")); err != nil {
+		return err
+	}
 	var req api.SetTimeoutRequest
 	if err := readJSON(r, &req); err != nil {
 		return err
