@@ -270,6 +270,11 @@ func (h *handler) kill(w http.ResponseWriter, r *http.Request, c call) error {
 	if err := h.o.Engine.Destroy(r.Context(), c.tenant, sb.ID); err != nil {
 		return err
 	}
+	if state(sb) == "" {
+		// Gone to E2B already (killed at its deadline): its remains are
+		// destroyed, and the answer is E2B's, not found.
+		return errdefs.NotFoundf("sandbox %s not found (it was %s: %s)", sb.ID, sb.State, sb.Reason)
+	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
