@@ -90,7 +90,7 @@ func newCreateCmd(g *globalFlags) *cobra.Command {
 	f.StringVar(&recovery, "recovery", "", "recovery policy: none (checkpoint on request), fast (in the background) or strict (after every exec)")
 	f.StringArrayVar(&md, "metadata", nil, "KEY=VALUE label of the sandboxes (repeatable; `sandbox ls --label` selects by them)")
 	f.StringVar(&timeout, "timeout", "", "deadline from now, e.g. 10m or 600 (seconds); then the sandbox is killed, or paused with --on-timeout pause")
-	f.StringVar(&onTimeout, "on-timeout", "", "what happens at the deadline: kill (default) or pause (checkpoint and stop; the next call resumes it)")
+	f.StringVar(&onTimeout, "on-timeout", "", "what happens at the deadline: kill (default; files kept until rm), pause (checkpoint and stop; the next call resumes it) or destroy")
 	f.StringSliceVar(&egressAllow, "egress-allow", nil, "destinations the sandbox may reach through the gateway, HOST:PORT patterns (*.suffix and * allowed); default: its tenant's policy")
 	return c
 }

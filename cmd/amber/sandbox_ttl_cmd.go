@@ -119,8 +119,8 @@ func formatExpiry(sb api.Sandbox) string {
 		return "-"
 	}
 	s := sb.ExpiresAt.Local().Format(time.DateTime)
-	if sb.OnTimeout == "pause" {
-		s += " (pause)"
+	if sb.OnTimeout != "" {
+		s += " (" + sb.OnTimeout + ")"
 	}
 	return s
 }

@@ -91,6 +91,8 @@ type Filter struct {
 const (
 	ExpireKill  = ""      // kill it (the default)
 	ExpirePause = "pause" // checkpoint and stop it; the next call resumes it
+	// ExpireDestroy destroys it (E2B's kill: nothing is left).
+	ExpireDestroy = "destroy"
 )
 
 // Matches reports whether md holds every pair of want.

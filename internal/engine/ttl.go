@@ -15,6 +15,8 @@ package engine
 //     reason expiredReason, its files kept until destroyed); one the engine
 //     had stopped itself (idle, paused, budget) is marked so too, and the
 //     next call no longer resumes it.
+//   - OnExpire destroy: the sandbox is destroyed, whatever its state
+//     (E2B's kill at a timeout: nothing is left).
 //   - OnExpire pause: a running sandbox is checkpointed and stopped with
 //     reason pauseReason; the next call (or Resume) resumes it from that
 //     checkpoint, as an idle one. An idle-stopped one is left as it is
@@ -94,10 +96,10 @@ func ValidateTimeout(d time.Duration, onExpire string) error {
 		return errdefs.InvalidArgumentf("timeout %v: want 0 (none) to %v", d, MaxTimeout)
 	}
 	switch onExpire {
-	case meta.ExpireKill, "kill", meta.ExpirePause:
+	case meta.ExpireKill, "kill", meta.ExpirePause, meta.ExpireDestroy:
 		return nil
 	}
-	return errdefs.InvalidArgumentf("on_timeout %.40q: want kill or pause", onExpire)
+	return errdefs.InvalidArgumentf("on_timeout %.40q: want kill, pause or destroy", onExpire)
 }
 
 func normExpire(s string) string {
@@ -271,6 +273,17 @@ func (e *Engine) expiryLoop(ctx context.Context) {
 func (e *Engine) expire(ctx context.Context, sb meta.Sandbox) error {
 	var err error
 	switch {
+	case sb.OnExpire == meta.ExpireDestroy:
+		unlock := e.lock(sb.ID)
+		cur, gerr := e.meta.Get(ctx, sb.ID)
+		if err = gerr; err == nil && cur.State != meta.StateDestroyed {
+			err = e.destroy(ctx, cur, "timed out: destroyed at its deadline")
+		}
+		unlock()
+		if err == nil {
+			e.lg.Info("sandbox destroyed at its deadline", "sandbox_id", sb.ID)
+			return nil // its row is history: nothing to clear
+		}
 	case sb.State == meta.StateRunning && sb.OnExpire == meta.ExpirePause:
 		if _, err = e.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID, Stop: true, stopReason: pauseReason}); err == nil {
 			e.lg.Info("sandbox paused at its deadline", "sandbox_id", sb.ID)

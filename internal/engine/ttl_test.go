@@ -126,6 +126,10 @@ func TestTimeoutKillsSetTimeoutExtendsAndRestartKeeps(t *testing.T) {
 	if d := time.Until(short.Expires); d <= 0 || d > 2*time.Second {
 		t.Fatalf("deadline of a 2s timeout is %v away", d)
 	}
+	gone, err := env.Engine.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Timeout: 2 * time.Second, OnTimeout: "destroy"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	kept, err := env.Engine.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -144,6 +148,9 @@ func TestTimeoutKillsSetTimeoutExtendsAndRestartKeeps(t *testing.T) {
 	}
 	if in, err := env.Driver.Inspect(ctx, short.ID); err == nil && in.State == sandbox.StateRunning {
 		t.Fatalf("the driver still runs the expired sandbox: %+v", in)
+	}
+	if destroyed := waitState(t, env, gone.ID, meta.StateDestroyed, 30*time.Second); !strings.HasPrefix(destroyed.Reason, "timed out") {
+		t.Fatalf("destroyed at its deadline, reason %q", destroyed.Reason)
 	}
 	if _, err := env.Engine.Exec(ctx, "default", short.ID, sandbox.ExecSpec{Args: []string{"true"}}); err == nil {
 		t.Fatal("exec in a sandbox killed at its deadline succeeded (it was resumed)")

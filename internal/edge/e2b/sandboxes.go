@@ -155,6 +155,7 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request, c call) error {
 		md[engine.PublicPortsKey] = "true" // E2B's default: getHost(port) needs no token
 	}
 	cr := engine.CreateRequest{Tenant: c.tenant, Template: h.template(req.TemplateID), Env: env, Metadata: md, Timeout: d}
+	cr.OnTimeout = metadata.ExpireDestroy // E2B's kill: nothing is left
 	if req.AutoPause {
 		cr.OnTimeout = metadata.ExpirePause
 	}

@@ -42,7 +42,8 @@ const (
 // What happens to a sandbox at its deadline (metadata.ExpireKill, ExpirePause).
 const (
 	ExpireKill  = metadata.ExpireKill
-	ExpirePause = metadata.ExpirePause
+	ExpirePause   = metadata.ExpirePause
+	ExpireDestroy = metadata.ExpireDestroy
 )
 
 // The checkpoint states.

@@ -1040,10 +1040,10 @@ export interface components {
             /** @description Seconds from now until the sandbox's deadline (0 or absent: none). At the deadline the sandbox is killed (stopped, files kept until destroyed), or paused with on_timeout pause. POST /v1/sandboxes/{id}/timeout moves it. */
             timeout?: number;
             /**
-             * @description What happens at the deadline: kill (default) or pause (checkpoint and stop; the next call resumes it, exact memory and all)
+             * @description What happens at the deadline: kill (default: stopped, files kept until destroyed), pause (checkpoint and stop; the next call resumes it, exact memory and all) or destroy
              * @enum {string}
              */
-            on_timeout?: "" | "kill" | "pause";
+            on_timeout?: "" | "kill" | "pause" | "destroy";
         };
         Sandbox: {
             id: string;
@@ -1082,7 +1082,7 @@ export interface components {
              * @description What happens at the deadline (absent: kill)
              * @enum {string}
              */
-            on_timeout?: "kill" | "pause";
+            on_timeout?: "kill" | "pause" | "destroy";
         };
         SandboxList: {
             sandboxes: components["schemas"]["Sandbox"][];
