@@ -41,7 +41,7 @@ const (
 
 // What happens to a sandbox at its deadline (metadata.ExpireKill, ExpirePause).
 const (
-	ExpireKill  = metadata.ExpireKill
+	ExpireKill    = metadata.ExpireKill
 	ExpirePause   = metadata.ExpirePause
 	ExpireDestroy = metadata.ExpireDestroy
 )
