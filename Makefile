@@ -62,6 +62,7 @@ fuzz:
 	$(FUZZ) -fuzz '^FuzzLayerArchive$$' ./drivers/internal/layer
 	$(FUZZ) -fuzz '^FuzzDecodeManifest$$' ./internal/state/chunkstore
 	$(FUZZ) -fuzz '^FuzzDecodeRequests$$' ./internal/edge/server
+	$(FUZZ) -fuzz '^FuzzTarget$$' ./internal/edge/e2b/envd
 	$(FUZZ) -fuzz '^FuzzGatewayDest$$' ./internal/egress/gateway
 	$(FUZZ) -fuzz '^FuzzMatchDest$$' ./internal/egress/gateway
 	$(FUZZ) -fuzz '^FuzzNormalizeURL$$' ./internal/egress/gateway

@@ -121,6 +121,13 @@ type ExecSpec struct {
 	// OpenStdin (Start only) keeps a background process's stdin open for
 	// StdinWriter.WriteStdin; otherwise it reads end of file at once.
 	OpenStdin bool
+	// Hold (Start only) keeps the output no follower (OutputReader) has
+	// read yet instead of dropping it from the sandbox's bounded ring: the
+	// process waits on its full pipe, as an attached exec does, until it
+	// has had no follower for 30 s (drivers with the in-sandbox agent).
+	// A client that streams all of a command's output (E2B's envd) sets
+	// it; without it a fast writer outruns a slow reader by the ring.
+	Hold bool
 	// TTY runs the command on a pseudo-terminal; Stderr is merged into Stdout.
 	TTY bool
 	// Size is the terminal's first size (zero: 80×24); each value from

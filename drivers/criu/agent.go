@@ -274,6 +274,7 @@ func (d *Driver) agentStart(ctx context.Context, ls *liveSandbox, spec sandbox.E
 	s.Args = spec.Args
 	s.Log = true
 	s.Stdin = spec.OpenStdin
+	s.Hold = spec.Hold
 	pid, err := d.agentClient(ls).Start(ctx, s)
 	if err != nil {
 		var ae *agent.Error

@@ -316,6 +316,7 @@ func (d *Driver) agentStart(ctx context.Context, rec *record, spec sandbox.ExecS
 	s.Args = spec.Args
 	s.Log = true
 	s.Stdin = spec.OpenStdin
+	s.Hold = spec.Hold
 	pid, err := d.agentFor(rec).Start(ctx, s)
 	if err != nil {
 		var ae *agent.Error

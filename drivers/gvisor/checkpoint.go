@@ -71,12 +71,14 @@ type imageMeta struct {
 
 // Checkpoint implements sandbox.Checkpointer.
 //
-// The cut: `runsc pause` stops every task of the sandbox (the sentry
+// The cut, by calls on the sandbox's control socket (control.go; what
+// `runsc pause`, `runsc checkpoint` and `runsc resume` would send, without
+// a runsc process): Pause stops every task of the sandbox (the sentry
 // stops its kernel; nothing inside runs, so nothing writes to the layer);
 // the layer's upper directory is archived to layer.tar (layer.WriteArchive:
-// by descriptor, never following a name the tenant controls); `runsc checkpoint
-// --compression=none` writes the kernel and memory image (with
-// --leave-running, unless opts.LeaveStopped); `runsc resume`. Memory and
+// by descriptor, never following a name the tenant controls); Checkpoint
+// writes the kernel and memory image uncompressed (and leaves the sandbox
+// running, unless opts.LeaveStopped); Resume. Memory and
 // files therefore describe the same frozen moment. Writes of the sandbox
 // reach the host before the pause completes: the root is a gofer mount
 // with --overlay2=none, whose writes go through to the host file
@@ -95,13 +97,6 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	rec, err := d.running(id)
 	if err != nil {
 		return stats, err
-	}
-	st, ok, err := d.state(ctx, rec, id)
-	if err != nil {
-		return stats, err
-	}
-	if !ok || st.Status != "running" {
-		return stats, errdefs.FailedPreconditionf("checkpoint %s: sandbox is not running (runsc: %q)", id, st.Status)
 	}
 	l, err := layer.Open(d.layerDir(id))
 	if err != nil {
@@ -131,8 +126,12 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		defer letDial()
 	}
 	// Freeze.
-	if _, err := d.run(ctx, rec, "pause", runtimeID(id)); err != nil {
-		return stats, fmt.Errorf("checkpoint %s: %w", id, classify(id, err))
+	if err := d.control(ctx, id, ctlPause, nil); err != nil {
+		if controlDown(err) {
+			st, _, serr := d.state(ctx, rec, id)
+			return stats, errors.Join(errdefs.FailedPreconditionf("checkpoint %s: sandbox is not running (runsc: %q): %v", id, st.Status, err), serr)
+		}
+		return stats, fmt.Errorf("checkpoint %s: pause: %w", id, err)
 	}
 	frozen := time.Now()
 	resumed := false
@@ -145,13 +144,9 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 			stats.Frozen = time.Since(frozen)
 			return d.stopPaused(rec)
 		}
-		_, err := d.run(context.Background(), rec, "resume", runtimeID(id))
+		err := d.control(context.Background(), id, ctlResume, nil)
 		stats.Frozen = time.Since(frozen)
 		if err != nil {
-			// Resumed already (by runsc checkpoint --leave-running)?
-			if st, ok, serr := d.state(context.Background(), rec, id); serr == nil && ok && st.Status == "running" {
-				return nil
-			}
 			return fmt.Errorf("checkpoint %s: resume: %w", id, err)
 		}
 		return nil
@@ -170,13 +165,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	}
 	tLayer := time.Now()
 	// Memory and kernel state.
-	args := []string{"checkpoint", "--image-path=" + runscDir, "--compression=none"}
-	if !opts.LeaveStopped {
-		args = append(args, "--leave-running")
-	}
-	logFile := filepath.Join(d.dir(id), "checkpoint.log")
-	_ = os.Remove(logFile)
-	if _, err := d.runLogged(ctx, rec, logFile, append(args, runtimeID(id))...); err != nil {
+	if err := d.saveKernel(ctx, id, runscDir, !opts.LeaveStopped); err != nil {
 		return stats, checkpointError(id, err)
 	}
 	tImage := time.Now()
@@ -403,18 +392,27 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 //     put the path back (the FIFO's buffer lives in the sentry), so the
 //     checkpoint is refused naming the file, never taken without it.
 func checkpointError(id string, err error) error {
-	var re *runscError
-	if !errors.As(err, &re) {
+	var (
+		re   *runscError
+		ce   *controlError
+		full string
+	)
+	switch {
+	case errors.As(err, &re):
+		full = re.msg
+	case errors.As(err, &ce):
+		full = ce.msg
+	default:
 		return fmt.Errorf("checkpoint %s: %w", id, err)
 	}
-	msg, _, _ := strings.Cut(re.msg, "\n")
+	msg, _, _ := strings.Cut(full, "\n")
 	msg = strings.TrimSuffix(msg, ":")
 	switch {
-	case strings.Contains(re.msg, "waiter.ChannelNotifier"):
+	case strings.Contains(full, "waiter.ChannelNotifier"):
 		return errdefs.FailedPreconditionf("checkpoint %s: a port-forward connection into the sandbox is open (DialPort), and gVisor cannot save it; close it and checkpoint again (runsc: %.300s)", id, msg)
-	case strings.Contains(re.msg, "dead dentry is not saved") && strings.Contains(re.msg, "synthetic=true"):
+	case strings.Contains(full, "dead dentry is not saved") && strings.Contains(full, "synthetic=true"):
 		name := "a file"
-		if _, rest, ok := strings.Cut(re.msg, `dentry("`); ok {
+		if _, rest, ok := strings.Cut(full, `dentry("`); ok {
 			if n, _, ok := strings.Cut(rest, `")`); ok && len(n) <= 255 {
 				name = strconv.Quote(n)
 			}
@@ -711,4 +709,26 @@ func syncTree(dir string) error {
 		}
 		return err
 	})
+}
+
+// saveKernel writes sandbox id's kernel and memory into runscDir as
+// `runsc checkpoint --compression=none [--leave-running]` does: the state,
+// page metadata and pages files (the names runsc restore reads), passed to
+// the sentry's containerManager.Checkpoint.
+func (d *Driver) saveKernel(ctx context.Context, id, runscDir string, leaveRunning bool) error {
+	var files []*os.File
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	for _, name := range []string{"checkpoint.img", "pages_meta.img", "pages.img"} {
+		f, err := os.OpenFile(filepath.Join(runscDir, name), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+		if err != nil {
+			return err
+		}
+		files = append(files, f)
+	}
+	arg := saveOpts{Metadata: map[string]string{"compression": "none"}, HavePagesFile: true, Resume: leaveRunning}
+	return d.control(ctx, id, ctlCheckpoint, &arg, files...)
 }

@@ -26,6 +26,13 @@ const (
 	// this driver is written and tested against (scripts/setup/runsc.sh
 	// installs it). Check refuses any other build.
 	PinnedVersion = "v0.0.0-20260905035102-160fafc42237"
+	// PatchDigest is the first 12 hex digits of the sha256 of Amber's
+	// patches to that source, scripts/setup/runsc-*.patch concatenated in
+	// name order (TestPatchDigest recomputes it). runsc.sh links it into
+	// the binary (-X …/runsc/version.amberPatches); Check refuses a build
+	// without it, whose port-forward proxy drops the bytes a full netstack
+	// send buffer did not take.
+	PatchDigest = "4b42d2de4670"
 )
 
 // DefaultLimits apply where neither the spec nor the template sets a limit
@@ -183,19 +190,8 @@ func (d *Driver) Check(ctx context.Context) error {
 	if err != nil {
 		return errdefs.FailedPreconditionf("gvisor: %s: cannot read its Go build info (%v); %s", d.runsc, err, fix)
 	}
-	version := bi.Main.Version
-	if bi.Main.Path != "gvisor.dev/gvisor" {
-		// Built with `go install gvisor.dev/gvisor/runsc@v`: the main
-		// module is gvisor.dev/gvisor at v.
-		version = ""
-		for _, m := range bi.Deps {
-			if m.Path == "gvisor.dev/gvisor" {
-				version = m.Version
-			}
-		}
-	}
-	if version != PinnedVersion {
-		return errdefs.FailedPreconditionf("gvisor: %s is gvisor.dev/gvisor %q, this driver needs %s; %s", d.runsc, version, PinnedVersion, fix)
+	if err := checkRunscBuild(bi); err != nil {
+		return errdefs.FailedPreconditionf("gvisor: %s %v; %s", d.runsc, err, fix)
 	}
 	for _, s := range bi.Settings {
 		if s.Key == "CGO_ENABLED" && s.Value != "0" {
@@ -274,4 +270,32 @@ func mergeLimits(l, def sandbox.Limits) sandbox.Limits {
 		l.DiskBytes = def.DiskBytes
 	}
 	return l
+}
+
+// checkRunscBuild proves a runsc binary is the pinned source with Amber's
+// patches: runsc.sh builds the patched copy of the module in place (so the
+// main module is gvisor.dev/gvisor at "(devel)") and links the pin and the
+// patches' digest into it (-X), which its -ldflags build setting records.
+func checkRunscBuild(bi *buildinfo.BuildInfo) error {
+	if bi.Main.Path != "gvisor.dev/gvisor" {
+		return fmt.Errorf("is a build of %s, not of gvisor.dev/gvisor", bi.Main.Path)
+	}
+	var ldflags []string
+	for _, s := range bi.Settings {
+		if s.Key == "-ldflags" {
+			ldflags = strings.Fields(s.Value)
+		}
+	}
+	stamp := func(name string) string {
+		for _, f := range ldflags {
+			if v, ok := strings.CutPrefix(f, "gvisor.dev/gvisor/runsc/version."+name+"="); ok {
+				return v
+			}
+		}
+		return "none"
+	}
+	if v, p := stamp("version"), stamp("amberPatches"); v != PinnedVersion || p != PatchDigest {
+		return fmt.Errorf("is gvisor.dev/gvisor %s with patches %s, this driver needs %s with patches %s (the pinned source with Amber's patches)", v, p, PinnedVersion, PatchDigest)
+	}
+	return nil
 }

@@ -25,10 +25,14 @@ func TestFidelityKernelObjects(t *testing.T) {
 func TestCheckpointErrorNamesADeletedFIFO(t *testing.T) {
 	raw := &runscError{args: []string{"checkpoint"}, err: errors.New("exit status 128"),
 		msg: "checkpoint failed: checkpointing container \"x_\": encoding error: gofer.dentry(\"ko.fifo\").beforeSave: dead dentry is not saved in fs.savedDeletedOpenDentries (deleted=true, synthetic=true):\ngoroutine 129 [running]:\ngvisor.dev/gvisor/pkg/state.Save(...)\n"}
-	err := checkpointError("sbx", raw)
-	msg := err.Error()
-	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(msg, `FIFO named "ko.fifo"`) || strings.Contains(msg, "goroutine") || strings.Contains(msg, "\n") {
-		t.Fatalf("checkpointError = %v", err)
+	// The same cause as the control socket's answer (the cut's path).
+	ctl := &controlError{method: ctlCheckpoint, msg: "encoding error: gofer.dentry(\"ko.fifo\").beforeSave: dead dentry is not saved in fs.savedDeletedOpenDentries (deleted=true, synthetic=true):\ngoroutine 129 [running]:\n"}
+	for _, cause := range []error{raw, ctl} {
+		err := checkpointError("sbx", cause)
+		msg := err.Error()
+		if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(msg, `FIFO named "ko.fifo"`) || strings.Contains(msg, "goroutine") || strings.Contains(msg, "\n") {
+			t.Fatalf("checkpointError(%T) = %v", cause, err)
+		}
 	}
 	other := &runscError{args: []string{"checkpoint"}, err: errors.New("exit status 1"), msg: "something else"}
 	if err := checkpointError("sbx", other); !errors.As(err, new(*runscError)) {

@@ -1,17 +1,16 @@
 package gvisor
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
@@ -22,18 +21,17 @@ var _ sandbox.PortDialer = (*Driver)(nil)
 // dialTimeout bounds one DialPort when ctx has no earlier deadline.
 const dialTimeout = 30 * time.Second
 
-// DialPort implements sandbox.PortDialer with `runsc port-forward --stream`.
+// DialPort implements sandbox.PortDialer through the sentry's port
+// forwarding (what `runsc port-forward --stream` asks for).
 //
 // The sandbox's network is gVisor's netstack inside the sentry: the host,
-// even inside the sandbox's network namespace, has nothing to dial. runsc's
-// stream mode connects to a Unix socket we listen on (in a private
-// directory of the daemon, mode 0700), passes that connection's descriptor
-// to the sentry over its control socket, and the sentry connects it to
-// 127.0.0.1:port of the sandbox's netstack, copying between the two. runsc
-// exits once the sentry has connected (or failed to: nothing listens, and
-// its error is returned). The accepted end of the Unix socket is the
-// connection; closing it ends the sentry's copy. No process runs inside the
-// sandbox for it, and no port is opened on the host.
+// even inside the sandbox's network namespace, has nothing to dial. The
+// driver passes one end of a Unix socket pair to the sentry over its
+// control socket, and the sentry connects it to 127.0.0.1:port of the
+// sandbox's netstack, copying between the two (the call fails if nothing
+// listens). The other end is the connection; closing it ends the sentry's
+// copy. No process runs, inside the sandbox or on the host, and no port is
+// opened on the host.
 func (d *Driver) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
 	if port < 1 || port > 65535 {
 		return nil, errdefs.InvalidArgumentf("port %d is not in 1..65535", port)
@@ -103,105 +101,42 @@ func (d *Driver) closePortConns(id string) int {
 
 // dialPort is DialPort for rec in any phase (the agent's client dials
 // while Create and Restore wait for the agent, before the record says
-// created).
+// created): one end of a new socket pair goes to the sentry with a
+// containerManager.PortForward call on the control socket (what `runsc
+// port-forward --stream` sends), and the sentry connects it to
+// 127.0.0.1:port of the sandbox's netstack; the other end is the
+// connection. No process is started.
 func (d *Driver) dialPort(ctx context.Context, rec *record, port int) (net.Conn, error) {
 	id := rec.ID
 	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
-	// A directory of its own keeps the socket's path short (108 bytes) and
-	// reachable by root only.
-	dir, err := os.MkdirTemp("", "amber-pf-")
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("sandbox %s: port forward socket pair: %w", id, err)
 	}
-	defer os.RemoveAll(dir)
-	path := filepath.Join(dir, "s")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	ours, theirs := os.NewFile(uintptr(fds[0]), "port-forward"), os.NewFile(uintptr(fds[1]), "port-forward-sentry")
+	defer theirs.Close()
+	err = d.control(ctx, id, ctlPortForward, &portForwardOpts{ContainerID: runtimeID(id), Port: uint16(port)}, theirs)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: port forward socket: %w", id, err)
+		ours.Close()
+		return nil, d.portForwardError(id, port, err)
 	}
-	defer ln.Close()
-	ln.SetUnlinkOnClose(true)
-
-	var stderr bytes.Buffer
-	cmd := d.command(ctx, append(d.globalFlags(rec, ""), "port-forward", "--stream", path, runtimeID(id), strconv.Itoa(port))...)
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("sandbox %s: runsc port-forward: %w", id, err)
+	c, err := net.FileConn(ours)
+	ours.Close() // FileConn holds a dup
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: port forward: %w", id, err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-
-	type accepted struct {
-		c   *net.UnixConn
-		err error
-	}
-	acc := make(chan accepted, 1)
-	go func() {
-		c, err := ln.AcceptUnix()
-		acc <- accepted{c, err}
-	}()
-	var conn *net.UnixConn
-	fail := func(err error) (net.Conn, error) {
-		if conn != nil {
-			conn.Close()
-		}
-		ln.Close() // ends a pending Accept
-		if cmd.Process != nil {
-			cmd.Process.Kill()
-		}
-		<-done
-		return nil, err
-	}
-	// runsc connects first, then asks the sentry; it exits when the sentry
-	// has answered. Both must happen, in either order of our noticing.
-	var runErr error
-	exited := false
-	for conn == nil || !exited {
-		select {
-		case a := <-acc:
-			if a.err != nil {
-				return fail(fmt.Errorf("sandbox %s: port forward accept: %w", id, a.err))
-			}
-			conn = a.c
-			acc = nil
-		case runErr = <-done:
-			exited = true
-			done <- runErr // for fail
-			if runErr != nil {
-				return fail(d.portForwardError(id, port, runErr, stderr.String()))
-			}
-			if conn == nil {
-				// runsc succeeded, so it connected before it exited: the
-				// connection is in the backlog.
-				select {
-				case a := <-acc:
-					if a.err != nil {
-						return fail(fmt.Errorf("sandbox %s: port forward accept: %w", id, a.err))
-					}
-					conn = a.c
-				case <-time.After(5 * time.Second):
-					return fail(fmt.Errorf("sandbox %s: runsc port-forward exited without connecting", id))
-				}
-			}
-			<-done
-		case <-ctx.Done():
-			return fail(fmt.Errorf("sandbox %s: dial port %d: %w", id, port, ctx.Err()))
-		}
-	}
-	return conn, nil
+	return c, nil
 }
 
-// portForwardError explains a failed runsc port-forward.
-func (d *Driver) portForwardError(id string, port int, err error, stderr string) error {
-	msg := strings.TrimSpace(stderr)
-	if i := strings.LastIndexByte(msg, '\n'); i >= 0 {
-		msg = msg[i+1:]
-	}
-	re := &runscError{args: []string{"port-forward"}, err: err, msg: msg}
+// portForwardError explains a failed port-forward call.
+func (d *Driver) portForwardError(id string, port int, err error) error {
+	var ce *controlError
 	switch {
-	case strings.Contains(msg, "refused"):
-		return fmt.Errorf("sandbox %s: dial port %d: connection refused: %w", id, port, errors.Join(errdefs.ErrFailedPrecondition, re))
+	case controlDown(err):
+		return fmt.Errorf("sandbox %s is not running: %w: %v", id, errdefs.ErrFailedPrecondition, err)
+	case errors.As(err, &ce) && strings.Contains(ce.msg, "refused"):
+		return fmt.Errorf("sandbox %s: dial port %d: connection refused: %w", id, port, errors.Join(errdefs.ErrFailedPrecondition, err))
 	}
-	return classify(id, re)
+	return fmt.Errorf("sandbox %s: dial port %d: %w", id, port, err)
 }

@@ -26,7 +26,7 @@ func (d *Driver) RuntimeBuild(ctx context.Context) (string, error) {
 	if b, ok := runtimeBuilds.Load(d.runsc); ok {
 		return b.(string) + agentPart, nil
 	}
-	b, err := binaryBuild("runsc "+PinnedVersion, d.runsc)
+	b, err := binaryBuild("runsc "+PinnedVersion+" patches "+PatchDigest, d.runsc)
 	if err != nil {
 		return "", err
 	}

@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -57,12 +58,20 @@ func (e *Engine) Stats(ctx context.Context, tenant, id string) (Stats, error) {
 		return st, nil // stopped meanwhile: CPU and memory as read, disk unknown
 	}
 	var out bytes.Buffer
-	es, err := e.drv.Exec(ctx, id, sandbox.ExecSpec{Args: []string{"df", "-kP", "/"}, Stdout: &out, Timeout: 5 * time.Second})
+	es, err := e.drv.Exec(ctx, id, sandbox.ExecSpec{Args: dfArgs, Stdout: &out, Timeout: 5 * time.Second})
 	if err == nil && es.Code == 0 {
 		st.DiskUsedBytes, st.DiskTotalBytes = parseDF(out.String())
 	}
 	return st, nil
 }
+
+// dfArgs is the command Stats runs in a sandbox for its disk use.
+var dfArgs = []string{"df", "-kP", "/"}
+
+// IsHelper reports whether a process of args is one the engine itself
+// runs in sandboxes (Stats' df), not the tenant's: lists shown as the
+// tenant's commands (E2B's envd) leave them out.
+func IsHelper(args []string) bool { return slices.Equal(args, dfArgs) }
 
 // parseDF reads the used and total bytes from `df -kP` output (POSIX
 // format: a header, then "fs 1024-blocks used available capacity mount"),

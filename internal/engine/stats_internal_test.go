@@ -19,3 +19,10 @@ func TestParseDF(t *testing.T) {
 		}
 	}
 }
+
+// TestIsHelper: the df Stats runs is a helper; a tenant's df is not.
+func TestIsHelper(t *testing.T) {
+	if !IsHelper([]string{"df", "-kP", "/"}) || IsHelper([]string{"df", "-h"}) || IsHelper(nil) {
+		t.Fatal("IsHelper does not tell Stats' df from others")
+	}
+}

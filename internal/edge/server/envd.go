@@ -13,14 +13,38 @@ import (
 // handler, authorized as the server authorizes: an Amber key with write
 // scope, sent as the sandbox's access token (X-Access-Token), and its
 // streams are the tenant's streams (streams.go): counted against
-// max_streams_per_tenant and ended when the key stops being usable.
+// max_streams_per_tenant and ended when the key stops being usable. In a
+// deployment of many nodes, a request goes to the node that runs its
+// sandbox (the SDK names the sandbox in a header, so the forwarded
+// request needs no Host of its own).
 
-// isEnvd reports whether r is for E2B's envd.
+// isEnvd reports whether r is for E2B's envd: on envd's origin, or one
+// of envd's own paths naming a sandbox in the SDK's header.
 func (s *Server) isEnvd(r *http.Request) bool {
 	if id, port, ok := parsePortHost(r.Host, s.portDomain); ok && id != "" {
 		return port == envd.Port
 	}
-	return r.Header.Get("E2b-Sandbox-Id") != "" && !strings.HasPrefix(r.URL.Path, "/v1/")
+	return r.Header.Get("E2b-Sandbox-Id") != "" && envd.IsPath(r.URL.Path)
+}
+
+// serveEnvd serves r with envd here, or forwards it to the node that
+// runs its sandbox (Router), as every call into a sandbox is: the node
+// that runs it serves its envd.
+func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request) {
+	if s.router != nil && r.Header.Get(forwardedHeader) == "" {
+		if id, _, err := envd.Target(r); err == nil {
+			addr, err := s.router.Owner(r.Context(), id)
+			if err != nil {
+				writeError(w, err)
+				return
+			}
+			if addr != "" {
+				s.forwardTo(w, r, addr)
+				return
+			}
+		}
+	}
+	s.envd.ServeHTTP(w, r)
 }
 
 func (s *Server) envdHandler() http.Handler {

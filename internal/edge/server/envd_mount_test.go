@@ -67,6 +67,11 @@ func TestEnvdMounted(t *testing.T) {
 	if got := get("127.0.0.1", "/v1/sandboxes", map[string]string{"Authorization": "Bearer " + testKey, "E2b-Sandbox-Id": sb.ID}); got != 200 {
 		t.Errorf("the API with an E2b-Sandbox-Id header: %d", got)
 	}
+	// A path that is not envd's is the server's, header or not (its
+	// unknown route: 404; envd would say 401 without a token).
+	if got := get("127.0.0.1", "/e2b/sandboxes", map[string]string{"E2b-Sandbox-Id": sb.ID}); got != 404 {
+		t.Errorf("a path not envd's with an E2b-Sandbox-Id header: %d", got)
+	}
 }
 
 // envdHeaders sends what the SDK sends: the sandbox and its token.
@@ -115,6 +120,25 @@ func TestEnvdStreamsAreTenantStreams(t *testing.T) {
 	}
 	if connect.CodeOf(err) != connect.CodeResourceExhausted {
 		t.Fatalf("a second stream over the cap of 1: %v", err)
+	}
+	// A Start over the cap is refused before it starts anything.
+	s2, err := pc.Start(ctx, connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/sleep", Args: []string{"61"}}}))
+	if err == nil {
+		s2.Receive()
+		err = s2.Err()
+		s2.Close()
+	}
+	if connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("a second Start over the cap of 1: %v", err)
+	}
+	ps, err := env.Engine.Processes(ctx, "default", sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		if len(p.Args) > 1 && p.Args[1] == "61" {
+			t.Fatalf("the refused Start started %v", p)
+		}
 	}
 	if _, err := env.Meta.RevokeKey(ctx, "default", "e2b"); err != nil {
 		t.Fatal(err)

@@ -79,9 +79,9 @@ type Options struct {
 	Router Router
 	// Envd serves E2B's in-sandbox API (envd.go): the requests for port
 	// envd.Port of a sandbox's origin (49983-<id>.<PortDomain>, the
-	// SDK's host with E2B_DOMAIN set to PortDomain) and those outside /v1/
-	// that name a sandbox in the SDK's E2b-Sandbox-Id header
-	// (E2B_SANDBOX_URL set to the daemon's URL).
+	// SDK's host with E2B_DOMAIN set to PortDomain) and those for envd's
+	// paths (envd.IsPath) that name a sandbox in the SDK's E2b-Sandbox-Id
+	// header (E2B_SANDBOX_URL set to the daemon's URL).
 	Envd bool
 	// E2B serves E2B's control plane (internal/edge/e2b) under /e2b/
 	// (E2B_API_URL set to the daemon's URL and /e2b).
@@ -320,12 +320,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if s.e2b != nil && strings.HasPrefix(r.URL.Path, E2BPrefix+"/") && r.Header.Get("E2b-Sandbox-Id") == "" { // E2B's control plane
+	if s.e2b != nil && strings.HasPrefix(r.URL.Path, E2BPrefix+"/") { // E2B's control plane
 		s.e2b.ServeHTTP(w, r)
 		return
 	}
-	if s.envd != nil && s.isEnvd(r) { // E2B's in-sandbox API (Options.Envd)
-		s.envd.ServeHTTP(w, r)
+	if s.envd != nil && s.isEnvd(r) { // E2B's in-sandbox API (envd.go)
+		s.serveEnvd(w, r)
 		return
 	}
 	if s.servePortHost(w, r) { // an exposed port's origin: never the API (ports.go)

@@ -3,7 +3,6 @@ package envd
 import (
 	"compress/gzip"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"mime"
@@ -70,12 +69,43 @@ func (s *service) getFile(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// capped reads at most n bytes of r; one more is an error, and over says
+// so afterwards whatever the reader's caller made of that error.
+type capped struct {
+	r    io.Reader
+	n    int64
+	over bool
+}
+
+func (c *capped) Read(p []byte) (int, error) {
+	if c.n < 0 {
+		c.over = true
+		return 0, errdefs.TooLargef("the upload is larger than the limit")
+	}
+	if int64(len(p)) > c.n+1 {
+		p = p[:c.n+1]
+	}
+	n, err := c.r.Read(p)
+	c.n -= int64(n)
+	if c.n < 0 {
+		c.over = true
+		return n, errdefs.TooLargef("the upload is larger than the limit")
+	}
+	return n, err
+}
+
 func (s *service) postFile(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, s.maxUpload)
+	if r.ContentLength > s.maxUpload {
+		writeError(w, errdefs.TooLargef("the upload of %d bytes is larger than the daemon's limit of %d bytes (max_upload_bytes)", r.ContentLength, s.maxUpload))
+		return
+	}
+	body := &capped{r: r.Body, n: s.maxUpload}
+	r.Body = io.NopCloser(body)
 	out, err := s.writeFiles(r)
-	var mb *http.MaxBytesError
-	if errors.As(err, &mb) {
-		err = errdefs.TooLargef("the upload is larger than the daemon's limit of %d bytes", s.maxUpload)
+	if body.over {
+		// Whatever the write made of the reader's error: the upload was
+		// too large (and what was written of it is partial).
+		err = errdefs.TooLargef("the upload is larger than the daemon's limit of %d bytes (max_upload_bytes)", s.maxUpload)
 	}
 	if err != nil {
 		writeError(w, err)

@@ -144,6 +144,13 @@ func fromHost(host string) (string, int, bool) {
 	return strings.ToLower(id), port, true
 }
 
+// IsPath reports whether p is one of envd's paths: its services'
+// (/process.Process/…, /filesystem.Filesystem/…), /files or /health.
+func IsPath(p string) bool {
+	return p == "/files" || p == "/health" ||
+		strings.HasPrefix(p, "/"+processconnect.ProcessName+"/") || strings.HasPrefix(p, "/"+filesystemconnect.FilesystemName+"/")
+}
+
 // Options configure Handler.
 type Options struct {
 	Engine *engine.Engine

@@ -19,6 +19,7 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	pb "github.com/amber-run/amber/internal/edge/e2b/envdpb/process"
+	"github.com/amber-run/amber/internal/engine"
 )
 
 // processService is envd's process.Process on the engine. Every command
@@ -35,6 +36,7 @@ type processService struct{ *service }
 type started struct {
 	config *pb.ProcessConfig
 	tag    string
+	at     time.Time // when envd started it
 }
 
 // tags holds each sandbox's started commands by pid and by tag.
@@ -59,6 +61,48 @@ func (t *tags) add(id string, pid uint32, st started) {
 		t.byTag[id][st.tag] = pid
 	}
 }
+
+// drop forgets pid of sandbox id (it ended).
+func (t *tags) drop(id string, pid uint32) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if st, ok := t.byPID[id][pid]; ok {
+		delete(t.byPID[id], pid)
+		if st.tag != "" && t.byTag[id][st.tag] == pid {
+			delete(t.byTag[id], st.tag)
+		}
+	}
+	if len(t.byPID[id]) == 0 {
+		delete(t.byPID, id)
+		delete(t.byTag, id)
+	}
+}
+
+// prune forgets the commands of sandbox id that are not alive in a list
+// read at seen (one started since is not in it).
+func (t *tags) prune(id string, alive map[uint32]bool, seen time.Time) {
+	t.mu.Lock()
+	var gone []uint32
+	for pid, st := range t.byPID[id] {
+		if !alive[pid] && st.at.Before(seen) {
+			gone = append(gone, pid)
+		}
+	}
+	t.mu.Unlock()
+	for _, pid := range gone {
+		t.drop(id, pid)
+	}
+}
+
+func (t *tags) count(id string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.byPID[id])
+}
+
+// maxTracked is how many commands of a sandbox envd keeps the config and
+// tag of before it forgets those that ended unseen.
+const maxTracked = 1024
 
 func (t *tags) get(id string, pid uint32) (started, bool) {
 	t.mu.Lock()
@@ -139,6 +183,16 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[pb.Star
 		return connectErr(err)
 	}
 	sp.OpenStdin = req.Msg.GetStdin()
+	// Every byte reaches the stream (envd's Start loses none): the
+	// command waits behind a slow client rather than outrun it.
+	sp.Hold = true
+	// The stream is admitted before the command starts: a refused one
+	// starts nothing.
+	ctx, end, err := s.beginStream(ctx)
+	if err != nil {
+		return err
+	}
+	defer end()
 	tag := req.Msg.GetTag()
 	if tag != "" {
 		if _, err := s.tags.pid(c.id, &pb.ProcessSelector{Selector: &pb.ProcessSelector_Tag{Tag: tag}}); err == nil {
@@ -149,7 +203,10 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[pb.Star
 	if err != nil {
 		return connectErr(err)
 	}
-	s.tags.add(c.id, uint32(pid), started{config: req.Msg.GetProcess(), tag: tag})
+	if s.tags.count(c.id) >= maxTracked {
+		s.prune(ctx, c)
+	}
+	s.tags.add(c.id, uint32(pid), started{config: req.Msg.GetProcess(), tag: tag, at: time.Now()})
 	if t, ok := ctx.Deadline(); ok {
 		// The client's timeout (Connect-Timeout-Ms, the SDK's timeoutMs)
 		// is the command's, as in envd: it is killed then, whether or not
@@ -166,6 +223,11 @@ func (s *processService) Connect(ctx context.Context, req *connect.Request[pb.Co
 	if err != nil {
 		return connectErr(err)
 	}
+	ctx, end, err := s.beginStream(ctx)
+	if err != nil {
+		return err
+	}
+	defer end()
 	// What the process wrote so far, read first: an unknown pid is
 	// NotFound before the stream's start event.
 	var past []sandbox.OutputFrame
@@ -180,6 +242,25 @@ func (s *processService) Connect(ctx context.Context, req *connect.Request[pb.Co
 	}
 	send := func(ev *pb.ProcessEvent) error { return st.Send(&pb.ConnectResponse{Event: ev}) }
 	return s.stream(ctx, req.Header(), pid, next, past, send)
+}
+
+// prune forgets the ended commands of the call's sandbox.
+func (s *processService) prune(ctx context.Context, c call) {
+	seen := time.Now()
+	if ps, err := s.eng.Processes(ctx, c.tenant, c.id); err == nil {
+		s.tags.prune(c.id, aliveSet(ps), seen)
+	}
+}
+
+// aliveSet is the pids of ps that are not zombies.
+func aliveSet(ps []sandbox.Process) map[uint32]bool {
+	alive := make(map[uint32]bool, len(ps))
+	for _, p := range ps {
+		if p.PID > 0 && p.State != "Z" {
+			alive[uint32(p.PID)] = true
+		}
+	}
+	return alive
 }
 
 // killAt kills process pid of the call's sandbox at t unless it ended
@@ -199,14 +280,10 @@ func (s *processService) killAt(c call, pid int, t time.Time) {
 
 // stream sends a start event for pid, the frames of past, then pid's
 // output from offset on as data events until its end event, with a
-// keepalive event whenever the stream was quiet for the client's interval.
+// keepalive event whenever the stream was quiet for the client's
+// interval. ctx is the stream's (beginStream).
 func (s *processService) stream(ctx context.Context, h http.Header, pid int, offset int64, past []sandbox.OutputFrame, send func(*pb.ProcessEvent) error) error {
 	c := callOf(ctx)
-	ctx, end, err := s.beginStream(ctx)
-	if err != nil {
-		return err
-	}
-	defer end()
 	out := newSender(send)
 	defer out.stop()
 	if err := out.send(&pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: uint32(pid)}}}); err != nil {
@@ -223,6 +300,7 @@ func (s *processService) stream(ctx context.Context, h http.Header, pid int, off
 		}
 		if f.Kind == "exited" {
 			ended = true
+			s.tags.drop(c.id, uint32(pid))
 		}
 		return out.send(ev)
 	}
@@ -288,13 +366,16 @@ func signalName(s string) string {
 
 func (s *processService) List(ctx context.Context, _ *connect.Request[pb.ListRequest]) (*connect.Response[pb.ListResponse], error) {
 	c := callOf(ctx)
+	seen := time.Now()
 	ps, err := s.eng.Processes(ctx, c.tenant, c.id)
 	if err != nil {
 		return nil, connectErr(err)
 	}
+	alive := aliveSet(ps)
+	s.tags.prune(c.id, alive, seen)
 	out := &pb.ListResponse{}
 	for _, p := range ps {
-		if p.PID <= 0 || p.State == "Z" || strings.HasPrefix(p.State, "zombie") {
+		if !alive[uint32(p.PID)] {
 			continue
 		}
 		info := &pb.ProcessInfo{Pid: uint32(p.PID)}
@@ -303,9 +384,10 @@ func (s *processService) List(ctx context.Context, _ *connect.Request[pb.ListReq
 			if st.tag != "" {
 				info.Tag = &st.tag
 			}
-		} else if p.PPID != 1 || len(p.Args) == 0 {
+		} else if p.PPID != 1 || len(p.Args) == 0 || engine.IsHelper(p.Args) {
 			// Not a command of the tenant's (the agent's children
-			// are): one of the sandbox's own, or a command's child.
+			// are, but for the engine's own helpers): one of the
+			// sandbox's own, or a command's child.
 			continue
 		} else {
 			info.Config = &pb.ProcessConfig{Cmd: p.Args[0], Args: p.Args[1:]}

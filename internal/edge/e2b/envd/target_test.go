@@ -44,3 +44,36 @@ func TestTarget(t *testing.T) {
 		}
 	}
 }
+
+// FuzzTarget: any Host and headers give a sandbox id and a port in range,
+// or an error; never a panic, never an empty id.
+func FuzzTarget(f *testing.F) {
+	f.Add("49983-sbx-abc.e2b.local", "", "")
+	f.Add("127.0.0.1:7000", "sbx-abc", "49983")
+	f.Add("-.x", "", "0")
+	f.Add("99999999999999999999-a.b", "x", "-1")
+	f.Fuzz(func(t *testing.T, host, id, port string) {
+		r := httptest.NewRequest("GET", "/health", nil)
+		r.Host = host
+		r.Header["E2b-Sandbox-Id"] = []string{id}
+		r.Header["E2b-Sandbox-Port"] = []string{port}
+		gid, gport, err := Target(r)
+		if err != nil {
+			return
+		}
+		if gid == "" || gport <= 0 || gport > 65535 {
+			t.Fatalf("host %q id %q port %q: got %q %d", host, id, port, gid, gport)
+		}
+	})
+}
+
+func TestIsPath(t *testing.T) {
+	for p, want := range map[string]bool{
+		"/files": true, "/health": true, "/process.Process/Start": true, "/filesystem.Filesystem/Stat": true,
+		"/": false, "/v1/sandboxes": false, "/e2b/sandboxes": false, "/files/x": false, "/process.Process": false, "/healthz": false,
+	} {
+		if IsPath(p) != want {
+			t.Errorf("IsPath(%q) = %v", p, !want)
+		}
+	}
+}

@@ -1,0 +1,92 @@
+package gvisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/sandbox"
+)
+
+// TestCutStartsNoRunsc: a cut (pause, layer, checkpoint, resume) and the
+// port dials around it are calls on the sandbox's control socket; no
+// runsc process is started for them. A call the sentry refuses comes back
+// as its message, a dial to a port nothing listens on as a failed
+// precondition, and a stopped sandbox as not running.
+//
+//	go test -tags seccomp -count=1 -run TestCutStartsNoRunsc -v ./drivers/gvisor
+func TestCutStartsNoRunsc(t *testing.T) {
+	runsc := requireHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	d := newTestDriver(t, runsc, "/amber/gvisor-control")
+	id := fmt.Sprintf("control-%d", os.Getpid())
+	spec := sandbox.Spec{ID: id, Template: minimalTemplate(t)}
+	if _, err := d.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
+	mustSh(t, d, id, "echo before > /root/f")
+
+	before := map[string]int{}
+	subs := []string{"state", "pause", "checkpoint", "resume", "port-forward", "list"}
+	for _, s := range subs {
+		before[s] = d.runscCalls(s)
+	}
+	pauses := d.runscCalls("ctl:" + ctlPause)
+	image := filepath.Join(t.TempDir(), "image")
+	cs, err := d.Checkpoint(ctx, id, image, sandbox.CheckpointOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cut: frozen %v, total %v", cs.Frozen, cs.Total)
+	if out := mustSh(t, d, id, "cat /root/f"); out != "before\n" {
+		t.Fatalf("after the cut the sandbox reads %q", out)
+	}
+	for _, s := range subs {
+		if n := d.runscCalls(s) - before[s]; n != 0 {
+			t.Errorf("the cut and an exec after it ran runsc %s %d times", s, n)
+		}
+	}
+	if n := d.runscCalls("ctl:"+ctlPause) - pauses; n != 1 {
+		t.Errorf("%d Pause calls on the control socket, want 1", n)
+	}
+	for _, f := range []string{"checkpoint.img", "pages_meta.img", "pages.img"} {
+		if st, err := os.Stat(filepath.Join(image, imageRunscDir, f)); err != nil || (f == "checkpoint.img" && st.Size() == 0) {
+			t.Errorf("image file %s: %v", f, err)
+		}
+	}
+
+	// The image restores (runsc restore reads what the call wrote).
+	if err := d.Kill(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Restore(ctx, spec, image, sandbox.RestoreOptions{}); err != nil {
+		t.Fatalf("restore of the image the control call wrote: %v", err)
+	}
+	if out := mustSh(t, d, id, "cat /root/f"); out != "before\n" {
+		t.Fatalf("after the restore the sandbox reads %q", out)
+	}
+
+	var ce *controlError
+	if err := d.control(ctx, id, "containerManager.NoSuchMethod", nil); !errors.As(err, &ce) {
+		t.Errorf("an unknown method: %v, want the server's answer", err)
+	}
+	if _, err := d.DialPort(ctx, id, 9); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("a dial to a port nothing listens on: %v, want a failed precondition", err)
+	}
+	if err := d.Kill(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.control(ctx, id, ctlPause, nil); !controlDown(err) {
+		t.Errorf("a call to a killed sandbox: %v, want no answer", err)
+	}
+	if _, err := d.Checkpoint(ctx, id, filepath.Join(t.TempDir(), "image2"), sandbox.CheckpointOptions{}); !errors.Is(err, errdefs.ErrFailedPrecondition) && !errdefs.IsNotFound(err) {
+		t.Errorf("a checkpoint of a killed sandbox: %v, want not running", err)
+	}
+}
