@@ -45,23 +45,6 @@ type Limits struct {
 	DiskBytes   int64 `json:"disk_bytes,omitempty"` // the writable layer
 }
 
-// CreateSandboxRequest is the body of POST /v1/sandboxes.
-type CreateSandboxRequest struct {
-	Template string   `json:"template"`
-	Limits   Limits   `json:"limits,omitempty"`
-	Env      []string `json:"env,omitempty"` // KEY=VALUE, added to every process
-	// Cold skips the warm pool (to measure a cold create).
-	Cold bool `json:"cold,omitempty"`
-	// Recovery is the recovery policy: "none" (default: checkpoints on
-	// request), "fast" (in the background every few execs or seconds) or
-	// "strict" (after every exec, before it is acknowledged).
-	Recovery string `json:"recovery,omitempty"`
-	// Egress is the sandbox's own egress policy; without it the sandbox
-	// follows its tenant's (or the daemon's default). It must lie within
-	// its tenant's policy and the operator's ceiling (403 otherwise).
-	Egress *EgressPolicy `json:"egress,omitempty"`
-}
-
 // EgressPolicy is what a sandbox may reach through the egress gateway.
 // The zero policy reaches nothing; private, loopback and link-local
 // addresses are refused unless the operator named the host.
@@ -210,9 +193,14 @@ type Sandbox struct {
 	// Recovery is the recovery policy ("" is none).
 	Recovery string `json:"recovery,omitempty"`
 	// Node is the node that runs the sandbox (deployments of many nodes).
-	Node    string    `json:"node,omitempty"`
-	Created time.Time `json:"created"`
-	Updated time.Time `json:"updated"`
+	Node string `json:"node,omitempty"`
+	// Metadata are its labels; ExpiresAt its deadline (nil: none), and
+	// OnTimeout what happens then ("": kill, "pause").
+	Metadata  map[string]string `json:"metadata,omitempty"`
+	ExpiresAt *time.Time        `json:"expires_at,omitempty"`
+	OnTimeout string            `json:"on_timeout,omitempty"`
+	Created   time.Time         `json:"created"`
+	Updated   time.Time         `json:"updated"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.

@@ -224,6 +224,32 @@ func (c *Client) ListSandboxes(ctx context.Context) ([]api.Sandbox, error) {
 	return out.Sandboxes, c.do(ctx, "GET", "/v1/sandboxes", nil, nil, &out)
 }
 
+// ListFilter selects sandboxes for FindSandboxes: by state (empty: every
+// state but destroyed) and by metadata (every pair must match).
+type ListFilter struct {
+	States   []string
+	Metadata map[string]string
+}
+
+// FindSandboxes lists the caller's sandboxes that match f.
+func (c *Client) FindSandboxes(ctx context.Context, f ListFilter) ([]api.Sandbox, error) {
+	q := url.Values{}
+	for _, st := range f.States {
+		q.Add("state", st)
+	}
+	for k, v := range f.Metadata {
+		q.Add("metadata", k+"="+v)
+	}
+	var out api.SandboxList
+	return out.Sandboxes, c.do(ctx, "GET", "/v1/sandboxes", q, nil, &out)
+}
+
+// SetTimeout sets a sandbox's deadline to seconds from now (0: none).
+func (c *Client) SetTimeout(ctx context.Context, id string, seconds int64) (api.Sandbox, error) {
+	var out api.Sandbox
+	return out, c.do(ctx, "POST", sbPath(id, "/timeout"), nil, api.SetTimeoutRequest{Timeout: seconds}, &out)
+}
+
 // GetSandbox returns one sandbox.
 func (c *Client) GetSandbox(ctx context.Context, id string) (api.Sandbox, error) {
 	var out api.Sandbox

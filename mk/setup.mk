@@ -26,12 +26,12 @@ SETUP_SCRIPTS := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../scripts/setup)
 _setup_mk_default_goal := $(.DEFAULT_GOAL)
 
 .PHONY: setup setup-test setup-runsc setup-criu setup-sysctl setup-minimal \
-	setup-python-template setup-postgres setup-minio setup-build-deps setup-test-deps setup-bench-deps setup-tssdk-deps setup-mcp-deps setup-openapi-lint-deps setup-oapi-client-deps \
+	setup-python-template setup-postgres setup-minio setup-build-deps setup-test-deps setup-bench-deps setup-tssdk-deps setup-mcp-deps setup-e2b-deps setup-openapi-lint-deps setup-oapi-client-deps \
 	setup-browser-deps setup-extended setup-chromium-template setup-postgres-template setup-kubeconform
 
 setup: setup-build-deps setup-runsc setup-criu setup-sysctl setup-minimal setup-python-template
 
-setup-test: setup setup-postgres setup-minio setup-test-deps setup-tssdk-deps setup-mcp-deps setup-openapi-lint-deps setup-oapi-client-deps setup-browser-deps setup-kubeconform
+setup-test: setup setup-postgres setup-minio setup-test-deps setup-tssdk-deps setup-mcp-deps setup-e2b-deps setup-openapi-lint-deps setup-oapi-client-deps setup-browser-deps setup-kubeconform
 
 setup-kubeconform:
 	$(SETUP_SCRIPTS)/kubeconform.sh
@@ -49,6 +49,10 @@ setup-tssdk-deps:
 
 # npm ci of the official MCP clients (TypeScript SDK, Inspector) into
 # $(AMBER_CACHE)/npm (cmd/amber TestE2EMCPClients).
+# npm ci of the official E2B SDK (e2b@2.51.0, tests/e2b) into $(AMBER_CACHE)/npm (TestE2EE2B).
+setup-e2b-deps:
+	$(SETUP_SCRIPTS)/e2b-deps.sh
+
 setup-mcp-deps:
 	$(SETUP_SCRIPTS)/npm-deps.sh mcp cmd/amber/testdata/mcpclients \
 	  @modelcontextprotocol/sdk/package.json @modelcontextprotocol/inspector/package.json

@@ -449,6 +449,16 @@ func TestE2EConsole(t *testing.T) {
 		b.shot("09b-effects")
 	}
 
+	// The sandbox list shows metadata and the deadline (CLI flags).
+	md := strings.TrimSpace(as(keyA, "sandbox", "create", "--template", "minimal", "--metadata", "team=red", "--timeout", "1h", "--on-timeout", "pause"))
+	if ls := as(keyA, "sandbox", "ls", "--label", "team=red", "--state", "running"); !strings.Contains(ls, md) || strings.Contains(ls, sbx) || !strings.Contains(ls, "(pause)") {
+		t.Fatalf("sandbox ls --label team=red --state running:\n%s", ls)
+	}
+	b.open("/sandboxes")
+	b.wait("the metadata and the deadline in the list", fmt.Sprintf(`[...document.querySelectorAll('tr')].some(r => r.innerText.includes(%q) &&
+		r.querySelector('[data-testid=metadata]')?.innerText === 'team=red' && r.querySelector('[data-testid=expires]')?.innerText.includes('(pause)'))`, md), 30*time.Second)
+	as(keyA, "sandbox", "rm", md)
+
 	// Tenant globex's key sees nothing of acme's: not in the lists, and not
 	// by address.
 	b.signIn(keyB)

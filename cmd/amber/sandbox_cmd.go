@@ -10,33 +10,40 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/amber-run/amber/api"
+	"github.com/amber-run/amber/client"
 )
 
 func newSandboxCmd(g *globalFlags) *cobra.Command {
 	c := &cobra.Command{Use: "sandbox", Aliases: []string{"sandboxes", "sbx"}, Short: "Create, list, inspect and remove sandboxes"}
 	c.AddCommand(newCreateCmd(g), newLsCmd(g), newInspectCmd(g), newRmCmd(g), newKillCmd(g), newEventsCmd(g), newRecoverCmd(g),
-		newEffectsCmd(g), newEgressCmd(g), newUpgradeCmd(g))
+		newEffectsCmd(g), newEgressCmd(g), newUpgradeCmd(g), newTimeoutCmd(g))
 	return c
 }
 
 func newCreateCmd(g *globalFlags) *cobra.Command {
-	var template, memory, cpus, disk, recovery string
+	var template, memory, cpus, disk, recovery, timeout, onTimeout string
 	var pids int64
-	var env, egressAllow []string
+	var env, egressAllow, md []string
 	var cold bool
 	c := &cobra.Command{
-		Use:   "create --template T [--memory 256Mi] [--cpus 1] [--disk 1Gi] [--egress-allow HOST:PORT]",
+		Use:   "create --template T [--memory 256Mi] [--cpus 1] [--disk 1Gi] [--egress-allow HOST:PORT] [--metadata K=V] [--timeout 10m]",
 		Short: "Create a sandbox and print its id",
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if template == "" {
 				return usageError{fmt.Errorf("--template is required (e.g. --template python; `amber sandbox create --help`)")}
 			}
-			req := api.CreateSandboxRequest{Template: template, Env: env, Cold: cold, Limits: api.Limits{Pids: pids}, Recovery: recovery}
+			req := api.CreateSandboxRequest{Template: template, Env: env, Cold: cold, Limits: api.Limits{Pids: pids}, Recovery: recovery, OnTimeout: onTimeout}
+			var err error
+			if req.Metadata, err = parsePairs("--metadata", md); err != nil {
+				return err
+			}
+			if req.Timeout, err = parseTimeout(timeout); err != nil {
+				return err
+			}
 			if len(egressAllow) > 0 {
 				req.Egress = &api.EgressPolicy{Allow: egressAllow}
 			}
-			var err error
 			if memory != "" {
 				if req.Limits.MemoryBytes, err = parseSize(memory); err != nil {
 					return err
@@ -81,13 +88,17 @@ func newCreateCmd(g *globalFlags) *cobra.Command {
 	f.StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE added to every process (repeatable)")
 	f.BoolVar(&cold, "cold", false, "do not claim from the warm pool")
 	f.StringVar(&recovery, "recovery", "", "recovery policy: none (checkpoint on request), fast (in the background) or strict (after every exec)")
+	f.StringArrayVar(&md, "metadata", nil, "KEY=VALUE label of the sandboxes (repeatable; `sandbox ls --label` selects by them)")
+	f.StringVar(&timeout, "timeout", "", "deadline from now, e.g. 10m or 600 (seconds); then the sandbox is killed, or paused with --on-timeout pause")
+	f.StringVar(&onTimeout, "on-timeout", "", "what happens at the deadline: kill (default; files kept until rm), pause (checkpoint and stop; the next call resumes it) or destroy")
 	f.StringSliceVar(&egressAllow, "egress-allow", nil, "destinations the sandbox may reach through the gateway, HOST:PORT patterns (*.suffix and * allowed); default: its tenant's policy")
 	return c
 }
 
 func newLsCmd(g *globalFlags) *cobra.Command {
-	return &cobra.Command{
-		Use:     "ls",
+	var states, labels []string
+	c := &cobra.Command{
+		Use:     "ls [--state running] [--label K=V]",
 		Aliases: []string{"list"},
 		Short:   "List sandboxes",
 		Args:    exactArgs(0, "no arguments"),
@@ -96,7 +107,11 @@ func newLsCmd(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			sbs, err := cl.ListSandboxes(cmd.Context())
+			md, err := parsePairs("--label", labels)
+			if err != nil {
+				return err
+			}
+			sbs, err := cl.FindSandboxes(cmd.Context(), client.ListFilter{States: states, Metadata: md})
 			if err != nil {
 				return err
 			}
@@ -109,14 +124,17 @@ func newLsCmd(g *globalFlags) *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tTEMPLATE\tSTATE\tMEMORY\tCPUS\tCREATED")
+			fmt.Fprintln(tw, "ID\tTEMPLATE\tSTATE\tMEMORY\tCPUS\tCREATED\tEXPIRES\tMETADATA")
 			for _, sb := range sbs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%s\n", sb.ID, sb.Template, sb.State, formatSize(sb.Limits.MemoryBytes),
-					float64(sb.Limits.MilliCPUs)/1000, sb.Created.Local().Format(time.DateTime))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%g\t%s\t%s\t%s\n", sb.ID, sb.Template, sb.State, formatSize(sb.Limits.MemoryBytes),
+					float64(sb.Limits.MilliCPUs)/1000, sb.Created.Local().Format(time.DateTime), formatExpiry(sb), formatPairs(sb.Metadata))
 			}
 			return tw.Flush()
 		},
 	}
+	c.Flags().StringSliceVar(&states, "state", nil, "only sandboxes in these states (running, stopped, crashed, …; repeatable or comma-separated)")
+	c.Flags().StringArrayVar(&labels, "label", nil, "only sandboxes whose metadata hold KEY=VALUE (repeatable: every pair)")
+	return c
 }
 
 func newInspectCmd(g *globalFlags) *cobra.Command {

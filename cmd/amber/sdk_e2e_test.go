@@ -61,7 +61,7 @@ func TestE2EPythonSDK(t *testing.T) {
 	if err != nil {
 		t.Fatalf("python SDK tests: %v\ndaemon log:\n%s", err, tail(d.log(), 30))
 	}
-	if !strings.Contains(string(out), "Ran 12 tests") || strings.Contains(string(out), "skipped") {
+	if !strings.Contains(string(out), "Ran 13 tests") || strings.Contains(string(out), "skipped") {
 		t.Fatalf("the SDK tests did not all run")
 	}
 }

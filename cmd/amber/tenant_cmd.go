@@ -85,7 +85,7 @@ func newTenantLsCmd(g *globalFlags) *cobra.Command {
 
 func newKeyCmd(g *globalFlags) *cobra.Command {
 	c := &cobra.Command{Use: "key", Aliases: []string{"keys"}, Short: "Create, list and revoke a tenant's API keys (an admin-scoped key)"}
-	c.AddCommand(newKeyCreateCmd(g), newKeyLsCmd(g), newKeyRevokeCmd(g))
+	c.AddCommand(newKeyCreateCmd(g), newKeyLsCmd(g), newKeyRevokeCmd(g), newKeyE2BCmd(g))
 	return c
 }
 

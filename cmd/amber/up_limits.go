@@ -20,6 +20,7 @@ type edgeOptions struct {
 	maxPids                     int64
 	maxStreams                  int
 	bodyReadTimeout             time.Duration
+	e2b                         bool
 
 	domain string         // checked --port-domain
 	max    sandbox.Limits // checked maxima
@@ -27,6 +28,7 @@ type edgeOptions struct {
 
 func (o *edgeOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.portDomain, "port-domain", server.DefaultPortDomain, "domain of exposed ports' own origins: a port is served at <port>-<sandbox>.DOMAIN (point the wildcard *.DOMAIN at the daemon; the default resolves to loopback in browsers); never the API's own host or a parent of it")
+	f.BoolVar(&o.e2b, "e2b", false, "serve E2B's control plane at /e2b (E2B_API_URL=http://ADDR/e2b; the e2b SDK's envd is served always: README, E2B)")
 	f.StringVar(&o.maxMemory, "max-sandbox-memory", "", "the most memory a sandbox may ask for, e.g. 8Gi (default: this node's memory)")
 	f.StringVar(&o.maxCPUs, "max-sandbox-cpus", "", "the most CPUs a sandbox may ask for, e.g. 4 or 500m (default: this node's CPUs)")
 	f.StringVar(&o.maxDisk, "max-sandbox-disk", "256Gi", "the most disk (writable layer) a sandbox may ask for")
@@ -78,6 +80,7 @@ func (o *edgeOptions) check(addr string) error {
 // apply sets the checked flags in the API server's options.
 func (o *edgeOptions) apply(so *server.Options) {
 	so.PortDomain = o.domain
+	so.E2B = o.e2b
 	so.Limits.MaxSandbox = o.max
 	so.Limits.MaxStreamsPerTenant = o.maxStreams
 	so.Limits.BodyReadTimeout = o.bodyReadTimeout

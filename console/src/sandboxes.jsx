@@ -13,7 +13,7 @@ export function Sandboxes() {
       <NewSandbox />
       <Err err={err} />
       <table data-testid="sandboxes">
-        <thead><tr><th>Sandbox</th><th>State</th><th>Template</th><th>Driver</th><th>Generation</th><th>Origin</th><th>Updated</th></tr></thead>
+        <thead><tr><th>Sandbox</th><th>State</th><th>Template</th><th>Driver</th><th>Generation</th><th>Origin</th><th>Updated</th><th>Expires</th><th>Metadata</th></tr></thead>
         <tbody>
           {sbs.map((s) => (
             <tr data-testid="sandbox-row" data-id={s.id}>
@@ -24,9 +24,11 @@ export function Sandboxes() {
               <td>{s.generation}</td>
               <td>{s.origin ? short(s.origin) : '–'}</td>
               <td>{when(s.updated)}</td>
+              <td data-testid="expires">{s.expires_at ? when(s.expires_at) + (s.on_timeout === 'pause' ? ' (pause)' : '') : '–'}</td>
+              <td data-testid="metadata" class="small">{Object.entries(s.metadata || {}).map(([k, v]) => k + '=' + v).join(', ') || '–'}</td>
             </tr>
           ))}
-          {list && sbs.length === 0 && <tr><td colSpan="7" class="muted">No sandboxes for this tenant.</td></tr>}
+          {list && sbs.length === 0 && <tr><td colSpan="9" class="muted">No sandboxes for this tenant.</td></tr>}
         </tbody>
       </table>
     </section>

@@ -81,6 +81,11 @@ type Sandboxes interface {
 	Restored(ctx context.Context, id, origin string) (Sandbox, error)
 	// SetPolicy sets sandbox id's recovery policy.
 	SetPolicy(ctx context.Context, id, policy string) (Sandbox, error)
+	// SetMetadata replaces sandbox id's metadata (nil: none).
+	SetMetadata(ctx context.Context, id string, md map[string]string) (Sandbox, error)
+	// SetExpiry sets sandbox id's deadline (zero: none) and what happens
+	// at it (ExpireKill or ExpirePause).
+	SetExpiry(ctx context.Context, id string, expires time.Time, onExpire string) (Sandbox, error)
 	// Claim gives the pooled, running sandbox id to tenant with the limits and
 	// env it is claimed with; its Created becomes the claim time (when the
 	// tenant got it). It fails with ErrFailedPrecondition when id is not

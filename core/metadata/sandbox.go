@@ -57,9 +57,17 @@ type Sandbox struct {
 	// on shared stores, each node manages only its own rows, and a
 	// sandbox moves to another node only by a fenced takeover
 	// (SetNode; see docs/deploy.md).
-	Node    string    `json:"node,omitempty"`
-	Created time.Time `json:"created"`
-	Updated time.Time `json:"updated"`
+	Node string `json:"node,omitempty"`
+	// Metadata are the owner's labels (string to string), set at create;
+	// List can select by them (Filter.Metadata).
+	Metadata map[string]string `json:"metadata,omitempty"`
+	// Expires is the sandbox's deadline (zero: none): past it the engine
+	// kills the sandbox, or pauses it (checkpoint and stop) when OnExpire
+	// is ExpirePause. Set at create and by SetExpiry.
+	Expires  time.Time `json:"expires,omitempty"`
+	OnExpire string    `json:"on_expire,omitempty"`
+	Created  time.Time `json:"created"`
+	Updated  time.Time `json:"updated"`
 }
 
 // Filter selects rows for List. Zero values select everything except
@@ -71,4 +79,28 @@ type Filter struct {
 	// States, when set, lists the states to return; otherwise every state
 	// except destroyed.
 	States []State
+	// Metadata, when set, selects the sandboxes whose Metadata hold every
+	// one of its pairs.
+	Metadata map[string]string
+	// ExpiredBy, when not zero, selects the sandboxes with a deadline at
+	// or before it.
+	ExpiredBy time.Time
+}
+
+// What the engine does with a sandbox at its deadline (Sandbox.OnExpire).
+const (
+	ExpireKill  = ""      // kill it (the default)
+	ExpirePause = "pause" // checkpoint and stop it; the next call resumes it
+	// ExpireDestroy destroys it (E2B's kill: nothing is left).
+	ExpireDestroy = "destroy"
+)
+
+// Matches reports whether md holds every pair of want.
+func Matches(md, want map[string]string) bool {
+	for k, v := range want {
+		if got, ok := md[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
 }

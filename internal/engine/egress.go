@@ -431,7 +431,7 @@ func (e *egressRunner) installCA(ctx context.Context, sb meta.Sandbox) error {
 // --stop, or idle) and ck is its newest cut — so that its connections
 // through the gateway, whose other ends never moved, carry on.
 func (e *egressRunner) restoreKeepsConnections(ctx context.Context, sb meta.Sandbox, ck meta.Checkpoint) bool {
-	if sb.State != meta.StateStopped || ck.SandboxID != sb.ID || (sb.Reason != stoppedAtCutReason && sb.Reason != idleReason) {
+	if sb.State != meta.StateStopped || ck.SandboxID != sb.ID || (sb.Reason != stoppedAtCutReason && !idleStopped(sb)) {
 		return false
 	}
 	latest, err := e.latestCheckpoint(ctx, sb.ID)

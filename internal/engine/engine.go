@@ -402,6 +402,11 @@ func (e *Engine) Start(ctx context.Context) error {
 			e.idleLoop(bg)
 		}()
 	}
+	e.bg.wg.Add(1)
+	go func() {
+		defer e.bg.wg.Done()
+		e.expiryLoop(bg)
+	}()
 	if e.mtr.every > 0 {
 		e.bg.wg.Add(1)
 		go func() {
@@ -492,6 +497,12 @@ type CreateRequest struct {
 	Policy string
 	// Egress is the sandbox's own egress policy (nil: its tenant's).
 	Egress *meta.EgressPolicy
+	// Metadata are the sandbox's labels; Timeout, when > 0, its deadline
+	// from now, and OnTimeout what happens then: "" or "kill", "pause"
+	// (ttl.go).
+	Metadata  map[string]string
+	Timeout   time.Duration
+	OnTimeout string
 }
 
 // Create returns a running sandbox for r: one claimed from the warm pool
@@ -530,6 +541,9 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (sb meta.Sandbox, 
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
 			return meta.Sandbox{}, errdefs.InvalidArgumentf("env entry %.60q is not KEY=VALUE", kv)
 		}
+	}
+	if err := e.checkAnnotations(r); err != nil {
+		return meta.Sandbox{}, err
 	}
 	if r.Egress != nil {
 		if err := r.Egress.Check(); err != nil {
@@ -573,7 +587,7 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (sb meta.Sandbox, 
 			return sb, err
 		}
 	}
-	return sb, nil
+	return e.annotate(ctx, sb, r)
 }
 
 // coldCreate makes a new sandbox; pooled ones have no tenant and no events.
@@ -668,6 +682,10 @@ func (e *Engine) destroy(ctx context.Context, sb meta.Sandbox, reason string) er
 // Kill SIGKILLs every process of sandbox id; it becomes stopped and keeps
 // its files until destroyed.
 func (e *Engine) Kill(ctx context.Context, tenant, id string) (meta.Sandbox, error) {
+	return e.kill(ctx, tenant, id, "killed on request")
+}
+
+func (e *Engine) kill(ctx context.Context, tenant, id, reason string) (meta.Sandbox, error) {
 	sb, err := e.Get(ctx, tenant, id)
 	if err != nil {
 		return sb, err
@@ -686,7 +704,6 @@ func (e *Engine) Kill(ctx context.Context, tenant, id string) (meta.Sandbox, err
 	if err := e.drv.Kill(ctx, id); err != nil {
 		return sb, fmt.Errorf("kill %s: %w", id, err)
 	}
-	const reason = "killed on request"
 	e.resetEgress(id, reason)
 	if sb, err = e.meta.SetState(ctx, id, meta.StateStopped, reason, meta.StateRunning); err != nil {
 		return sb, err

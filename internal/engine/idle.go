@@ -32,8 +32,10 @@ import (
 // idleReason is the reason of a sandbox the engine stopped for being idle.
 const idleReason = "idle: checkpointed and stopped; the next call resumes it"
 
+// idleStopped: stopped for being idle, or paused (ttl.go); both resume
+// at the next call.
 func idleStopped(sb meta.Sandbox) bool {
-	return sb.State == meta.StateStopped && sb.Reason == idleReason
+	return sb.State == meta.StateStopped && (sb.Reason == idleReason || sb.Reason == pauseReason)
 }
 
 // touch records activity in sandbox id.

@@ -147,3 +147,30 @@ func (e *Engine) ResolveExposure(ctx context.Context, id string, port int, token
 	}
 	return ex.Tenant, nil
 }
+
+// PublicPortsKey is the metadata key that makes every port of a sandbox
+// public on its origin, without an exposure's token (E2B's default;
+// the E2B control plane sets it unless the create asks for private
+// traffic): PublicPorts.
+const PublicPortsKey = "amber/public-ports"
+
+// PublicPorts returns the tenant of sandbox id if its metadata make its
+// ports public (PublicPortsKey "true"), else ErrNotFound, as
+// ResolveExposure.
+func (e *Engine) PublicPorts(ctx context.Context, id string, port int) (string, error) {
+	notFound := errdefs.NotFoundf("no such exposed port")
+	if validPort(port) != nil || id == "" || len(id) > 48 {
+		return "", notFound
+	}
+	sb, err := e.meta.Get(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return "", notFound
+	}
+	if err != nil {
+		return "", err
+	}
+	if sb.Pooled || sb.Tenant == "" || sb.State == meta.StateDestroyed || sb.Metadata[PublicPortsKey] != "true" {
+		return "", notFound
+	}
+	return sb.Tenant, nil
+}

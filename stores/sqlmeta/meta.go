@@ -29,6 +29,7 @@ import (
 
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/lib/failpoint"
 
@@ -54,7 +55,7 @@ type Store struct {
 }
 
 // schemaVersion is stored in PRAGMA user_version.
-const schemaVersion = 6
+const schemaVersion = 7
 
 const schema = `
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -74,7 +75,10 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	generation       INTEGER NOT NULL DEFAULT 0,
 	origin           TEXT NOT NULL DEFAULT '',
 	policy           TEXT NOT NULL DEFAULT '',
-	node             TEXT NOT NULL DEFAULT ''
+	node             TEXT NOT NULL DEFAULT '',
+	metadata         TEXT NOT NULL DEFAULT '{}',
+	expires_ns       INTEGER NOT NULL DEFAULT 0,
+	on_expire        TEXT NOT NULL DEFAULT ''
 ) STRICT;
 CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes(tenant, state);
 CREATE INDEX IF NOT EXISTS sandboxes_node ON sandboxes(node, state);
@@ -131,6 +135,10 @@ var migrations = map[int]string{
 	// 5 → 6: checkpoints committed on the node before their upload
 	// (checkpoints.go; PostgreSQL's own: pgMigrations).
 	5: checkpointColumnsV6,
+	// 6 → 7: sandboxes' metadata and deadlines.
+	6: `ALTER TABLE sandboxes ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}';
+	    ALTER TABLE sandboxes ADD COLUMN expires_ns INTEGER NOT NULL DEFAULT 0;
+	    ALTER TABLE sandboxes ADD COLUMN on_expire TEXT NOT NULL DEFAULT '';`,
 }
 
 // Open opens (creating if needed) the store at path: a SQLite file, or,
@@ -224,7 +232,7 @@ func (s *Store) migrateOne(v int) error {
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
 
-const cols = `id, tenant, template, template_version, driver, limits, env, state, reason, pooled, from_pool, created_ns, updated_ns, generation, origin, policy, node`
+const cols = `id, tenant, template, template_version, driver, limits, env, state, reason, pooled, from_pool, created_ns, updated_ns, generation, origin, policy, node, metadata, expires_ns, on_expire`
 
 // Insert adds a new sandbox row. Created and Updated are set from the clock.
 func (s *Store) Insert(ctx context.Context, sb Sandbox) (Sandbox, error) {
@@ -235,9 +243,11 @@ func (s *Store) Insert(ctx context.Context, sb Sandbox) (Sandbox, error) {
 	sb.Created, sb.Updated = now, now
 	limits, _ := json.Marshal(sb.Limits)
 	env, _ := json.Marshal(nonNil(sb.Env))
-	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+cols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	md, _ := json.Marshal(nonNilMap(sb.Metadata))
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+cols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Tenant, sb.Template, sb.TemplateVersion, sb.Driver, string(limits), string(env),
-		string(sb.State), sb.Reason, sb.Pooled, sb.FromPool, now.UnixNano(), now.UnixNano(), sb.Generation, sb.Origin, sb.Policy, sb.Node)
+		string(sb.State), sb.Reason, sb.Pooled, sb.FromPool, now.UnixNano(), now.UnixNano(), sb.Generation, sb.Origin, sb.Policy, sb.Node,
+		string(md), unixNano(sb.Expires), sb.OnExpire)
 	if err != nil {
 		if isUnique(err) {
 			return sb, errdefs.AlreadyExistsf("sandbox %s", sb.ID)
@@ -282,6 +292,10 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Sandbox, error) {
 		where = append(where, "state != ?")
 		args = append(args, string(StateDestroyed))
 	}
+	if !f.ExpiredBy.IsZero() {
+		where = append(where, "expires_ns > 0 AND expires_ns <= ?")
+		args = append(args, f.ExpiredBy.UnixNano())
+	}
 	q := `SELECT ` + cols + ` FROM sandboxes WHERE ` + strings.Join(where, " AND ") + ` ORDER BY created_ns, id`
 	rows, err := s.db.QueryContext(ctx, q, args...)
 	if err != nil {
@@ -294,7 +308,9 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Sandbox, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, sb)
+		if metadata.Matches(sb.Metadata, f.Metadata) {
+			out = append(out, sb)
+		}
 	}
 	return out, rows.Err()
 }
@@ -331,6 +347,19 @@ func (s *Store) Restored(ctx context.Context, id, origin string) (Sandbox, error
 func (s *Store) SetPolicy(ctx context.Context, id, policy string) (Sandbox, error) {
 	return s.update(ctx, id, "set policy", `UPDATE sandboxes SET policy = ?, updated_ns = ? WHERE id = ?`,
 		policy, s.clock.Now().UnixNano(), id)
+}
+
+// SetMetadata replaces sandbox id's metadata (nil: none).
+func (s *Store) SetMetadata(ctx context.Context, id string, md map[string]string) (Sandbox, error) {
+	b, _ := json.Marshal(nonNilMap(md))
+	return s.update(ctx, id, "set metadata", `UPDATE sandboxes SET metadata = ?, updated_ns = ? WHERE id = ?`,
+		string(b), s.clock.Now().UnixNano(), id)
+}
+
+// SetExpiry sets sandbox id's deadline (zero: none) and what happens at it.
+func (s *Store) SetExpiry(ctx context.Context, id string, expires time.Time, onExpire string) (Sandbox, error) {
+	return s.update(ctx, id, "set expiry", `UPDATE sandboxes SET expires_ns = ?, on_expire = ?, updated_ns = ? WHERE id = ?`,
+		unixNano(expires), onExpire, s.clock.Now().UnixNano(), id)
 }
 
 // Claim gives the pooled, running sandbox id to tenant with the limits and
@@ -373,10 +402,11 @@ type scanner interface{ Scan(dest ...any) error }
 
 func scan(r scanner) (Sandbox, error) {
 	var sb Sandbox
-	var limits, env, state string
-	var created, updated int64
+	var limits, env, state, md string
+	var created, updated, expires int64
 	err := r.Scan(&sb.ID, &sb.Tenant, &sb.Template, &sb.TemplateVersion, &sb.Driver, &limits, &env,
-		&state, &sb.Reason, &sb.Pooled, &sb.FromPool, &created, &updated, &sb.Generation, &sb.Origin, &sb.Policy, &sb.Node)
+		&state, &sb.Reason, &sb.Pooled, &sb.FromPool, &created, &updated, &sb.Generation, &sb.Origin, &sb.Policy, &sb.Node,
+		&md, &expires, &sb.OnExpire)
 	if err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return sb, err
@@ -389,6 +419,15 @@ func scan(r scanner) (Sandbox, error) {
 	if err := json.Unmarshal([]byte(env), &sb.Env); err != nil {
 		return sb, errdefs.DataLossf("meta: sandbox %s has undecodable env: %v", sb.ID, err)
 	}
+	if err := json.Unmarshal([]byte(md), &sb.Metadata); err != nil {
+		return sb, errdefs.DataLossf("meta: sandbox %s has undecodable metadata: %v", sb.ID, err)
+	}
+	if len(sb.Metadata) == 0 {
+		sb.Metadata = nil
+	}
+	if expires > 0 {
+		sb.Expires = time.Unix(0, expires).UTC()
+	}
 	sb.State = State(state)
 	sb.Created = time.Unix(0, created).UTC()
 	sb.Updated = time.Unix(0, updated).UTC()
@@ -400,4 +439,19 @@ func nonNil(s []string) []string {
 		return []string{}
 	}
 	return s
+}
+
+func nonNilMap(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
+
+// unixNano is t in Unix nanoseconds, 0 for the zero time.
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
 }

@@ -17,8 +17,9 @@ func TestMigrateV5ToV6(t *testing.T) {
 	if _, err := s.InsertCheckpoint(ctx, Checkpoint{ID: "ckpt-old", Tenant: DefaultTenant, SandboxID: "sbx-1", State: CheckpointPending}); err != nil {
 		t.Fatal(err)
 	}
-	// Back to schema 5.
-	downgrade := []string{`ALTER TABLE checkpoints DROP COLUMN upload_pending`, `ALTER TABLE checkpoints DROP COLUMN hot_digest`}
+	// Back to schema 5 (without schema 7's columns too).
+	downgrade := []string{`ALTER TABLE checkpoints DROP COLUMN upload_pending`, `ALTER TABLE checkpoints DROP COLUMN hot_digest`,
+		`ALTER TABLE sandboxes DROP COLUMN metadata`, `ALTER TABLE sandboxes DROP COLUMN expires_ns`, `ALTER TABLE sandboxes DROP COLUMN on_expire`}
 	if s.db.pg {
 		downgrade = append(downgrade, `DELETE FROM meta_schema_version`, `INSERT INTO meta_schema_version (version) VALUES (5)`)
 	} else {

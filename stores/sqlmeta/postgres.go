@@ -51,6 +51,10 @@ var pgMigrations = map[int]string{
 	// 5 → 6: checkpoints committed on the node before their upload.
 	5: `ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS upload_pending BIGINT NOT NULL DEFAULT 0;
 	    ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS hot_digest TEXT NOT NULL DEFAULT '';`,
+	// 6 → 7: sandboxes' metadata and deadlines.
+	6: `ALTER TABLE sandboxes ADD COLUMN IF NOT EXISTS metadata TEXT NOT NULL DEFAULT '{}';
+	    ALTER TABLE sandboxes ADD COLUMN IF NOT EXISTS expires_ns BIGINT NOT NULL DEFAULT 0;
+	    ALTER TABLE sandboxes ADD COLUMN IF NOT EXISTS on_expire TEXT NOT NULL DEFAULT '';`,
 }
 
 // migratePostgres creates the schema at schemaVersion, migrating an older

@@ -32,6 +32,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Opener) {
 		{"InsertGetListSurvivesReopen", testInsertGetList},
 		{"SetStateIsConditional", testSetStateIsConditional},
 		{"ClaimOnlyOnce", testClaimOnlyOnce},
+		{"MetadataAndExpiry", testMetadataAndExpiry},
 		{"StatementsRoundTrip", testStatementsRoundTrip},
 		{"CheckpointUploadPending", testCheckpointUploadPending},
 		{"TenantsAndKeys", testTenantsAndKeys},

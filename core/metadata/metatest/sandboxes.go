@@ -337,3 +337,73 @@ func testStatementsRoundTrip(t *testing.T, open Opener) {
 		t.Fatalf("pooled rows: %+v %v", l, err)
 	}
 }
+
+// testMetadataAndExpiry: a sandbox's metadata and deadline survive a
+// reopen; List selects by every pair of Filter.Metadata and by
+// ExpiredBy; SetExpiry with the zero time clears the deadline.
+func testMetadataAndExpiry(t *testing.T, open Opener) {
+	ctx := ctxT(t)
+	s, err := open(clock.NewFake(epoch))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := row("a", false)
+	a.Metadata = map[string]string{"team": "red", "job": "1"}
+	a.Expires, a.OnExpire = epoch.Add(time.Minute), metadata.ExpirePause
+	if _, err := s.Insert(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Insert(ctx, row("b", false)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SetMetadata(ctx, "b", map[string]string{"team": "blue"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SetExpiry(ctx, "b", epoch.Add(time.Hour), metadata.ExpireKill); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s = mustOpen(t, open, clock.Real{})
+	got, err := s.Get(ctx, "a")
+	if err != nil || got.Metadata["team"] != "red" || got.Metadata["job"] != "1" || len(got.Metadata) != 2 ||
+		!got.Expires.Equal(epoch.Add(time.Minute)) || got.OnExpire != metadata.ExpirePause {
+		t.Fatalf("round trip: %+v %v", got, err)
+	}
+	ids := func(f metadata.Filter) string {
+		t.Helper()
+		l, err := s.List(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, sb := range l {
+			out = append(out, sb.ID)
+		}
+		return strings.Join(out, ",")
+	}
+	for _, c := range []struct {
+		f    metadata.Filter
+		want string
+	}{
+		{metadata.Filter{Metadata: map[string]string{"team": "red"}}, "a"},
+		{metadata.Filter{Metadata: map[string]string{"team": "blue"}}, "b"},
+		{metadata.Filter{Metadata: map[string]string{"team": "red", "job": "2"}}, ""},
+		{metadata.Filter{Metadata: map[string]string{}}, "a,b"},
+		{metadata.Filter{ExpiredBy: epoch.Add(time.Minute)}, "a"},
+		{metadata.Filter{ExpiredBy: epoch.Add(time.Minute - 1)}, ""},
+		{metadata.Filter{ExpiredBy: epoch.Add(2 * time.Hour)}, "a,b"},
+	} {
+		if got := ids(c.f); got != c.want {
+			t.Errorf("list %+v: %q, want %q", c.f, got, c.want)
+		}
+	}
+	if got, err = s.SetExpiry(ctx, "a", time.Time{}, ""); err != nil || !got.Expires.IsZero() || got.OnExpire != "" {
+		t.Fatalf("cleared deadline: %+v %v", got, err)
+	}
+	if got := ids(metadata.Filter{ExpiredBy: epoch.Add(2 * time.Hour)}); got != "b" {
+		t.Fatalf("expired after clearing a's deadline: %q", got)
+	}
+	if _, err := s.SetExpiry(ctx, "nope", epoch, ""); err == nil {
+		t.Fatal("SetExpiry of a missing sandbox succeeded")
+	}
+}

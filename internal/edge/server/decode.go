@@ -4,10 +4,12 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/metadata"
+	"github.com/amber-run/amber/internal/engine"
 )
 
 // The request decoders of the main creating endpoints, apart from their
@@ -20,6 +22,12 @@ import (
 func (s *Server) decodeCreateSandbox(r *http.Request) (api.CreateSandboxRequest, error) {
 	var req api.CreateSandboxRequest
 	if err := readJSON(r, &req); err != nil {
+		return req, err
+	}
+	if req.Timeout < 0 || req.Timeout > int64(engine.MaxTimeout/time.Second) {
+		return req, errdefs.InvalidArgumentf("timeout %d: want 0 (none) to %d seconds", req.Timeout, int64(engine.MaxTimeout/time.Second))
+	}
+	if err := engine.ValidateMetadata(req.Metadata); err != nil {
 		return req, err
 	}
 	if err := s.limits.checkSandbox(fromAPILimits(req.Limits)); err != nil {

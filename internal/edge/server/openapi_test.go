@@ -169,11 +169,14 @@ func TestOpenAPIMatchesRealResponses(t *testing.T) {
 	c := conformance{t: t, doc: loadOpenAPI(t, true), base: base, key: testKey}
 
 	var sb api.Sandbox
-	if code := c.call("POST", "/v1/sandboxes", "/v1/sandboxes", nil, api.CreateSandboxRequest{Template: "minimal", Env: []string{"A=1"}}, &sb); code != 201 {
+	if code := c.call("POST", "/v1/sandboxes", "/v1/sandboxes", nil, api.CreateSandboxRequest{Template: "minimal", Env: []string{"A=1"},
+		Metadata: map[string]string{"k": "v"}, Timeout: 3600}, &sb); code != 201 {
 		t.Fatalf("create: %d", code)
 	}
 	id := map[string]string{"id": sb.ID}
 	c.call("GET", "/v1/sandboxes", "/v1/sandboxes", nil, nil, nil)
+	c.call("GET", "/v1/sandboxes", "/v1/sandboxes?state=running&metadata=k=v", nil, nil, nil)
+	c.call("POST", "/v1/sandboxes/{id}/timeout", "/v1/sandboxes/"+sb.ID+"/timeout", id, api.SetTimeoutRequest{Timeout: 3600}, nil)
 	c.call("GET", "/v1/sandboxes/{id}", "/v1/sandboxes/"+sb.ID, id, nil, nil)
 	var exit api.ExecFrame
 	if code := c.call("POST", "/v1/sandboxes/{id}/exec", "/v1/sandboxes/"+sb.ID+"/exec", id,

@@ -334,6 +334,15 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string, port i
 			return
 		}
 	}
+	if tenant == "" && len(tokens) == 0 {
+		// A sandbox whose ports are public (E2B's): no token needed.
+		if tn, err := s.eng.PublicPorts(r.Context(), id, port); err == nil {
+			tenant = tn
+		} else if !errdefs.IsNotFound(err) {
+			writeError(sw, err)
+			return
+		}
+	}
 	if tenant == "" {
 		s.proxies.drop(id, port)
 		notFound()

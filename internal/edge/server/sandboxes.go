@@ -2,6 +2,9 @@ package server
 
 import (
 	"net/http"
+	"net/url"
+	"strings"
+	"time"
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/core/errdefs"
@@ -24,8 +27,16 @@ func toAPISandbox(sb metadata.Sandbox) api.Sandbox {
 		ID: sb.ID, Tenant: sb.Tenant, Template: sb.Template, TemplateVersion: sb.TemplateVersion,
 		Driver: sb.Driver, State: string(sb.State), Reason: sb.Reason, Limits: toAPILimits(sb.Limits),
 		Env: sb.Env, FromPool: sb.FromPool, Generation: sb.Generation, Origin: sb.Origin, Recovery: sb.Policy,
-		Node: sb.Node, Created: sb.Created, Updated: sb.Updated,
+		Node: sb.Node, Created: sb.Created, Updated: sb.Updated, Metadata: sb.Metadata, OnTimeout: sb.OnExpire,
+		ExpiresAt: expiresAt(sb.Expires),
 	}
+}
+
+func expiresAt(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request, c *call) error {
@@ -66,7 +77,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) 
 	}
 	sb, err := s.eng.Create(r.Context(), engine.CreateRequest{
 		Tenant: c.tenant, Template: req.Template, Limits: fromAPILimits(req.Limits), Env: req.Env, Cold: req.Cold, Policy: req.Recovery,
-		Egress: fromAPIEgress(req.Egress),
+		Egress: fromAPIEgress(req.Egress), Metadata: req.Metadata, Timeout: time.Duration(req.Timeout) * time.Second, OnTimeout: req.OnTimeout,
 	})
 	if err != nil {
 		return err
@@ -76,7 +87,11 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, c *call) 
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, c *call) error {
-	rows, err := s.eng.List(r.Context(), c.tenant)
+	f, err := listFilter(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	rows, err := s.eng.Find(r.Context(), c.tenant, f)
 	if err != nil {
 		return err
 	}
@@ -85,6 +100,49 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, c *call) 
 		out.Sandboxes = append(out.Sandboxes, toAPISandbox(sb))
 	}
 	return writeJSON(w, http.StatusOK, out)
+}
+
+// listFilter reads GET /v1/sandboxes' filters: state (comma-separated or
+// repeated) and metadata (key=value, repeated: every pair).
+func listFilter(q url.Values) (engine.ListFilter, error) {
+	var f engine.ListFilter
+	for _, v := range q["state"] {
+		for _, st := range strings.Split(v, ",") {
+			if st = strings.TrimSpace(st); st != "" {
+				f.States = append(f.States, metadata.State(st))
+			}
+		}
+	}
+	for _, kv := range q["metadata"] {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return f, errdefs.InvalidArgumentf("metadata filter %.60q: want key=value", kv)
+		}
+		if f.Metadata == nil {
+			f.Metadata = map[string]string{}
+		}
+		f.Metadata[k] = v
+	}
+	return f, nil
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, c *call) error {
+	// Another tenant's sandbox is a 404 whatever the body.
+	if _, err := s.eng.Get(r.Context(), c.tenant, r.PathValue("id")); err != nil {
+		return err
+	}
+	var req api.SetTimeoutRequest
+	if err := readJSON(r, &req); err != nil {
+		return err
+	}
+	if req.Timeout < 0 || req.Timeout > int64(engine.MaxTimeout/time.Second) {
+		return errdefs.InvalidArgumentf("timeout %d: want 0 (none) to %d seconds", req.Timeout, int64(engine.MaxTimeout/time.Second))
+	}
+	sb, err := s.eng.SetTimeout(r.Context(), c.tenant, r.PathValue("id"), time.Duration(req.Timeout)*time.Second)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, toAPISandbox(sb))
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, c *call) error {

@@ -15,12 +15,14 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/amber-run/amber/core/clock"
 	"github.com/amber-run/amber/core/metadata"
+	"github.com/amber-run/amber/internal/edge/e2b"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/obs/metrics"
 	"github.com/amber-run/amber/internal/obs/tracing"
@@ -81,6 +83,9 @@ type Options struct {
 	// paths (envd.IsPath) that name a sandbox in the SDK's E2b-Sandbox-Id
 	// header (E2B_SANDBOX_URL set to the daemon's URL).
 	Envd bool
+	// E2B serves E2B's control plane (internal/edge/e2b) under /e2b/
+	// (E2B_API_URL set to the daemon's URL and /e2b).
+	E2B bool
 }
 
 // Store is what the server needs of the metadata store: the keys its
@@ -122,6 +127,7 @@ type Server struct {
 	publicURL   string
 	portDomain  string // exposed ports' origins (ports.go)
 	envd        http.Handler
+	e2b         http.Handler // Options.E2B
 	proxies     proxies
 	openStreams openStreams // streams per tenant, ended on key revocation (streams.go)
 
@@ -192,6 +198,7 @@ func (s *Server) routes() []Route {
 		{Method: "GET", Path: "/v1/sandboxes/{id}", Scope: read, h: s.getSandbox},
 		{Method: "DELETE", Path: "/v1/sandboxes/{id}", Scope: write, h: s.deleteSandbox},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/kill", Scope: write, h: s.killSandbox},
+		{Method: "POST", Path: "/v1/sandboxes/{id}/timeout", Scope: write, h: s.setTimeout},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/exec", Scope: write, Upload: true, h: s.exec},
 		{Method: "GET", Path: "/v1/sandboxes/{id}/processes", Scope: read, h: s.listProcesses},
 		{Method: "POST", Path: "/v1/sandboxes/{id}/processes", Scope: write, Idempotent: true, h: s.startProcess},
@@ -271,6 +278,10 @@ func New(o Options) *Server {
 	if o.Envd {
 		s.envd = s.envdHandler()
 	}
+	if o.E2B {
+		s.e2b = http.StripPrefix(E2BPrefix, e2b.Handler(e2b.Options{Engine: s.eng, Keys: s.meta, Clock: s.clock,
+			Logger: s.lg.With("component", "e2b"), Domain: s.portDomain}))
+	}
 	for _, rt := range s.routes() {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}
@@ -299,11 +310,18 @@ func (s *Server) CloseStreams() { s.stopStreams() }
 // Routes returns the API's endpoints (for tests and documentation).
 func (s *Server) Routes() []Route { return s.routes() }
 
+// E2BPrefix is where Options.E2B serves E2B's control plane.
+const E2BPrefix = "/e2b"
+
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := s.hop.Admit(r, forwardedHeader); err != nil { // a forged hop (httpx.Hop)
 		s.lg.WarnContext(r.Context(), "forwarded call refused", "path", r.URL.Path, "from", r.RemoteAddr, "err", err)
 		writeError(w, err)
+		return
+	}
+	if s.e2b != nil && strings.HasPrefix(r.URL.Path, E2BPrefix+"/") { // E2B's control plane
+		s.e2b.ServeHTTP(w, r)
 		return
 	}
 	if s.envd != nil && s.isEnvd(r) { // E2B's in-sandbox API (envd.go)

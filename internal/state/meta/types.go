@@ -39,6 +39,13 @@ const (
 	StateDestroyed = metadata.StateDestroyed
 )
 
+// What happens to a sandbox at its deadline (metadata.ExpireKill, ExpirePause).
+const (
+	ExpireKill    = metadata.ExpireKill
+	ExpirePause   = metadata.ExpirePause
+	ExpireDestroy = metadata.ExpireDestroy
+)
+
 // The checkpoint states.
 const (
 	CheckpointPending   = metadata.CheckpointPending

@@ -300,9 +300,13 @@ class Client:
 
     def create_sandbox(self, template: str, memory_bytes: int = 0, millicpus: int = 0, env: Env = None,
                        recovery: Optional[str] = None, cold: bool = False,
-                       idempotency_key: Optional[str] = None) -> JSON:
+                       idempotency_key: Optional[str] = None, metadata: Optional[Mapping[str, str]] = None,
+                       timeout: int = 0, on_timeout: Optional[str] = None) -> JSON:
         """Creates a sandbox. With idempotency_key, a retry of the same call
-        returns the first sandbox instead of making a second."""
+        returns the first sandbox instead of making a second. metadata are
+        its labels (sandboxes(metadata=…) selects by them); timeout, in
+        seconds, its deadline, when it is killed (on_timeout "kill") or
+        paused ("pause": checkpointed and stopped, resumed by the next call)."""
         body: JSON = {"template": template}
         limits = {k: v for k, v in (("memory_bytes", memory_bytes), ("millicpus", millicpus)) if v}
         if limits:
@@ -313,10 +317,29 @@ class Client:
             body["recovery"] = recovery
         if cold:
             body["cold"] = True
+        if metadata:
+            body["metadata"] = dict(metadata)
+        if timeout:
+            body["timeout"] = timeout
+        if on_timeout:
+            body["on_timeout"] = on_timeout
         return self._json("POST", "/v1/sandboxes", body=body, idempotency_key=idempotency_key)
 
-    def sandboxes(self) -> List[JSON]:
-        return self._json("GET", "/v1/sandboxes")["sandboxes"]
+    def sandboxes(self, state: Optional[Sequence[str]] = None,
+                  metadata: Optional[Mapping[str, str]] = None) -> List[JSON]:
+        """The caller's sandboxes: with state, only those in these states
+        (default: every state but destroyed); with metadata, only those
+        whose metadata hold every pair."""
+        query: Dict[str, Any] = {}
+        if state:
+            query["state"] = list(state)
+        if metadata:
+            query["metadata"] = [f"{k}={v}" for k, v in metadata.items()]
+        return self._json("GET", "/v1/sandboxes", query=query or None)["sandboxes"]
+
+    def set_timeout(self, sid: Ref, seconds: int) -> JSON:
+        """Sets the sandbox's deadline to seconds from now (0 removes it)."""
+        return self._json("POST", self._sb(sid, "/timeout"), body={"timeout": seconds})
 
     def sandbox(self, sid: Ref) -> JSON:
         return self._json("GET", self._sb(sid))

@@ -300,6 +300,24 @@ class SDKTest(unittest.TestCase):
             self.c.restore({"no": "id"})
         self.assertEqual(cm.exception.kind, "invalid argument")
 
+    def test_9e_metadata_timeout_filters(self):
+        tag = "py-%d" % time.time_ns()
+        a = self.c.create_sandbox("minimal", metadata={"run": tag, "role": "a"}, timeout=3600)
+        try:
+            self.assertEqual(a["metadata"], {"run": tag, "role": "a"})
+            self.assertIn("expires_at", a)
+            self.assertEqual([s["id"] for s in self.c.sandboxes(metadata={"run": tag})], [a["id"]])
+            self.assertEqual(self.c.sandboxes(metadata={"run": tag, "role": "b"}), [])
+            self.assertEqual(self.c.sandboxes(state=["stopped"], metadata={"run": tag}), [])
+            self.assertEqual(len(self.c.sandboxes(state=["running"], metadata={"run": tag})), 1)
+            moved = self.c.set_timeout(a["id"], 60)
+            self.assertNotEqual(moved["expires_at"], a["expires_at"])
+            with self.assertRaises(amber.Error) as cm:
+                self.c.create_sandbox("minimal", metadata={"a=b": "x"})
+            self.assertEqual(cm.exception.status, 400)
+        finally:
+            self.c.destroy(a["id"])
+
     def test_4_errors(self):
         with self.assertRaises(amber.Error) as cm:
             self.c.sandbox("sbx-doesnotexist")

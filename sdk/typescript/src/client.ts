@@ -186,6 +186,12 @@ function sleep(ms: number, signal?: AbortSignal): Promise<void> {
 
 type Query = Record<string, string | number | boolean | string[] | undefined>;
 
+/** What listSandboxes selects by. */
+export interface ListSandboxesOptions extends CallOptions {
+  state?: string[];
+  metadata?: Record<string, string>;
+}
+
 /** What request() sends: path parameters, query, a JSON or raw body, headers. */
 export interface RequestSpec {
   params?: Record<string, string | number>;
@@ -341,8 +347,20 @@ export class Client {
     return this.#json("createSandbox", { json: req, idempotencyKey: o.idempotencyKey, signal: o.signal });
   }
 
-  async listSandboxes(o: CallOptions = {}): Promise<Sandbox[]> {
-    return (await this.#json<Schemas["SandboxList"]>("listSandboxes", { signal: o.signal })).sandboxes;
+  /**
+   * Lists the caller's sandboxes: with `state`, only those in these states
+   * (default: every state but destroyed); with `metadata`, only those whose
+   * metadata hold every pair.
+   */
+  async listSandboxes(o: ListSandboxesOptions = {}): Promise<Sandbox[]> {
+    const metadata = Object.entries(o.metadata ?? {}).map(([k, v]) => `${k}=${v}`);
+    const query = { state: o.state?.length ? o.state : undefined, metadata: metadata.length ? metadata : undefined };
+    return (await this.#json<Schemas["SandboxList"]>("listSandboxes", { query, signal: o.signal })).sandboxes;
+  }
+
+  /** Sets the sandbox's deadline to `seconds` from now (0 removes it). */
+  setTimeout(id: string, seconds: number, o: CallOptions = {}): Promise<Sandbox> {
+    return this.#json("setSandboxTimeout", { params: { id }, json: { timeout: seconds }, signal: o.signal });
   }
 
   getSandbox(id: string, o: CallOptions = {}): Promise<Sandbox> {

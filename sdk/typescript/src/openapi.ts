@@ -79,7 +79,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The caller's sandboxes that are not destroyed, oldest first */
+        /** The caller's sandboxes that are not destroyed (or in the states asked for), oldest first, selected by metadata */
         get: operations["listSandboxes"];
         put?: never;
         /** Create a sandbox (claimed from the warm pool when a compatible one is ready) */
@@ -975,6 +975,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/timeout": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Set the sandbox's deadline to timeout seconds from now (0: none); a running or paused sandbox only (412 otherwise) */
+        post: operations["setSandboxTimeout"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1018,6 +1035,17 @@ export interface components {
              */
             recovery?: "" | "none" | "fast" | "strict";
             egress?: components["schemas"]["EgressPolicy"];
+            /** @description Labels, string to string: at most 64 pairs, keys of 1 to 128 characters without spaces, '=' or ',', values of at most 1024 bytes. GET /v1/sandboxes?metadata=key=value selects by them. */
+            metadata?: {
+                [key: string]: string;
+            };
+            /** @description Seconds from now until the sandbox's deadline (0 or absent: none). At the deadline the sandbox is killed (stopped, files kept until destroyed), or paused with on_timeout pause. POST /v1/sandboxes/{id}/timeout moves it. */
+            timeout?: number;
+            /**
+             * @description What happens at the deadline: kill (default: stopped, files kept until destroyed), pause (checkpoint and stop; the next call resumes it, exact memory and all) or destroy
+             * @enum {string}
+             */
+            on_timeout?: "" | "kill" | "pause" | "destroy";
         };
         Sandbox: {
             id: string;
@@ -1043,6 +1071,20 @@ export interface components {
             recovery?: string;
             /** @description The node that runs the sandbox (deployments of many nodes) */
             node?: string;
+            /** @description The sandbox's labels */
+            metadata?: {
+                [key: string]: string;
+            };
+            /**
+             * Format: date-time
+             * @description The sandbox's deadline (absent: none)
+             */
+            expires_at?: string;
+            /**
+             * @description What happens at the deadline (absent: kill)
+             * @enum {string}
+             */
+            on_timeout?: "kill" | "pause" | "destroy";
         };
         SandboxList: {
             sandboxes: components["schemas"]["Sandbox"][];
@@ -1698,6 +1740,10 @@ export interface components {
         EventStreamLine: components["schemas"]["Event"] | components["schemas"]["Error"];
         /** @description The data of one SSE event of GET /v1/sessions/{id}/events/stream: a durable Event (the SSE id is its seq, the SSE event its type); an AssistantDelta (SSE event session.assistant_delta, no id); or an Error (SSE event error), the last. */
         SessionStreamData: components["schemas"]["Event"] | components["schemas"]["AssistantDelta"] | components["schemas"]["Error"];
+        SetTimeoutRequest: {
+            /** @description Seconds from now until the new deadline; 0 removes the deadline */
+            timeout: number;
+        };
     };
     responses: never;
     parameters: never;
@@ -1865,7 +1911,12 @@ export interface operations {
     };
     listSandboxes: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Only sandboxes in these states (comma-separated or repeated): creating, restoring, running, stopped, crashed, destroyed */
+                state?: string[];
+                /** @description Only sandboxes whose metadata hold this pair, key=value (repeated: every pair) */
+                metadata?: string[];
+            };
             header?: never;
             path?: never;
             cookie?: never;
@@ -4872,6 +4923,51 @@ export interface operations {
                 };
                 content: {
                     "application/x-ndjson": components["schemas"]["WatchEvent"];
+                };
+            };
+            /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description Any other error, with its kind (internal 500, not implemented 501, unavailable 503). */
+            default: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    setSandboxTimeout: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SetTimeoutRequest"];
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
                 };
             };
             /** @description A refused call: its kind gives the status (invalid argument 400, unauthenticated 401, permission denied 403, not found 404, already exists or conflict 409, compacted 410, failed precondition 412, too large 413, resource exhausted 429). */

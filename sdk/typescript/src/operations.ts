@@ -17,6 +17,7 @@ export const OPERATIONS = {
   getSandbox: ["get", "/v1/sandboxes/{id}"],
   deleteSandbox: ["delete", "/v1/sandboxes/{id}"],
   killSandbox: ["post", "/v1/sandboxes/{id}/kill"],
+  setSandboxTimeout: ["post", "/v1/sandboxes/{id}/timeout"],
   exec: ["post", "/v1/sandboxes/{id}/exec"],
   listProcesses: ["get", "/v1/sandboxes/{id}/processes"],
   startProcess: ["post", "/v1/sandboxes/{id}/processes"],

@@ -34,6 +34,24 @@ describe("sandboxes", { skip: skipLive }, () => {
     assert.deepEqual(got.limits, sb.limits);
   });
 
+  test("metadata, timeout and list filters", async () => {
+    const tag = unique("md");
+    const a = await c.createSandbox({ template: "minimal", metadata: { run: tag, role: "a" }, timeout: 3600 });
+    try {
+      assert.equal(a.metadata?.run, tag);
+      assert.ok(a.expires_at && Date.parse(a.expires_at) > Date.now() + 3500_000, `expires_at ${a.expires_at}`);
+      const mine = await c.listSandboxes({ metadata: { run: tag } });
+      assert.deepEqual(mine.map((s) => s.id), [a.id]);
+      assert.deepEqual(await c.listSandboxes({ metadata: { run: tag, role: "b" } }), []);
+      assert.deepEqual((await c.listSandboxes({ state: ["stopped"], metadata: { run: tag } })).length, 0);
+      const moved = await c.setTimeout(a.id, 60);
+      assert.ok(moved.expires_at && Date.parse(moved.expires_at) < Date.now() + 61_000, `moved to ${moved.expires_at}`);
+      await assert.rejects(c.setTimeout(a.id, -1), (e: unknown) => e instanceof AmberError && e.status === 400);
+    } finally {
+      await c.destroySandbox(a.id).catch(() => {});
+    }
+  });
+
   test("exec streams stdout and stderr and ends with the exit code", async () => {
     const ex = c.exec(sb.id, ["sh", "-c", "echo $GREETING; echo oops >&2; exit 3"]);
     const seen: string[] = [];
