@@ -472,9 +472,7 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	}
 	go func() { _, _ = p.Wait() }()
 	stats.Running = time.Since(start)
-	if lazy != nil && testAfterLazyRestore != nil {
-		testAfterLazyRestore(lazy.pid())
-	}
+	lazy.restored()
 	// libcontainer's Container stays in its "restored" state after
 	// Restore and reports Running even once every process is gone; a
 	// loaded one tracks the real state.
@@ -485,9 +483,7 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	}
 
 	ls := &liveSandbox{c: c, rec: rec, lazy: lazy}
-	if lazy != nil {
-		stats.Loaded = d.watchLazy(spec.ID, ls)
-	}
+	stats.Loaded = d.watchLazy(spec.ID, ls)
 	d.noteRestoredStarts(ls, rec, meta.StartTicks)
 	rec.Phase = phaseCreated
 	if err := d.saveRecord(rec); err != nil {

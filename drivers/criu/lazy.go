@@ -114,14 +114,25 @@ func (lz *lazyLoad) stop() {
 	})
 }
 
+// restored is called as soon as CRIU's lazy restore returns (the tests'
+// hook, testAfterLazyRestore). A nil lz is a no-op.
+func (lz *lazyLoad) restored() {
+	if lz != nil && testAfterLazyRestore != nil {
+		testAfterLazyRestore(lz.pid())
+	}
+}
+
 // pid is lazy-pages' process id (tests).
 func (lz *lazyLoad) pid() int { return lz.cmd.Process.Pid }
 
 // watchLazy follows sandbox id's load (ls.lazy) to its end and returns
-// RestoreStats.Loaded: one value, then closed.
+// RestoreStats.Loaded: one value, then closed (nil for an eager restore).
 func (d *Driver) watchLazy(id string, ls *liveSandbox) <-chan error {
-	loaded := make(chan error, 1)
 	lz := ls.lazy
+	if lz == nil {
+		return nil
+	}
+	loaded := make(chan error, 1)
 	go func() {
 		<-lz.exited
 		var err error

@@ -293,7 +293,7 @@ func (d *Driver) Kill(ctx context.Context, id string) error {
 		return err
 	}
 	err = d.killAll(ctx, ls.c)
-	ls.lazy.stop() // nothing left to serve pages to
+	ls.lazy.stop()         // nothing left to serve pages to
 	d.dropAgent(id, false) // its streams find the sandbox stopped (Client.Alive)
 	return err
 }
