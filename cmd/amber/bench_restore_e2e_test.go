@@ -41,7 +41,9 @@ import (
 // no network), raw `runc checkpoint/restore` with the cache's CRIU, raw runc
 // with CRIU lazy pages, and Amber's gvisor and criu drivers through a daemon
 // on REST, each hot (the node's hot copy) and cold (a daemon with
-// --hot-tier off: every restore fetches from the chunk store on MinIO).
+// --hot-tier off: every restore fetches from the chunk store on MinIO);
+// Amber's criu restores are lazy, and amber-criu-{hot,cold}-eager are the
+// same with --lazy-restore=false (not in the default set).
 // Amber is timed only from this process, never inside the daemon.
 //
 // Knobs: AMBER_BENCH_SIZES (MiB, default 64,256,1024), AMBER_BENCH_N
@@ -348,7 +350,7 @@ func benchStacks(t *testing.T, bin, dir, ticker string, names []string) []benchS
 			stacks = append(stacks, newRawRunsc(t, dir, ticker))
 		case "runc", "runc-lazy":
 			stacks = append(stacks, newRawRunc(t, dir, ticker, n == "runc-lazy"))
-		case "amber-gvisor-hot", "amber-gvisor-cold", "amber-criu-hot", "amber-criu-cold":
+		case "amber-gvisor-hot", "amber-gvisor-cold", "amber-criu-hot", "amber-criu-cold", "amber-criu-hot-eager", "amber-criu-cold-eager":
 			if s3 == nil {
 				srv := miniotest.Start(t)
 				cfg := srv.Config()
@@ -360,6 +362,9 @@ func benchStacks(t *testing.T, bin, dir, ticker string, names []string) []benchS
 			args := append([]string{"--driver", f[1], "--pool", "0", "--egress=false"}, s3...)
 			if f[2] == "cold" {
 				args = append(args, "--hot-tier", "off")
+			}
+			if len(f) == 4 { // -eager: the criu driver's restores load all memory first
+				args = append(args, "--lazy-restore=false")
 			}
 			d := startDaemon(t, bin, filepath.Join(dir, n), freeAddr(t), args...)
 			key, err := os.ReadFile(filepath.Join(d.dataDir, "admin.key"))

@@ -238,7 +238,7 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 		if unlockCut, err = e.cuts.cut(ctx, sb.ID, "restore"); err == nil {
 			dctx, dcancel := context.WithTimeout(ctx, e.ck.drvTimeout)
 			rs, err = cp.Restore(dctx, sandbox.Spec{ID: sb.ID, Tenant: sb.Tenant, Template: tmpl, Limits: sb.Limits, Env: sb.Env}, dir,
-				sandbox.RestoreOptions{Lazy: e.drv.Capabilities().LazyRestore})
+				sandbox.RestoreOptions{Lazy: !e.ck.eager && e.drv.Capabilities().LazyRestore})
 			dcancel()
 			unlockCut()
 		}
