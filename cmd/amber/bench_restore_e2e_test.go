@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -89,6 +90,9 @@ func TestBenchRestore(t *testing.T) {
 			}
 		}
 		for _, s := range stacks {
+			if a, ok := s.(*amberStack); ok {
+				t.Logf("%s %d MiB: %s", a.label, size, a.restoreKinds())
+			}
 			s.stop()
 		}
 		for _, cache := range caches {
@@ -477,6 +481,40 @@ func (a *amberStack) output() (string, error) {
 		return nil
 	})
 	return string(a.out), err
+}
+
+// restoreKinds counts the sandbox's restores by kind, from its
+// sandbox.restored events: which path the daemon took (lazy, hot).
+func (a *amberStack) restoreKinds() string {
+	ctx, cancel := a.ctx()
+	defer cancel()
+	var n, lazy, hot int
+	for from := uint64(0); ; {
+		el, err := a.cl.Events(ctx, a.id, from, 500)
+		if err != nil {
+			return "events: " + err.Error()
+		}
+		for _, ev := range el.Events {
+			var p struct{ Lazy, Hot bool }
+			if ev.Type == "sandbox.restored" && json.Unmarshal(ev.Payload, &p) == nil {
+				n++
+				lazy += b2i(p.Lazy)
+				hot += b2i(p.Hot)
+			}
+		}
+		if len(el.Events) == 0 || el.Next <= from {
+			break
+		}
+		from = el.Next
+	}
+	return fmt.Sprintf("%d restores: %d lazy, %d hot", n, lazy, hot)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func (a *amberStack) signal() error {
