@@ -453,7 +453,7 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	co := criuOpts(criuDir, work)
 	var lazy *lazyLoad
 	if opts.Lazy && d.Capabilities().LazyRestore {
-		if lazy, err = d.startLazyPages(criuDir, work); err != nil {
+		if lazy, err = d.startLazyPages(criuDir, work, forked, criuImages); err != nil {
 			return stats, recordErr(spec.ID, err)
 		}
 		// A restore that fails from here on leaves no lazy-pages behind.
@@ -509,7 +509,7 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	stats.MemoryBytes = pagesBytes(criuDir)
 	if forked && lazy == nil {
 		// CRIU is done with the private copy (a lazy restore's page
-		// server reads it until the end; Destroy removes it then).
+		// server reads it until the load ends: watchLazy removes it then).
 		if err := os.RemoveAll(criuImages); err != nil {
 			d.log.Warn("remove a fork's copy of the image", "sandbox", spec.ID, "err", err)
 		}

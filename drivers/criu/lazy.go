@@ -53,14 +53,18 @@ type lazyLoad struct {
 
 	done chan struct{} // closed when the load's outcome is known; err then set
 	err  error         // why the load failed (nil: every page is in)
+	// forkImages is a fork's private copy of the image, removed once
+	// lazy-pages has exited ("": not a fork).
+	forkImages string
 
 	stopOnce sync.Once
 }
 
 // startLazyPages starts `criu lazy-pages` for a restore from criuDir. It
 // shares the restore's work directory, where it listens on
-// lazy-pages.socket.
-func (d *Driver) startLazyPages(criuDir, work string) (*lazyLoad, error) {
+// lazy-pages.socket. A fork's private copy of the image (forked; at
+// images) is removed once the load ends.
+func (d *Driver) startLazyPages(criuDir, work string, forked bool, images string) (*lazyLoad, error) {
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return nil, err
 	}
@@ -71,6 +75,9 @@ func (d *Driver) startLazyPages(criuDir, work string) (*lazyLoad, error) {
 		return nil, fmt.Errorf("criu lazy-pages: %w", err)
 	}
 	lz := &lazyLoad{cmd: cmd, work: work, exited: make(chan struct{}), done: make(chan struct{})}
+	if forked {
+		lz.forkImages = images
+	}
 	go func() {
 		lz.exitErr = cmd.Wait()
 		close(lz.exited)
@@ -135,6 +142,11 @@ func (d *Driver) watchLazy(id string, ls *liveSandbox) <-chan error {
 	loaded := make(chan error, 1)
 	go func() {
 		<-lz.exited
+		if lz.forkImages != "" {
+			if err := os.RemoveAll(lz.forkImages); err != nil {
+				d.log.Warn("remove a fork's copy of the image", "sandbox", id, "err", err)
+			}
+		}
 		var err error
 		if st, serr := ls.c.Status(); lz.exitErr != nil {
 			err = fmt.Errorf("criu lazy-pages failed before every page was in: %v (%s)", lz.exitErr, lz.logTail())
