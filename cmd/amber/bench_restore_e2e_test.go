@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -41,7 +42,9 @@ import (
 // no network), raw `runc checkpoint/restore` with the cache's CRIU, raw runc
 // with CRIU lazy pages, and Amber's gvisor and criu drivers through a daemon
 // on REST, each hot (the node's hot copy) and cold (a daemon with
-// --hot-tier off: every restore fetches from the chunk store on MinIO).
+// --hot-tier off: every restore fetches from the chunk store on MinIO);
+// Amber's criu restores are lazy, and amber-criu-{hot,cold}-eager are the
+// same with --lazy-restore=false (not in the default set).
 // Amber is timed only from this process, never inside the daemon.
 //
 // Knobs: AMBER_BENCH_SIZES (MiB, default 64,256,1024), AMBER_BENCH_N
@@ -87,6 +90,9 @@ func TestBenchRestore(t *testing.T) {
 			}
 		}
 		for _, s := range stacks {
+			if a, ok := s.(*amberStack); ok {
+				t.Logf("%s %d MiB: %s", a.label, size, a.restoreKinds())
+			}
 			s.stop()
 		}
 		for _, cache := range caches {
@@ -348,7 +354,7 @@ func benchStacks(t *testing.T, bin, dir, ticker string, names []string) []benchS
 			stacks = append(stacks, newRawRunsc(t, dir, ticker))
 		case "runc", "runc-lazy":
 			stacks = append(stacks, newRawRunc(t, dir, ticker, n == "runc-lazy"))
-		case "amber-gvisor-hot", "amber-gvisor-cold", "amber-criu-hot", "amber-criu-cold":
+		case "amber-gvisor-hot", "amber-gvisor-cold", "amber-criu-hot", "amber-criu-cold", "amber-criu-hot-eager", "amber-criu-cold-eager":
 			if s3 == nil {
 				srv := miniotest.Start(t)
 				cfg := srv.Config()
@@ -360,6 +366,9 @@ func benchStacks(t *testing.T, bin, dir, ticker string, names []string) []benchS
 			args := append([]string{"--driver", f[1], "--pool", "0", "--egress=false"}, s3...)
 			if f[2] == "cold" {
 				args = append(args, "--hot-tier", "off")
+			}
+			if len(f) == 4 { // -eager: the criu driver's restores load all memory first
+				args = append(args, "--lazy-restore=false")
 			}
 			d := startDaemon(t, bin, filepath.Join(dir, n), freeAddr(t), args...)
 			key, err := os.ReadFile(filepath.Join(d.dataDir, "admin.key"))
@@ -472,6 +481,40 @@ func (a *amberStack) output() (string, error) {
 		return nil
 	})
 	return string(a.out), err
+}
+
+// restoreKinds counts the sandbox's restores by kind, from its
+// sandbox.restored events: which path the daemon took (lazy, hot).
+func (a *amberStack) restoreKinds() string {
+	ctx, cancel := a.ctx()
+	defer cancel()
+	var n, lazy, hot int
+	for from := uint64(0); ; {
+		el, err := a.cl.Events(ctx, a.id, from, 500)
+		if err != nil {
+			return "events: " + err.Error()
+		}
+		for _, ev := range el.Events {
+			var p struct{ Lazy, Hot bool }
+			if ev.Type == "sandbox.restored" && json.Unmarshal(ev.Payload, &p) == nil {
+				n++
+				lazy += b2i(p.Lazy)
+				hot += b2i(p.Hot)
+			}
+		}
+		if len(el.Events) == 0 || el.Next <= from {
+			break
+		}
+		from = el.Next
+	}
+	return fmt.Sprintf("%d restores: %d lazy, %d hot", n, lazy, hot)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func (a *amberStack) signal() error {

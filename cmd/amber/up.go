@@ -36,6 +36,7 @@ type upOptions struct {
 	keep                                int
 	idle                                time.Duration
 	hotTier                             string // --hot-tier: size bound, or "off"
+	lazyRestore                         bool   // --lazy-restore
 	meterInterval                       time.Duration
 	egress                              egressOptions
 	shared                              sharedOptions
@@ -88,6 +89,7 @@ are recorded.`,
 	f.StringVar(&o.blobs, "blobs", "", "checkpoint blob store: a directory (default DATA_DIR/blobs) or s3://HOST:PORT/BUCKET[/PREFIX][?secure=false] with keys in AMBER_S3_ACCESS_KEY/AMBER_S3_SECRET_KEY")
 	f.DurationVar(&o.meterInterval, "meter-interval", 10*time.Second, "usage metering interval: every running sandbox's usage is recorded per interval (negative: no metering)")
 	f.StringVar(&o.hotTier, "hot-tier", "8Gi", "disk bound of the node's hot copies of each sandbox's newest checkpoint, from which a restore on this node starts without fetching (\"off\": every restore fetches)")
+	f.BoolVar(&o.lazyRestore, "lazy-restore", true, "where the driver can (criu), a restore runs the sandbox before all its memory is loaded, the rest loaded in the background (false: every restore loads it all first)")
 	f.DurationVar(&o.idle, "idle-timeout", 0, "checkpoint and stop a sandbox after this long without calls; the next call resumes it (0: never)")
 	f.IntVar(&o.keep, "keep-checkpoints", 0, "keep each sandbox's newest N checkpoints plus tagged ones, delete the rest and truncate its log below them (0: keep all)")
 	f.DurationVar(&o.watch, "watch-interval", 5*time.Second, "how often running sandboxes are checked for a dead init")

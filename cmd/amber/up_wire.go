@@ -413,7 +413,7 @@ func (d *upDaemon) startEngine(ctx context.Context) error {
 		Tracer:        d.tp,
 		MeterInterval: o.meterInterval,
 		Egress:        engine.EgressOptions{Gateway: d.gw, Network: d.enet, Default: d.defEgress, Ceiling: d.egressCeiling, TenantCA: d.tenantCA},
-		Recovery:      engine.RecoveryOptions{KeepCheckpoints: o.keep, IdleTimeout: o.idle, HotTierBytes: hotTier},
+		Recovery:      engine.RecoveryOptions{KeepCheckpoints: o.keep, IdleTimeout: o.idle, HotTierBytes: hotTier, EagerRestore: !o.lazyRestore},
 		Cluster:       engine.ClusterOptions{Node: o.shared.nodeID, Shared: o.shared.shared()},
 	})
 	if err != nil {

@@ -75,6 +75,12 @@ type RestoreStats struct {
 	ConnectionsRestored int  `json:"connections_restored"`
 	ConnectionsReset    int  `json:"connections_reset"`
 	Lazy                bool `json:"lazy"`
+	// Loaded, for a lazy restore, reports the end of the background load:
+	// nil once every page is in the sandbox, else why the load failed (the
+	// driver has then killed the sandbox: its memory is incomplete). One
+	// value, then closed; nil for an eager restore. The image directory
+	// given to Restore must stay until then.
+	Loaded <-chan error `json:"-"`
 	// NotRestored lists every kind of state the driver knows it did not
 	// bring back (empty: all it can check came back). A driver that could
 	// not check a kind says so (LossUnverified) rather than leave it out.

@@ -152,6 +152,10 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	} else if st != libcontainer.Running {
 		return stats, errdefs.FailedPreconditionf("sandbox %s is %s", id, st)
 	}
+	// Pages still only in the image of a lazy restore would be missed.
+	if err := waitLazy(ctx, id, ls); err != nil {
+		return stats, err
+	}
 	rec := ls.rec
 	l, err := layer.Open(d.layerDir(id))
 	if err != nil {
@@ -447,24 +451,28 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	}
 	work := filepath.Join(d.recordDir(spec.ID), "criu-work")
 	co := criuOpts(criuDir, work)
-	var lazy *exec.Cmd
+	var lazy *lazyLoad
 	if opts.Lazy && d.Capabilities().LazyRestore {
-		if lazy, err = d.startLazyPages(criuDir, work); err != nil {
+		if lazy, err = d.startLazyPages(criuDir, work, forked, criuImages); err != nil {
 			return stats, recordErr(spec.ID, err)
 		}
+		// A restore that fails from here on leaves no lazy-pages behind.
+		defer func() {
+			if err != nil {
+				lazy.stop()
+			}
+		}()
 		co.LazyPages = true
 		stats.Lazy = true
 	}
 	p := &libcontainer.Process{Init: true}
 	if err := c.Restore(p, co); err != nil {
-		if lazy != nil {
-			_ = lazy.Process.Kill()
-		}
 		b, _ := os.ReadFile(filepath.Join(work, "restore.log"))
 		return stats, recordErr(spec.ID, fmt.Errorf("criu restore: %w (restore.log: %s)", err, lastLines(b, 15)))
 	}
 	go func() { _, _ = p.Wait() }()
 	stats.Running = time.Since(start)
+	lazy.restored()
 	// libcontainer's Container stays in its "restored" state after
 	// Restore and reports Running even once every process is gone; a
 	// loaded one tracks the real state.
@@ -474,7 +482,8 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 		return stats, recordErr(spec.ID, fmt.Errorf("load restored container: %w", err))
 	}
 
-	ls := &liveSandbox{c: c, rec: rec}
+	ls := &liveSandbox{c: c, rec: rec, lazy: lazy}
+	stats.Loaded = d.watchLazy(spec.ID, ls)
 	d.noteRestoredStarts(ls, rec, meta.StartTicks)
 	rec.Phase = phaseCreated
 	if err := d.saveRecord(rec); err != nil {
@@ -500,7 +509,7 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	stats.MemoryBytes = pagesBytes(criuDir)
 	if forked && lazy == nil {
 		// CRIU is done with the private copy (a lazy restore's page
-		// server reads it until the end; Destroy removes it then).
+		// server reads it until the load ends: watchLazy removes it then).
 		if err := os.RemoveAll(criuImages); err != nil {
 			d.log.Warn("remove a fork's copy of the image", "sandbox", spec.ID, "err", err)
 		}
@@ -666,40 +675,6 @@ func prepareImages(imageDir, criuDir string, id int) error {
 // range (drivers/internal/layer's archive, read and written by descriptor).
 func (d *Driver) archiveOptions(rec *record) layer.ArchiveOptions {
 	return layer.ArchiveOptions{IDs: layer.IDMap{Host: rec.HostID, Size: idsPerSandbox}, Failpoints: d.opts.Failpoints}
-}
-
-// startLazyPages starts `criu lazy-pages`, the daemon that serves a lazy
-// restore's memory from the images on page faults (userfaultfd). It shares
-// the restore's work directory, where it listens on lazy-pages.socket, and
-// exits once every page is served (or the sandbox is gone).
-func (d *Driver) startLazyPages(criuDir, work string) (*exec.Cmd, error) {
-	if err := os.MkdirAll(work, 0o700); err != nil {
-		return nil, err
-	}
-	sock := filepath.Join(work, "lazy-pages.socket")
-	_ = os.Remove(sock)
-	cmd := exec.Command(d.opts.CriuPath, "lazy-pages", "--images-dir", criuDir, "--work-dir", work, "-o", "lazy-pages.log", "-v4")
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("criu lazy-pages: %w", err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := os.Stat(sock); err == nil {
-			return cmd, nil
-		}
-		select {
-		case err := <-exited:
-			b, _ := os.ReadFile(filepath.Join(work, "lazy-pages.log"))
-			return nil, fmt.Errorf("criu lazy-pages exited: %v (%s)", err, lastLines(b, 10))
-		case <-time.After(5 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			_ = cmd.Process.Kill()
-			return nil, errdefs.Unavailablef("criu lazy-pages: no socket after 10s")
-		}
-	}
 }
 
 // freezeRetrying freezes cm, the cut. The v1 freezer gives up ("unable to

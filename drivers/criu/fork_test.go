@@ -180,7 +180,7 @@ func treeDigest(t *testing.T, dir string) string {
 
 // TestForkLazy forks lazily while the original runs: the page server
 // serves the fork's memory from the fork's private copy of the image,
-// which lives until the fork is destroyed.
+// which lives until the load ends (RestoreStats.Loaded).
 func TestForkLazy(t *testing.T) {
 	td := newTestDriver(t)
 	requireCriu(t, td)
@@ -214,8 +214,16 @@ func TestForkLazy(t *testing.T) {
 	if fl := counterLines(t, td, fork, pid); len(fl) == 0 || fl[len(fl)-1][1] != lines[0][1] {
 		t.Errorf("fork's counter %v, want the random value %s", fl, lines[0][1])
 	}
-	if _, err := os.Stat(td.forkImageDir(fork)); err != nil {
-		t.Errorf("the lazy fork's copy of the image: %v", err)
+	select {
+	case err := <-rs.Loaded:
+		if err != nil {
+			t.Fatalf("the lazy fork's load: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the lazy fork's load did not end in a minute")
+	}
+	if _, err := os.Stat(td.forkImageDir(fork)); !os.IsNotExist(err) {
+		t.Errorf("the lazy fork's copy of the image once its load ended: %v", err)
 	}
 	if out := td.sh(id, "echo ok"); out != "ok\n" {
 		t.Errorf("original after the fork: %q", out)

@@ -45,6 +45,9 @@ func legacyInit() *libcontainer.Process {
 type liveSandbox struct {
 	c   *libcontainer.Container
 	rec *record
+	// lazy is the background load of a lazy restore (nil: eager, or
+	// loaded before this driver started; lazy.go).
+	lazy *lazyLoad
 }
 
 // Create implements sandbox.Driver.
@@ -290,6 +293,7 @@ func (d *Driver) Kill(ctx context.Context, id string) error {
 		return err
 	}
 	err = d.killAll(ctx, ls.c)
+	ls.lazy.stop()         // nothing left to serve pages to
 	d.dropAgent(id, false) // its streams find the sandbox stopped (Client.Alive)
 	return err
 }
@@ -378,8 +382,12 @@ func (d *Driver) Destroy(ctx context.Context, id string) error {
 
 func (d *Driver) destroyLocked(ctx context.Context, id string) error {
 	d.mu.Lock()
+	ls := d.live[id]
 	delete(d.live, id)
 	d.mu.Unlock()
+	if ls != nil {
+		defer ls.lazy.stop() // after the kill: its pages are served until then
+	}
 	d.dropAgent(id, true)
 	var errs []error
 	// 1. The container: kill its processes, wait until it is stopped, and

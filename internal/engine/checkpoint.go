@@ -115,6 +115,7 @@ type checkpointing struct {
 	gcs         sync.Map // tenant → *gcState (gc.go)
 	hot         *hotTier // the node's newest images (hottier.go)
 	drvTimeout  time.Duration
+	eager       bool           // RecoveryOptions.EagerRestore
 	up          uploads        // uploads behind local commits (upload.go)
 	fps         *failpoint.Set // Options.Failpoints
 }

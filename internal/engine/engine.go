@@ -156,6 +156,9 @@ type RecoveryOptions struct {
 	// images (hottier.go): 0 is DefaultHotTierBytes, < 0 keeps none (every
 	// restore fetches from the chunk store).
 	HotTierBytes int64
+	// EagerRestore: every restore loads the whole memory before the
+	// sandbox runs, even where the driver can restore lazily (lazy.go).
+	EagerRestore bool
 }
 
 // EgressOptions are the node's egress gateway and the policies above
@@ -282,7 +285,8 @@ func New(o Options) (*Engine, error) {
 	e.egressRunner = &egressRunner{core: c, egr: egressRuns{gw: o.Egress.Gateway, def: o.Egress.Default, ceiling: o.Egress.Ceiling, tenantCA: o.Egress.TenantCA}}
 	e.checkpointer = &checkpointer{core: c, eg: e.egressRunner, qt: e.quotas,
 		ck: checkpointing{store: o.Checkpoints, workDir: o.WorkDir, keep: o.Recovery.KeepCheckpoints,
-			hot: newHotTier(o.WorkDir, o.Recovery.HotTierBytes, o.Logger), drvTimeout: o.Recovery.DriverTimeout, fps: o.Failpoints}}
+			hot: newHotTier(o.WorkDir, o.Recovery.HotTierBytes, o.Logger), drvTimeout: o.Recovery.DriverTimeout, fps: o.Failpoints,
+			eager: o.Recovery.EagerRestore}}
 	e.policyRunner = &policyRunner{core: c, ckr: e.checkpointer, eg: e.egressRunner,
 		pol: policies{fastEvery: o.Recovery.FastEvery, fastInterval: o.Recovery.FastInterval,
 			replayBudget: o.Recovery.FastReplayBudget, idle: o.Recovery.IdleTimeout}}

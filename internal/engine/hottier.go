@@ -85,6 +85,9 @@ type hotTier struct {
 	// (upload.go): neither a newer copy of their sandbox nor the size
 	// bound removes them, only unpin, drop or their upload's failure.
 	pinned map[string]bool
+	// held counts, per checkpoint, the lazy restores still loading from
+	// its copy (lazy.go): as pinned, until unhold.
+	held map[string]int
 
 	// Copies being made in the background (keepAsync), waited for by
 	// wait (Engine.Close).
@@ -118,7 +121,7 @@ func newHotTier(workDir string, limit int64, lg *slog.Logger) *hotTier {
 	if limit == 0 {
 		limit = DefaultHotTierBytes
 	}
-	h := &hotTier{dir: filepath.Join(workDir, "hot"), limit: limit, lg: lg, pinned: map[string]bool{}}
+	h := &hotTier{dir: filepath.Join(workDir, "hot"), limit: limit, lg: lg, pinned: map[string]bool{}, held: map[string]int{}}
 	h.landed = sync.NewCond(&h.fmu)
 	return h
 }
@@ -258,7 +261,7 @@ func (h *hotTier) keepMeta(hm hotMeta, cutDir string, pin bool) (digest string, 
 // pruneLocked keeps one copy per sandbox, newest (and the pinned ones).
 func (h *hotTier) pruneLocked(sandbox, newest string) {
 	for _, c := range h.listLocked() {
-		if c.Sandbox == sandbox && c.Checkpoint != newest && !h.pinned[c.Checkpoint] {
+		if c.Sandbox == sandbox && c.Checkpoint != newest && !h.kept(c.Checkpoint) {
 			_ = os.RemoveAll(h.path(c.Checkpoint))
 		}
 	}
@@ -275,6 +278,35 @@ func (h *hotTier) pin(ckID string) {
 	h.mu.Unlock()
 }
 
+// kept reports whether checkpoint ckID's copy is pinned or held (h.mu
+// held).
+func (h *hotTier) kept(ckID string) bool { return h.pinned[ckID] || h.held[ckID] > 0 }
+
+// hold keeps checkpoint ckID's copy until as many unhold (a lazy restore
+// loading from it: lazy.go).
+func (h *hotTier) hold(ckID string) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.held[ckID]++
+	h.mu.Unlock()
+}
+
+// unhold ends one hold; with none left and not pinned, the copy goes as
+// unpin lets it.
+func (h *hotTier) unhold(ckID string) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.held[ckID]--; h.held[ckID] <= 0 {
+		delete(h.held, ckID)
+		h.releaseLocked(ckID)
+	}
+}
+
 // unpin lets checkpoint ckID's copy go as any other: its upload ended. An
 // older copy than the newest of its sandbox goes now.
 func (h *hotTier) unpin(ckID string) {
@@ -284,6 +316,17 @@ func (h *hotTier) unpin(ckID string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	delete(h.pinned, ckID)
+	h.releaseLocked(ckID)
+}
+
+// releaseLocked removes checkpoint ckID's copy if it is neither pinned
+// nor held and a newer copy of its sandbox is kept, and evicts to the
+// bound (h.mu held).
+func (h *hotTier) releaseLocked(ckID string) {
+	if h.kept(ckID) {
+		h.evictLocked()
+		return
+	}
 	cs := h.listLocked()
 	for i := len(cs) - 1; i >= 0; i-- {
 		if cs[i].Checkpoint == ckID {
@@ -339,7 +382,7 @@ func (h *hotTier) evictLocked() {
 		total += c.Size
 	}
 	for i := 0; total > h.limit && i < len(cs); i++ {
-		if h.pinned[cs[i].Checkpoint] {
+		if h.kept(cs[i].Checkpoint) {
 			continue
 		}
 		_ = os.RemoveAll(h.path(cs[i].Checkpoint))

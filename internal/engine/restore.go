@@ -19,6 +19,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -153,7 +154,14 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 		return meta.Sandbox{}, err
 	}
 	dir, hot, imageDigest := img.dir, img.hot, img.digest
-	defer os.RemoveAll(dir)
+	// A lazy restore reads the image until its load ends (lazy.go): then
+	// awaitLoad releases it, else this call does.
+	release, handedOff := e.holdImage(ck.ID, dir, hot), false
+	defer func() {
+		if !handedOff {
+			release()
+		}
+	}()
 	fetched := time.Since(fetchStart)
 
 	var sb meta.Sandbox
@@ -229,25 +237,18 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 		var unlockCut func()
 		if unlockCut, err = e.cuts.cut(ctx, sb.ID, "restore"); err == nil {
 			dctx, dcancel := context.WithTimeout(ctx, e.ck.drvTimeout)
-			rs, err = cp.Restore(dctx, sandbox.Spec{ID: sb.ID, Tenant: sb.Tenant, Template: tmpl, Limits: sb.Limits, Env: sb.Env}, dir, sandbox.RestoreOptions{})
+			rs, err = cp.Restore(dctx, sandbox.Spec{ID: sb.ID, Tenant: sb.Tenant, Template: tmpl, Limits: sb.Limits, Env: sb.Env}, dir,
+				sandbox.RestoreOptions{Lazy: !e.ck.eager && e.drv.Capabilities().LazyRestore})
 			dcancel()
 			unlockCut()
 		}
 	}
 	if err != nil {
-		// The row leaves "restoring": a new sandbox is destroyed, one
-		// restored in place is crashed (and can be restored again).
-		cleanup := context.WithoutCancel(ctx)
-		reason := fmt.Sprintf("restore from %s failed: %v", ck.ID, err)
-		if target == "" {
-			if derr := e.drv.Destroy(cleanup, sb.ID); derr != nil {
-				lg.Error("destroy after failed restore", "err", derr)
-			}
-			_, _ = e.meta.SetState(cleanup, sb.ID, meta.StateDestroyed, reason)
-		} else if merr := e.markCrashed(cleanup, sb, EventCrashed, reason); merr != nil {
-			lg.Error("record failed restore", "err", merr)
-		}
-		return sb, fmt.Errorf("restore %s from %s: %w", sb.ID, ck.ID, err)
+		return sb, e.restoreFailed(ctx, lg, sb, ck, target, err)
+	}
+	if rs.Loaded != nil {
+		handedOff = true
+		go e.awaitLoad(lg, rs.Loaded, release)
 	}
 	if hot {
 		// It runs: now read the copy's bytes (hottier.go, Integrity).
@@ -274,6 +275,24 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 	lg.InfoContext(ctx, "sandbox restored", "fork", target == "", "fetch", fetched.Round(time.Millisecond),
 		"running", rs.Running.Round(time.Millisecond), "processes", rs.Processes)
 	return sb, nil
+}
+
+// restoreFailed takes the row of sb, whose restore from ck failed (err),
+// out of "restoring": a new sandbox (target "") is destroyed, one restored
+// in place is crashed (and can be restored again). It returns the
+// restore's error.
+func (e *checkpointer) restoreFailed(ctx context.Context, lg *slog.Logger, sb meta.Sandbox, ck meta.Checkpoint, target string, err error) error {
+	cleanup := context.WithoutCancel(ctx)
+	reason := fmt.Sprintf("restore from %s failed: %v", ck.ID, err)
+	if target == "" {
+		if derr := e.drv.Destroy(cleanup, sb.ID); derr != nil {
+			lg.Error("destroy after failed restore", "err", derr)
+		}
+		_, _ = e.meta.SetState(cleanup, sb.ID, meta.StateDestroyed, reason)
+	} else if merr := e.markCrashed(cleanup, sb, EventCrashed, reason); merr != nil {
+		lg.Error("record failed restore", "err", merr)
+	}
+	return fmt.Errorf("restore %s from %s: %w", sb.ID, ck.ID, err)
 }
 
 // notRestored is the restored event's list of what did not come back:
