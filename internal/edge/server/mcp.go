@@ -83,9 +83,11 @@ const mcpMaxOutput = 1 << 20
 
 type (
 	mcpCreateIn struct {
-		Template string    `json:"template" jsonschema:"the template, e.g. python or minimal"`
-		Limits   mcpLimits `json:"limits,omitempty" jsonschema:"resource limits; omitted ones take the daemon's defaults"`
-		Env      []string  `json:"env,omitempty" jsonschema:"entries of the form KEY=VALUE, added to every process of the sandbox"`
+		Template string            `json:"template" jsonschema:"the template, e.g. python or minimal"`
+		Limits   mcpLimits         `json:"limits,omitempty" jsonschema:"resource limits; omitted ones take the daemon's defaults"`
+		Env      []string          `json:"env,omitempty" jsonschema:"entries of the form KEY=VALUE, added to every process of the sandbox"`
+		Metadata map[string]string `json:"metadata,omitempty" jsonschema:"labels of the sandbox (key to value), to find it again with sandbox_list"`
+		Timeout  int64             `json:"timeout_seconds,omitempty" jsonschema:"seconds until the sandbox is killed (0: no deadline)"`
 	}
 	mcpLimits struct {
 		MemoryBytes int64 `json:"memory_bytes,omitempty" jsonschema:"memory limit in bytes"`
@@ -100,9 +102,10 @@ type (
 		Sandboxes []mcpSandbox `json:"sandboxes"`
 	}
 	mcpSandbox struct {
-		ID       string `json:"id"`
-		Template string `json:"template"`
-		State    string `json:"state"`
+		ID       string            `json:"id"`
+		Template string            `json:"template"`
+		State    string            `json:"state"`
+		Metadata map[string]string `json:"metadata,omitempty"`
 	}
 	mcpExecIn struct {
 		Sandbox        string   `json:"sandbox"`
@@ -147,7 +150,8 @@ func (t mcpTools) create(ctx context.Context, _ *mcp.CallToolRequest, in mcpCrea
 	if err := t.s.limits.checkEnv("sandbox", in.Env); err != nil {
 		return nil, mcpSandboxOut{}, err
 	}
-	sb, err := t.eng.Create(ctx, engine.CreateRequest{Tenant: t.tenant, Template: in.Template, Limits: l, Env: in.Env})
+	sb, err := t.eng.Create(ctx, engine.CreateRequest{Tenant: t.tenant, Template: in.Template, Limits: l, Env: in.Env,
+		Metadata: in.Metadata, Timeout: time.Duration(in.Timeout) * time.Second})
 	return nil, mcpSandboxOut{Sandbox: sb.ID}, err
 }
 
@@ -155,7 +159,7 @@ func (t mcpTools) list(ctx context.Context, _ *mcp.CallToolRequest, _ struct{}) 
 	rows, err := t.eng.List(ctx, t.tenant)
 	out := mcpListOut{Sandboxes: []mcpSandbox{}}
 	for _, sb := range rows {
-		out.Sandboxes = append(out.Sandboxes, mcpSandbox{ID: sb.ID, Template: sb.Template, State: string(sb.State)})
+		out.Sandboxes = append(out.Sandboxes, mcpSandbox{ID: sb.ID, Template: sb.Template, State: string(sb.State), Metadata: sb.Metadata})
 	}
 	return nil, out, err
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -223,11 +224,32 @@ func TestMCPAgentTools(t *testing.T) {
 	_, env, url := newAPI(t)
 	s := mcpSession(t, url, testKey)
 	var sb struct{ Sandbox string }
-	if msg := call(t, s, "sandbox_create", map[string]any{"template": "minimal", "limits": map[string]any{"memory_bytes": 128 << 20}, "env": []string{"FOO=bar"}}, &sb); msg != "" {
+	if msg := call(t, s, "sandbox_create", map[string]any{"template": "minimal", "limits": map[string]any{"memory_bytes": 128 << 20}, "env": []string{"FOO=bar"},
+		"metadata": map[string]string{"task": "t-42"}, "timeout_seconds": 3600}, &sb); msg != "" {
 		t.Fatalf("sandbox_create: %s", msg)
 	}
-	if got, err := env.Engine.Get(ctxT(t), "default", sb.Sandbox); err != nil || got.Limits.MemoryBytes != 128<<20 {
-		t.Fatalf("limits: %+v %v", got.Limits, err)
+	if got, err := env.Engine.Get(ctxT(t), "default", sb.Sandbox); err != nil || got.Limits.MemoryBytes != 128<<20 || got.Metadata["task"] != "t-42" || got.Expires.IsZero() {
+		t.Fatalf("limits, metadata and deadline: %+v %v", got, err)
+	}
+	var labelled struct {
+		Sandboxes []struct {
+			ID       string
+			Metadata map[string]string
+		}
+	}
+	if msg := call(t, s, "sandbox_list", map[string]any{}, &labelled); msg != "" {
+		t.Fatalf("sandbox_list: %s", msg)
+	}
+	if i := slices.IndexFunc(labelled.Sandboxes, func(x struct {
+		ID       string
+		Metadata map[string]string
+	}) bool {
+		return x.ID == sb.Sandbox
+	}); i < 0 || labelled.Sandboxes[i].Metadata["task"] != "t-42" {
+		t.Fatalf("sandbox_list shows the labels: %+v", labelled)
+	}
+	if msg := call(t, s, "sandbox_create", map[string]any{"template": "minimal", "metadata": map[string]string{"bad key": "x"}}, &sb); msg == "" {
+		t.Fatal("sandbox_create with a bad metadata key succeeded")
 	}
 	var ex struct{ Stdout string }
 	if msg := call(t, s, "exec", map[string]any{"sandbox": sb.Sandbox, "command": []string{"sh", "-c", "echo $FOO"}}, &ex); msg != "" || ex.Stdout != "bar\n" {
