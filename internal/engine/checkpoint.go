@@ -396,12 +396,13 @@ func (e *checkpointer) resumeFromCut(ctx context.Context, cp sandbox.Checkpointe
 func (e *checkpointer) checkpointIntent(ctx context.Context, id string, sb meta.Sandbox, tag string) (ck, parent meta.Checkpoint, hostMeta map[string]string, err error) {
 	// The template version is in the blob store before any checkpoint
 	// that needs it (its chunks, then its record; then this checkpoint's
-	// chunks, manifest and pointer), so any node can restore it.
+	// chunks, manifest and pointer), so any node can restore it. Usually
+	// pushed ahead already (tplpush.go); retried through a store error.
 	digest, err := e.tpl.cat.Digest(ctx, sb.Template, sb.TemplateVersion)
 	if err != nil {
 		return ck, parent, nil, fmt.Errorf("checkpoint %s: %w", id, err)
 	}
-	if err := e.tpl.cat.Store().Push(ctx, digest); err != nil {
+	if err := e.pushTemplate(ctx, digest); err != nil {
 		return ck, parent, nil, fmt.Errorf("checkpoint %s: store template %s version %s: %w", id, sb.Template, sb.TemplateVersion, err)
 	}
 	hostMeta = map[string]string{}

@@ -388,6 +388,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		cancel()
 		return err
 	}
+	e.pushAheadRecorded(ctx)
 	e.pool.start(bg)
 	if e.ck.store != nil {
 		e.bg.wg.Add(1)
@@ -573,6 +574,7 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (sb meta.Sandbox, 
 			return sb, err
 		}
 	}
+	e.pushAhead(sb)
 	return sb, nil
 }
 
