@@ -241,7 +241,7 @@ func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (met
 	}
 	lg := e.lg.With("sandbox_id", id, "checkpoint_id", ck.ID)
 	fail := func(err error) (meta.Checkpoint, error) {
-		if _, merr := e.meta.SetCheckpointState(context.WithoutCancel(ctx), ck.ID, meta.CheckpointFailed, err.Error(), meta.CheckpointPending); merr != nil {
+		if merr := e.failRow(ctx, ck.ID, err); merr != nil {
 			lg.Error("record failed checkpoint", "err", merr)
 		}
 		lg.WarnContext(ctx, "checkpoint failed", "err", err)
@@ -354,7 +354,7 @@ func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (met
 		MemoryBytes: cs.MemoryBytes, LayerBytes: cs.LayerBytes, ImageBytes: res.Size, StoredBytes: res.StoredBytes,
 		Chunks: res.Chunks, NewChunks: res.NewChunks,
 	}
-	if ck, err = e.meta.CommitCheckpoint(ctx, ck); err != nil {
+	if ck, err = e.commitRow(ctx, ck); err != nil {
 		return ck, err // committed in storage and log; the next start settles the row
 	}
 	// Committed: its image stays on the node as the sandbox's hot copy.

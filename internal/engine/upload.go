@@ -59,20 +59,27 @@ func (e *checkpointer) commitLocal(ctx context.Context, ck meta.Checkpoint, sb m
 	if err := e.ck.fps.Eval(FPLocalKept); err != nil {
 		return undo(err)
 	}
-	l, err := e.holdLease(ctx, sb.ID)
-	if err != nil {
-		return undo(err)
-	}
+	// The lease, the log event and the row are retried through a store
+	// error window (storeRetry): the cut is made, and giving up here
+	// threw it away for the session's next attempt to make again.
 	ev := eventWithID(sb, ck.ID+".checkpointed", EventCheckpointed, payload)
 	ev.CheckpointRef = ck.ID
-	ar, err := e.log.Append(ctx, Stream(sb.ID), l.Epoch, eventlog.Any, ev)
+	var ar eventlog.AppendResult
+	err = e.storeRetry(ctx, "record checkpoint in the log", func(ctx context.Context) error {
+		l, err := e.holdLease(ctx, sb.ID)
+		if err != nil {
+			return err
+		}
+		ar, err = e.log.Append(ctx, Stream(sb.ID), l.Epoch, eventlog.Any, ev) // idempotent: by the event's id
+		return err
+	})
 	if err != nil {
 		return undo(fmt.Errorf("record checkpoint in the log: %w", err))
 	}
 	ck.EventSeq, ck.UploadPending, ck.HotDigest = ar.Last, true, rec
 	ck.Stats = meta.CheckpointStats{FrozenNS: int64(cs.Frozen), DumpNS: int64(dumped), TotalNS: int64(time.Since(start)),
 		MemoryBytes: cs.MemoryBytes, LayerBytes: cs.LayerBytes}
-	if ck, err = e.meta.CommitCheckpoint(ctx, ck); err != nil {
+	if ck, err = e.commitRow(ctx, ck); err != nil {
 		return undo(err) // the next start fails the pending row
 	}
 	e.enqueueUpload(ck)
