@@ -207,7 +207,11 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 				return sb, err
 			}
 		}
-		if sb, err = e.meta.SetState(ctx, sb.ID, meta.StateRestoring, "restoring from "+ck.ID, sb.State); err != nil {
+		from := sb.State
+		if err = e.storeRetry(ctx, "mark the sandbox restoring", func(ctx context.Context) (err error) {
+			sb, err = e.meta.SetState(ctx, target, meta.StateRestoring, "restoring from "+ck.ID, from)
+			return err
+		}); err != nil {
 			return sb, err
 		}
 	}
@@ -253,27 +257,46 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 		// It runs: now read the copy's bytes (hottier.go, Integrity).
 		e.ck.hot.spawn(img.verify)
 	}
-	if sb, err = e.meta.Restored(ctx, sb.ID, ck.ID); err != nil {
-		return sb, err
-	}
-	var evs []eventlog.Event
-	if target == "" {
-		evs = append(evs, lifecycleEvent(sb, EventCreated, CreatedPayload{
-			Template: sb.Template, TemplateVersion: sb.TemplateVersion, Driver: sb.Driver, Limits: sb.Limits}))
-	}
-	lost := e.lostAfter(ctx, ck)
-	evs = append(evs, lifecycleEvent(sb, EventRestored, RestoredPayload{
-		Checkpoint: ck.ID, From: ck.SandboxID, Seq: ck.Seq, Generation: sb.Generation, ImageDigest: imageDigest, Hot: hot,
+	sb, err = e.recordRestored(ctx, sb, ck, target == "", RestoredPayload{
+		Checkpoint: ck.ID, From: ck.SandboxID, Seq: ck.Seq, ImageDigest: imageDigest, Hot: hot,
 		Processes: rs.Processes, MemoryBytes: rs.MemoryBytes, Files: rs.Files,
 		ConnectionsRestored: rs.ConnectionsRestored, ConnectionsReset: rs.ConnectionsReset, Lazy: rs.Lazy,
-		FetchNS: int64(fetched), RunningNS: int64(rs.Running), Replaced: replaced, LostCheckpoints: lost, NotRestored: notRestored(rs, lost),
-	}))
-	if err := e.appendEvents(ctx, sb, evs...); err != nil {
+		FetchNS: int64(fetched), RunningNS: int64(rs.Running), Replaced: replaced,
+	}, rs)
+	if err != nil {
 		return sb, err
 	}
 	lg.InfoContext(ctx, "sandbox restored", "fork", target == "", "fetch", fetched.Round(time.Millisecond),
 		"running", rs.Running.Round(time.Millisecond), "processes", rs.Processes)
 	return sb, nil
+}
+
+// recordRestored records sandbox sb, restored from ck and running: its
+// row, then its events (sandbox.created for a new one, then
+// sandbox.restored with p, its generation and the checkpoints lost). Both
+// are retried through a store error or full-disk window (storeRetry):
+// giving up here left the row "restoring" for the next attempt to kill
+// the sandbox and restore it again.
+func (e *checkpointer) recordRestored(ctx context.Context, sb meta.Sandbox, ck meta.Checkpoint, isNew bool, p RestoredPayload, rs sandbox.RestoreStats) (meta.Sandbox, error) {
+	id := sb.ID
+	if err := e.storeRetry(ctx, "record the restore", func(ctx context.Context) (err error) {
+		sb, err = e.meta.Restored(ctx, id, ck.ID)
+		return err
+	}); err != nil {
+		return sb, err
+	}
+	var evs []eventlog.Event
+	if isNew {
+		evs = append(evs, lifecycleEvent(sb, EventCreated, CreatedPayload{
+			Template: sb.Template, TemplateVersion: sb.TemplateVersion, Driver: sb.Driver, Limits: sb.Limits}))
+	}
+	lost := e.lostAfter(ctx, ck)
+	p.Generation, p.LostCheckpoints, p.NotRestored = sb.Generation, lost, notRestored(rs, lost)
+	evs = append(evs, lifecycleEvent(sb, EventRestored, p))
+	err := e.storeRetry(ctx, "append the restore's events", func(ctx context.Context) error {
+		return e.appendEvents(ctx, sb, evs...) // idempotent: the events' ids
+	})
+	return sb, err
 }
 
 // notRestored is the restored event's list of what did not come back:

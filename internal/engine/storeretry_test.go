@@ -3,7 +3,10 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -26,8 +29,11 @@ type commitWindowMeta struct {
 	failed int
 }
 
-func (m *commitWindowMeta) CommitCheckpoint(ctx context.Context, c meta.Checkpoint) (meta.Checkpoint, error) {
+// hit reports whether a call falls in the window (opening it at the
+// first call once armed), counting it.
+func (m *commitWindowMeta) hit() bool {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	if m.armed && m.until.IsZero() {
 		m.until = time.Now().Add(m.window)
 	}
@@ -35,11 +41,78 @@ func (m *commitWindowMeta) CommitCheckpoint(ctx context.Context, c meta.Checkpoi
 	if fail {
 		m.failed++
 	}
+	return fail
+}
+
+func (m *commitWindowMeta) arm() {
+	m.mu.Lock()
+	m.armed = true
 	m.mu.Unlock()
-	if fail {
+}
+
+func (m *commitWindowMeta) failures() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.failed
+}
+
+func (m *commitWindowMeta) CommitCheckpoint(ctx context.Context, c meta.Checkpoint) (meta.Checkpoint, error) {
+	if m.hit() {
 		return c, errors.New("injected: database is locked")
 	}
 	return m.Store.CommitCheckpoint(ctx, c)
+}
+
+// restoredWindowMeta fails Restored (the row of a restored sandbox) for
+// window from its first call once armed: a disk-full window.
+type restoredWindowMeta struct{ commitWindowMeta }
+
+func (m *restoredWindowMeta) CommitCheckpoint(ctx context.Context, c meta.Checkpoint) (meta.Checkpoint, error) {
+	return m.Store.CommitCheckpoint(ctx, c)
+}
+
+func (m *restoredWindowMeta) Restored(ctx context.Context, id, origin string) (meta.Sandbox, error) {
+	if m.hit() {
+		return meta.Sandbox{}, fmt.Errorf("injected: write meta.db: %w", syscall.ENOSPC)
+	}
+	return m.Store.Restored(ctx, id, origin)
+}
+
+// TestRestoreRetriedThroughDiskFull: a recover whose restored sandbox's
+// row meets a 2 s full-disk window records it once the disk has room —
+// the recover succeeds, the sandbox runs. On main the restore gave up at
+// the first ENOSPC and left the row restoring (the next attempt killed
+// and restored it again).
+func TestRestoreRetriedThroughDiskFull(t *testing.T) {
+	env := enginetest.New(t, engine.Options{})
+	wm := &restoredWindowMeta{commitWindowMeta{window: 2 * time.Second}}
+	env.WrapMeta = func(s metadata.Store) metadata.Store { wm.Store = s; return wm }
+	env.Restart(t)
+	e := env.Engine
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Policy: "none", Cold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Checkpoint(ctx, engine.CheckpointRequest{Tenant: "default", Sandbox: sb.ID}); err != nil {
+		t.Fatal(err)
+	}
+	wm.arm()
+	got, err := e.Recover(ctx, "default", sb.ID, nil)
+	if err != nil {
+		t.Fatalf("recover whose row met a 2 s full-disk window (%d failed): %v", wm.failures(), err)
+	}
+	if wm.failures() == 0 {
+		t.Fatal("no Restored call failed: the test proves nothing")
+	}
+	if got.State != meta.StateRunning {
+		t.Fatalf("after the recover the sandbox is %s, want running", got.State)
+	}
+	var out strings.Builder
+	if st, err := e.Exec(ctx, "default", sb.ID, sandbox.ExecSpec{Args: []string{"echo", "ok"}, Stdout: &out}); err != nil || st.Code != 0 {
+		t.Fatalf("exec after the recover: %v %+v %q", err, st, out.String())
+	}
 }
 
 // TestCheckpointCommitRetried: a strict exec's checkpoint whose row commit
@@ -59,15 +132,11 @@ func TestCheckpointCommitRetried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wm.mu.Lock()
-	wm.armed = true
-	wm.mu.Unlock()
+	wm.arm()
 	if _, err := e.Exec(ctx, "default", sb.ID, sandbox.ExecSpec{Args: []string{"true"}}); err != nil {
 		t.Fatalf("strict exec whose checkpoint commit met a 2 s store error window: %v", err)
 	}
-	wm.mu.Lock()
-	failed := wm.failed
-	wm.mu.Unlock()
+	failed := wm.failures()
 	if failed == 0 {
 		t.Fatal("no commit failed: the exec made no checkpoint, the test proves nothing")
 	}
