@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/host/faults"
+	"github.com/amber-run/amber/lib/failpoint"
 )
 
 // flakyModel fails its first n calls with err, then answers as m.
@@ -160,5 +162,45 @@ func TestWakeBackoffBounded(t *testing.T) {
 		if got := retryDelay(i, time.Second); got != want {
 			t.Errorf("retryDelay(%d, 1s) = %v, want %v", i, got, want)
 		}
+	}
+}
+
+// TestLeaseRenewalHangRecovered: a session whose lease renewal hangs (the
+// eventlog.lease failpoint armed with failpoint.Hang: a log that stopped
+// answering) goes on by itself: the renewal ends at its deadline (a third
+// of the lease's TTL), the Wake fails, and the Manager's next Wake
+// finishes the session — no client event, no restart. On main the renewal
+// had no deadline and the session waited for ever.
+func TestLeaseRenewalHangRecovered(t *testing.T) {
+	e := newTestEnv(t, []ScriptTurn{{Text: "done"}})
+	fps := failpoint.New()
+	var hung atomic.Int32
+	fps.ArmCtx(faults.EventlogLease, 2, false, func(ctx context.Context, subject string) error {
+		hung.Add(1)
+		return failpoint.Hang(nil)(ctx, subject)
+	})
+	h := e.harness(nil)
+	h.Log = faults.Log(e.log, fps)
+	h.LeaseTTL = 600 * time.Millisecond
+	m := NewManager(h)
+	m.backoff = 50 * time.Millisecond
+	defer m.Close()
+	ctx := context.Background()
+	s, err := m.Create(ctx, "acme", Definition{Model: ModelConfig{Adapter: "scripted"}, Template: "minimal", Policy: PolicyStrict})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Post(ctx, "acme", s.ID, EventUserMessage, json.RawMessage(`{"text":"go"}`), "go"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for len(e.events(s.ID, EventAssistantMessage)) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the session did not finish within 15 s of a hung lease call (hung: %d)", hung.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if hung.Load() != 1 {
+		t.Fatalf("%d lease calls hung, want 1: the failpoint is not on the session's path", hung.Load())
 	}
 }
