@@ -148,3 +148,51 @@ func TestCheckpointCommitRetried(t *testing.T) {
 		t.Fatalf("after %d failed commits the newest checkpoint is not committed: %+v", failed, cks)
 	}
 }
+
+// createWindowMeta fails the row's move to running (a created sandbox's
+// record) for window from its first call once armed.
+type createWindowMeta struct{ commitWindowMeta }
+
+func (m *createWindowMeta) CommitCheckpoint(ctx context.Context, c meta.Checkpoint) (meta.Checkpoint, error) {
+	return m.Store.CommitCheckpoint(ctx, c)
+}
+
+func (m *createWindowMeta) SetState(ctx context.Context, id string, to meta.State, reason string, from ...meta.State) (meta.Sandbox, error) {
+	if to == meta.StateRunning && m.hit() {
+		return meta.Sandbox{}, errors.New("injected: database is locked")
+	}
+	return m.Store.SetState(ctx, id, to, reason, from...)
+}
+
+// TestCreateRecordRetried: a create whose sandbox runs but whose row's
+// move to running meets a 2 s store error window succeeds once the store
+// is back, and leaves no other sandbox behind. On main the create failed
+// with the sandbox running and its row "creating" — no one's until the
+// next start, and the caller (a session) made another.
+func TestCreateRecordRetried(t *testing.T) {
+	env := enginetest.New(t, engine.Options{})
+	wm := &createWindowMeta{commitWindowMeta{window: 2 * time.Second}}
+	env.WrapMeta = func(s metadata.Store) metadata.Store { wm.Store = s; return wm }
+	env.Restart(t)
+	e := env.Engine
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	wm.arm()
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Policy: "none", Cold: true})
+	if err != nil {
+		t.Fatalf("create whose record met a 2 s store error window (%d failed): %v", wm.failures(), err)
+	}
+	if wm.failures() == 0 {
+		t.Fatal("no record failed: the test proves nothing")
+	}
+	if sb.State != meta.StateRunning {
+		t.Fatalf("created sandbox is %s, want running", sb.State)
+	}
+	infos, err := env.Driver.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(infos) != 1 || infos[0].ID != sb.ID {
+		t.Fatalf("the driver runs %d sandboxes (%+v), want only %s", len(infos), infos, sb.ID)
+	}
+}
