@@ -49,8 +49,10 @@ package engine
 //     yet), and the row becomes committed with UploadPending and the
 //     record (HotDigest);
 //  5. the exec is acknowledged;
-//  6. in the background, one sandbox's uploads in order: the copy is
-//     checked against the row's record, then the chunk store writes the
+//  6. in the background, one sandbox's uploads in order: the template
+//     version is pushed (step 0 of the order above, which the intent left
+//     to the upload: a sandbox's first cut does not wait for it), the copy
+//     is checked against the row's record, then the chunk store writes the
 //     chunks, the manifest and the pointer from it, then FinishUpload
 //     records the digests and clears the mark, and the copy is unpinned.
 //
@@ -235,7 +237,7 @@ func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (met
 	if sb.State != meta.StateRunning {
 		return meta.Checkpoint{}, errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
 	}
-	ck, parent, hostMeta, err := e.checkpointIntent(ctx, id, sb, r.Tag)
+	ck, parent, hostMeta, err := e.checkpointIntent(ctx, id, sb, r.Tag, !r.uploadBehind || r.Stop) // behind: the upload pushes
 	if err != nil {
 		return ck, err
 	}
@@ -388,22 +390,21 @@ func (e *checkpointer) resumeFromCut(ctx context.Context, cp sandbox.Checkpointe
 	}
 }
 
-// checkpointIntent pushes sandbox id's template version to the blob store,
-// reads this host's metadata and the log position of the cut, and records
-// the intent: a pending row (steps 0 and 1 of the order above). It
-// returns the row, the checkpoint's parent and the host metadata. Called
-// with the sandbox's lock held.
-func (e *checkpointer) checkpointIntent(ctx context.Context, id string, sb meta.Sandbox, tag string) (ck, parent meta.Checkpoint, hostMeta map[string]string, err error) {
+// checkpointIntent pushes sandbox id's template version to the blob store
+// (with push; else the upload does, templatePushed), reads this host's
+// metadata and the log position of the cut, and records the intent: a
+// pending row (steps 0 and 1 of the order above). It returns the row, the
+// checkpoint's parent and the host metadata. Called with the sandbox's
+// lock held.
+func (e *checkpointer) checkpointIntent(ctx context.Context, id string, sb meta.Sandbox, tag string, push bool) (ck, parent meta.Checkpoint, hostMeta map[string]string, err error) {
 	// The template version is in the blob store before any checkpoint
 	// that needs it (its chunks, then its record; then this checkpoint's
 	// chunks, manifest and pointer), so any node can restore it. Usually
 	// pushed ahead already (tplpush.go); retried through a store error.
-	digest, err := e.tpl.cat.Digest(ctx, sb.Template, sb.TemplateVersion)
-	if err != nil {
-		return ck, parent, nil, fmt.Errorf("checkpoint %s: %w", id, err)
-	}
-	if err := e.pushTemplate(ctx, digest); err != nil {
-		return ck, parent, nil, fmt.Errorf("checkpoint %s: store template %s version %s: %w", id, sb.Template, sb.TemplateVersion, err)
+	if push {
+		if err := e.templatePushed(ctx, meta.Checkpoint{Template: sb.Template, TemplateVersion: sb.TemplateVersion}); err != nil {
+			return ck, parent, nil, fmt.Errorf("checkpoint %s: %w", id, err)
+		}
 	}
 	hostMeta = map[string]string{}
 	if err := e.hostMeta(ctx, hostMeta); err != nil {

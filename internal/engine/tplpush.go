@@ -57,6 +57,23 @@ func (e *core) pushTemplate(ctx context.Context, digest string) error {
 	}
 }
 
+// templatePushed makes sure checkpoint ck's template version is in the
+// blob store (pushTemplate): before the checkpoint's own chunks, manifest
+// and pointer. A strict checkpoint committed on the node first (upload.go)
+// needs it only before its upload — so the first cut of a sandbox does not
+// wait for a 132 MB push (or its retries through a store error window, or
+// its restart after a daemon kill): the upload behind does.
+func (e *core) templatePushed(ctx context.Context, ck meta.Checkpoint) error {
+	digest, err := e.tpl.cat.Digest(ctx, ck.Template, ck.TemplateVersion)
+	if err == nil {
+		err = e.pushTemplate(ctx, digest)
+	}
+	if err != nil {
+		return fmt.Errorf("store template %s version %s: %w", ck.Template, ck.TemplateVersion, err)
+	}
+	return nil
+}
+
 // pushAhead pushes the template versions of sbs (those with a recovery
 // policy other than none) in the background, one at a time. Without a
 // blob store, or before Start, it does nothing.

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/internal/engine"
 	"github.com/amber-run/amber/internal/engine/enginetest"
 	"github.com/amber-run/amber/internal/host/faults"
@@ -122,5 +123,59 @@ func TestTemplatePushedAhead(t *testing.T) {
 	}
 	if len(cks) != 0 {
 		t.Fatalf("the sandbox has %d checkpoints: the version may have been pushed by a cut, not ahead", len(cks))
+	}
+}
+
+// TestStrictCutDoesNotWaitForTemplatePush: a strict exec whose checkpoint
+// commits on the node (the upload behind) does not wait for its
+// template's push while the blob store fails: the exec is acknowledged at
+// once, and the upload — template first, then the checkpoint — completes
+// once the store is back. Before, the first cut carried the push and its
+// retries (here 8 s of blob write errors).
+func TestStrictCutDoesNotWaitForTemplatePush(t *testing.T) {
+	fps := failpoint.New()
+	cat := faultyTemplates(t, fps)
+	env := enginetest.NewFor(t, enginetest.DriverName(), engine.Options{Templates: cat})
+	e := env.Engine
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var failed atomic.Int32
+	fps.ArmEach(faults.BlobWrite, 1, failpoint.Window(8*time.Second, func(string) error {
+		failed.Add(1)
+		return errors.New("blob store: connection refused")
+	}))
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Policy: "strict", Cold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := e.Exec(ctx, "default", sb.ID, sandbox.ExecSpec{Args: []string{"true"}}); err != nil {
+		t.Fatalf("strict exec while the template's blob store fails: %v", err)
+	}
+	took := time.Since(start)
+	if failed.Load() == 0 {
+		t.Fatal("no template blob write failed: the test proves nothing")
+	}
+	if took > 5*time.Second {
+		t.Fatalf("the strict exec took %v: its cut waited for the template's push through the 8 s window", took.Round(time.Millisecond))
+	}
+	digest, err := cat.Digest(ctx, "minimal", sb.TemplateVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		cks, err := e.ListCheckpoints(ctx, "default", sb.ID, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored, _ := cat.Store().Stored(ctx, digest)
+		if len(cks) > 0 && !cks[len(cks)-1].UploadPending && stored {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a minute after the window: template stored %v, checkpoints %+v", stored, cks)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

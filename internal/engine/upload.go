@@ -41,7 +41,8 @@ type uploads struct {
 }
 
 // commitLocal is steps 3–4 of the order above for ck, cut into dir. It
-// reports false, having touched nothing, when the hot tier cannot keep the
+// reports false, having touched nothing but the template's push (step 0,
+// which the intent left to the upload), when the hot tier cannot keep the
 // image (the caller then uploads before the ack); once true, dir is the
 // hot copy's.
 //
@@ -49,6 +50,9 @@ type uploads struct {
 func (e *checkpointer) commitLocal(ctx context.Context, ck meta.Checkpoint, sb meta.Sandbox, dir string, pm map[string]string,
 	payload CheckpointedPayload, cs sandbox.CheckpointStats, dumped time.Duration, start time.Time) (meta.Checkpoint, bool, error) {
 	rec, kept, err := e.ck.hot.keepLocal(ck, dir, pm)
+	if err == nil && !kept {
+		err = e.templatePushed(ctx, ck) // uploaded before the ack: its template first
+	}
 	if err != nil || !kept {
 		return ck, false, err
 	}
@@ -160,6 +164,9 @@ func (e *checkpointer) upload(ctx context.Context, ck meta.Checkpoint) error {
 		return nil
 	}
 	start := time.Now()
+	if err := e.templatePushed(ctx, cur); err != nil { // step 0, behind the local commit
+		return err
+	}
 	dir, _, err := e.ck.hot.take(cur, e.ck.workDir, nil)
 	if err != nil {
 		return e.uploadLost(ctx, cur, err)
