@@ -425,6 +425,7 @@ func (d *upDaemon) startEngine(ctx context.Context) error {
 		Egress:        engine.EgressOptions{Gateway: d.gw, Network: d.enet, Default: d.defEgress, Ceiling: d.egressCeiling, TenantCA: d.tenantCA},
 		Recovery:      engine.RecoveryOptions{KeepCheckpoints: o.keep, IdleTimeout: o.idle, HotTierBytes: hotTier},
 		Cluster:       engine.ClusterOptions{Node: o.shared.nodeID, Shared: o.shared.shared()},
+		Failpoints:    d.fps, // tests only (driver.checkpoint, driver.restore, checkpoint.*); nil otherwise
 	})
 	if err != nil {
 		return err

@@ -374,12 +374,25 @@ func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (met
 	return ck, nil
 }
 
-// driverCut is the driver's Checkpoint, bounded by DriverTimeout.
+// driverCut is the driver's Checkpoint, bounded by DriverTimeout. The
+// failpoint FPDriverCheckpoint is evaluated first with the bounded
+// context (failpoint.Hang: a driver call that does not come back).
 func (e *checkpointer) driverCut(ctx context.Context, cp sandbox.Checkpointer, id, dir string, stop bool) (sandbox.CheckpointStats, error) {
 	ctx, cancel := context.WithTimeout(ctx, e.ck.drvTimeout)
 	defer cancel()
+	if err := e.ck.fps.EvalCtx(ctx, FPDriverCheckpoint, id); err != nil {
+		return sandbox.CheckpointStats{}, fmt.Errorf("driver checkpoint of %s: %w", id, err)
+	}
 	return cp.Checkpoint(ctx, id, dir, sandbox.CheckpointOptions{LeaveStopped: stop})
 }
+
+// The failpoints in front of the driver's Checkpoint and Restore calls
+// (Options.Failpoints; the daemon's AMBER_TEST_FAILPOINTS), evaluated
+// with the call's deadline.
+const (
+	FPDriverCheckpoint = "driver.checkpoint"
+	FPDriverRestore    = "driver.restore"
+)
 
 // resumeFromCut brings back sandbox sb, left stopped by a cut into dir
 // whose checkpoint did not commit; one that cannot be is crashed.

@@ -233,7 +233,9 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 		var unlockCut func()
 		if unlockCut, err = e.cuts.cut(ctx, sb.ID, "restore"); err == nil {
 			dctx, dcancel := context.WithTimeout(ctx, e.ck.drvTimeout)
-			rs, err = cp.Restore(dctx, sandbox.Spec{ID: sb.ID, Tenant: sb.Tenant, Template: tmpl, Limits: sb.Limits, Env: sb.Env}, dir, sandbox.RestoreOptions{})
+			if err = e.ck.fps.EvalCtx(dctx, FPDriverRestore, sb.ID); err == nil {
+				rs, err = cp.Restore(dctx, sandbox.Spec{ID: sb.ID, Tenant: sb.Tenant, Template: tmpl, Limits: sb.Limits, Env: sb.Env}, dir, sandbox.RestoreOptions{})
+			}
 			dcancel()
 			unlockCut()
 		}
