@@ -309,7 +309,8 @@ func (m *Manager) run(id string, r *runner) {
 			return
 		}
 		// A failed Wake (a model, sandbox or store error; it is in the
-		// log) is tried again after 1 s, then every 2 s (retryDelay): the
+		// log) is tried again after 1 s, then every 2 s (retryDelay; every
+		// 30 s once it has failed for a minute): the
 		// next Wake recovers what the failure cut off, and a store error
 		// window of a few seconds costs a session a second or two, not
 		// a doubling backoff's 16 s. An error that will not pass by
@@ -339,7 +340,7 @@ func (m *Manager) run(id string, r *runner) {
 			case <-m.bg.Done():
 				return
 			case <-r.kick: // a client event: try now
-			case <-time.After(retryDelay(attempt, m.backoff)):
+			case <-time.After(retryDelay(attempt, m.backoff, time.Since(first))):
 			}
 		}
 		if m.bg.Err() != nil {
@@ -349,12 +350,18 @@ func (m *Manager) run(id string, r *runner) {
 }
 
 // retryDelay is the wait before a failed Wake's next attempt (attempt
-// from 0): base, then 2×base for every later one — bounded, so the
-// session is back within 2 s of a store's recovery however many
-// attempts a long error window took.
-func retryDelay(attempt int, base time.Duration) time.Duration {
-	if attempt == 0 {
+// from 0, failing for failingFor): base, then 2×base for every later one
+// — bounded, so the session is back within 2 s of a store's recovery
+// however many attempts an error window took. A failure that lasts past a
+// minute (a model down, not a store window) is tried every 30×base: each
+// failed Wake appends a session.error event, and a 2 s rhythm for ten
+// minutes would append 300.
+func retryDelay(attempt int, base, failingFor time.Duration) time.Duration {
+	switch {
+	case attempt == 0:
 		return base
+	case failingFor >= time.Minute:
+		return 30 * base
 	}
 	return 2 * base
 }

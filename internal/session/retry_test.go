@@ -159,9 +159,14 @@ func TestWakeBackoffBounded(t *testing.T) {
 		t.Fatalf("the session answered %v after its first failure (6 retries); want about 1.1 s (1 × 100 ms + 5 × 200 ms)", took.Round(time.Millisecond))
 	}
 	for i, want := range []time.Duration{time.Second, 2 * time.Second, 2 * time.Second, 2 * time.Second} {
-		if got := retryDelay(i, time.Second); got != want {
+		if got := retryDelay(i, time.Second, time.Duration(i)*2*time.Second); got != want {
 			t.Errorf("retryDelay(%d, 1s) = %v, want %v", i, got, want)
 		}
+	}
+	// Past a minute of failures (a model down): every 30 s, not 300
+	// error events in ten minutes.
+	if got := retryDelay(40, time.Second, 61*time.Second); got != 30*time.Second {
+		t.Errorf("retryDelay after a minute of failures = %v, want 30s", got)
 	}
 }
 
