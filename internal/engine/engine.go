@@ -619,7 +619,7 @@ func (e *Engine) coldCreate(ctx context.Context, t sandbox.Template, tenant stri
 	// running sandbox recorded "creating" — no one's until the next start
 	// — and the caller made another.
 	if err := e.storeRetry(ctx, "record the created sandbox", func(ctx context.Context) (err error) {
-		sb, err = e.meta.SetState(ctx, id, meta.StateRunning, "", meta.StateCreating)
+		sb, err = e.meta.SetState(ctx, id, meta.StateRunning, "", meta.StateCreating, meta.StateRunning) // a retry after an applied attempt
 		return err
 	}); err != nil {
 		return sb, err

@@ -209,7 +209,7 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 		}
 		from := sb.State
 		if err = e.storeRetry(ctx, "mark the sandbox restoring", func(ctx context.Context) (err error) {
-			sb, err = e.meta.SetState(ctx, target, meta.StateRestoring, "restoring from "+ck.ID, from)
+			sb, err = e.meta.SetState(ctx, target, meta.StateRestoring, "restoring from "+ck.ID, from, meta.StateRestoring) // a retry after an applied attempt
 			return err
 		}); err != nil {
 			return sb, err
@@ -280,8 +280,15 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 // giving up here left the row "restoring" for the next attempt to kill
 // the sandbox and restore it again.
 func (e *checkpointer) recordRestored(ctx context.Context, sb meta.Sandbox, ck meta.Checkpoint, isNew bool, p RestoredPayload, rs sandbox.RestoreStats) (meta.Sandbox, error) {
-	id := sb.ID
+	id, tried := sb.ID, false
 	if err := e.storeRetry(ctx, "record the restore", func(ctx context.Context) (err error) {
+		if tried { // applied, its answer lost: the row runs from ck now
+			if cur, err := e.meta.Get(ctx, id); err == nil && cur.State == meta.StateRunning && cur.Origin == ck.ID {
+				sb = cur
+				return nil
+			}
+		}
+		tried = true
 		sb, err = e.meta.Restored(ctx, id, ck.ID)
 		return err
 	}); err != nil {

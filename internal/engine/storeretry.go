@@ -59,9 +59,24 @@ func retryableStoreError(err error) bool {
 
 // commitRow is the metadata store's CommitCheckpoint of ck, retried
 // through a store error window (storeRetry).
+//
+// An attempt whose update was applied but whose answer was lost (the read
+// after it failed) is not applied twice: a retry first reads the row, and
+// one already committed with ck's log position is the commit.
 func (e *core) commitRow(ctx context.Context, ck meta.Checkpoint) (meta.Checkpoint, error) {
-	out := ck
+	out, tried := ck, false
 	err := e.storeRetry(ctx, "commit the checkpoint's row", func(ctx context.Context) error {
+		if tried {
+			cur, err := e.meta.Checkpoint(ctx, ck.ID)
+			if err != nil {
+				return err
+			}
+			if cur.State == meta.CheckpointCommitted && cur.EventSeq == ck.EventSeq {
+				out = cur
+				return nil
+			}
+		}
+		tried = true
 		var err error
 		out, err = e.meta.CommitCheckpoint(ctx, ck)
 		return err
@@ -73,7 +88,14 @@ func (e *core) commitRow(ctx context.Context, ck meta.Checkpoint) (meta.Checkpoi
 // store error window (storeRetry; even once ctx ended): a row left
 // pending waited for the next start to be settled.
 func (e *core) failRow(ctx context.Context, id string, why error) error {
+	tried := false
 	return e.storeRetry(context.WithoutCancel(ctx), "record a failed checkpoint", func(ctx context.Context) error {
+		if tried { // applied, its answer lost?
+			if cur, err := e.meta.Checkpoint(ctx, id); err == nil && cur.State == meta.CheckpointFailed {
+				return nil
+			}
+		}
+		tried = true
 		_, err := e.meta.SetCheckpointState(ctx, id, meta.CheckpointFailed, why.Error(), meta.CheckpointPending)
 		return err
 	})

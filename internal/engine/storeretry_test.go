@@ -196,3 +196,68 @@ func TestCreateRecordRetried(t *testing.T) {
 		t.Fatalf("the driver runs %d sandboxes (%+v), want only %s", len(infos), infos, sb.ID)
 	}
 }
+
+// lostAnswerMeta applies the first CommitCheckpoint once armed and then
+// answers with an error (the read after the update failed): a commit
+// applied whose answer was lost.
+type lostAnswerMeta struct{ commitWindowMeta }
+
+func (m *lostAnswerMeta) CommitCheckpoint(ctx context.Context, c meta.Checkpoint) (meta.Checkpoint, error) {
+	m.mu.Lock()
+	lose := m.armed && m.failed == 0
+	if lose {
+		m.failed++
+	}
+	m.mu.Unlock()
+	out, err := m.Store.CommitCheckpoint(ctx, c)
+	if lose && err == nil {
+		return c, errors.New("injected: meta scan checkpoint: database is locked")
+	}
+	return out, err
+}
+
+// TestCheckpointCommitAppliedAnswerLost: a strict checkpoint whose row
+// commit was applied but whose answer was lost is not failed by the retry
+// (the second update finds the row committed): the exec succeeds, and the
+// checkpoint stays committed and is uploaded. Without the re-read the
+// retry met "not pending", the commit was undone, its hot copy dropped,
+// and the committed row failed at its upload ("its hot copy was lost"):
+// every chaos run's session then needed reconciliation.
+func TestCheckpointCommitAppliedAnswerLost(t *testing.T) {
+	env := enginetest.New(t, engine.Options{})
+	wm := &lostAnswerMeta{}
+	env.WrapMeta = func(s metadata.Store) metadata.Store { wm.Store = s; return wm }
+	env.Restart(t)
+	e := env.Engine
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Policy: "none", Cold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wm.arm()
+	ck, err := e.StrictCheckpoint(ctx, "default", sb.ID)
+	if err != nil {
+		t.Fatalf("strict cut whose commit's answer was lost: %v", err)
+	}
+	if wm.failures() != 1 {
+		t.Fatalf("%d answers lost, want 1: the test proves nothing", wm.failures())
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		cur, err := env.Meta.Checkpoint(ctx, ck.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cur.State != meta.CheckpointCommitted {
+			t.Fatalf("checkpoint %s is %s (%s), want committed", ck.ID, cur.State, cur.Reason)
+		}
+		if !cur.UploadPending {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("checkpoint %s not uploaded within a minute", ck.ID)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
