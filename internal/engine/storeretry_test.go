@@ -216,7 +216,7 @@ func (m *lostAnswerMeta) CommitCheckpoint(ctx context.Context, c meta.Checkpoint
 	return out, err
 }
 
-// TestCheckpointCommitAppliedAnswerLost: a strict checkpoint whose row
+// TestCheckpointCommitAppliedAnswerLost: a strict exec's checkpoint whose row
 // commit was applied but whose answer was lost is not failed by the retry
 // (the second update finds the row committed): the exec succeeds, and the
 // checkpoint stays committed and is uploaded. Without the re-read the
@@ -231,15 +231,19 @@ func TestCheckpointCommitAppliedAnswerLost(t *testing.T) {
 	e := env.Engine
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Policy: "none", Cold: true})
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Policy: "strict", Cold: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	wm.arm()
-	ck, err := e.StrictCheckpoint(ctx, "default", sb.ID)
-	if err != nil {
-		t.Fatalf("strict cut whose commit's answer was lost: %v", err)
+	if _, err := e.Exec(ctx, "default", sb.ID, sandbox.ExecSpec{Args: []string{"true"}}); err != nil {
+		t.Fatalf("strict exec whose checkpoint commit's answer was lost: %v", err)
 	}
+	cks, err := e.ListCheckpoints(ctx, "default", sb.ID, true)
+	if err != nil || len(cks) == 0 {
+		t.Fatalf("checkpoints: %v %v", cks, err)
+	}
+	ck := cks[len(cks)-1]
 	if wm.failures() != 1 {
 		t.Fatalf("%d answers lost, want 1: the test proves nothing", wm.failures())
 	}
