@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/state/audit"
@@ -64,7 +65,7 @@ func ensureAdminKey(ctx context.Context, m metadata.Keys, dataDir string, shared
 	case err == nil:
 		key := strings.TrimSpace(string(b))
 		if len(key) < 32 {
-			return path, false, fmt.Errorf("%s holds no usable key (too short); delete it and restart to get a new one", path)
+			return path, false, errdefs.FailedPreconditionf("%s holds no usable key (too short); delete it and restart to get a new one", path)
 		}
 		return path, false, putAdminKey(ctx, m, key)
 	case !os.IsNotExist(err):
@@ -72,7 +73,7 @@ func ensureAdminKey(ctx context.Context, m metadata.Keys, dataDir string, shared
 	}
 	if shared {
 		if _, kerr := m.KeyByName(ctx, meta.DefaultTenant, meta.OperatorKeyName); kerr == nil {
-			return path, false, fmt.Errorf("%s is missing and another node registered the operator's key: copy admin.key from a node that has it (every node of a deployment shares it)", path)
+			return path, false, errdefs.FailedPreconditionf("%s is missing and another node registered the operator's key: copy admin.key from a node that has it (every node of a deployment shares it)", path)
 		}
 	}
 	key, err := meta.NewKeySecret()

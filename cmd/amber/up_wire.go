@@ -229,7 +229,13 @@ func (d *upDaemon) openMeta(ctx context.Context) error {
 	}
 	d.m = m
 	d.atExit(func() { m.Close() })
-	keyPath, created, err := ensureAdminKey(ctx, m, d.dataDir, o.shared.shared())
+	var keyPath string
+	created := false
+	err := startRetry(ctx, lg, "admin key", func(ctx context.Context) error {
+		p, c, err := ensureAdminKey(ctx, m, d.dataDir, o.shared.shared())
+		keyPath, created = p, created || c
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("admin key: %w", err)
 	}
@@ -293,7 +299,11 @@ func (d *upDaemon) openLog(ctx context.Context) error {
 		return err
 	}
 	if o.takeOver {
-		n, err := sweepLeases(ctx, sqlog, m, engine.LeaseHolder(d.nodeName))
+		var n int
+		err := startRetry(ctx, lg, "sweep stream leases", func(ctx context.Context) (err error) {
+			n, err = sweepLeases(ctx, sqlog, m, engine.LeaseHolder(d.nodeName))
+			return err
+		})
 		if err != nil {
 			return err
 		}
@@ -415,6 +425,7 @@ func (d *upDaemon) startEngine(ctx context.Context) error {
 		Egress:        engine.EgressOptions{Gateway: d.gw, Network: d.enet, Default: d.defEgress, Ceiling: d.egressCeiling, TenantCA: d.tenantCA},
 		Recovery:      engine.RecoveryOptions{KeepCheckpoints: o.keep, IdleTimeout: o.idle, HotTierBytes: hotTier, EagerRestore: !o.lazyRestore},
 		Cluster:       engine.ClusterOptions{Node: o.shared.nodeID, Shared: o.shared.shared()},
+		Failpoints:    d.fps, // tests only (driver.checkpoint, driver.restore, checkpoint.*); nil otherwise
 	})
 	if err != nil {
 		return err
@@ -486,7 +497,7 @@ func (d *upDaemon) startSessions(ctx context.Context, modelProviders map[string]
 	// Closed before the engine (undone last first).
 	d.atExit(sessions.Close)
 	// Sessions that were working when the last daemon stopped go on.
-	if err := sessions.Start(ctx); err != nil {
+	if err := startRetry(ctx, d.lg, "wake sessions", sessions.Start); err != nil {
 		return fmt.Errorf("wake sessions: %w", err)
 	}
 	return nil

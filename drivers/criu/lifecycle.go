@@ -390,6 +390,12 @@ func (d *Driver) destroyLocked(ctx context.Context, id string) error {
 	}
 	d.dropAgent(id, true)
 	var errs []error
+	// 0. A restore cut off by a kill leaves libcontainer's bind mount of
+	// the rootfs at <state>/criu-root (its deferred unmount never ran):
+	// the state directory cannot go (EBUSY), and the sandbox could be
+	// neither destroyed nor restored again (chaos seed 9501, criu: a
+	// sandbox whose restore a daemon kill cut off was refused after).
+	unmountCriuRoot(filepath.Join(d.runc, id, "criu-root"))
 	// 1. The container: kill its processes, wait until it is stopped, and
 	// let libcontainer remove its cgroups and state directory.
 	if c, err := libcontainer.Load(d.runc, id); err == nil {
@@ -490,4 +496,14 @@ func (d *Driver) slotOf(hostID int) (int, error) {
 		return legacySlots + rel/idsPerSandbox, nil
 	}
 	return 0, errdefs.FailedPreconditionf("image's uid range starts at %d, outside this driver's ranges (base %d) and the old default's (base %d); restoring into another range is not supported", hostID, d.opts.UIDBase, legacyUIDBase)
+}
+
+// unmountCriuRoot detaches every mount at p (libcontainer's bind mount of
+// a restore's rootfs, possibly stacked), if any.
+func unmountCriuRoot(p string) {
+	for i := 0; i < 8; i++ {
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil {
+			return // EINVAL: not a mount point (any more); ENOENT: gone
+		}
+	}
 }

@@ -410,17 +410,7 @@ func bringBack(ctx context.Context, cl *client.Client, sbx string, evs []api.Eve
 	if sb.State == "running" {
 		return "", nil
 	}
-	ckpt := ""
-	for _, ev := range evs {
-		if ev.Type == "session.checkpointed" {
-			var p struct {
-				Checkpoint string `json:"checkpoint"`
-			}
-			if json.Unmarshal(ev.Payload, &p) == nil && p.Checkpoint != "" {
-				ckpt = p.Checkpoint
-			}
-		}
-	}
+	ckpt := newestCut(evs)
 	if ckpt == "" {
 		return "", fmt.Errorf("the session's sandbox %s is %s and the session has no checkpoint to bring it back from", sbx, sb.State)
 	}
@@ -428,6 +418,32 @@ func bringBack(ctx context.Context, cl *client.Client, sbx string, evs []api.Eve
 		return "", fmt.Errorf("bring the session's sandbox %s (%s) back from %s: %w", sbx, sb.State, ckpt, err)
 	}
 	return fmt.Sprintf("sandbox %s was %s; restored from the session's checkpoint %s", sbx, sb.State, ckpt), nil
+}
+
+// newestCut is the session's newest step-boundary checkpoint, as its
+// state folds it (internal/session State.Cut): a session.checkpointed
+// event's, or (strict) a session.tool_result's own checkpoint — the one
+// after each changing call — whichever is later; a new sandbox
+// (session.sandbox_created) has none yet. The harness read only
+// session.checkpointed events, so it brought a strict session's sandbox
+// back to its first cut, not to the one after its last tool call (a
+// harness defect: the outcome then differed from the golden one).
+func newestCut(evs []api.Event) string {
+	ckpt := ""
+	for _, ev := range evs {
+		var p struct {
+			Checkpoint string `json:"checkpoint"`
+		}
+		switch ev.Type {
+		case "session.sandbox_created":
+			ckpt = ""
+		case "session.checkpointed", "session.tool_result":
+			if json.Unmarshal(ev.Payload, &p) == nil && p.Checkpoint != "" {
+				ckpt = p.Checkpoint
+			}
+		}
+	}
+	return ckpt
 }
 
 func sessionSandbox(evs []api.Event, dflt string) string {

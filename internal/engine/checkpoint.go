@@ -49,8 +49,10 @@ package engine
 //     yet), and the row becomes committed with UploadPending and the
 //     record (HotDigest);
 //  5. the exec is acknowledged;
-//  6. in the background, one sandbox's uploads in order: the copy is
-//     checked against the row's record, then the chunk store writes the
+//  6. in the background, one sandbox's uploads in order: the template
+//     version is pushed (step 0 of the order above, which the intent left
+//     to the upload: a sandbox's first cut does not wait for it), the copy
+//     is checked against the row's record, then the chunk store writes the
 //     chunks, the manifest and the pointer from it, then FinishUpload
 //     records the digests and clears the mark, and the copy is unpinned.
 //
@@ -236,13 +238,13 @@ func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (met
 	if sb.State != meta.StateRunning {
 		return meta.Checkpoint{}, errdefs.FailedPreconditionf("sandbox %s is %s, not running", id, sb.State)
 	}
-	ck, parent, hostMeta, err := e.checkpointIntent(ctx, id, sb, r.Tag)
+	ck, parent, hostMeta, err := e.checkpointIntent(ctx, id, sb, r.Tag, !r.uploadBehind || r.Stop) // behind: the upload pushes
 	if err != nil {
 		return ck, err
 	}
 	lg := e.lg.With("sandbox_id", id, "checkpoint_id", ck.ID)
 	fail := func(err error) (meta.Checkpoint, error) {
-		if _, merr := e.meta.SetCheckpointState(context.WithoutCancel(ctx), ck.ID, meta.CheckpointFailed, err.Error(), meta.CheckpointPending); merr != nil {
+		if merr := e.failRow(ctx, ck.ID, err); merr != nil {
 			lg.Error("record failed checkpoint", "err", merr)
 		}
 		lg.WarnContext(ctx, "checkpoint failed", "err", err)
@@ -355,7 +357,7 @@ func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (met
 		MemoryBytes: cs.MemoryBytes, LayerBytes: cs.LayerBytes, ImageBytes: res.Size, StoredBytes: res.StoredBytes,
 		Chunks: res.Chunks, NewChunks: res.NewChunks,
 	}
-	if ck, err = e.meta.CommitCheckpoint(ctx, ck); err != nil {
+	if ck, err = e.commitRow(ctx, ck); err != nil {
 		return ck, err // committed in storage and log; the next start settles the row
 	}
 	// Committed: its image stays on the node as the sandbox's hot copy.
@@ -373,12 +375,25 @@ func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (met
 	return ck, nil
 }
 
-// driverCut is the driver's Checkpoint, bounded by DriverTimeout.
+// driverCut is the driver's Checkpoint, bounded by DriverTimeout. The
+// failpoint FPDriverCheckpoint is evaluated first with the bounded
+// context (failpoint.Hang: a driver call that does not come back).
 func (e *checkpointer) driverCut(ctx context.Context, cp sandbox.Checkpointer, id, dir string, stop bool) (sandbox.CheckpointStats, error) {
 	ctx, cancel := context.WithTimeout(ctx, e.ck.drvTimeout)
 	defer cancel()
+	if err := e.ck.fps.EvalCtx(ctx, FPDriverCheckpoint, id); err != nil {
+		return sandbox.CheckpointStats{}, fmt.Errorf("driver checkpoint of %s: %w", id, err)
+	}
 	return cp.Checkpoint(ctx, id, dir, sandbox.CheckpointOptions{LeaveStopped: stop})
 }
+
+// The failpoints in front of the driver's Checkpoint and Restore calls
+// (Options.Failpoints; the daemon's AMBER_TEST_FAILPOINTS), evaluated
+// with the call's deadline.
+const (
+	FPDriverCheckpoint = "driver.checkpoint"
+	FPDriverRestore    = "driver.restore"
+)
 
 // resumeFromCut brings back sandbox sb, left stopped by a cut into dir
 // whose checkpoint did not commit; one that cannot be is crashed.
@@ -389,21 +404,21 @@ func (e *checkpointer) resumeFromCut(ctx context.Context, cp sandbox.Checkpointe
 	}
 }
 
-// checkpointIntent pushes sandbox id's template version to the blob store,
-// reads this host's metadata and the log position of the cut, and records
-// the intent: a pending row (steps 0 and 1 of the order above). It
-// returns the row, the checkpoint's parent and the host metadata. Called
-// with the sandbox's lock held.
-func (e *checkpointer) checkpointIntent(ctx context.Context, id string, sb meta.Sandbox, tag string) (ck, parent meta.Checkpoint, hostMeta map[string]string, err error) {
+// checkpointIntent pushes sandbox id's template version to the blob store
+// (with push; else the upload does, templatePushed), reads this host's
+// metadata and the log position of the cut, and records the intent: a
+// pending row (steps 0 and 1 of the order above). It returns the row, the
+// checkpoint's parent and the host metadata. Called with the sandbox's
+// lock held.
+func (e *checkpointer) checkpointIntent(ctx context.Context, id string, sb meta.Sandbox, tag string, push bool) (ck, parent meta.Checkpoint, hostMeta map[string]string, err error) {
 	// The template version is in the blob store before any checkpoint
 	// that needs it (its chunks, then its record; then this checkpoint's
-	// chunks, manifest and pointer), so any node can restore it.
-	digest, err := e.tpl.cat.Digest(ctx, sb.Template, sb.TemplateVersion)
-	if err != nil {
-		return ck, parent, nil, fmt.Errorf("checkpoint %s: %w", id, err)
-	}
-	if err := e.tpl.cat.Store().Push(ctx, digest); err != nil {
-		return ck, parent, nil, fmt.Errorf("checkpoint %s: store template %s version %s: %w", id, sb.Template, sb.TemplateVersion, err)
+	// chunks, manifest and pointer), so any node can restore it. Usually
+	// pushed ahead already (tplpush.go); retried through a store error.
+	if push {
+		if err := e.templatePushed(ctx, meta.Checkpoint{Template: sb.Template, TemplateVersion: sb.TemplateVersion}); err != nil {
+			return ck, parent, nil, fmt.Errorf("checkpoint %s: %w", id, err)
+		}
 	}
 	hostMeta = map[string]string{}
 	if err := e.hostMeta(ctx, hostMeta); err != nil {

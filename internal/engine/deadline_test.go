@@ -224,3 +224,42 @@ func TestStartSurvivesAHungStore(t *testing.T) {
 		t.Fatalf("exec after the start: %q %d", out, code)
 	}
 }
+
+// TestDriverFailpointsHang: the failpoints in front of the driver's calls
+// (driver.checkpoint, driver.restore; the daemon's hang/DUR action) hang a
+// call until its deadline, DriverTimeout: the call fails, and the next
+// one works — no restart.
+func TestDriverFailpointsHang(t *testing.T) {
+	fps := failpoint.New()
+	env := enginetest.NewFor(t, enginetest.DriverName(), engine.Options{Failpoints: fps, Recovery: engine.RecoveryOptions{DriverTimeout: 2 * time.Second}})
+	e := env.Engine
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Cold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fps.ArmCtx(engine.FPDriverCheckpoint, fps.Hits(engine.FPDriverCheckpoint)+1, false, failpoint.Hang(nil))
+	start := time.Now()
+	if _, err := e.Checkpoint(ctx, engine.CheckpointRequest{Tenant: "default", Sandbox: sb.ID}); !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 30*time.Second {
+		t.Fatalf("a cut hung at %s: %v after %v", engine.FPDriverCheckpoint, err, time.Since(start))
+	}
+	ck, err := e.Checkpoint(ctx, engine.CheckpointRequest{Tenant: "default", Sandbox: sb.ID})
+	if err != nil {
+		t.Fatalf("the next cut: %v", err)
+	}
+	fps.ArmCtx(engine.FPDriverRestore, fps.Hits(engine.FPDriverRestore)+1, false, failpoint.Hang(nil))
+	start = time.Now()
+	if _, err := e.Restore(ctx, engine.RestoreRequest{Tenant: "default", Checkpoint: ck.ID}); !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 60*time.Second {
+		t.Fatalf("a restore hung at %s: %v after %v", engine.FPDriverRestore, err, time.Since(start))
+	}
+	if _, err := e.Restore(ctx, engine.RestoreRequest{Tenant: "default", Checkpoint: ck.ID}); err != nil {
+		t.Fatalf("the next restore: %v", err)
+	}
+	if out, code := execOut(t, e, "default", sb.ID, "echo", "back"); code != 0 || out != "back\n" {
+		t.Fatalf("after the restore: %q %d", out, code)
+	}
+	if fps.Hits(engine.FPDriverCheckpoint) < 2 || fps.Hits(engine.FPDriverRestore) < 2 {
+		t.Fatalf("failpoint hits: checkpoint %d, restore %d; want 2 each", fps.Hits(engine.FPDriverCheckpoint), fps.Hits(engine.FPDriverRestore))
+	}
+}

@@ -392,6 +392,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		cancel()
 		return err
 	}
+	e.pushAheadRecorded(ctx)
 	e.pool.start(bg)
 	if e.ck.store != nil {
 		e.bg.wg.Add(1)
@@ -591,6 +592,7 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (sb meta.Sandbox, 
 			return sb, err
 		}
 	}
+	e.pushAhead(sb)
 	return e.annotate(ctx, sb, r)
 }
 
@@ -630,13 +632,24 @@ func (e *Engine) coldCreate(ctx context.Context, t sandbox.Template, tenant stri
 		_, _ = e.meta.SetState(cleanup, id, meta.StateDestroyed, "create failed: "+err.Error())
 		return sb, err
 	}
-	if sb, err = e.meta.SetState(ctx, id, meta.StateRunning, "", meta.StateCreating); err != nil {
+	// The sandbox runs: its row, its egress run and its events are retried
+	// through a store error window (storeRetry). Giving up here left a
+	// running sandbox recorded "creating" — no one's until the next start
+	// — and the caller made another.
+	if err := e.storeRetry(ctx, "record the created sandbox", func(ctx context.Context) (err error) {
+		sb, err = e.meta.SetState(ctx, id, meta.StateRunning, "", meta.StateCreating, meta.StateRunning) // a retry after an applied attempt
+		return err
+	}); err != nil {
 		return sb, err
 	}
-	if err := e.startRun(ctx, sb, startRunID(id), false); err != nil {
+	if err := e.storeRetry(ctx, "start the sandbox's egress run", func(ctx context.Context) error {
+		return e.startRun(ctx, sb, startRunID(id), false)
+	}); err != nil {
 		return sb, err
 	}
-	if err := e.appendEvents(ctx, sb, createdEvents(sb)...); err != nil {
+	if err := e.storeRetry(ctx, "append the sandbox's created events", func(ctx context.Context) error {
+		return e.appendEvents(ctx, sb, createdEvents(sb)...)
+	}); err != nil {
 		// The sandbox runs and is recorded; the log will get its events
 		// when the call is retried through reconcile. Tell the caller.
 		return sb, err

@@ -215,7 +215,11 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 				return sb, err
 			}
 		}
-		if sb, err = e.meta.SetState(ctx, sb.ID, meta.StateRestoring, "restoring from "+ck.ID, sb.State); err != nil {
+		from := sb.State
+		if err = e.storeRetry(ctx, "mark the sandbox restoring", func(ctx context.Context) (err error) {
+			sb, err = e.meta.SetState(ctx, target, meta.StateRestoring, "restoring from "+ck.ID, from, meta.StateRestoring) // a retry after an applied attempt
+			return err
+		}); err != nil {
 			return sb, err
 		}
 	}
@@ -237,8 +241,10 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 		var unlockCut func()
 		if unlockCut, err = e.cuts.cut(ctx, sb.ID, "restore"); err == nil {
 			dctx, dcancel := context.WithTimeout(ctx, e.ck.drvTimeout)
-			rs, err = cp.Restore(dctx, sandbox.Spec{ID: sb.ID, Tenant: sb.Tenant, Template: tmpl, Limits: sb.Limits, Env: sb.Env}, dir,
-				sandbox.RestoreOptions{Lazy: !e.ck.eager && e.drv.Capabilities().LazyRestore})
+			if err = e.ck.fps.EvalCtx(dctx, FPDriverRestore, sb.ID); err == nil {
+				rs, err = cp.Restore(dctx, sandbox.Spec{ID: sb.ID, Tenant: sb.Tenant, Template: tmpl, Limits: sb.Limits, Env: sb.Env}, dir,
+					sandbox.RestoreOptions{Lazy: !e.ck.eager && e.drv.Capabilities().LazyRestore})
+			}
 			dcancel()
 			unlockCut()
 		}
@@ -254,22 +260,13 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 		// It runs: now read the copy's bytes (hottier.go, Integrity).
 		e.ck.hot.spawn(img.verify)
 	}
-	if sb, err = e.meta.Restored(ctx, sb.ID, ck.ID); err != nil {
-		return sb, err
-	}
-	var evs []eventlog.Event
-	if target == "" {
-		evs = append(evs, lifecycleEvent(sb, EventCreated, CreatedPayload{
-			Template: sb.Template, TemplateVersion: sb.TemplateVersion, Driver: sb.Driver, Limits: sb.Limits}))
-	}
-	lost := e.lostAfter(ctx, ck)
-	evs = append(evs, lifecycleEvent(sb, EventRestored, RestoredPayload{
-		Checkpoint: ck.ID, From: ck.SandboxID, Seq: ck.Seq, Generation: sb.Generation, ImageDigest: imageDigest, Hot: hot,
+	sb, err = e.recordRestored(ctx, sb, ck, target == "", RestoredPayload{
+		Checkpoint: ck.ID, From: ck.SandboxID, Seq: ck.Seq, ImageDigest: imageDigest, Hot: hot,
 		Processes: rs.Processes, MemoryBytes: rs.MemoryBytes, Files: rs.Files,
 		ConnectionsRestored: rs.ConnectionsRestored, ConnectionsReset: rs.ConnectionsReset, Lazy: rs.Lazy,
-		FetchNS: int64(fetched), RunningNS: int64(rs.Running), Replaced: replaced, LostCheckpoints: lost, NotRestored: notRestored(rs, lost),
-	}))
-	if err := e.appendEvents(ctx, sb, evs...); err != nil {
+		FetchNS: int64(fetched), RunningNS: int64(rs.Running), Replaced: replaced,
+	}, rs)
+	if err != nil {
 		return sb, err
 	}
 	lg.InfoContext(ctx, "sandbox restored", "fork", target == "", "fetch", fetched.Round(time.Millisecond),
@@ -293,6 +290,41 @@ func (e *checkpointer) restoreFailed(ctx context.Context, lg *slog.Logger, sb me
 		lg.Error("record failed restore", "err", merr)
 	}
 	return fmt.Errorf("restore %s from %s: %w", sb.ID, ck.ID, err)
+}
+
+// recordRestored records sandbox sb, restored from ck and running: its
+// row, then its events (sandbox.created for a new one, then
+// sandbox.restored with p, its generation and the checkpoints lost). Both
+// are retried through a store error or full-disk window (storeRetry):
+// giving up here left the row "restoring" for the next attempt to kill
+// the sandbox and restore it again.
+func (e *checkpointer) recordRestored(ctx context.Context, sb meta.Sandbox, ck meta.Checkpoint, isNew bool, p RestoredPayload, rs sandbox.RestoreStats) (meta.Sandbox, error) {
+	id, tried := sb.ID, false
+	if err := e.storeRetry(ctx, "record the restore", func(ctx context.Context) (err error) {
+		if tried { // applied, its answer lost: the row runs from ck now
+			if cur, err := e.meta.Get(ctx, id); err == nil && cur.State == meta.StateRunning && cur.Origin == ck.ID {
+				sb = cur
+				return nil
+			}
+		}
+		tried = true
+		sb, err = e.meta.Restored(ctx, id, ck.ID)
+		return err
+	}); err != nil {
+		return sb, err
+	}
+	var evs []eventlog.Event
+	if isNew {
+		evs = append(evs, lifecycleEvent(sb, EventCreated, CreatedPayload{
+			Template: sb.Template, TemplateVersion: sb.TemplateVersion, Driver: sb.Driver, Limits: sb.Limits}))
+	}
+	lost := e.lostAfter(ctx, ck)
+	p.Generation, p.LostCheckpoints, p.NotRestored = sb.Generation, lost, notRestored(rs, lost)
+	evs = append(evs, lifecycleEvent(sb, EventRestored, p))
+	err := e.storeRetry(ctx, "append the restore's events", func(ctx context.Context) error {
+		return e.appendEvents(ctx, sb, evs...) // idempotent: the events' ids
+	})
+	return sb, err
 }
 
 // notRestored is the restored event's list of what did not come back:

@@ -41,7 +41,8 @@ type uploads struct {
 }
 
 // commitLocal is steps 3–4 of the order above for ck, cut into dir. It
-// reports false, having touched nothing, when the hot tier cannot keep the
+// reports false, having touched nothing but the template's push (step 0,
+// which the intent left to the upload), when the hot tier cannot keep the
 // image (the caller then uploads before the ack); once true, dir is the
 // hot copy's.
 //
@@ -49,6 +50,9 @@ type uploads struct {
 func (e *checkpointer) commitLocal(ctx context.Context, ck meta.Checkpoint, sb meta.Sandbox, dir string, pm map[string]string,
 	payload CheckpointedPayload, cs sandbox.CheckpointStats, dumped time.Duration, start time.Time) (meta.Checkpoint, bool, error) {
 	rec, kept, err := e.ck.hot.keepLocal(ck, dir, pm)
+	if err == nil && !kept {
+		err = e.templatePushed(ctx, ck) // uploaded before the ack: its template first
+	}
 	if err != nil || !kept {
 		return ck, false, err
 	}
@@ -59,20 +63,27 @@ func (e *checkpointer) commitLocal(ctx context.Context, ck meta.Checkpoint, sb m
 	if err := e.ck.fps.Eval(FPLocalKept); err != nil {
 		return undo(err)
 	}
-	l, err := e.holdLease(ctx, sb.ID)
-	if err != nil {
-		return undo(err)
-	}
+	// The lease, the log event and the row are retried through a store
+	// error window (storeRetry): the cut is made, and giving up here
+	// threw it away for the session's next attempt to make again.
 	ev := eventWithID(sb, ck.ID+".checkpointed", EventCheckpointed, payload)
 	ev.CheckpointRef = ck.ID
-	ar, err := e.log.Append(ctx, Stream(sb.ID), l.Epoch, eventlog.Any, ev)
+	var ar eventlog.AppendResult
+	err = e.storeRetry(ctx, "record checkpoint in the log", func(ctx context.Context) error {
+		l, err := e.holdLease(ctx, sb.ID)
+		if err != nil {
+			return err
+		}
+		ar, err = e.log.Append(ctx, Stream(sb.ID), l.Epoch, eventlog.Any, ev) // idempotent: by the event's id
+		return err
+	})
 	if err != nil {
 		return undo(fmt.Errorf("record checkpoint in the log: %w", err))
 	}
 	ck.EventSeq, ck.UploadPending, ck.HotDigest = ar.Last, true, rec
 	ck.Stats = meta.CheckpointStats{FrozenNS: int64(cs.Frozen), DumpNS: int64(dumped), TotalNS: int64(time.Since(start)),
 		MemoryBytes: cs.MemoryBytes, LayerBytes: cs.LayerBytes}
-	if ck, err = e.meta.CommitCheckpoint(ctx, ck); err != nil {
+	if ck, err = e.commitRow(ctx, ck); err != nil {
 		return undo(err) // the next start fails the pending row
 	}
 	e.enqueueUpload(ck)
@@ -153,6 +164,9 @@ func (e *checkpointer) upload(ctx context.Context, ck meta.Checkpoint) error {
 		return nil
 	}
 	start := time.Now()
+	if err := e.templatePushed(ctx, cur); err != nil { // step 0, behind the local commit
+		return err
+	}
 	dir, _, err := e.ck.hot.take(cur, e.ck.workDir, nil)
 	if err != nil {
 		return e.uploadLost(ctx, cur, err)

@@ -110,7 +110,9 @@ func (h *Harness) Wake(ctx context.Context, id string) (Status, error) {
 	// Every line logged with this context (the engine's too: the tools'
 	// calls carry it) names the session and its tenant.
 	ctx = logging.With(ctx, logging.SessionID, id, logging.TenantID, r.st.Tenant)
-	l, err := h.Log.Acquire(ctx, r.stream, h.Holder, h.LeaseTTL)
+	actx, cancel := context.WithTimeout(ctx, leaseCallTimeout(h.LeaseTTL))
+	l, err := h.Log.Acquire(actx, r.stream, h.Holder, h.LeaseTTL)
+	cancel()
 	if err != nil {
 		return "", fmt.Errorf("session %s: lease: %w", id, err)
 	}
@@ -245,7 +247,9 @@ func (r *run) refresh(ctx context.Context) error {
 func (r *run) appendEvents(ctx context.Context, evs ...eventlog.Event) (eventlog.AppendResult, error) {
 	r.mu.Lock()
 	if r.h.Clock.Now().Sub(r.renewed) > r.h.LeaseTTL/3 {
-		l, err := r.h.Log.Renew(ctx, r.lease, r.h.LeaseTTL)
+		rctx, cancel := context.WithTimeout(ctx, leaseCallTimeout(r.h.LeaseTTL))
+		l, err := r.h.Log.Renew(rctx, r.lease, r.h.LeaseTTL)
+		cancel()
 		if err != nil {
 			r.mu.Unlock()
 			return eventlog.AppendResult{}, fmt.Errorf("session %s: renew lease: %w", r.id, err)
@@ -266,6 +270,12 @@ func (r *run) appendEvents(ctx context.Context, evs ...eventlog.Event) (eventlog
 	}
 	return res, r.refresh(ctx)
 }
+
+// leaseCallTimeout bounds one Acquire or Renew of a session's lease
+// (a third of its TTL): a lease call that hangs (a log that stopped
+// answering) fails the Wake, which the Manager tries again in a second or
+// two, instead of holding the session until a restart.
+func leaseCallTimeout(ttl time.Duration) time.Duration { return max(ttl/3, 100*time.Millisecond) }
 
 func (r *run) event(id, typ string, payload any) eventlog.Event {
 	return eventlog.Event{ID: r.id + "." + id, Type: typ, Payload: mustJSON(payload)}

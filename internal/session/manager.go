@@ -30,7 +30,7 @@ type Manager struct {
 	// retryFor is how long a Wake failing for another reason (a store
 	// down, full or slow; a model unreachable) is retried (10 min).
 	retryFor time.Duration
-	backoff  time.Duration // the first retry's delay, doubling to 30× (1 s)
+	backoff  time.Duration // the first retry's delay (1 s); every later one is twice it (retryDelay)
 	bg       context.Context
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -309,40 +309,61 @@ func (m *Manager) run(id string, r *runner) {
 			return
 		}
 		// A failed Wake (a model, sandbox or store error; it is in the
-		// log) is tried again with backoff (1 s doubling to 30 s): the next
-		// Wake recovers what the failure cut off. An error that will not
-		// pass by itself (refused, fenced, invalid) gets m.retries
-		// attempts; any other (the blob store or the log down, full or
-		// slow, a model unreachable) is retried for m.retryFor, so a
-		// session goes on by itself once its stores are back. A client
-		// event cuts a backoff short. Then the session waits for a client
-		// event or the next start.
-		first := time.Now()
+		// log) is tried again after 1 s, then every 2 s (retryDelay; every
+		// 30 s once it has failed for a minute): the
+		// next Wake recovers what the failure cut off, and a store error
+		// window of a few seconds costs a session a second or two, not
+		// a doubling backoff's 16 s. An error that will not pass by
+		// itself (refused, fenced, invalid) gets m.retries attempts —
+		// counted apart from the transient failures before it, so a
+		// store window does not use up a lasting error's tries; any
+		// other (the blob store or the log down, full or slow, a model
+		// unreachable) is retried for m.retryFor, so a session goes on
+		// by itself once its stores are back. A client event cuts a
+		// wait short. Then the session waits for a client event or the
+		// next start.
+		first, lastingN := time.Now(), 0
 		for attempt := 0; ; attempt++ {
 			st, err := m.h.Wake(m.bg, id)
 			if err == nil || m.bg.Err() != nil || errdefs.IsNotFound(err) {
 				break
 			}
+			if lasting(err) {
+				lastingN++
+			}
 			m.h.Logger.Warn("session harness stopped", "session", id, "status", st, "attempt", attempt+1, "err", err)
-			if lasting(err) && attempt+1 >= m.retries || time.Since(first) >= m.retryFor {
+			if lastingN >= m.retries || time.Since(first) >= m.retryFor {
 				m.h.Logger.Warn("session waits for a client event", "session", id, "attempts", attempt+1, "err", err)
 				break
-			}
-			delay := 30 * m.backoff
-			if attempt < 5 {
-				delay = time.Duration(1<<attempt) * m.backoff
 			}
 			select {
 			case <-m.bg.Done():
 				return
 			case <-r.kick: // a client event: try now
-			case <-time.After(delay):
+			case <-time.After(retryDelay(attempt, m.backoff, time.Since(first))):
 			}
 		}
 		if m.bg.Err() != nil {
 			return
 		}
 	}
+}
+
+// retryDelay is the wait before a failed Wake's next attempt (attempt
+// from 0, failing for failingFor): base, then 2×base for every later one
+// — bounded, so the session is back within 2 s of a store's recovery
+// however many attempts an error window took. A failure that lasts past a
+// minute (a model down, not a store window) is tried every 30×base: each
+// failed Wake appends a session.error event, and a 2 s rhythm for ten
+// minutes would append 300.
+func retryDelay(attempt int, base, failingFor time.Duration) time.Duration {
+	switch {
+	case attempt == 0:
+		return base
+	case failingFor >= time.Minute:
+		return 30 * base
+	}
+	return 2 * base
 }
 
 // lasting tells an error that retrying will not cure.

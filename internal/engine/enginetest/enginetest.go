@@ -156,8 +156,11 @@ type Env struct {
 	// WrapDriver, when set, wraps the driver the engine is given, from the
 	// next open (Restart) on (a test's misbehaving driver).
 	WrapDriver func(sandbox.Driver) sandbox.Driver
-	opts       engine.Options
-	driver     string
+	// WrapMeta, when set, wraps the metadata store the engine is given,
+	// from the next open (Restart) on (a store failing one call).
+	WrapMeta func(metadata.Store) metadata.Store
+	opts     engine.Options
+	driver   string
 }
 
 // TestMasterKey is the checkpoint store's master key in tests.
@@ -213,6 +216,9 @@ func (env *Env) open(t testing.TB) {
 	o.Driver, o.Meta, o.Log = env.Driver, env.Meta, env.Log
 	if env.WrapDriver != nil {
 		o.Driver = env.WrapDriver(env.Driver)
+	}
+	if env.WrapMeta != nil {
+		o.Meta = env.WrapMeta(env.Meta)
 	}
 	if o.Logger == nil {
 		o.Logger = Logger(t)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -46,6 +47,7 @@ var (
 		{"ConcurrentGC", testConcurrentGC},
 		{"StalledCollector", testStalledCollector},
 		{"DeadCollector", testDeadCollector},
+		{"DeadHolder", testDeadHolder},
 		{"Progress", testProgress},
 		{"Validation", testValidation},
 		{"MissingAndMovedObjects", testMissingAndMovedObjects},
@@ -856,4 +858,36 @@ func testDeadCollector(t *testing.T, b backend) {
 	e.clock.Advance(31 * time.Second)
 	e.put("acme", "ck2", src, chunkstore.PutOptions{})
 	e.restoreEqual(e.store, "acme", "ck2", src)
+}
+
+// A gc.lock whose holder is a process of this host that is gone (a daemon
+// killed while it collected) blocks no writer and no collector, however
+// far its expiry: the writer goes on at once, the next collector replaces
+// the lock. On main writers waited for its expiry (GCLockTTL).
+func testDeadHolder(t *testing.T, b backend) {
+	e := newEnv(t, b)
+	src := sampleTree(t, 8)
+	e.put("acme", "ck1", src, chunkstore.PutOptions{})
+	cmd := exec.Command("true")
+	must(t, cmd.Run())
+	host, _ := os.Hostname()
+	lock := fmt.Sprintf(`{"kind":"gc","holder":"%s/%d","expires":%q}`, host, cmd.Process.Pid, e.clock.Now().Add(time.Hour).Format(time.RFC3339Nano))
+	must(t, e.faulty.Put(context.Background(), "tenants/acme/gc.lock", strings.NewReader(lock), int64(len(lock))))
+	short, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := e.store.Put(short, "acme", "ck2", src, chunkstore.PutOptions{}); err != nil {
+		t.Fatalf("a writer waited for the gc.lock of a dead process (pid %d): %v", cmd.Process.Pid, err)
+	}
+	e.restoreEqual(e.store, "acme", "ck2", src)
+	if gc, err := e.store.GC(short, "acme"); err != nil || gc.Deferred {
+		t.Fatalf("a collector after the dead one: %+v, %v", gc, err)
+	}
+	// A live holder's lock (this process) still holds writers.
+	live := fmt.Sprintf(`{"kind":"gc","holder":"%s/%d","expires":%q}`, host, os.Getpid(), e.clock.Now().Add(time.Hour).Format(time.RFC3339Nano))
+	must(t, e.faulty.Put(context.Background(), "tenants/acme/gc.lock", strings.NewReader(live), int64(len(live))))
+	wait, cancel2 := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel2()
+	if _, err := e.store.Put(wait, "acme", "ck3", src, chunkstore.PutOptions{}); err == nil {
+		t.Fatal("a writer did not wait for a live process's gc.lock")
+	}
 }

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/amber-run/amber/core/blob"
@@ -26,6 +28,25 @@ type marker struct {
 func holder() string {
 	h, _ := os.Hostname()
 	return fmt.Sprintf("%s/%d", h, os.Getpid())
+}
+
+// holderDead reports whether holder (a marker's "host/pid") names a
+// process of this host that no longer exists: a daemon killed while it
+// collected. Its gc.lock is ignored at once instead of holding the
+// tenant's writers until it expires. A holder of another host, one that
+// does not parse, or a pid that is alive (or was reused) is not dead: the
+// lock's expiry decides, as before.
+func holderDead(holder string) bool {
+	host, pidStr, ok := strings.Cut(holder, "/")
+	me, _ := os.Hostname()
+	if !ok || host == "" || host != me {
+		return false
+	}
+	pid, err := strconv.Atoi(pidStr)
+	if err != nil || pid <= 0 || pid == os.Getpid() {
+		return false
+	}
+	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
 }
 
 func (s *Store) putMarker(ctx context.Context, key string, m marker, exclusive bool) error {
@@ -84,9 +105,9 @@ func (s *Store) beginWrite(ctx context.Context, tenant, id string) (*writer, err
 			w.end()
 			return nil, fmt.Errorf("read %s: %w", gcLockKey(tenant), err)
 		}
-		if !s.cfg.Clock.Now().Before(gm.Expires) {
-			// A dead collector: its lock is ignored (the next collector
-			// replaces it).
+		if !s.cfg.Clock.Now().Before(gm.Expires) || holderDead(gm.Holder) {
+			// A dead collector (its lock expired, or its process is
+			// gone): its lock is ignored (the next collector replaces it).
 			return w, nil
 		}
 		s.log.Debug("waiting for garbage collection", "tenant", tenant, "checkpoint", id, "collector", gm.Holder)
@@ -332,7 +353,7 @@ func (s *Store) lockGC(ctx context.Context, tenant string) (*gcLock, error) {
 		if rerr != nil && !errdefs.IsNotFound(rerr) {
 			return nil, rerr
 		}
-		if rerr == nil && s.cfg.Clock.Now().Before(cur.Expires) {
+		if rerr == nil && s.cfg.Clock.Now().Before(cur.Expires) && !holderDead(cur.Holder) {
 			return nil, errdefs.Conflictf("a collection of %s is already running (%s)", tenant, cur.Holder)
 		}
 		if err := s.cfg.Blobs.Delete(ctx, l.key); err != nil {
