@@ -165,8 +165,8 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	}
 	tLayer := time.Now()
 	// Memory and kernel state.
-	if err := d.saveKernel(ctx, id, runscDir, !opts.LeaveStopped); err != nil {
-		return stats, checkpointError(id, err)
+	if err := d.saveKernelRetried(ctx, id, runscDir, !opts.LeaveStopped); err != nil {
+		return stats, err
 	}
 	tImage := time.Now()
 	if err := resume(); err != nil {
@@ -731,4 +731,38 @@ func (d *Driver) saveKernel(ctx context.Context, id, runscDir string, leaveRunni
 	}
 	arg := saveOpts{Metadata: map[string]string{"compression": "none"}, HavePagesFile: true, Resume: leaveRunning}
 	return d.control(ctx, id, ctlCheckpoint, &arg, files...)
+}
+
+// saveKernelRetried is saveKernel, made again while a port-forward proxy
+// whose connection holdAgentDials closed is still registered in the
+// sentry (its teardown is a goroutine of the sentry's own, which the pause
+// does not stop: the save fails naming waiter.ChannelNotifier), still
+// frozen, once the proxy had time to go.
+func (d *Driver) saveKernelRetried(ctx context.Context, id, runscDir string, leaveRunning bool) error {
+	for attempt := 1; ; attempt++ {
+		err := d.saveKernel(ctx, id, runscDir, leaveRunning)
+		if err == nil {
+			return nil
+		}
+		if attempt == 5 || !proxyStillRegistered(err) {
+			return checkpointError(id, err)
+		}
+		d.log.Debug("checkpoint: a closed port-forward proxy is still registered; saving again", "sandbox", id, "attempt", attempt)
+		if err := os.RemoveAll(runscDir); err != nil {
+			return err
+		}
+		if err := os.Mkdir(runscDir, 0o700); err != nil {
+			return err
+		}
+		if err := sleepCtx(ctx, time.Duration(attempt)*20*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// proxyStillRegistered reports whether a save failed on a port-forward
+// proxy's waiter (see Checkpoint).
+func proxyStillRegistered(err error) bool {
+	var ce *controlError
+	return errors.As(err, &ce) && strings.Contains(ce.msg, "waiter.ChannelNotifier")
 }

@@ -90,3 +90,35 @@ func TestCutStartsNoRunsc(t *testing.T) {
 		t.Errorf("a checkpoint of a killed sandbox: %v, want not running", err)
 	}
 }
+
+// TestCutRightAfterDials: cuts made at once after a port connection and
+// the agent's were used (both are closed by the cut, and the sentry drops
+// their proxies a moment later) all succeed: the save is made again while
+// a closed proxy is still registered.
+//
+//	go test -tags seccomp -count=1 -run TestCutRightAfterDials -v ./drivers/gvisor
+func TestCutRightAfterDials(t *testing.T) {
+	runsc := requireHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	d := newTestDriver(t, runsc, "/amber/gvisor-cutdials")
+	id := fmt.Sprintf("cutdials-%d", os.Getpid())
+	if _, err := d.Create(ctx, sandbox.Spec{ID: id, Template: minimalTemplate(t)}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
+	mustSh(t, d, id, "mkdir -p /www && echo hi > /www/index.html")
+	if _, err := d.Start(ctx, id, sandbox.ExecSpec{Args: []string{"httpd", "-f", "-p", "127.0.0.1:8080", "-h", "/www"}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 8 {
+		c := dialRetry(ctx, t, d, id, 8080)
+		fmt.Fprintf(c, "GET / HTTP/1.0\r\n\r\n")
+		_, _ = c.Read(make([]byte, 16))
+		mustSh(t, d, id, "true")
+		if _, err := d.Checkpoint(ctx, id, filepath.Join(t.TempDir(), fmt.Sprint("image", i)), sandbox.CheckpointOptions{}); err != nil {
+			t.Fatalf("cut %d right after the dials: %v", i, err)
+		}
+		c.Close()
+	}
+}
