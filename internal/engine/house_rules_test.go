@@ -40,7 +40,7 @@ var capabilities = map[string]struct {
 	files []string
 	holds []string
 }{
-	"checkpointer": {[]string{"checkpoint.go", "restore.go", "gc.go", "hostcompat.go", "hottier.go", "upload.go"}, []string{"egressRunner", "quotas"}},
+	"checkpointer": {[]string{"checkpoint.go", "restore.go", "gc.go", "hostcompat.go", "hottier.go", "upload.go", "lazy.go"}, []string{"egressRunner", "quotas"}},
 	"pool":         {[]string{"pool.go"}, []string{"poolDeps"}},
 	"mover":        {[]string{"failover.go", "move.go"}, []string{"checkpointer", "policyRunner"}},
 	"policyRunner": {[]string{"policy.go", "idle.go"}, []string{"checkpointer", "egressRunner"}},
