@@ -91,10 +91,13 @@ func TestCutStartsNoRunsc(t *testing.T) {
 	}
 }
 
-// TestCutRightAfterDials: cuts made at once after a port connection and
-// the agent's were used (both are closed by the cut, and the sentry drops
-// their proxies a moment later) all succeed: the save is made again while
-// a closed proxy is still registered.
+// TestCutRightAfterDials: cuts made at once after a port connection, a
+// stream the host does not read and the agent's were used (the cut closes
+// them all, and the sentry drops their proxies a moment later) all
+// succeed. The race it guards (a save that meets a proxy still registered,
+// seen once in TestLazyRestore/gvisor, then saved again:
+// saveKernelRetried) did not occur in its runs without the retry, so it
+// shows the sequence works, not that the retry is needed.
 //
 //	go test -tags seccomp -count=1 -run TestCutRightAfterDials -v ./drivers/gvisor
 func TestCutRightAfterDials(t *testing.T) {
@@ -115,10 +118,19 @@ func TestCutRightAfterDials(t *testing.T) {
 		c := dialRetry(ctx, t, d, id, 8080)
 		fmt.Fprintf(c, "GET / HTTP/1.0\r\n\r\n")
 		_, _ = c.Read(make([]byte, 16))
+		// A stream the host does not read: the sentry's proxy waits to
+		// write into the full host socket when the cut closes it.
+		port := 9100 + i
+		if _, err := d.Start(ctx, id, sandbox.ExecSpec{Args: []string{"/bin/sh", "-c", fmt.Sprintf("yes hello | nc -l -p %d", port)}}); err != nil {
+			t.Fatal(err)
+		}
+		full := dialRetry(ctx, t, d, id, port)
+		time.Sleep(100 * time.Millisecond)
 		mustSh(t, d, id, "true")
 		if _, err := d.Checkpoint(ctx, id, filepath.Join(t.TempDir(), fmt.Sprint("image", i)), sandbox.CheckpointOptions{}); err != nil {
 			t.Fatalf("cut %d right after the dials: %v", i, err)
 		}
 		c.Close()
+		full.Close()
 	}
 }
