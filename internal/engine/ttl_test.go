@@ -143,6 +143,12 @@ func TestTimeoutKillsSetTimeoutExtendsAndRestartKeeps(t *testing.T) {
 	}
 
 	killed := waitState(t, env, short.ID, meta.StateStopped, 30*time.Second)
+	// The deadline is cleared just after the kill (expire): wait for it.
+	for deadline := time.Now().Add(10 * time.Second); !killed.Expires.IsZero() && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if killed, err = env.Meta.Get(ctx, short.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if !strings.HasPrefix(killed.Reason, "timed out") || !killed.Expires.IsZero() {
 		t.Fatalf("expired sandbox: reason %q, deadline %v", killed.Reason, killed.Expires)
 	}
