@@ -41,8 +41,12 @@ const (
 	ctlPortForward = "containerManager.PortForward"
 )
 
-// controlTimeout bounds one control call when ctx has no earlier deadline.
-const controlTimeout = 2 * time.Minute
+// controlTimeout bounds one control call when ctx has no earlier deadline;
+// refusedWait how long a refused dial is tried again.
+const (
+	controlTimeout = 2 * time.Minute
+	refusedWait    = 3 * time.Second
+)
 
 // saveOpts is the argument of containerManager.Checkpoint
 // (pkg/sentry/control.SaveOpts; the files: state, page metadata, pages).
@@ -68,10 +72,28 @@ type controlError struct {
 func (e *controlError) Error() string { return e.method + ": " + e.msg }
 
 // controlSocket is where runsc boot put sandbox id's control socket: the
-// first directory of runsc's own order (runsc/sandbox.createControlSocket)
-// that holds runsc-<sandbox id>.sock.
+// path runsc recorded in the container's state file
+// (<root>/<cid>_sandbox:<sid>.state, "sandbox"."controlSocketPath"), else
+// the first directory of runsc's own order (runsc/sandbox.
+// createControlSocket) that holds runsc-<sandbox id>.sock. The state file
+// comes first: a killed sandbox leaves its socket file behind, and the
+// next sandbox of the same id, which cannot bind that name, makes its
+// socket in the next directory of the order.
 func (d *Driver) controlSocket(id string) (string, error) {
-	name := "runsc-" + runtimeID(id) + ".sock"
+	rid := runtimeID(id)
+	if b, err := os.ReadFile(filepath.Join(d.root, rid+"_sandbox:"+rid+".state")); err == nil {
+		var st struct {
+			Sandbox struct {
+				ControlSocketPath string `json:"controlSocketPath"`
+			} `json:"sandbox"`
+		}
+		if json.Unmarshal(b, &st) == nil && st.Sandbox.ControlSocketPath != "" {
+			if fi, err := os.Stat(st.Sandbox.ControlSocketPath); err == nil && fi.Mode()&os.ModeSocket != 0 {
+				return st.Sandbox.ControlSocketPath, nil
+			}
+		}
+	}
+	name := "runsc-" + rid + ".sock"
 	for _, dir := range []string{d.root, "/var/run", "/run", "/tmp"} {
 		p := filepath.Join(dir, name)
 		if st, err := os.Stat(p); err == nil && st.Mode()&os.ModeSocket != 0 {
@@ -119,9 +141,21 @@ func (d *Driver) control(ctx context.Context, id, method string, arg any, files 
 	if err != nil {
 		return err
 	}
-	c, err := dialControl(ctx, path)
-	if err != nil {
-		return fmt.Errorf("sandbox %s: control socket: %w", id, err)
+	// runsc binds the socket before it starts the sandbox, which listens
+	// on it once it runs: right after a create or a restore a dial can be
+	// refused for a moment. A refusal that lasts is Unavailable (a sandbox
+	// that died keeps its socket file until runsc's state is removed).
+	var c *net.UnixConn
+	for wait := time.Now().Add(refusedWait); ; {
+		if c, err = dialControl(ctx, path); err == nil {
+			break
+		}
+		if !errors.Is(err, unix.ECONNREFUSED) {
+			return fmt.Errorf("sandbox %s: control socket: %w", id, err)
+		}
+		if time.Now().After(wait) || sleepCtx(ctx, 20*time.Millisecond) != nil {
+			return fmt.Errorf("sandbox %s: control socket: %w: %w", id, err, errdefs.ErrUnavailable)
+		}
 	}
 	defer c.Close()
 	dl, _ := ctx.Deadline()

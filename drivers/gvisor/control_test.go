@@ -2,12 +2,15 @@ package gvisor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
@@ -132,5 +135,62 @@ func TestCutRightAfterDials(t *testing.T) {
 		}
 		c.Close()
 		full.Close()
+	}
+}
+
+// TestControlWaitsForTheListener: a control socket that is bound but not
+// yet listened on (runsc binds it before the sandbox starts) is dialled
+// again until it answers; one that never does is Unavailable after
+// refusedWait, never "not running".
+func TestControlWaitsForTheListener(t *testing.T) {
+	dir, err := os.MkdirTemp("", "amber-ctl-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	d := &Driver{root: dir, calls: map[string]int{}}
+	bound := func(id string) int {
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Bind(fd, &unix.SockaddrUnix{Name: filepath.Join(dir, "runsc-"+runtimeID(id)+".sock")}); err != nil {
+			t.Fatal(err)
+		}
+		return fd
+	}
+	// Listens after 300 ms and answers one call with success.
+	fd := bound("late")
+	defer unix.Close(fd)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		if err := unix.Listen(fd, 1); err != nil {
+			return
+		}
+		nfd, _, err := unix.Accept(fd)
+		if err != nil {
+			return
+		}
+		c := os.NewFile(uintptr(nfd), "conn")
+		defer c.Close()
+		var req map[string]any
+		_ = json.NewDecoder(c).Decode(&req)
+		fmt.Fprintf(c, `{"success":true,"err":"","result":null}`)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := d.control(ctx, "late", ctlResume, nil); err != nil {
+		t.Fatalf("a listener that came 300 ms late: %v", err)
+	}
+	// Never listens.
+	never := bound("never")
+	defer unix.Close(never)
+	begin := time.Now()
+	err = d.control(ctx, "never", ctlResume, nil)
+	if !errors.Is(err, errdefs.ErrUnavailable) || time.Since(begin) < refusedWait {
+		t.Fatalf("a socket nobody listens on: %v after %v, want Unavailable after %v", err, time.Since(begin), refusedWait)
+	}
+	if perr := d.portForwardError("never", 80, err); !errors.Is(perr, errdefs.ErrUnavailable) || errors.Is(perr, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("a dial refused for a while is %v, want Unavailable (the agent's wait goes on)", perr)
 	}
 }

@@ -133,6 +133,8 @@ func (d *Driver) dialPort(ctx context.Context, rec *record, port int) (net.Conn,
 func (d *Driver) portForwardError(id string, port int, err error) error {
 	var ce *controlError
 	switch {
+	case errors.Is(err, errdefs.ErrUnavailable):
+		return fmt.Errorf("sandbox %s: dial port %d: %w", id, port, err)
 	case controlDown(err):
 		return fmt.Errorf("sandbox %s is not running: %w: %v", id, errdefs.ErrFailedPrecondition, err)
 	case errors.As(err, &ce) && strings.Contains(ce.msg, "refused"):
