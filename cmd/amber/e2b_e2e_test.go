@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,7 +11,6 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/internal/edge/e2b"
-	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // TestE2EE2B runs ordinary E2B programs (tests/e2b/*.mjs) with the official
@@ -26,29 +23,8 @@ import (
 // then killed with SIGKILL and started again; PHASE=after connects to both
 // and finds their processes still running with their memory.
 func TestE2EE2B(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("node is missing (make setup-test installs it)")
-		}
-		t.Skip("no node")
-	}
 	src, _ := filepath.Abs("../../tests/e2b")
-	lock, err := os.ReadFile(filepath.Join(src, "package-lock.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(lock)
-	deps := filepath.Join(enginetest.Cache(), "npm", "e2b-"+hex.EncodeToString(sum[:])[:16], "node_modules")
-	if _, err := os.Stat(filepath.Join(deps, "e2b", "package.json")); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("the e2b SDK is not in %s: run make setup-test (make setup-e2b-deps)", deps)
-		}
-		t.Skipf("no %s: run make setup-e2b-deps", deps)
-	}
-	if testing.Short() {
-		t.Skip("end-to-end test; skipped with -short")
-	}
+	node, deps := npmDeps(t, src, "e2b", "e2b/package.json", "setup-e2b-deps")
 	programs, _ := filepath.Glob(filepath.Join(src, "*.mjs"))
 	if len(programs) == 0 {
 		t.Fatal("no programs in tests/e2b")

@@ -1,16 +1,12 @@
 package main
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // TestE2EMCPClients runs the official MCP clients against a real daemon
@@ -26,29 +22,8 @@ import (
 // cache, keyed by the lockfile's hash, and linked into a copy of the
 // directory: the source tree is not written to.
 func TestE2EMCPClients(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("node is missing (make setup-test installs it)")
-		}
-		t.Skip("no node")
-	}
 	src, _ := filepath.Abs("testdata/mcpclients")
-	lock, err := os.ReadFile(filepath.Join(src, "package-lock.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(lock)
-	deps := filepath.Join(enginetest.Cache(), "npm", "mcp-"+hex.EncodeToString(sum[:])[:16], "node_modules")
-	if _, err := os.Stat(filepath.Join(deps, "@modelcontextprotocol", "sdk", "package.json")); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("the MCP clients are not in %s: run make setup-test (make setup-mcp-deps)", deps)
-		}
-		t.Skipf("no %s: run make setup-mcp-deps", deps)
-	}
-	if testing.Short() {
-		t.Skip("end-to-end test; skipped with -short")
-	}
+	node, deps := npmDeps(t, src, "mcp", "@modelcontextprotocol/sdk/package.json", "setup-mcp-deps")
 	work := t.TempDir()
 	for _, f := range []string{"package.json", "session.mjs"} {
 		if out, err := exec.Command("cp", filepath.Join(src, f), work).CombinedOutput(); err != nil {

@@ -1,15 +1,11 @@
 package main
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // TestE2EOpenAPIClient generates a TypeScript client from api/openapi.json
@@ -21,30 +17,9 @@ import (
 // error body. The dependencies are scripts/setup/npm-deps.sh oapi-client's
 // (`make setup-test`), keyed by testdata/oapiclient/package-lock.json.
 func TestE2EOpenAPIClient(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("node is missing (make setup-test installs it)")
-		}
-		t.Skip("no node")
-	}
 	root, _ := filepath.Abs("../..")
 	pkg := filepath.Join(root, "cmd/amber/testdata/oapiclient")
-	lock, err := os.ReadFile(filepath.Join(pkg, "package-lock.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(lock)
-	deps := filepath.Join(enginetest.Cache(), "npm", "oapi-client-"+hex.EncodeToString(sum[:])[:16], "node_modules")
-	if _, err := os.Stat(filepath.Join(deps, "openapi-fetch", "package.json")); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("openapi-fetch is not in %s: run make setup-test (make setup-oapi-client-deps)", deps)
-		}
-		t.Skipf("no %s: run make setup-oapi-client-deps", deps)
-	}
-	if testing.Short() {
-		t.Skip("end-to-end test; skipped with -short")
-	}
+	node, deps := npmDeps(t, pkg, "oapi-client", "openapi-fetch/package.json", "setup-oapi-client-deps")
 
 	work := t.TempDir()
 	for _, f := range []string{"package.json", "tsconfig.json", "client.ts"} {

@@ -195,11 +195,11 @@ func (e *Engine) Processes(ctx context.Context, tenant, id string) ([]sandbox.Pr
 }
 
 // withoutHelpers leaves out of a process list the engine's own commands
-// in the sandbox (IsHelper: Stats' df), which are not the tenant's.
+// in the sandbox (isHelper: Stats' df), which are not the tenant's.
 func withoutHelpers(ps []sandbox.Process) []sandbox.Process {
 	out := ps[:0:0]
 	for _, p := range ps {
-		if !IsHelper(p.Args) {
+		if !isHelper(p.Args) {
 			out = append(out, p)
 		}
 	}

@@ -68,10 +68,10 @@ func (e *Engine) Stats(ctx context.Context, tenant, id string) (Stats, error) {
 // dfArgs is the command Stats runs in a sandbox for its disk use.
 var dfArgs = []string{"df", "-kP", "/"}
 
-// IsHelper reports whether a process of args is one the engine itself
-// runs in sandboxes (Stats' df), not the tenant's: lists shown as the
-// tenant's commands (E2B's envd) leave them out.
-func IsHelper(args []string) bool { return slices.Equal(args, dfArgs) }
+// isHelper reports whether a process of args is one the engine itself
+// runs in sandboxes (Stats' df), not the tenant's: Processes leaves them
+// out.
+func isHelper(args []string) bool { return slices.Equal(args, dfArgs) }
 
 // parseDF reads the used and total bytes from `df -kP` output (POSIX
 // format: a header, then "fs 1024-blocks used available capacity mount"),

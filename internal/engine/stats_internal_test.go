@@ -26,8 +26,8 @@ func TestParseDF(t *testing.T) {
 
 // TestIsHelper: the df Stats runs is a helper; a tenant's df is not.
 func TestIsHelper(t *testing.T) {
-	if !IsHelper([]string{"df", "-kP", "/"}) || IsHelper([]string{"df", "-h"}) || IsHelper(nil) {
-		t.Fatal("IsHelper does not tell Stats' df from others")
+	if !isHelper([]string{"df", "-kP", "/"}) || isHelper([]string{"df", "-h"}) || isHelper(nil) {
+		t.Fatal("isHelper does not tell Stats' df from others")
 	}
 }
 

@@ -290,18 +290,7 @@ func (h *handler) setTimeout(w http.ResponseWriter, r *http.Request, c call) err
 	if req.Timeout == nil {
 		return errdefs.InvalidArgumentf("timeout is required (seconds)")
 	}
-	d, err := timeoutOf(req.Timeout)
-	if err != nil {
-		return err
-	}
-	if _, err := h.find(r, c); err != nil {
-		return err
-	}
-	if _, err := h.o.Engine.SetTimeout(r.Context(), c.tenant, r.PathValue("id"), d); err != nil {
-		return err
-	}
-	w.WriteHeader(http.StatusNoContent)
-	return nil
+	return h.extend(w, r, c, req.Timeout)
 }
 
 // refresh (POST /sandboxes/{id}/refreshes, {duration}) keeps the sandbox
@@ -313,7 +302,13 @@ func (h *handler) refresh(w http.ResponseWriter, r *http.Request, c call) error 
 	if err := readBody(r, &req); err != nil {
 		return err
 	}
-	d, err := timeoutOf(req.Duration)
+	return h.extend(w, r, c, req.Duration)
+}
+
+// extend gives the sandbox of r a deadline secs seconds from now (204):
+// set_timeout and refreshes.
+func (h *handler) extend(w http.ResponseWriter, r *http.Request, c call, secs *int64) error {
+	d, err := timeoutOf(secs)
 	if err != nil {
 		return err
 	}

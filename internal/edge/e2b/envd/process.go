@@ -19,7 +19,6 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	pb "github.com/amber-run/amber/internal/edge/e2b/envdpb/process"
-	"github.com/amber-run/amber/internal/engine"
 )
 
 // processService is envd's process.Process on the engine. Every command
@@ -384,10 +383,10 @@ func (s *processService) List(ctx context.Context, _ *connect.Request[pb.ListReq
 			if st.tag != "" {
 				info.Tag = &st.tag
 			}
-		} else if p.PPID != 1 || len(p.Args) == 0 || engine.IsHelper(p.Args) {
+		} else if p.PPID != 1 || len(p.Args) == 0 {
 			// Not a command of the tenant's (the agent's children
-			// are, but for the engine's own helpers): one of the
-			// sandbox's own, or a command's child.
+			// are; engine.Processes left out the engine's own): one
+			// of the sandbox's own, or a command's child.
 			continue
 		} else {
 			info.Config = &pb.ProcessConfig{Cmd: p.Args[0], Args: p.Args[1:]}
