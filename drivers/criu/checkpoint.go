@@ -191,7 +191,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		return stats, errdefs.FailedPreconditionf("checkpoint %s: %v; the sandbox keeps running", id, err)
 	}
 
-	frozenAt, err := freezeRetrying(ctx, d, cm, id)
+	frozenAt, err := freezeSeizable(ctx, d, cm, id)
 	if err != nil {
 		return stats, err
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/opencontainers/cgroups"
@@ -138,4 +139,79 @@ func sandboxPid(pid int) int {
 		}
 	}
 	return pid
+}
+
+// vforkWaitAttempts bounds how many times freezeSeizable thaws the sandbox
+// to let a vfork in progress reach its exec; vforkWaitPause is the pause
+// between the thaw and the next freeze.
+const (
+	vforkWaitAttempts = 40
+	vforkWaitPause    = 5 * time.Millisecond
+)
+
+// vforkThaws counts the freezes thawed for a vfork in progress (tests read
+// it).
+var vforkThaws atomic.Int64
+
+// freezeSeizable freezes cm (freezeRetrying) in a state CRIU can seize.
+// A task that waits in vfork for a child that has not yet called exec can
+// never be seized: CRIU stops the child before its exec, the parent waits
+// for the child in uninterruptible sleep (kernel_clone), and the dump gives
+// up after CRIU's 10 s timeout ("Unseizable non-zombie …, state D"). dash
+// runs most commands so and Go's os/exec does the same, so a busy shell
+// loop meets the window now and then. Such a freeze is thawed and made
+// again a moment later (the child execs within microseconds); a child that
+// has still not called exec after vforkWaitAttempts fails the checkpoint
+// with an error naming the waiting task, the sandbox thawed and running.
+func freezeSeizable(ctx context.Context, d *Driver, cm cgroups.Manager, id string) (time.Time, error) {
+	for attempt := 1; ; attempt++ {
+		frozenAt, err := freezeRetrying(ctx, d, cm, id)
+		if err != nil {
+			return frozenAt, err
+		}
+		waiting := vforkWaiters(cm)
+		if len(waiting) == 0 {
+			return frozenAt, nil
+		}
+		vforkThaws.Add(1)
+		if err := cm.Freeze(cgroups.Thawed); err != nil {
+			return frozenAt, recordErr(id, fmt.Errorf("thaw for a vfork in progress: %w", err))
+		}
+		if attempt == vforkWaitAttempts {
+			return frozenAt, errdefs.FailedPreconditionf("checkpoint %s: %s waits for a child it started with vfork, which has not called exec after %d tries: CRIU cannot seize a vfork in progress; the sandbox keeps running", id, strings.Join(waiting, ", "), attempt)
+		}
+		select {
+		case <-ctx.Done():
+			return frozenAt, ctx.Err()
+		case <-time.After(vforkWaitPause):
+		}
+	}
+}
+
+// vforkWaiters names the tasks of cm (any thread: Go's os/exec vforks from
+// whichever thread runs it) that sleep in kernel_clone, which is where a
+// vfork's parent waits for its child's exec or exit.
+func vforkWaiters(cm cgroups.Manager) []string {
+	pids, err := cm.GetAllPids()
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, pid := range pids {
+		dir := "/proc/" + strconv.Itoa(pid) + "/task/"
+		tids, _ := os.ReadDir(dir)
+		for _, tid := range tids {
+			b, err := os.ReadFile(dir + tid.Name() + "/wchan")
+			if err != nil || strings.TrimSpace(string(b)) != "kernel_clone" {
+				continue
+			}
+			_, name, _ := procState(pid)
+			out = append(out, fmt.Sprintf("%s (pid %d)", name, sandboxPid(pid)))
+			break
+		}
+		if len(out) == 5 {
+			break
+		}
+	}
+	return out
 }
