@@ -29,6 +29,14 @@ func (a *agent) routes() http.Handler {
 		}
 		writeJSON(w, ps)
 	})
+	mux.HandleFunc("GET /v1/census", func(w http.ResponseWriter, r *http.Request) {
+		c, err := census()
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, c)
+	})
 	mux.HandleFunc("GET /v1/processes/{pid}/output", a.output)
 	mux.HandleFunc("POST /v1/processes/{pid}/stdin", a.stdin)
 	mux.HandleFunc("POST /v1/processes/{pid}/signal", a.signal)

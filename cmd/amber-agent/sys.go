@@ -82,6 +82,27 @@ func listProcesses() ([]agentproto.Process, error) {
 	return out, nil
 }
 
+// census counts the sandbox's processes (the agent too) and its
+// established TCP sockets, as /proc shows them.
+func census() (agentproto.Census, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return agentproto.Census{}, err
+	}
+	var c agentproto.Census
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err == nil {
+			c.Processes++
+		}
+	}
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		if b, err := os.ReadFile(f); err == nil {
+			c.TCPEstablished += agentproto.CountEstablished(string(b))
+		}
+	}
+	return c, nil
+}
+
 func readProc(pid int) (agentproto.Process, bool) {
 	dir := filepath.Join("/proc", strconv.Itoa(pid))
 	stat, err := os.ReadFile(dir + "/stat")

@@ -285,6 +285,9 @@ func (d *Driver) agentExec(ctx context.Context, rec *record, spec sandbox.ExecSp
 	if err != nil {
 		return sandbox.ExitStatus{}, err
 	}
+	d.mu.Lock()
+	d.calls["agent:exec"]++
+	d.mu.Unlock()
 	st, err := d.agentFor(rec).Exec(ctx, spec, base)
 	if err != nil {
 		return sandbox.ExitStatus{}, d.agentErr(ctx, rec, err)
@@ -441,7 +444,8 @@ func (d *Driver) countRunsc(args []string) {
 }
 
 // runscCalls returns how many times the driver ran runsc with subcommand
-// sub.
+// sub ("ctl:<method>": control socket calls; "agent:exec": execs through
+// the agent).
 func (d *Driver) runscCalls(sub string) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -17,6 +17,7 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/drivers/internal/layer"
+	"github.com/amber-run/amber/lib/agentproto"
 )
 
 var _ sandbox.Checkpointer = (*Driver)(nil)
@@ -580,9 +581,20 @@ func (d *Driver) runLogged(ctx context.Context, rec *record, logFile string, arg
 // 1.5–3 s of every failover restore on 2 cores).
 const statsScript = `n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo $n; cat /proc/net/tcp /proc/net/tcp6 2>/dev/null`
 
-// restoreStats counts the sandbox's processes (the exec's shell left out)
-// and its established TCP connections, in one exec.
+// restoreStats counts the sandbox's processes and its established TCP
+// connections: the agent's census, which starts no process, or, from an
+// agent older than protocol 1.2 (restored from an older image), one exec
+// of statsScript (its shell left out of the count).
 func (d *Driver) restoreStats(ctx context.Context, rec *record) (procs, conns int, err error) {
+	if rec.SpecVersion >= 2 {
+		cs, err := d.agentFor(rec).Census(ctx)
+		if err == nil {
+			return cs.Processes, cs.TCPEstablished, nil
+		}
+		if !errors.Is(err, errdefs.ErrNotImplemented) {
+			return 0, 0, fmt.Errorf("count processes and connections: %w", err)
+		}
+	}
 	var out strings.Builder
 	st, err := d.exec(ctx, rec, sandbox.ExecSpec{
 		Args:    []string{"/bin/sh", "-c", statsScript},
@@ -602,13 +614,7 @@ func parseStats(s string) (procs, conns int, err error) {
 	if err != nil || n < 1 {
 		return 0, 0, fmt.Errorf("process count %q", first)
 	}
-	for line := range strings.Lines(rest) {
-		f := strings.Fields(line)
-		if len(f) > 3 && f[3] == "01" { // TCP_ESTABLISHED
-			conns++
-		}
-	}
-	return n - 1, conns, nil
+	return n - 1, agentproto.CountEstablished(rest), nil
 }
 
 func readImageMeta(imageDir string) (*imageMeta, error) {

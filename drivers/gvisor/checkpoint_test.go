@@ -130,6 +130,7 @@ func TestCheckpoint(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	execs := d.runscCalls("agent:exec")
 	rs, err := d.Restore(ctx, spec, imageDir, sandbox.RestoreOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -137,6 +138,10 @@ func TestCheckpoint(t *testing.T) {
 	t.Logf("restore: running after %v, %d processes, %d B memory, %d files, %d connections", rs.Running, rs.Processes, rs.MemoryBytes, rs.Files, rs.ConnectionsRestored)
 	if rs.Processes < 7 || rs.MemoryBytes != cs.MemoryBytes || rs.ConnectionsRestored < 2 {
 		t.Errorf("restore stats: %+v", rs)
+	}
+	// The counts are the agent's census: the restore started no process.
+	if n := d.runscCalls("agent:exec") - execs; n != 0 {
+		t.Errorf("the restore ran %d execs in the sandbox to count what came back", n)
 	}
 	time.Sleep(500 * time.Millisecond)
 	checks := []struct {

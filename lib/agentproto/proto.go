@@ -76,8 +76,10 @@ import (
 //
 // 1.1 added the file calls and the attached start; an agent of 1.0 (one
 // recorded in an older checkpoint) lacks them: the host serves files
-// itself (HasFiles) and asks for an exec's output after its start.
-const Version = "1.1"
+// itself (HasFiles) and asks for an exec's output after its start. 1.2
+// added GET /v1/census; an older agent answers it 404, and the host counts
+// with an exec instead.
+const Version = "1.2"
 
 // Major is Version's major number.
 const Major = 1
@@ -118,6 +120,28 @@ type Health struct {
 	Build    string `json:"build"`    // the agent binary's build id
 	PID      int    `json:"pid"`      // the agent's own sandbox PID
 	Init     bool   `json:"init"`     // it is the sandbox's PID 1
+}
+
+// Census answers GET /v1/census: what a restore's fidelity report counts,
+// read by the agent itself, so that a restore starts no process to learn
+// it (a process start in a sandbox is dear on a loaded host).
+type Census struct {
+	// Processes counts every process of the sandbox, the agent included.
+	Processes int `json:"processes"`
+	// TCPEstablished counts established TCP sockets (/proc/net/tcp, tcp6).
+	TCPEstablished int `json:"tcp_established"`
+}
+
+// CountEstablished counts the lines of a /proc/net/tcp or tcp6 table
+// whose state (the fourth column) is 01, TCP_ESTABLISHED.
+func CountEstablished(table string) int {
+	n := 0
+	for line := range strings.Lines(table) {
+		if f := strings.Fields(line); len(f) > 3 && f[3] == "01" {
+			n++
+		}
+	}
+	return n
 }
 
 // Start is a process to start.

@@ -98,3 +98,21 @@ func FuzzReadFrame(f *testing.F) {
 		}
 	})
 }
+
+// CountEstablished counts only state 01 rows, of either table, header
+// and short lines left out.
+func TestCountEstablished(t *testing.T) {
+	tcp := `  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:1F40 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0000000000000000 20 4 30 10 -1
+   2: 0100007F:C350 0100007F:1F40 01 00000000:00000000 00:00000000 00000000     0        0 3 1 0000000000000000 20 4 30 10 -1
+   3: 0100007F:C351 0100007F:1F40 06 00000000:00000000 03:00000000 00000000     0        0 0 3 0000000000000000
+   4: 01
+`
+	if n := CountEstablished(tcp); n != 2 {
+		t.Fatalf("CountEstablished = %d, want 2", n)
+	}
+	if n := CountEstablished(""); n != 0 {
+		t.Fatalf("CountEstablished of nothing = %d", n)
+	}
+}

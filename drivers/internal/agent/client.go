@@ -351,6 +351,19 @@ func (c *Client) Processes(ctx context.Context) ([]agentproto.Process, error) {
 	return ps, err
 }
 
+// Census asks the agent to count the sandbox's processes and established
+// TCP sockets. An agent older than protocol 1.2 lacks the call: the error
+// is then errdefs.ErrNotImplemented.
+func (c *Client) Census(ctx context.Context) (agentproto.Census, error) {
+	var cs agentproto.Census
+	err := c.call(ctx, "GET", "/v1/census", nil, &cs)
+	var ae *Error
+	if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
+		return cs, errdefs.NotImplementedf("sandbox %s: its agent (older than protocol 1.2) has no census", c.id)
+	}
+	return cs, err
+}
+
 // Wait waits for a process the agent started to end.
 func (c *Client) Wait(ctx context.Context, pid int) (agentproto.Exit, error) {
 	var broke time.Time
