@@ -7,6 +7,7 @@
 #   SRC=/path/to/other/checkout AMBER_CACHE=... scripts/cut-rounds.sh gvisor 4
 #
 # SRC is the checkout whose bin/amber runs (default: this one), for an A/B of two builds.
+# CUT_MIB=256 runs the restore benchmark's ticker holding 256 MiB instead of the shell loop.
 set -euo pipefail
 drv=${1:?driver}; rounds=${2:-4}
 cd "${SRC:-$(dirname "$0")/..}"
@@ -28,8 +29,17 @@ cleanup() {
 trap cleanup EXIT
 for _ in $(seq 60); do [[ -f $dir/d/admin.key ]] && curl -sf "http://$AMBER_ADDR/healthz" >/dev/null && break; sleep 0.5; done
 export AMBER_TOKEN=$(cat "$dir/d/admin.key")
-sbx=$(bin/amber sandbox create --template minimal | tail -1)
-bin/amber exec -d "$sbx" -- sh -c 'while true; do sleep 0.01; done' >/dev/null
+if [[ -n ${CUT_MIB:-} ]]; then
+    # The restore benchmark's ticker holding CUT_MIB MiB of a pattern.
+    CGO_ENABLED=0 go build -trimpath -o "$dir/ticker" ./cmd/amber/testdata/ticker
+    sbx=$(bin/amber sandbox create --template minimal --memory "$((CUT_MIB + 512))Mi" | tail -1)
+    bin/amber files put "$sbx" "$dir/ticker" /root/ticker >/dev/null
+    bin/amber exec "$sbx" -- chmod +x /root/ticker
+    bin/amber exec -d "$sbx" -- /root/ticker "$CUT_MIB" 12345 >/dev/null
+else
+    sbx=$(bin/amber sandbox create --template minimal | tail -1)
+    bin/amber exec -d "$sbx" -- sh -c 'while true; do sleep 0.01; done' >/dev/null
+fi
 sleep 3
 ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 for _ in $(seq "$rounds"); do
@@ -37,5 +47,5 @@ for _ in $(seq "$rounds"); do
     bin/amber sandbox kill "$sbx" >/dev/null
     t=$(date +%s%N); bin/amber sandbox recover "$sbx" >/dev/null; echo "recover call $(ms "$t") ms"
 done
-grep -E "(sandbox restored|sandbox checkpointed).*driver=$drv" "$dir/up.log" | sed 's/^time=[^ ]* //' || true
+grep -E "(sandbox restored|sandbox checkpointed|checkpoint: steps).*driver=$drv" "$dir/up.log" | sed 's/^time=[^ ]* //' || true
 echo "load: $(cut -d' ' -f1-3 /proc/loadavg)"
