@@ -296,3 +296,30 @@ func FuzzDecodeList(f *testing.F) {
 		}
 	})
 }
+
+// TestCensusOfAnOlderAgent: an agent older than protocol 1.2 answers the
+// census 404 (its mux has no such route): the call says NotImplemented, so
+// the driver counts another way, rather than failing the restore.
+func TestCensusOfAnOlderAgent(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(`{"protocol":"1.1","build":"sha256:old","pid":1,"init":true}`))
+	})
+	srv := &http.Server{Handler: mux, Protocols: &protos}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	c := New("old", "tok", func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", ln.Addr().String())
+	})
+	_, err = c.Census(context.Background())
+	if !errors.Is(err, errdefs.ErrNotImplemented) {
+		t.Fatalf("census of an agent of 1.1: %v, want NotImplemented", err)
+	}
+}
