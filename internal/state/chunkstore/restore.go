@@ -361,7 +361,7 @@ func (r *restorer) release(name string) {
 func (r *restorer) load(ctx context.Context, j job) ([]byte, error) {
 	ref := j.entry.Chunks[j.index]
 	key := chunkKey(r.m.Tenant, j.name)
-	obj, err := blob.ReadAll(ctx, r.s.cfg.Blobs, key, MaxChunk+SealOverhead+1024)
+	obj, err := blob.ReadAllSized(ctx, r.s.cfg.Blobs, key, MaxChunk+SealOverhead+1024, ref.Size+SealOverhead)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
 			return nil, errdefs.DataLossf("%s: missing", r.where(j))
@@ -372,7 +372,10 @@ func (r *restorer) load(ctx context.Context, j job) ([]byte, error) {
 		return nil, fmt.Errorf("%s: %w", r.where(j), err)
 	}
 	r.fetched.Add(1)
-	plain, err := r.keys.open(kindChunk, key, obj, MaxChunk)
+	// The manifest gives the chunk's size: the plaintext's buffer is made
+	// that size (chunks average far less than MaxChunk), and a chunk that
+	// would decompress to more is damaged anyway.
+	plain, err := r.keys.open(kindChunk, key, obj, int(min(ref.Size, MaxChunk)))
 	if err != nil {
 		return nil, errdefs.DataLossf("%s: %v", r.where(j), err)
 	}

@@ -96,7 +96,9 @@ func (k *tenantKeys) seal(dst []byte, kind byte, name string, plain []byte, scra
 var errSealFormat = errors.New("not a sealed object of this kind")
 
 // open reverses seal. Every failure means the object is corrupt, tampered
-// with, or not what its name says: callers report it as data loss.
+// with, or not what its name says: callers report it as data loss. obj is
+// decrypted in place (its bytes are lost); the result may share its
+// memory.
 func (k *tenantKeys) open(kind byte, name string, obj []byte, maxPlain int) ([]byte, error) {
 	if len(obj) < SealOverhead || string(obj[:4]) != sealMagic {
 		return nil, errSealFormat
@@ -108,7 +110,9 @@ func (k *tenantKeys) open(kind byte, name string, obj []byte, maxPlain int) ([]b
 	if header[5] != kind {
 		return nil, errSealFormat
 	}
-	payload, err := k.aead.Open(nil, header[7:], obj[headerLen:], aad(header, k.tenant, name))
+	// Opened in place: the plaintext takes the ciphertext's room (obj is
+	// the caller's to give up), one chunk-sized allocation less.
+	payload, err := k.aead.Open(obj[headerLen:headerLen], header[7:], obj[headerLen:], aad(header, k.tenant, name))
 	if err != nil {
 		return nil, errors.New("authentication failed (corrupt or tampered)")
 	}
