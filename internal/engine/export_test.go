@@ -53,3 +53,11 @@ func (e *Engine) SetStrictUploadFirst(on bool) { e.pol.uploadFirst = on }
 
 // WaitUploads waits for the uploads behind local commits queued so far.
 func (e *Engine) WaitUploads() { e.waitUploads() }
+
+// SetFastQuiet sets how long a due fast-policy checkpoint waits for a
+// quiet moment, and at most; it returns the restore of the old values.
+func SetFastQuiet(quiet, maxDefer time.Duration) (restore func()) {
+	oq, om := fastQuiet, fastMaxDefer
+	fastQuiet, fastMaxDefer = quiet, maxDefer
+	return func() { fastQuiet, fastMaxDefer = oq, om }
+}

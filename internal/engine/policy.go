@@ -18,7 +18,12 @@ package engine
 //     comes FastInterval after the last checkpoint, and from a ticker every
 //     FastInterval for a sandbox that ran execs since; never two at once
 //     for one sandbox (a due checkpoint while one runs is skipped). A crash
-//     loses at most the work since the last checkpoint.
+//     loses at most the work since the last checkpoint. A due checkpoint
+//     waits for a quiet moment — no call into the sandbox for fastQuiet,
+//     at most fastMaxDefer — so that a burst of tool calls is not stopped
+//     by its own cut (an exec that comes while the sandbox is frozen waits
+//     for the thaw): an agent's next call comes after it has thought, and
+//     the cut fits in that gap.
 
 import (
 	"context"
@@ -140,7 +145,37 @@ func (e *policyRunner) afterExec(ctx context.Context, sb meta.Sandbox, took time
 	return nil
 }
 
-// fastCheckpoint starts a background checkpoint of sb unless one runs.
+// fastQuiet and fastMaxDefer bound how long a due fast-policy checkpoint
+// waits for a quiet moment (variables: tests shorten them).
+var (
+	fastQuiet    = 150 * time.Millisecond
+	fastMaxDefer = 2 * time.Second
+)
+
+// awaitQuiet returns once no call has come into sandbox id for fastQuiet
+// (activity: the start and the end of every call), or fastMaxDefer has
+// passed, or ctx ended.
+func (e *policyRunner) awaitQuiet(ctx context.Context, id string) {
+	deadline := time.Now().Add(fastMaxDefer)
+	for {
+		since := fastQuiet
+		if last, ok := e.pol.activity.Load(id); ok {
+			since = time.Since(last.(time.Time))
+		}
+		left := time.Until(deadline)
+		if since >= fastQuiet || left <= 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(min(fastQuiet-since, left)):
+		}
+	}
+}
+
+// fastCheckpoint starts a background checkpoint of sb unless one runs; it
+// cuts at the first quiet moment (awaitQuiet).
 func (e *policyRunner) fastCheckpoint(sb meta.Sandbox) {
 	st := e.policyState(sb.ID)
 	st.mu.Lock()
@@ -153,6 +188,7 @@ func (e *policyRunner) fastCheckpoint(sb meta.Sandbox) {
 	e.bg.wg.Add(1)
 	go func() {
 		defer e.bg.wg.Done()
+		e.awaitQuiet(e.bg.ctx, sb.ID)
 		ck, err := e.ckr.Checkpoint(e.bg.ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID})
 		e.auditSystem(e.bg.ctx, sb.Tenant, "checkpoint.fast_policy", sb.ID+" "+ck.ID, err)
 		st.mu.Lock()
