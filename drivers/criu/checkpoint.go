@@ -206,6 +206,13 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		}
 	}
 	defer thaw()
+	// The egress link goes for the dump and comes back before the thaw
+	// (network.go); the deferred relink runs before the deferred thaw.
+	link, err := d.unlinkForDump(ctx, id, initPid)
+	defer link.restore()
+	if err != nil {
+		return stats, recordErr(id, err)
+	}
 	conns := countTCPEstablished(initPid)
 	starts := map[int]uint64{}
 	if procs, err := d.Processes(ctx, id); err == nil {
@@ -233,6 +240,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		return stats, recordErr(id, fmt.Errorf("criu dump: %w (dump.log: %s)", err, lastLines(b, 15)))
 	}
 	if opts.LeaveStopped {
+		link.forget() // the tasks go: nothing to link again
 		err := d.killAll(ctx, ls.c)
 		thawed = true // killAll thaws
 		stats.Frozen = time.Since(frozenAt)
@@ -240,6 +248,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 			return stats, recordErr(id, err)
 		}
 	}
+	link.restore()
 	thaw()
 	mem := pagesBytes(criuDir)
 	meta := imageMeta{
@@ -418,7 +427,9 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	unlock := d.lock(spec.ID)
 	defer unlock()
 
-	// A stopped sandbox of that id is replaced; a running one is refused.
+	// A stopped sandbox of that id is replaced (its egress plumbing kept:
+	// the restored sockets find the gateway's ends); a running one is
+	// refused.
 	if err := d.clearForRestore(ctx, spec.ID); err != nil {
 		return stats, err
 	}
@@ -471,6 +482,10 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 		return stats, recordErr(spec.ID, fmt.Errorf("criu restore: %w (restore.log: %s)", err, lastLines(b, 15)))
 	}
 	go func() { _, _ = p.Wait() }()
+	initPid, _ := p.Pid()
+	if err := d.plumb(ctx, spec.ID, initPid); err != nil {
+		return stats, recordErr(spec.ID, err)
+	}
 	stats.Running = time.Since(start)
 	lazy.restored()
 	// libcontainer's Container stays in its "restored" state after
@@ -505,7 +520,6 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	if pids, err := c.Processes(); err == nil {
 		stats.Processes = len(pids)
 	}
-	initPid, _ := p.Pid()
 	stats.MemoryBytes = pagesBytes(criuDir)
 	if forked && lazy == nil {
 		// CRIU is done with the private copy (a lazy restore's page
@@ -568,11 +582,11 @@ func (d *Driver) clearForRestore(ctx context.Context, id string) error {
 				return errdefs.FailedPreconditionf("sandbox %s is %s; kill it before restoring over it", id, st)
 			}
 		}
-		if err := d.destroyLocked(ctx, id); err != nil {
+		if err := d.destroySandbox(ctx, id, true); err != nil {
 			return err
 		}
 	} else if _, serr := os.Lstat(filepath.Join(d.runc, id)); serr == nil {
-		if err := d.destroyLocked(ctx, id); err != nil {
+		if err := d.destroySandbox(ctx, id, true); err != nil {
 			return err
 		}
 	}

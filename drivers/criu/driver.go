@@ -89,6 +89,11 @@ type Options struct {
 	// (<StateDir>/agents), which keeps every build a sandbox or a
 	// checkpoint may still name.
 	AgentBinary string
+	// Network, when set, connects each sandbox to the node's egress
+	// gateway: the driver pins a network namespace per sandbox, has
+	// Network plumb it on create and before every restore, and unplumbs
+	// it on Destroy (network.go). Without it a sandbox has loopback only.
+	Network sandbox.Network
 }
 
 // Driver is the criu sandbox driver. It is safe for concurrent use.
