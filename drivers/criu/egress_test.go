@@ -26,7 +26,7 @@ import (
 
 // newEgressDriver is a test driver whose sandboxes reach the outside
 // through path's gateway. Its cleanup also fails the test when the
-// gateway still serves a sandbox after Destroy.
+// gateway namespace of one of its sandboxes survives Destroy.
 func newEgressDriver(t *testing.T, path *egresstest.Path) *testDriver {
 	t.Helper()
 	td := newTestDriver(t)
@@ -45,9 +45,9 @@ func newEgressDriver(t *testing.T, path *egresstest.Path) *testDriver {
 			if err := td.Destroy(context.Background(), info.ID); err != nil {
 				t.Errorf("cleanup: destroy %s: %v", info.ID, err)
 			}
-		}
-		if a := path.Network.Attached(); len(a) > 0 {
-			t.Errorf("cleanup: gateway still serves %v", a)
+			if gw := path.Network.GatewayNetns(info.ID); netns.Pinned(gw) {
+				t.Errorf("cleanup: gateway namespace %s left after Destroy", gw)
+			}
 		}
 	})
 	return td
@@ -71,10 +71,11 @@ func TestEgressThroughGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	td.sh(id, fmt.Sprintf("printf '%s' > /etc/resolv.conf", egress.ResolvConf))
-	get := func() string {
+	getFrom := func(td *testDriver, id string) string {
 		return td.sh(id, fmt.Sprintf(`ip=$(nslookup payments.test %s | sed -n 's/^Address: *\(198\.[0-9.]*\)$/\1/p')
 printf 'GET /ping HTTP/1.0\r\nHost: payments.test:%[2]d\r\n\r\n' | nc -w 10 $ip %[2]d`, egress.GatewayAddr, ledger.Addr().Port()))
 	}
+	get := func() string { return getFrom(td, id) }
 	if out := get(); !strings.Contains(out, "pong") {
 		t.Fatalf("through the gateway: %q", out)
 	}
@@ -108,11 +109,32 @@ printf 'GET /ping HTTP/1.0\r\nHost: payments.test:%[2]d\r\n\r\n' | nc -w 10 $ip 
 	if !netns.Pinned(gw) {
 		t.Fatalf("gateway namespace %s not pinned while the sandbox runs", gw)
 	}
+	// A fork (a restore into another id) gets a plumbing of its own.
+	fork := newID("egress-fork")
+	path.StartRun(t, "t1", fork, "run-0")
+	if _, err := td.Restore(ctx, sandbox.Spec{ID: fork, Template: spec.Template}, image, sandbox.RestoreOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if out := getFrom(td, fork); !strings.Contains(out, "pong") {
+		t.Fatalf("through the gateway from a fork: %q", out)
+	}
 	if err := td.Destroy(ctx, id); err != nil {
 		t.Fatal(err)
 	}
 	if netns.Pinned(gw) {
 		t.Fatal("the gateway namespace of the sandbox is left after Destroy")
+	}
+	// A node that never had the sandbox plumbs it too.
+	other := newEgressDriver(t, path)
+	path.StartRun(t, "t1", id, "run-2")
+	if _, err := other.Restore(ctx, spec, image, sandbox.RestoreOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if out := getFrom(other, id); !strings.Contains(out, "pong") {
+		t.Fatalf("through the gateway after a restore on another node: %q", out)
+	}
+	if n := ledger.Requests(); n != 4 {
+		t.Fatalf("ledger saw %d requests, want 4", n)
 	}
 
 }
