@@ -195,10 +195,13 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	if err != nil {
 		return stats, err
 	}
+	// The egress link is away while the sandbox is frozen (network.go).
+	link, lerr := d.unlinkForDump(ctx, id, initPid)
 	thawed := false
 	thaw := func() {
 		if !thawed {
 			thawed = true
+			link.restore()
 			if err := cm.Freeze(cgroups.Thawed); err != nil {
 				d.log.Error("thaw after checkpoint", "sandbox", id, "err", err)
 			}
@@ -206,12 +209,8 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		}
 	}
 	defer thaw()
-	// The egress link goes for the dump and comes back before the thaw
-	// (network.go); the deferred relink runs before the deferred thaw.
-	link, err := d.unlinkForDump(ctx, id, initPid)
-	defer link.restore()
-	if err != nil {
-		return stats, recordErr(id, err)
+	if lerr != nil {
+		return stats, recordErr(id, lerr)
 	}
 	conns := countTCPEstablished(initPid)
 	starts := map[int]uint64{}
@@ -240,7 +239,6 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		return stats, recordErr(id, fmt.Errorf("criu dump: %w (dump.log: %s)", err, lastLines(b, 15)))
 	}
 	if opts.LeaveStopped {
-		link.forget() // the tasks go: nothing to link again
 		err := d.killAll(ctx, ls.c)
 		thawed = true // killAll thaws
 		stats.Frozen = time.Since(frozenAt)
@@ -248,7 +246,6 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 			return stats, recordErr(id, err)
 		}
 	}
-	link.restore()
 	thaw()
 	mem := pagesBytes(criuDir)
 	meta := imageMeta{
@@ -529,14 +526,20 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 		}
 	}
 	stats.Files = files
+	d.noteOutcome(ctx, spec.ID, meta, initPid, &stats)
+	d.log.Info("sandbox restored", "sandbox", spec.ID, "running", stats.Running, "processes", stats.Processes, "memory_bytes", stats.MemoryBytes)
+	return stats, nil
+}
+
+// noteOutcome fills stats with what of the cut meta came back in restored
+// sandbox id (init initPid): connections and processes.
+func (d *Driver) noteOutcome(ctx context.Context, id string, meta *imageMeta, initPid int, stats *sandbox.RestoreStats) {
 	stats.ConnectionsRestored = countTCPEstablished(initPid)
 	if meta.Connections > stats.ConnectionsRestored {
 		stats.ConnectionsReset = meta.Connections - stats.ConnectionsRestored
 	}
-	procs, perr := d.Processes(ctx, spec.ID)
+	procs, perr := d.Processes(ctx, id)
 	stats.NotRestored = restoreLosses(meta, procs, perr, stats.ConnectionsReset)
-	d.log.Info("sandbox restored", "sandbox", spec.ID, "running", stats.Running, "processes", stats.Processes, "memory_bytes", stats.MemoryBytes)
-	return stats, nil
 }
 
 // restoredRecord is the record of sandbox id restored from meta, and the
@@ -574,7 +577,8 @@ func (d *Driver) restoredRecord(id string, meta *imageMeta, tmpl sandbox.Templat
 
 // clearForRestore makes way for a restore of id (d holds its lock): a
 // stopped sandbox of that id, or a runtime state directory left without a
-// record, is destroyed; a running sandbox is FailedPrecondition.
+// record, is destroyed, all but its egress plumbing (network.go); a
+// running sandbox is FailedPrecondition.
 func (d *Driver) clearForRestore(ctx context.Context, id string) error {
 	if _, err := d.loadRecord(id); err == nil || !errdefs.IsNotFound(err) {
 		if ls, err := d.container(id); err == nil {

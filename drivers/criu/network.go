@@ -34,8 +34,9 @@ import (
 // permitted", "One or more namespaces doesn't belong to the target user
 // namespace"); sandbox root could not mount its sysfs in it either.
 // Sandbox root still has no CAP_NET_ADMIN over its namespace: its
-// capability set has none (defaultCaps), and what a user namespace it
-// makes inside grants does not reach a namespace of the one above.
+// capability set has none (defaultCaps; no_new_privs keeps it so), and it
+// may not make a user namespace inside (defaultSeccomp), whose
+// capabilities would not reach a namespace of the one above anyway.
 //
 // The cut. CRIU cannot restore the veth: it would make the pair from
 // inside the restored user namespace with its peer in the host's
@@ -103,7 +104,8 @@ func (d *Driver) unplumb(ctx context.Context, id string) error {
 }
 
 // dumpLink is the egress link of a sandbox being cut, deleted for the
-// dump (unlinkForDump). A nil one (no Options.Network) does nothing.
+// dump (unlinkForDump); the checkpoint's thaw restores it (a sandbox it
+// kills instead needs none). A nil one (no Options.Network) does nothing.
 type dumpLink struct {
 	d    *Driver
 	ctx  context.Context
@@ -150,13 +152,6 @@ func (l *dumpLink) restore() {
 	l.done = true
 	if err := l.d.plumb(l.ctx, l.id, l.pid); err != nil {
 		l.d.log.Error("egress link after the dump; the sandbox has no way out", "sandbox", l.id, "err", err)
-	}
-}
-
-// forget makes restore do nothing (the tasks were killed).
-func (l *dumpLink) forget() {
-	if l != nil {
-		l.done = true
 	}
 }
 
