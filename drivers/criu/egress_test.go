@@ -261,9 +261,15 @@ func exchange(t *testing.T, td *testDriver, id string, n int, want string) strin
 
 // TestEgressConnectionAcrossPlannedMove: a connection to the outside,
 // through the gateway, survives a checkpoint-and-stop and a restore in
-// place: after the restore the same socket sends and receives, and the
-// outside server saw one connection that never ended.
+// place, eager or lazy: after the restore the same socket sends and
+// receives, and the outside server saw one connection that never ended.
 func TestEgressConnectionAcrossPlannedMove(t *testing.T) {
+	for _, lazy := range []bool{false, true} {
+		t.Run(map[bool]string{false: "eager", true: "lazy"}[lazy], func(t *testing.T) { testPlannedMove(t, lazy) })
+	}
+}
+
+func testPlannedMove(t *testing.T, lazy bool) {
 	echo := newEchoServer(t)
 	path := egresstest.Start(t, map[string]netip.AddrPort{"echo.test": echo.addr()})
 	td := newEgressDriver(t, path)
@@ -280,9 +286,15 @@ func TestEgressConnectionAcrossPlannedMove(t *testing.T) {
 	if acc, ended := echo.state(); acc != 1 || len(ended) != 0 {
 		t.Fatalf("after the checkpoint-and-stop the outside saw %d connections, ended: %v", acc, ended)
 	}
-	rs, err := td.Restore(ctx, spec, image, sandbox.RestoreOptions{})
+	if lazy && !td.Capabilities().LazyRestore {
+		t.Skip("LazyRestore is off")
+	}
+	rs, err := td.Restore(ctx, spec, image, sandbox.RestoreOptions{Lazy: lazy})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if rs.Lazy != lazy {
+		t.Fatalf("restore: lazy %v, asked %v", rs.Lazy, lazy)
 	}
 	if rs.ConnectionsRestored < 1 || rs.ConnectionsReset != 0 {
 		t.Fatalf("restore stats: %d connections restored, %d reset", rs.ConnectionsRestored, rs.ConnectionsReset)
