@@ -90,9 +90,10 @@ type Options struct {
 	// checkpoint may still name.
 	AgentBinary string
 	// Network, when set, connects each sandbox to the node's egress
-	// gateway: the driver pins a network namespace per sandbox, has
-	// Network plumb it on create and before every restore, and unplumbs
-	// it on Destroy (network.go). Without it a sandbox has loopback only.
+	// gateway: the driver has it plumb the sandbox's network namespace
+	// once the init runs and after every restore, takes the link away
+	// for each dump, and unplumbs on Destroy (network.go). Without it a
+	// sandbox has loopback only.
 	Network sandbox.Network
 }
 
