@@ -48,7 +48,7 @@ duplicated effect, or a class hit fewer than --min-hits times. Runs as root
 	f.IntVar(&o.Faults, "faults", 20, "faults to inject in all")
 	f.IntVar(&o.PerRun, "faults-per-run", 4, "faults per run of the workload")
 	f.StringSliceVar(&o.Classes, "classes", nil, "fault classes (default all): "+strings.Join(chaos.Classes, ","))
-	f.StringVar(&o.Driver, "driver", "gvisor", "sandbox driver: gvisor or criu (criu: no HTTP effects — it has no egress gateway yet)")
+	f.StringVar(&o.Driver, "driver", "gvisor", "sandbox driver: gvisor or criu")
 	f.StringVar(&o.Report, "report", "", "also write the report as JSON to this file")
 	f.StringVar(&o.Format, "format", "text", "report on stdout: text or json")
 	f.IntVar(&o.MinHits, "min-hits", 1, "fail unless each class's fault was observed at least this many times")

@@ -17,8 +17,8 @@ import (
 
 // TestE2EChaosShort is the default suite's chaos run: `amber chaos` with
 // every fault class once per driver (8 faults in one run of the reference
-// workload, after its golden run) — under gvisor with HTTP effects through
-// the egress gateway, under criu without (it has no gateway yet). It
+// workload, after its golden run), with HTTP effects through the egress
+// gateway, under each driver. It
 // requires zero lost acknowledged events, zero duplicated effects and every
 // class observed; a run that differs from the golden one otherwise is
 // logged (docs/reliability.md lists the known causes). `make chaos N=…` is
@@ -71,9 +71,6 @@ func TestE2EChaosShort(t *testing.T) {
 				t.Logf("NOTE: %d of %d runs differ from the golden run (see the report above)", rep.Runs-rep.Identical, rep.Runs)
 			}
 			wantLedger := "book,lamp,tea"
-			if drv == "criu" {
-				wantLedger = ""
-			}
 			if got := strings.Join(rep.Golden.Ledger, ","); got != wantLedger {
 				t.Errorf("golden ledger %q, want %q", got, wantLedger)
 			}

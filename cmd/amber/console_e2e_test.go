@@ -22,7 +22,6 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/client"
-	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // consoleScript: two turns, each a command that changes the sandbox (so the
@@ -428,7 +427,7 @@ func TestE2EConsole(t *testing.T) {
 	// The effect journal: a request forwarded to the shop, then (after the
 	// sandbox is recovered to the cut before it) the same request of the
 	// re-run answered from the journal — the shop sees it once.
-	if enginetest.DriverName() == "gvisor" { // egress plumbing is wired for gvisor
+	{
 		dest := fmt.Sprintf("shop.test:%d", shopPort)
 		fx := strings.TrimSpace(as(keyA, "sandbox", "create", "--template", "minimal", "--egress-allow", dest))
 		as(keyA, "checkpoint", fx)

@@ -21,6 +21,6 @@ func newDemoCmd(g *globalFlags) *cobra.Command {
 		},
 	}
 	c.Flags().BoolVar(&keep, "keep", false, "keep the temporary data directory (its daemon log, event log) afterwards")
-	c.Flags().StringVar(&driver, "driver", "gvisor", "sandbox driver (egress through the gateway needs gvisor)")
+	c.Flags().StringVar(&driver, "driver", "gvisor", "sandbox driver: gvisor or criu")
 	return c
 }

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // TestE2EDemo runs `amber demo` as the README's `make demo` does and
@@ -16,9 +14,6 @@ import (
 // a daemon SIGKILL mid-order with its memory, files, processes and
 // conversation, and the shop books each order exactly once.
 func TestE2EDemo(t *testing.T) {
-	if enginetest.DriverName() != "gvisor" {
-		t.Skip("the demo's egress needs the gvisor driver")
-	}
 	if !hasTemplate("python") {
 		t.Skip("no python template")
 	}

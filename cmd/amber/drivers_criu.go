@@ -10,6 +10,6 @@ import (
 func init() {
 	initHooks = append(initHooks, criu.InitIfRequested)
 	driverFactories["criu"] = func(c driverConfig) (sandbox.Driver, error) {
-		return criu.New(criu.Options{StateDir: c.StateDir, Logger: c.Logger, CgroupParent: c.CgroupParent})
+		return criu.New(criu.Options{StateDir: c.StateDir, Logger: c.Logger, CgroupParent: c.CgroupParent, Network: c.Network})
 	}
 }

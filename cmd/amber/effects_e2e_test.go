@@ -15,7 +15,6 @@ import (
 	"github.com/amber-run/amber/client"
 	"github.com/amber-run/amber/internal/egress/egresstest"
 	"github.com/amber-run/amber/internal/egress/gateway"
-	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // payScript charges one step at a time, when /root/go<N> appears, and
@@ -62,9 +61,6 @@ type effectsCase struct {
 // not reach the ledger at all. The negative control runs without the
 // journal and must show the duplicate.
 func TestE2EEffectsExactlyOnce(t *testing.T) {
-	if enginetest.DriverName() != "gvisor" {
-		t.Skip("egress plumbing is wired for the gvisor driver")
-	}
 	if !hasTemplate("python") {
 		t.Skip("no python template")
 	}

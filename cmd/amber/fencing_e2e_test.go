@@ -15,7 +15,6 @@ import (
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/client"
 	"github.com/amber-run/amber/internal/chaos"
-	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // TestE2EFencingPausedDaemon: a daemon paused (SIGSTOP) right before it
@@ -43,9 +42,6 @@ func TestE2EFencingPausedDaemon(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if c.name == "forward" && enginetest.DriverName() != "gvisor" {
-				t.Skip("effects go through the egress gateway (gvisor driver)")
-			}
 			fencingCase(t, c.spec, c.name == "forward")
 		})
 	}
@@ -66,11 +62,8 @@ func fencingCase(t *testing.T, spec string, forwardOnly bool) {
 	}
 	defer sh.Close()
 	fplog := filepath.Join(dir, "failpoints.log")
-	args := []string{"--pool", "0", "--lease-ttl", "2s"}
-	effects := enginetest.DriverName() == "gvisor"
-	if effects {
-		args = append(args, "--egress-host", "shop.test=127.0.0.1", "--egress-allow", fmt.Sprintf("shop.test:%d", sh.Port))
-	}
+	args := []string{"--pool", "0", "--lease-ttl", "2s",
+		"--egress-host", "shop.test=127.0.0.1", "--egress-allow", fmt.Sprintf("shop.test:%d", sh.Port)}
 	a := startDaemonEnv(t, bin, dir, freeAddr(t), []string{"AMBER_TEST_FAILPOINTS=" + spec, "AMBER_TEST_FAILPOINT_LOG=" + fplog}, args...)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -80,14 +73,12 @@ func fencingCase(t *testing.T, spec string, forwardOnly bool) {
 	}
 	script := []map[string]any{
 		{"tool_calls": []any{call("write_file", map[string]any{"path": "/root/a.txt", "content": "one\n"})}},
-	}
-	if effects {
-		script = append(script, map[string]any{"tool_calls": []any{call("http", map[string]any{"method": "POST",
+		{"tool_calls": []any{call("http", map[string]any{"method": "POST",
 			"url": fmt.Sprintf("http://shop.test:%d/orders", sh.Port), "headers": map[string]string{"Content-Type": "application/json"},
-			"body": `{"item":"book","qty":1}`})}})
+			"body": `{"item":"book","qty":1}`})}},
+		{"tool_calls": []any{call("bash", map[string]any{"command": "cat /root/a.txt"})}},
+		map[string]any{"text": "done"},
 	}
-	script = append(script, map[string]any{"tool_calls": []any{call("bash", map[string]any{"command": "cat /root/a.txt"})}},
-		map[string]any{"text": "done"})
 	se, err := clA.CreateSession(ctx, map[string]any{"model": map[string]any{"adapter": "scripted", "script": script},
 		"template": "python", "policy": "strict"})
 	if err != nil {

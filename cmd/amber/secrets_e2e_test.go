@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/internal/egress/gateway"
-	"github.com/amber-run/amber/internal/engine/enginetest"
 	"github.com/amber-run/amber/internal/state/chunkstore"
 	"github.com/amber-run/amber/stores/localfs"
 )
@@ -90,9 +89,6 @@ while True:
 // nowhere: not in the sandbox's files, its memory image in the checkpoint,
 // the event log (the journal), the metadata database, or the daemon's log.
 func TestE2ESecretsAndTLS(t *testing.T) {
-	if enginetest.DriverName() != "gvisor" {
-		t.Skip("egress plumbing is wired for the gvisor driver")
-	}
 	if !hasTemplate("python") {
 		t.Skip("no python template")
 	}

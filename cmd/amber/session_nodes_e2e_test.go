@@ -240,9 +240,6 @@ func startAPIServer(t *testing.T, bin, dir, adminKey string, shared []string) *t
 // sandbox before its first tool call (session.firstCut).
 func TestE2ENodesEffectFailover(t *testing.T) {
 	bin, dir := e2eSetup(t)
-	if enginetest.DriverName() != "gvisor" {
-		t.Skip("effects go through the egress gateway (gvisor driver)")
-	}
 	if !hasTemplate("python") {
 		t.Skip("no python template (the http tool runs python in the sandbox)")
 	}

@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // streamScript keeps one TCP connection to echo.test open, one line every
@@ -41,9 +39,6 @@ while True:
 // A crash (kill) resets it: the server sees it close at once, and after
 // the recover the program gets a clean error, not a hang.
 func TestE2EStreamAcrossRestore(t *testing.T) {
-	if enginetest.DriverName() != "gvisor" {
-		t.Skip("egress plumbing is wired for the gvisor driver")
-	}
 	if !hasTemplate("python") {
 		t.Skip("no python template")
 	}

@@ -93,7 +93,7 @@ are recorded.`,
 	f.DurationVar(&o.idle, "idle-timeout", 0, "checkpoint and stop a sandbox after this long without calls; the next call resumes it (0: never)")
 	f.IntVar(&o.keep, "keep-checkpoints", 0, "keep each sandbox's newest N checkpoints plus tagged ones, delete the rest and truncate its log below them (0: keep all)")
 	f.DurationVar(&o.watch, "watch-interval", 5*time.Second, "how often running sandboxes are checked for a dead init")
-	f.BoolVar(&o.egress.enabled, "egress", true, "give sandboxes a way out through the egress gateway (gvisor driver); off: loopback only")
+	f.BoolVar(&o.egress.enabled, "egress", true, "give sandboxes a way out through the egress gateway; off: loopback only")
 	f.StringSliceVar(&o.egress.allow, "egress-allow", nil, "destinations (HOST:PORT patterns, *.suffix and * allowed) sandboxes may reach when their tenant set no egress policy (default: none)")
 	f.StringSliceVar(&o.egress.ceiling, "egress-ceiling", nil, "the most any tenant's sandboxes may reach (HOST:PORT patterns): tenant and sandbox egress policies beyond it are refused (default: no ceiling)")
 	f.StringSliceVar(&o.egress.caFiles, "egress-ca-file", nil, "PEM bundle of CAs the gateway trusts upstream besides the system's (repeatable)")

@@ -169,7 +169,7 @@ func (d *upDaemon) openDriver(ctx context.Context) error {
 	if d.egressCeiling, err = ceilingEgress(o.egress.ceiling); err != nil {
 		return err
 	}
-	if o.egress.enabled && o.driver == "gvisor" {
+	if o.egress.enabled {
 		if d.enet, err = newEgressNetwork(d.dataDir, lg); err != nil {
 			return err
 		}

@@ -195,10 +195,13 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	if err != nil {
 		return stats, err
 	}
+	// The egress link is away while the sandbox is frozen (network.go).
+	link, lerr := d.unlinkForDump(ctx, id, initPid)
 	thawed := false
 	thaw := func() {
 		if !thawed {
 			thawed = true
+			link.restore()
 			if err := cm.Freeze(cgroups.Thawed); err != nil {
 				d.log.Error("thaw after checkpoint", "sandbox", id, "err", err)
 			}
@@ -206,6 +209,9 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		}
 	}
 	defer thaw()
+	if lerr != nil {
+		return stats, recordErr(id, lerr)
+	}
 	conns := countTCPEstablished(initPid)
 	starts := map[int]uint64{}
 	if procs, err := d.Processes(ctx, id); err == nil {
@@ -418,7 +424,9 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	unlock := d.lock(spec.ID)
 	defer unlock()
 
-	// A stopped sandbox of that id is replaced; a running one is refused.
+	// A stopped sandbox of that id is replaced (its egress plumbing kept:
+	// the restored sockets find the gateway's ends); a running one is
+	// refused.
 	if err := d.clearForRestore(ctx, spec.ID); err != nil {
 		return stats, err
 	}
@@ -471,6 +479,10 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 		return stats, recordErr(spec.ID, fmt.Errorf("criu restore: %w (restore.log: %s)", err, lastLines(b, 15)))
 	}
 	go func() { _, _ = p.Wait() }()
+	initPid, _ := p.Pid()
+	if err := d.plumb(ctx, spec.ID, initPid); err != nil {
+		return stats, recordErr(spec.ID, err)
+	}
 	stats.Running = time.Since(start)
 	lazy.restored()
 	// libcontainer's Container stays in its "restored" state after
@@ -505,7 +517,6 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	if pids, err := c.Processes(); err == nil {
 		stats.Processes = len(pids)
 	}
-	initPid, _ := p.Pid()
 	stats.MemoryBytes = pagesBytes(criuDir)
 	if forked && lazy == nil {
 		// CRIU is done with the private copy (a lazy restore's page
@@ -515,14 +526,20 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 		}
 	}
 	stats.Files = files
+	d.noteOutcome(ctx, spec.ID, meta, initPid, &stats)
+	d.log.Info("sandbox restored", "sandbox", spec.ID, "running", stats.Running, "processes", stats.Processes, "memory_bytes", stats.MemoryBytes)
+	return stats, nil
+}
+
+// noteOutcome fills stats with what of the cut meta came back in restored
+// sandbox id (init initPid): connections and processes.
+func (d *Driver) noteOutcome(ctx context.Context, id string, meta *imageMeta, initPid int, stats *sandbox.RestoreStats) {
 	stats.ConnectionsRestored = countTCPEstablished(initPid)
 	if meta.Connections > stats.ConnectionsRestored {
 		stats.ConnectionsReset = meta.Connections - stats.ConnectionsRestored
 	}
-	procs, perr := d.Processes(ctx, spec.ID)
+	procs, perr := d.Processes(ctx, id)
 	stats.NotRestored = restoreLosses(meta, procs, perr, stats.ConnectionsReset)
-	d.log.Info("sandbox restored", "sandbox", spec.ID, "running", stats.Running, "processes", stats.Processes, "memory_bytes", stats.MemoryBytes)
-	return stats, nil
 }
 
 // restoredRecord is the record of sandbox id restored from meta, and the
@@ -560,7 +577,8 @@ func (d *Driver) restoredRecord(id string, meta *imageMeta, tmpl sandbox.Templat
 
 // clearForRestore makes way for a restore of id (d holds its lock): a
 // stopped sandbox of that id, or a runtime state directory left without a
-// record, is destroyed; a running sandbox is FailedPrecondition.
+// record, is destroyed, all but its egress plumbing (network.go); a
+// running sandbox is FailedPrecondition.
 func (d *Driver) clearForRestore(ctx context.Context, id string) error {
 	if _, err := d.loadRecord(id); err == nil || !errdefs.IsNotFound(err) {
 		if ls, err := d.container(id); err == nil {
@@ -568,11 +586,11 @@ func (d *Driver) clearForRestore(ctx context.Context, id string) error {
 				return errdefs.FailedPreconditionf("sandbox %s is %s; kill it before restoring over it", id, st)
 			}
 		}
-		if err := d.destroyLocked(ctx, id); err != nil {
+		if err := d.destroySandbox(ctx, id, true); err != nil {
 			return err
 		}
 	} else if _, serr := os.Lstat(filepath.Join(d.runc, id)); serr == nil {
-		if err := d.destroyLocked(ctx, id); err != nil {
+		if err := d.destroySandbox(ctx, id, true); err != nil {
 			return err
 		}
 	}

@@ -59,9 +59,12 @@
 //     by host root, is shown to the sandbox through an idmapped mount so its
 //     files appear owned by sandbox root without copying or chowning it.
 //   - PID, mount, IPC, UTS, cgroup and time namespaces; a network namespace
-//     holding only loopback (no route anywhere: no egress until the gateway
-//     exists, and nothing on the host, another sandbox or link-local is
-//     reachable).
+//     of its own. Without Options.Network it holds only loopback (no route
+//     anywhere: nothing on the host, another sandbox or link-local is
+//     reachable). With it (the node's egress gateway) it also has eth0, a
+//     veth to the sandbox's gateway namespace, and a default route through
+//     it: the gateway, which applies the sandbox's egress policy, is the
+//     only thing it reaches (network.go; internal/egress).
 //   - Capabilities reduced to a small set (see defaultCaps): no
 //     CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_NET_RAW, CAP_SYS_PTRACE, CAP_MKNOD,
 //     CAP_SYS_MODULE, ...; all of them only ever apply inside the user
@@ -141,6 +144,16 @@
 //   - the kernel gives a restored process the restore's start time; the
 //     driver records each process's start time in the image and reports the
 //     original one from Processes (record.Restored).
+//   - egress (Options.Network): CRIU cannot restore the sandbox's veth
+//     (from inside the restored user namespace it may not put the peer in
+//     the host's namespace), so a checkpoint deletes the veth while the
+//     sandbox is frozen, before the dump, with the sandbox's address kept
+//     on loopback and the default route through loopback (CRIU binds and
+//     connects the restored sockets back with them), and plumbs it again
+//     before the thaw; a restore plumbs the restored namespace. A restore
+//     in place keeps the gateway namespace of the sandbox it replaces, so
+//     a connection to the outside survives a planned move; after a crash
+//     the restored end gets a reset (network.go).
 //   - the agent: image.json names its build, and the restore binds that
 //     very build from the agent store (the restored process has it mapped);
 //     a node without it refuses the restore (FailedPrecondition). Before

@@ -89,6 +89,12 @@ type Options struct {
 	// (<StateDir>/agents), which keeps every build a sandbox or a
 	// checkpoint may still name.
 	AgentBinary string
+	// Network, when set, connects each sandbox to the node's egress
+	// gateway: the driver has it plumb the sandbox's network namespace
+	// once the init runs and after every restore, takes the link away
+	// for each dump, and unplumbs on Destroy (network.go). Without it a
+	// sandbox has loopback only.
+	Network sandbox.Network
 }
 
 // Driver is the criu sandbox driver. It is safe for concurrent use.

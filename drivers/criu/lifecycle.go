@@ -147,6 +147,10 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (info sandbox.In
 	// The init is our child: reap it when it dies, or it stays a zombie
 	// and the sandbox looks alive.
 	go func() { _, _ = init.Wait() }()
+	pid, _ := init.Pid()
+	if err := d.plumb(ctx, spec.ID, pid); err != nil {
+		return sandbox.Info{}, recordErr(spec.ID, err)
+	}
 
 	rec.Phase = phaseCreated
 	if err := d.saveRecord(rec); err != nil {
@@ -162,7 +166,6 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (info sandbox.In
 			return sandbox.Info{}, err
 		}
 	}
-	pid, _ := init.Pid()
 	d.log.Info("sandbox created", "sandbox", spec.ID, "template", spec.Template.Name, "init_pid", pid, "host_uid", rec.HostID)
 	return sandbox.Info{ID: spec.ID, State: sandbox.StateRunning, Created: rec.Created, InitPID: pid}, nil
 }
@@ -380,7 +383,17 @@ func (d *Driver) Destroy(ctx context.Context, id string) error {
 	return d.destroyLocked(ctx, id)
 }
 
+// destroyLocked destroys sandbox id, its egress plumbing included; the
+// caller holds its lock.
 func (d *Driver) destroyLocked(ctx context.Context, id string) error {
+	return d.destroySandbox(ctx, id, false)
+}
+
+// destroySandbox is destroyLocked; keepNetwork leaves the egress plumbing
+// (the gateway namespace, its listener and the gateway's ends of the
+// sandbox's connections) in place for a restore of the same sandbox
+// (network.go).
+func (d *Driver) destroySandbox(ctx context.Context, id string, keepNetwork bool) error {
 	d.mu.Lock()
 	ls := d.live[id]
 	delete(d.live, id)
@@ -419,7 +432,14 @@ func (d *Driver) destroyLocked(ctx context.Context, id string) error {
 	if err := os.RemoveAll(filepath.Join(d.runc, id)); err != nil {
 		errs = append(errs, err)
 	}
-	// 3. The writable layer and the record, last: while the record exists,
+	// 3. The egress plumbing (the sandbox's namespace went with its
+	// processes).
+	if !keepNetwork {
+		if err := d.unplumb(ctx, id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// 4. The writable layer and the record, last: while the record exists,
 	// List reports the sandbox and a repeated Destroy retries.
 	if err := d.unmountRootfs(id); err != nil {
 		errs = append(errs, fmt.Errorf("rootfs: %w", err))

@@ -407,7 +407,7 @@ func (c *chaos) plan(seed int64, k int) []*chaosFault {
 	rng := rand.New(rand.NewSource(seed))
 	used := map[string]bool{}
 	var plan []*chaosFault
-	answers := len(chaosScript("", c.o.Driver == "gvisor"))
+	answers := len(chaosScript(""))
 	for j := 0; j < k; j++ {
 		cl := c.o.Classes[int((seed*int64(c.o.PerRun)+int64(j))%int64(len(c.o.Classes)))]
 		f := &chaosFault{Class: cl}

@@ -35,11 +35,8 @@ func (c *chaos) runOnce(ctx context.Context, seed int64, plan []*chaosFault) (r 
 		return r
 	}
 	defer sh.Close()
-	effects := c.o.Driver == "gvisor"
-	args := []string{"--driver", c.o.Driver, "--pool", "0", "--log-level", "warn", "--watch-interval", "1s"}
-	if effects {
-		args = append(args, "--egress-host", "shop.test=127.0.0.1", "--egress-allow", fmt.Sprintf("shop.test:%d", sh.Port))
-	}
+	args := []string{"--driver", c.o.Driver, "--pool", "0", "--log-level", "warn", "--watch-interval", "1s",
+		"--egress-host", "shop.test=127.0.0.1", "--egress-allow", fmt.Sprintf("shop.test:%d", sh.Port)}
 	dd := &Daemon{Dir: dir, Args: args}
 	// arm sets the failpoints of the next daemon: the run's faults not yet
 	// observed (hit numbers count from the daemon's start).
@@ -96,7 +93,7 @@ func (c *chaos) runOnce(ctx context.Context, seed int64, plan []*chaosFault) (r 
 		return r
 	}
 	shopURL := fmt.Sprintf("http://shop.test:%d", sh.Port)
-	script := chaosScript(shopURL, effects)
+	script := chaosScript(shopURL)
 	wantAnswers := len(script)
 	// A client of a store that fails for a while tries again, as any
 	// would: a session made twice is harmless (the other one stays idle),
@@ -135,7 +132,7 @@ func (c *chaos) runOnce(ctx context.Context, seed int64, plan []*chaosFault) (r 
 	if plan == nil {
 		c.goldenAnswers = st.answerTimes() // kills' moments are drawn within these gaps
 	}
-	return c.collect(ctx, r, plan, st, runStart, cl, se, ack, sh, shopURL, effects, stopStream)
+	return c.collect(ctx, r, plan, st, runStart, cl, se, ack, sh, shopURL, stopStream)
 }
 
 // watch follows a run until its session is done, needs reconciliation,
@@ -217,7 +214,7 @@ func (c *chaos) watch(ctx context.Context, r *chaosRun, seed int64, plan []*chao
 // collect reads a finished run's outcome: recovery times, lost events,
 // duplicated effects, the sandbox's state (brought back if it is not
 // running), and the verdict against the golden run.
-func (c *chaos) collect(ctx context.Context, r *chaosRun, plan []*chaosFault, st *chaosStream, runStart time.Time, cl *client.Client, se api.Session, ack api.Event, sh *Shop, shopURL string, effects bool, stopStream context.CancelFunc) *chaosRun {
+func (c *chaos) collect(ctx context.Context, r *chaosRun, plan []*chaosFault, st *chaosStream, runStart time.Time, cl *client.Client, se api.Session, ack api.Event, sh *Shop, shopURL string, stopStream context.CancelFunc) *chaosRun {
 	// Recovery times: from each observed fault to the next recorded step.
 	for _, f := range plan {
 		if !f.Hit {
@@ -267,10 +264,8 @@ func (c *chaos) collect(ctx context.Context, r *chaosRun, plan []*chaosFault, st
 		}
 	}
 	sort.Strings(r.DuplicateEffect)
-	if effects {
-		if fx, err := cl.Effects(ctx, sessionSandbox(final, se.Sandbox)); err == nil && fx.NeedsReconciliation > 0 {
-			r.Reconciliation = true
-		}
+	if fx, err := cl.Effects(ctx, sessionSandbox(final, se.Sandbox)); err == nil && fx.NeedsReconciliation > 0 {
+		r.Reconciliation = true
 	}
 	sbx := sessionSandbox(final, se.Sandbox)
 	note, err := bringBack(ctx, cl, sbx, final)

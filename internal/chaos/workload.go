@@ -19,7 +19,7 @@ import (
 // a long-running server holding a counter in memory, with a child process
 // (a process tree) and an environment variable only it has; files in /root;
 // a tmpfs file (/dev/shm); a SQLite database in the sandbox; outbound HTTP
-// effects to the harness's ledger (gvisor: through the egress gateway); and
+// effects to the harness's ledger (through the egress gateway); and
 // a client following the session's events over SSE (run.go). Every tool
 // output is deterministic (the counter counts calls, not time), so a run
 // can be compared with the golden run byte for byte.
@@ -80,9 +80,7 @@ const chaosStateCmd = "python3 /root/client.py get; python3 /root/client.py env;
 var chaosItems = []string{"book", "lamp", "tea"}
 
 // chaosScript is the agent: turn n answers the session's n-th model call.
-// Without effects (criu has no egress gateway yet) the orders are recorded
-// in the sandbox's database only.
-func chaosScript(shopURL string, effects bool) []map[string]any {
+func chaosScript(shopURL string) []map[string]any {
 	call := func(name string, input map[string]any) map[string]any {
 		return map[string]any{"name": name, "input": input}
 	}
@@ -102,11 +100,9 @@ func chaosScript(shopURL string, effects bool) []map[string]any {
 		bash("cd /root && (CHAOS_MARK=amber-chaos nohup python3 app.py >/dev/null 2>&1 &) && python3 client.py get && python3 db.py && echo scratch-0 > /dev/shm/scratch.txt"),
 	}
 	for i, item := range chaosItems {
-		if effects {
-			body, _ := json.Marshal(map[string]any{"item": item, "qty": 1})
-			turns = append(turns, map[string]any{"tool_calls": []any{call("http", map[string]any{"method": "POST", "url": shopURL + "/orders",
-				"headers": map[string]string{"Content-Type": "application/json"}, "body": string(body)})}})
-		}
+		body, _ := json.Marshal(map[string]any{"item": item, "qty": 1})
+		turns = append(turns, map[string]any{"tool_calls": []any{call("http", map[string]any{"method": "POST", "url": shopURL + "/orders",
+			"headers": map[string]string{"Content-Type": "application/json"}, "body": string(body)})}})
 		turns = append(turns, bash(step(i+1, item)))
 	}
 	turns = append(turns, bash(chaosStateCmd), map[string]any{"text": "Done: every errand once."})
