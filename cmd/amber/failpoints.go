@@ -25,7 +25,9 @@ import (
 // (chunkstore.chunks, .manifest, .publish, .committed) and the store
 // wrappers' (internal/host/faults: blob.write, blob.read, eventlog.append,
 // eventlog.read, eventlog.lease), the metadata store's (meta.write,
-// meta.read) and a drain's moves (cluster.move-out, cluster.move-in.row).
+// meta.read), the engine's (driver.checkpoint, driver.restore, the local
+// commit's checkpoint.local-kept and checkpoint.upload) and a drain's
+// moves (cluster.move-out, cluster.move-in.row).
 // Actions, at the N-th evaluation:
 //
 //	kill-daemon      SIGKILL this process
