@@ -176,12 +176,6 @@ func eventually(t *testing.T, cond func() bool) {
 // from before the file calls, as a checkpoint may have recorded it.
 func oldAgent(t *testing.T) *Client {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var protos http.Protocols
-	protos.SetUnencryptedHTTP2(true)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(`{"protocol":"1.0","build":"sha256:old","pid":1,"init":true}`))
@@ -190,6 +184,19 @@ func oldAgent(t *testing.T) *Client {
 		t.Errorf("the host asked an agent of 1.0 for %s %s", r.Method, r.URL.Path)
 		http.NotFound(w, r)
 	})
+	return fakeAgent(t, mux)
+}
+
+// fakeAgent serves mux as an agent does (h2c on loopback) and returns a
+// client of it.
+func fakeAgent(t *testing.T, mux http.Handler) *Client {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
 	srv := &http.Server{Handler: mux, Protocols: &protos}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { srv.Close() })
@@ -301,24 +308,11 @@ func FuzzDecodeList(f *testing.F) {
 // census 404 (its mux has no such route): the call says NotImplemented, so
 // the driver counts another way, rather than failing the restore.
 func TestCensusOfAnOlderAgent(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var protos http.Protocols
-	protos.SetUnencryptedHTTP2(true)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(`{"protocol":"1.1","build":"sha256:old","pid":1,"init":true}`))
 	})
-	srv := &http.Server{Handler: mux, Protocols: &protos}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { srv.Close() })
-	c := New("old", "tok", func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "tcp", ln.Addr().String())
-	})
-	_, err = c.Census(context.Background())
+	_, err := fakeAgent(t, mux).Census(context.Background())
 	if !errors.Is(err, errdefs.ErrNotImplemented) {
 		t.Fatalf("census of an agent of 1.1: %v, want NotImplemented", err)
 	}
