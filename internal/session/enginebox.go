@@ -25,7 +25,9 @@ type EngineSandboxes struct{ E *engine.Engine }
 
 // Create implements Sandboxes.
 func (b EngineSandboxes) Create(ctx context.Context, tenant, template string) (string, error) {
-	sb, err := b.E.Create(ctx, engine.CreateRequest{Tenant: tenant, Template: template, Policy: "none"})
+	// The session checkpoints the sandbox itself (its policy is none): the
+	// template is pushed ahead, so the session's first cut finds it there.
+	sb, err := b.E.Create(ctx, engine.CreateRequest{Tenant: tenant, Template: template, Policy: "none", Checkpointed: true})
 	return sb.ID, err
 }
 
