@@ -508,11 +508,6 @@ type CreateRequest struct {
 	Metadata  map[string]string
 	Timeout   time.Duration
 	OnTimeout string
-	// Checkpointed says the caller checkpoints the sandbox itself (a
-	// session does, its sandbox's own policy none): its template version
-	// is pushed to the blob store ahead (tplpush.go), as for a sandbox with
-	// a recovery policy, so its first cut does not wait for the push.
-	Checkpointed bool
 }
 
 // Create returns a running sandbox for r: one claimed from the warm pool
@@ -597,11 +592,7 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (sb meta.Sandbox, 
 			return sb, err
 		}
 	}
-	if r.Checkpointed {
-		e.pushVersionsAhead([]meta.Sandbox{sb})
-	} else {
-		e.pushAhead(sb)
-	}
+	e.pushAhead(sb)
 	return e.annotate(ctx, sb, r)
 }
 

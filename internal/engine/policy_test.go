@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"sort"
-	"strings"
 	"sync/atomic"
+	"strings"
 	"testing"
 	"time"
 

@@ -78,19 +78,6 @@ func (e *core) templatePushed(ctx context.Context, ck meta.Checkpoint) error {
 // policy other than none) in the background, one at a time. Without a
 // blob store, or before Start, it does nothing.
 func (e *core) pushAhead(sbs ...meta.Sandbox) {
-	var want []meta.Sandbox
-	for _, sb := range sbs {
-		if sb.Policy != "" && sb.Policy != PolicyNone {
-			want = append(want, sb)
-		}
-	}
-	e.pushVersionsAhead(want)
-}
-
-// pushVersionsAhead pushes the template versions of sbs in the background,
-// one at a time, whatever their policy (a session's sandbox: the session
-// checkpoints it). Without a blob store, or before Start, it does nothing.
-func (e *core) pushVersionsAhead(sbs []meta.Sandbox) {
 	if !e.tpl.cat.Store().HasBlobs() || e.bg.ctx == nil || e.bg.ctx.Err() != nil {
 		return
 	}
@@ -98,7 +85,7 @@ func (e *core) pushVersionsAhead(sbs []meta.Sandbox) {
 	var want []meta.Sandbox
 	for _, sb := range sbs {
 		k := sb.Template + "@" + sb.TemplateVersion
-		if seen[k] {
+		if sb.Policy == "" || sb.Policy == PolicyNone || seen[k] {
 			continue
 		}
 		seen[k] = true

@@ -25,9 +25,7 @@ type EngineSandboxes struct{ E *engine.Engine }
 
 // Create implements Sandboxes.
 func (b EngineSandboxes) Create(ctx context.Context, tenant, template string) (string, error) {
-	// The session checkpoints the sandbox itself (its policy is none): the
-	// template is pushed ahead, so the session's first cut finds it there.
-	sb, err := b.E.Create(ctx, engine.CreateRequest{Tenant: tenant, Template: template, Policy: "none", Checkpointed: true})
+	sb, err := b.E.Create(ctx, engine.CreateRequest{Tenant: tenant, Template: template, Policy: "none"})
 	return sb.ID, err
 }
 
