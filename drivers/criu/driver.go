@@ -364,15 +364,21 @@ func lastLines(b []byte, n int) string {
 
 // lock serializes lifecycle calls (Create, Kill, Destroy) for one id.
 func (d *Driver) lock(id string) func() {
+	l := d.lockOf(id)
+	l.Lock()
+	return l.Unlock
+}
+
+// lockOf is id's lifecycle lock.
+func (d *Driver) lockOf(id string) *sync.Mutex {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	l, ok := d.locks[id]
 	if !ok {
 		l = &sync.Mutex{}
 		d.locks[id] = l
 	}
-	d.mu.Unlock()
-	l.Lock()
-	return l.Unlock
+	return l
 }
 
 var idRE = regexp.MustCompile(`^[a-z0-9-]{1,48}$`)

@@ -104,6 +104,9 @@ func (d *Driver) running(id string) (*liveSandbox, error) {
 	if err != nil {
 		return nil, recordErr(id, err)
 	}
+	if st == libcontainer.Paused && d.thawLeftover(id, ls) {
+		st = libcontainer.Running
+	}
 	if st != libcontainer.Running {
 		return nil, errdefs.FailedPreconditionf("sandbox %s is %s", id, st)
 	}
