@@ -587,7 +587,9 @@ const statsScript = `n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo $n; c
 // of statsScript (its shell left out of the count).
 func (d *Driver) restoreStats(ctx context.Context, rec *record) (procs, conns int, err error) {
 	if rec.SpecVersion >= 2 {
-		cs, err := d.agentFor(rec).Census(ctx)
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second) // as the exec's below
+		cs, err := d.agentFor(rec).Census(cctx)
+		cancel()
 		if err == nil {
 			return cs.Processes, cs.TCPEstablished, nil
 		}
