@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"sort"
-	"sync/atomic"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
