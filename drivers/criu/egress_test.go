@@ -71,10 +71,7 @@ func TestEgressThroughGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	td.sh(id, fmt.Sprintf("printf '%s' > /etc/resolv.conf", egress.ResolvConf))
-	getFrom := func(td *testDriver, id string) string {
-		return td.sh(id, fmt.Sprintf(`ip=$(nslookup payments.test %s | sed -n 's/^Address: *\(198\.[0-9.]*\)$/\1/p')
-printf 'GET /ping HTTP/1.0\r\nHost: payments.test:%[2]d\r\n\r\n' | nc -w 10 $ip %[2]d`, egress.GatewayAddr, ledger.Addr().Port()))
-	}
+	getFrom := func(td *testDriver, id string) string { return pingLedger(td, id, ledger.Addr().Port()) }
 	get := func() string { return getFrom(td, id) }
 	if out := get(); !strings.Contains(out, "pong") {
 		t.Fatalf("through the gateway: %q", out)
@@ -364,4 +361,11 @@ s.sendall(b"fresh\n"); print(s.recv(100).decode().strip())'`, echo.addr().Port()
 	if strings.TrimSpace(out) != "echo fresh" {
 		t.Fatalf("a new connection after the restore: %q", out)
 	}
+}
+
+// pingLedger asks the ledger at payments.test (port) for /ping from
+// sandbox id, through the gateway's DNS and egress; it returns the answer.
+func pingLedger(td *testDriver, id string, port uint16) string {
+	return td.sh(id, fmt.Sprintf(`ip=$(nslookup payments.test %s | sed -n 's/^Address: *\(198\.[0-9.]*\)$/\1/p')
+printf 'GET /ping HTTP/1.0\r\nHost: payments.test:%[2]d\r\n\r\n' | nc -w 10 $ip %[2]d`, egress.GatewayAddr, port))
 }

@@ -55,9 +55,7 @@ func TestThawLeftFrozenReplumbs(t *testing.T) {
 	if _, err := td.Create(ctx, sandbox.Spec{ID: id, Template: sandbox.Template{Name: "minimal", RootFS: minimalRootfs(t)}}); err != nil {
 		t.Fatal(err)
 	}
-	get := func() string {
-		return td.sh(id, fmt.Sprintf(`printf 'GET /ping HTTP/1.0\r\nHost: payments.test\r\n\r\n' | nc -w 10 $(nslookup payments.test %s | sed -n 's/^Address: *\(198\.[0-9.]*\)$/\1/p') %d`, egress.GatewayAddr, ledger.Addr().Port()))
-	}
+	get := func() string { return pingLedger(td, id, ledger.Addr().Port()) }
 	td.sh(id, fmt.Sprintf("printf '%s' > /etc/resolv.conf", egress.ResolvConf))
 	if out := get(); !strings.Contains(out, "pong") {
 		t.Fatalf("through the gateway: %q", out)
