@@ -259,3 +259,15 @@ func (e *policyRunner) SetTenantPolicy(ctx context.Context, tenant string, p met
 	}
 	return e.meta.SetTenantPolicy(ctx, tenant, p)
 }
+
+// StrictCheckpoint cuts sandbox id as the strict policy does after an
+// exec, whatever the sandbox's own policy: on a node whose stores are its
+// own it is acknowledged once durable on the node and uploaded after
+// (upload.go; its template's push too); in a cluster the upload comes
+// first. The session harness's cuts (a strict session's first cut and
+// the one after each changing tool call) are these: uploaded before the
+// answer, each cut waited for the template's push and for every blob
+// store error window.
+func (e *policyRunner) StrictCheckpoint(ctx context.Context, tenant, id string) (meta.Checkpoint, error) {
+	return e.ckr.Checkpoint(ctx, CheckpointRequest{Tenant: tenant, Sandbox: id, uploadBehind: !e.lease.shared && !e.pol.uploadFirst})
+}

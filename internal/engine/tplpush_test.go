@@ -133,6 +133,14 @@ func TestTemplatePushedAhead(t *testing.T) {
 // once the store is back. Before, the first cut carried the push and its
 // retries (here 8 s of blob write errors).
 func TestStrictCutDoesNotWaitForTemplatePush(t *testing.T) {
+	t.Run("strict exec", func(t *testing.T) { strictCutNoPushWait(t, false) })
+	// The session harness's cuts (a sandbox of policy none, cut by
+	// StrictCheckpoint): on main they uploaded before the answer, the
+	// template's push first.
+	t.Run("StrictCheckpoint", func(t *testing.T) { strictCutNoPushWait(t, true) })
+}
+
+func strictCutNoPushWait(t *testing.T, session bool) {
 	fps := failpoint.New()
 	cat := faultyTemplates(t, fps)
 	env := enginetest.NewFor(t, enginetest.DriverName(), engine.Options{Templates: cat})
@@ -144,18 +152,23 @@ func TestStrictCutDoesNotWaitForTemplatePush(t *testing.T) {
 		failed.Add(1)
 		return errors.New("blob store: connection refused")
 	}))
-	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Policy: "strict", Cold: true})
+	policy := "strict"
+	if session {
+		policy = "none"
+	}
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Policy: policy, Cold: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	if _, err := e.Exec(ctx, "default", sb.ID, sandbox.ExecSpec{Args: []string{"true"}}); err != nil {
+	if session {
+		if _, err := e.StrictCheckpoint(ctx, "default", sb.ID); err != nil {
+			t.Fatalf("strict cut while the template's blob store fails: %v", err)
+		}
+	} else if _, err := e.Exec(ctx, "default", sb.ID, sandbox.ExecSpec{Args: []string{"true"}}); err != nil {
 		t.Fatalf("strict exec while the template's blob store fails: %v", err)
 	}
 	took := time.Since(start)
-	if failed.Load() == 0 {
-		t.Fatal("no template blob write failed: the test proves nothing")
-	}
 	if took > 5*time.Second {
 		t.Fatalf("the strict exec took %v: its cut waited for the template's push through the 8 s window", took.Round(time.Millisecond))
 	}
@@ -177,5 +190,11 @@ func TestStrictCutDoesNotWaitForTemplatePush(t *testing.T) {
 			t.Fatalf("a minute after the window: template stored %v, checkpoints %+v", stored, cks)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	if failed.Load() == 0 {
+		t.Fatal("no template blob write failed: the test proves nothing")
+	}
+	if done := time.Since(start); done < 6*time.Second {
+		t.Fatalf("the upload ended %v after the cut, inside the 8 s window: the template was not pushed through it", done.Round(time.Millisecond))
 	}
 }

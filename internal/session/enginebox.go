@@ -107,9 +107,11 @@ func (b EngineSandboxes) WriteFile(ctx context.Context, tenant, id, path string,
 	return fs.WriteFile(ctx, path, bytes.NewReader(data), 0o644)
 }
 
-// Checkpoint implements Sandboxes.
+// Checkpoint implements Sandboxes: a strict cut (engine
+// StrictCheckpoint: durable on the node when it returns on local stores,
+// uploaded after; uploaded first in a cluster).
 func (b EngineSandboxes) Checkpoint(ctx context.Context, tenant, id string) (string, error) {
-	ck, err := b.E.Checkpoint(ctx, engine.CheckpointRequest{Tenant: tenant, Sandbox: id})
+	ck, err := b.E.StrictCheckpoint(ctx, tenant, id)
 	return ck.ID, err
 }
 
