@@ -211,9 +211,7 @@ func runUp(cmd *cobra.Command, g *globalFlags, o *upOptions) error {
 // store named by blobs (see openBlobs) with the data dir's master key, and
 // the failpoints fps (tests: blob.* in front of the blob store, chunkstore.*
 // between a Put's steps; nil in production), and
-// empties the work directory where images are cut and fetched (what a
-// crashed daemon left there is garbage: committed images live in the blob
-// store).
+// empties the work directory where images are cut and fetched (cleanWorkDir).
 func openCheckpointStore(ctx context.Context, dataDir, blobs, keyFile string, fps *failpoint.Set, lg *slog.Logger) (*chunkstore.Store, blob.Store, string, error) {
 	bs, where, err := openBlobs(ctx, dataDir, blobs, lg)
 	if err != nil {
@@ -233,13 +231,35 @@ func openCheckpointStore(ctx context.Context, dataDir, blobs, keyFile string, fp
 		return nil, nil, "", err
 	}
 	work := filepath.Join(dataDir, "work")
-	if err := os.RemoveAll(work); err != nil {
-		return nil, nil, "", fmt.Errorf("clean work dir: %w", err)
-	}
-	if err := os.MkdirAll(work, 0o700); err != nil {
+	if err := cleanWorkDir(work); err != nil {
 		return nil, nil, "", err
 	}
 	return cs, bs, work, nil
+}
+
+// cleanWorkDir empties work, where images are cut and fetched, of what a
+// crashed daemon left there (cut-*, fetch-*, hot-* link trees: garbage),
+// and keeps the hot tier (engine.HotTierDir): its copies are the only
+// image of a strict checkpoint committed on the node whose upload is
+// pending, and the source of a restart's hot restores; the tier itself
+// removes a copy a crash left incomplete.
+func cleanWorkDir(work string) error {
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(work)
+	if err != nil {
+		return fmt.Errorf("clean work dir: %w", err)
+	}
+	for _, e := range ents {
+		if e.Name() == engine.HotTierDir && e.IsDir() {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(work, e.Name())); err != nil {
+			return fmt.Errorf("clean work dir: %w", err)
+		}
+	}
+	return nil
 }
 
 // exitFenced is amber up's exit status when it finds its data dir taken

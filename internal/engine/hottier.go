@@ -68,6 +68,10 @@ const DefaultHotTierBytes = 8 << 30
 
 const hotMetaName = "hot.json"
 
+// HotTierDir is the hot tier's directory under Options.WorkDir: whoever
+// empties the work directory at start (amber up) keeps it.
+const HotTierDir = "hot"
+
 // verifyBytesPerSec paces the byte check after a hot restore: it runs
 // beside the sandboxes (a restored one is running already) and must not
 // take the disk and a core from them, or from the next cut.
@@ -121,7 +125,7 @@ func newHotTier(workDir string, limit int64, lg *slog.Logger) *hotTier {
 	if limit == 0 {
 		limit = DefaultHotTierBytes
 	}
-	h := &hotTier{dir: filepath.Join(workDir, "hot"), limit: limit, lg: lg, pinned: map[string]bool{}, held: map[string]int{}}
+	h := &hotTier{dir: filepath.Join(workDir, HotTierDir), limit: limit, lg: lg, pinned: map[string]bool{}, held: map[string]int{}}
 	h.landed = sync.NewCond(&h.fmu)
 	return h
 }
