@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -231,7 +232,7 @@ func openCheckpointStore(ctx context.Context, dataDir, blobs, keyFile string, fp
 		return nil, nil, "", err
 	}
 	work := filepath.Join(dataDir, "work")
-	if err := cleanWorkDir(work); err != nil {
+	if err := cleanWorkDir(work, lg); err != nil {
 		return nil, nil, "", err
 	}
 	return cs, bs, work, nil
@@ -243,7 +244,12 @@ func openCheckpointStore(ctx context.Context, dataDir, blobs, keyFile string, fp
 // image of a strict checkpoint committed on the node whose upload is
 // pending, and the source of a restart's hot restores; the tier itself
 // removes a copy a crash left incomplete.
-func cleanWorkDir(work string) error {
+//
+// Garbage that will not go is no reason not to start: a helper the killed
+// daemon started (a criu dump) may still be writing into its cut
+// directory. It is logged and removed again in the background, every 2 s
+// for a minute; the names of new cuts and fetches never collide with it.
+func cleanWorkDir(work string, lg *slog.Logger) error {
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return err
 	}
@@ -251,13 +257,27 @@ func cleanWorkDir(work string) error {
 	if err != nil {
 		return fmt.Errorf("clean work dir: %w", err)
 	}
+	var left []string
 	for _, e := range ents {
 		if e.Name() == engine.HotTierDir && e.IsDir() {
 			continue
 		}
-		if err := os.RemoveAll(filepath.Join(work, e.Name())); err != nil {
-			return fmt.Errorf("clean work dir: %w", err)
+		p := filepath.Join(work, e.Name())
+		if err := os.RemoveAll(p); err != nil {
+			lg.Warn("work dir: could not remove what a previous daemon left; trying again in the background", "path", p, "err", err)
+			left = append(left, p)
 		}
+	}
+	if len(left) > 0 {
+		go func() {
+			for i := 0; i < 30 && len(left) > 0; i++ {
+				time.Sleep(2 * time.Second)
+				left = slices.DeleteFunc(left, func(p string) bool { return os.RemoveAll(p) == nil })
+			}
+			if len(left) > 0 {
+				lg.Warn("work dir: left behind; the next start removes it", "paths", left)
+			}
+		}()
 	}
 	return nil
 }
