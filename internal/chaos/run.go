@@ -132,7 +132,39 @@ func (c *chaos) runOnce(ctx context.Context, seed int64, plan []*chaosFault) (r 
 	if plan == nil {
 		c.goldenAnswers = st.answerTimes() // kills' moments are drawn within these gaps
 	}
+	stopReviving := c.revive(dd, fplog, r)
+	defer stopReviving()
 	return c.collect(ctx, r, plan, st, runStart, cl, se, ack, sh, shopURL, stopStream)
+}
+
+// revive restarts dd, with no failpoints, whenever it dies while the
+// harness reads a finished run's outcome, until the returned stop: the
+// uploads behind a session's last cuts go on after its last step, and a
+// kill-daemon fault drawn at a chunk store step may end the daemon then,
+// which a client would meet as a daemon being restarted.
+func (c *chaos) revive(dd *Daemon, fplog string, r *chaosRun) (stop func()) {
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			if dd.Running() {
+				continue
+			}
+			c.say("run seed %d: the daemon ended after the session's last step: restarting it to read the outcome", r.Seed)
+			dd.Env = []string{"AMBER_TEST_FAILPOINT_LOG=" + fplog}
+			if err := dd.Start(); err != nil {
+				c.say("run seed %d: restart the daemon: %v", r.Seed, err)
+				continue
+			}
+			r.DaemonRestarts++
+		}
+	}()
+	return func() { close(done); <-exited }
 }
 
 // watch follows a run until its session is done, needs reconciliation,
@@ -232,8 +264,11 @@ func (c *chaos) collect(ctx context.Context, r *chaosRun, plan []*chaosFault, st
 	stopStream()
 	// A store fault's window may still be open: the reads are retried as
 	// the client's calls are.
-	err := retryServerErrors(ctx, func() (err error) {
-		se, err = cl.GetSession(ctx, se.ID)
+	err := retryServerErrors(ctx, func() error {
+		got, err := cl.GetSession(ctx, se.ID)
+		if err == nil {
+			se = got // a failed call's empty answer kept the id from the next try
+		}
 		return err
 	})
 	if err != nil {

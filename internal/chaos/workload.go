@@ -166,15 +166,27 @@ func chaosConversation(evs []api.Event, shopURL string) []string {
 // collectOutcome reads a finished run's outcome through the API.
 func collectOutcome(ctx context.Context, cl *client.Client, sbx string, evs []api.Event, ledger []string, shopURL string) chaosOutcome {
 	o := chaosOutcome{Conversation: chaosConversation(evs, shopURL), Ledger: append([]string{}, ledger...)}
+	// The reads are retried as the client's calls are (retryServerErrors):
+	// the daemon may be restarted under them (an upload's fault after the
+	// session's last step), and the state command only reads.
 	var out strings.Builder
-	st, err := cl.Exec(ctx, sbx, api.ExecRequest{Args: []string{"bash", "-c", chaosStateCmd}}, nil, &out, io.Discard)
+	var st api.ExitStatus
+	err := retryServerErrors(ctx, func() (err error) {
+		out.Reset()
+		st, err = cl.Exec(ctx, sbx, api.ExecRequest{Args: []string{"bash", "-c", chaosStateCmd}}, nil, &out, io.Discard)
+		return err
+	})
 	switch {
 	case err != nil:
 		o.State = []string{"exec failed: " + err.Error()}
 	default:
 		o.State = append(strings.Split(strings.TrimRight(out.String(), "\n"), "\n"), fmt.Sprintf("exit %d", st.Code))
 	}
-	procs, err := cl.Processes(ctx, sbx)
+	var procs []api.Process
+	err = retryServerErrors(ctx, func() (err error) {
+		procs, err = cl.Processes(ctx, sbx)
+		return err
+	})
 	if err != nil {
 		o.Processes = []string{"ps failed: " + err.Error()}
 	}
