@@ -23,10 +23,24 @@ import (
 // checkpoints would only duplicate them.
 type EngineSandboxes struct{ E *engine.Engine }
 
-// Create implements Sandboxes.
-func (b EngineSandboxes) Create(ctx context.Context, tenant, template string) (string, error) {
-	sb, err := b.E.Create(ctx, engine.CreateRequest{Tenant: tenant, Template: template, Policy: "none"})
+// Create implements Sandboxes: the labels are the sandbox's metadata.
+func (b EngineSandboxes) Create(ctx context.Context, tenant, template string, labels map[string]string) (string, error) {
+	sb, err := b.E.Create(ctx, engine.CreateRequest{Tenant: tenant, Template: template, Policy: "none", Metadata: labels})
 	return sb.ID, err
+}
+
+// Labeled implements Sandboxes: the engine's list by metadata, on every
+// node (a session moved by a failover may have left one on another).
+func (b EngineSandboxes) Labeled(ctx context.Context, tenant string, labels map[string]string) ([]string, error) {
+	sbs, err := b.E.Find(ctx, tenant, engine.ListFilter{Metadata: labels})
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(sbs))
+	for i, sb := range sbs {
+		ids[i] = sb.ID
+	}
+	return ids, nil
 }
 
 // Running implements Sandboxes: a sandbox stopped for idleness counts as
