@@ -162,8 +162,8 @@ type Env struct {
 	// WrapLog, when set, wraps the event log the engine is given, from
 	// the next open (Restart) on.
 	WrapLog func(eventlog.Store) eventlog.Store
-	opts     engine.Options
-	driver   string
+	opts    engine.Options
+	driver  string
 }
 
 // TestMasterKey is the checkpoint store's master key in tests.
