@@ -29,16 +29,20 @@ func (b EngineSandboxes) Create(ctx context.Context, tenant, template string, la
 	return sb.ID, err
 }
 
-// Labeled implements Sandboxes: the engine's list by metadata, on every
-// node (a session moved by a failover may have left one on another).
+// Labeled implements Sandboxes: the engine's list by metadata, of this
+// node's sandboxes only — on shared stores the engine refuses every call
+// for a sandbox another node runs (fenced), so one made there can be
+// neither used nor destroyed from here.
 func (b EngineSandboxes) Labeled(ctx context.Context, tenant string, labels map[string]string) ([]string, error) {
 	sbs, err := b.E.Find(ctx, tenant, engine.ListFilter{Metadata: labels})
 	if err != nil {
 		return nil, err
 	}
-	ids := make([]string, len(sbs))
-	for i, sb := range sbs {
-		ids[i] = sb.ID
+	var ids []string
+	for _, sb := range sbs {
+		if sb.Node == b.E.NodeID() {
+			ids = append(ids, sb.ID)
+		}
 	}
 	return ids, nil
 }

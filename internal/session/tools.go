@@ -18,8 +18,9 @@ type Sandboxes interface {
 	// the sandbox from before it runs, so a caller that dies after the
 	// create finds it by them) and returns its id.
 	Create(ctx context.Context, tenant, template string, labels map[string]string) (string, error)
-	// Labeled lists tenant's sandboxes, destroyed ones excepted, whose
-	// labels hold every pair of labels, oldest first.
+	// Labeled lists tenant's sandboxes that this harness can use,
+	// destroyed ones excepted, whose labels hold every pair of labels,
+	// oldest first.
 	Labeled(ctx context.Context, tenant string, labels map[string]string) ([]string, error)
 	// Running says whether the sandbox is running (false when it crashed,
 	// was killed, or is gone).
