@@ -566,7 +566,7 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (sb meta.Sandbox, 
 	defer release()
 	claimed := false
 	if !r.Cold && !strings.ContainsAny(r.Template, "@:") { // the pool holds the tags' versions
-		sb, claimed, err = e.pool.claim(ctx, t, r.Tenant, limits, r.Env)
+		sb, claimed, err = e.pool.claim(ctx, t, r.Tenant, limits, r.Env, r.Metadata)
 		if err == nil && claimed && r.Policy != PolicyNone {
 			sb, err = e.meta.SetPolicy(ctx, sb.ID, r.Policy)
 		}
@@ -575,7 +575,7 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (sb meta.Sandbox, 
 		}
 	}
 	if !claimed {
-		if sb, err = e.coldCreate(ctx, t, r.Tenant, limits, r.Env, false, r.Policy); err != nil {
+		if sb, err = e.coldCreate(ctx, t, r.Tenant, limits, r.Env, false, r.Policy, r.Metadata); err != nil {
 			return sb, err
 		}
 	}
@@ -597,13 +597,16 @@ func (e *Engine) Create(ctx context.Context, r CreateRequest) (sb meta.Sandbox, 
 }
 
 // coldCreate makes a new sandbox; pooled ones have no tenant and no events.
-func (e *Engine) coldCreate(ctx context.Context, t sandbox.Template, tenant string, limits sandbox.Limits, env []string, pooled bool, policy string) (meta.Sandbox, error) {
+// Its labels (md) are in its row from the start: a caller that dies, or
+// gets an error, after the sandbox runs finds it by them (List), as the
+// session harness does.
+func (e *Engine) coldCreate(ctx context.Context, t sandbox.Template, tenant string, limits sandbox.Limits, env []string, pooled bool, policy string, md map[string]string) (meta.Sandbox, error) {
 	id := newID()
 	defer e.lock(id)()
 	e.tpl.mu.RLock()
 	sb, err := e.meta.Insert(ctx, meta.Sandbox{Node: e.lease.nodeID,
 		ID: id, Tenant: tenant, Template: t.Name, TemplateVersion: t.Version, Driver: e.drv.Name(),
-		Limits: limits, Env: env, State: meta.StateCreating, Pooled: pooled, Policy: policy,
+		Limits: limits, Env: env, State: meta.StateCreating, Pooled: pooled, Policy: policy, Metadata: md,
 	})
 	e.tpl.mu.RUnlock()
 	if err != nil {

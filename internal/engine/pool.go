@@ -67,7 +67,7 @@ type LimitUpdater interface {
 // else of the Engine.
 type poolDeps struct {
 	*core
-	coldCreate func(ctx context.Context, t sandbox.Template, tenant string, limits sandbox.Limits, env []string, pooled bool, policy string) (meta.Sandbox, error)
+	coldCreate func(ctx context.Context, t sandbox.Template, tenant string, limits sandbox.Limits, env []string, pooled bool, policy string, md map[string]string) (meta.Sandbox, error)
 	destroy    func(ctx context.Context, sb meta.Sandbox, reason string) error
 	startRun   func(ctx context.Context, sb meta.Sandbox, run string, resume bool) error // egress.go
 }
@@ -133,7 +133,7 @@ func (p *pool) fill(ctx context.Context, name string) {
 		if err == nil {
 			p.setFilling(name, true, "")
 			var sb meta.Sandbox
-			sb, err = p.e.coldCreate(ctx, t, "", t.Limits, nil, true, PolicyNone)
+			sb, err = p.e.coldCreate(ctx, t, "", t.Limits, nil, true, PolicyNone, nil)
 			if err == nil {
 				p.setFilling(name, false, sb.ID)
 				backoff = time.Second
@@ -201,7 +201,7 @@ func (p *pool) popOrWait(ctx context.Context, name string) (string, bool) {
 
 // claim hands a ready pooled sandbox of t to tenant. ok is false when none
 // fits (the caller creates one cold).
-func (p *pool) claim(ctx context.Context, t sandbox.Template, tenant string, limits sandbox.Limits, env []string) (meta.Sandbox, bool, error) {
+func (p *pool) claim(ctx context.Context, t sandbox.Template, tenant string, limits sandbox.Limits, env []string, md map[string]string) (meta.Sandbox, bool, error) {
 	if p.want[t.Name] == 0 || p.paused.Load() {
 		return meta.Sandbox{}, false, nil
 	}
@@ -215,14 +215,14 @@ func (p *pool) claim(ctx context.Context, t sandbox.Template, tenant string, lim
 		if !ok {
 			return meta.Sandbox{}, false, ctx.Err()
 		}
-		sb, ok, err := p.claimOne(ctx, id, t, tenant, limits, env, upd)
+		sb, ok, err := p.claimOne(ctx, id, t, tenant, limits, env, md, upd)
 		if ok || err != nil {
 			return sb, ok, err
 		}
 	}
 }
 
-func (p *pool) claimOne(ctx context.Context, id string, t sandbox.Template, tenant string, limits sandbox.Limits, env []string, upd LimitUpdater) (meta.Sandbox, bool, error) {
+func (p *pool) claimOne(ctx context.Context, id string, t sandbox.Template, tenant string, limits sandbox.Limits, env []string, md map[string]string, upd LimitUpdater) (meta.Sandbox, bool, error) {
 	e := p.e
 	defer e.lock(id)()
 	sb, err := e.meta.Get(ctx, id)
@@ -251,6 +251,17 @@ func (p *pool) claimOne(ctx context.Context, id string, t sandbox.Template, tena
 	}
 	if err != nil {
 		return sb, false, err
+	}
+	if len(md) > 0 {
+		// The labels next, before anything that may fail for a while (the
+		// egress run, the log): a caller that gets an error, or dies, finds
+		// the claimed sandbox by them (coldCreate has them in its row).
+		if err := e.storeRetry(ctx, "label the claimed sandbox", func(ctx context.Context) (err error) {
+			sb, err = e.meta.SetMetadata(ctx, id, md)
+			return err
+		}); err != nil {
+			return sb, true, err
+		}
 	}
 	if err := e.startRun(ctx, sb, startRunID(id), false); err != nil {
 		return sb, true, err

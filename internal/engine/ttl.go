@@ -30,6 +30,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"maps"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -126,11 +127,12 @@ func (e *Engine) checkAnnotations(r CreateRequest) error {
 	return nil
 }
 
-// annotate records r's metadata and deadline on new sandbox sb, before
-// the caller gets it.
+// annotate records r's metadata (when the create did not: it is in the
+// row of a sandbox made or claimed for r) and deadline on new sandbox sb,
+// before the caller gets it.
 func (e *Engine) annotate(ctx context.Context, sb meta.Sandbox, r CreateRequest) (meta.Sandbox, error) {
 	var err error
-	if len(r.Metadata) > 0 {
+	if len(r.Metadata) > 0 && !maps.Equal(sb.Metadata, r.Metadata) {
 		if sb, err = e.meta.SetMetadata(ctx, sb.ID, r.Metadata); err != nil {
 			return sb, err
 		}

@@ -55,7 +55,7 @@ func (e *Engine) Upgrade(ctx context.Context, r UpgradeRequest) (meta.Sandbox, e
 		return old, err
 	}
 	defer release()
-	sb, err := e.coldCreate(ctx, t, r.Tenant, old.Limits, old.Env, false, old.Policy)
+	sb, err := e.coldCreate(ctx, t, r.Tenant, old.Limits, old.Env, false, old.Policy, nil)
 	if err != nil {
 		return old, fmt.Errorf("upgrade %s: create: %w", old.ID, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/internal/engine"
@@ -167,4 +168,110 @@ func TestEngineFastLostSandboxReruns(t *testing.T) {
 	if len(restored) != 1 || restored[0].Checkpoint == "" || len(restored[0].Rerun) != 1 || restored[0].Rerun[0] != "call_3_1" {
 		t.Fatalf("restores %+v", restored)
 	}
+}
+
+// TestEngineSandboxRecordFailsOneSandbox: in real sandboxes, the append
+// naming the session's new sandbox fails (the log full, twice) and the
+// Manager's retried Wakes go on with the sandbox the first one made; then
+// the daemon dies between making a session's sandbox and naming it, and
+// the restarted daemon's Wake takes that one. Each time the engine's list
+// holds exactly one sandbox of the session when it is done — on main
+// every failed attempt left one running.
+func TestEngineSandboxRecordFailsOneSandbox(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real sandboxes")
+	}
+	env := enginetest.New(t, engine.Options{})
+	ctx := context.Background()
+	reg := eventlog.NewRegistry()
+	RegisterEvents(reg)
+	script := []ScriptTurn{
+		{ToolCalls: []ScriptToolCall{{Name: "bash", Input: in(`{"command":"echo a >> /tmp/f; wc -l < /tmp/f"}`)}}},
+		{Text: "done"},
+	}
+	h := func(fp *failpoint.Set) *Harness {
+		model := NewScripted(script)
+		return &Harness{Log: env.Log, Registry: reg, Meta: env.Meta, Boxes: EngineSandboxes{E: env.Engine}, Logger: quiet(),
+			Models: func(ModelConfig) (Model, error) { return model, nil }, Holder: "node/test", Failpoints: fp}
+	}
+	def := Definition{Model: ModelConfig{Adapter: "scripted"}, Template: "minimal", Policy: PolicyStrict}
+	fold := func(id string) *State {
+		evs, err := env.Log.Read(ctx, Stream(id), 1, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := NewState(id)
+		for _, ev := range evs {
+			if err := st.Apply(ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return st
+	}
+	check := func(id string) {
+		t.Helper()
+		st := fold(id)
+		if st.Status != StatusIdle || st.Results["call_1_1"].Output != "exit 0\n1\n" {
+			t.Fatalf("session %s: %s, result %+v", id, st.Status, st.Results["call_1_1"])
+		}
+		sbs, err := env.Engine.Find(ctx, "acme", engine.ListFilter{Metadata: map[string]string{LabelSession: id}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		all, err := env.Engine.List(ctx, "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(sbs) != 1 || sbs[0].ID != st.Sandbox || len(all) != 1 {
+			t.Fatalf("session %s's sandboxes %+v, the tenant's %d (the log names %s): want exactly the one it names", id, sbs, len(all), st.Sandbox)
+		}
+	}
+
+	// The record fails; the Manager retries.
+	hr := h(nil)
+	fl := failAppends(env.Log, EventSandboxCreated, 2)
+	hr.Log = fl
+	m := NewManager(hr)
+	m.backoff = 10 * time.Millisecond
+	s, err := m.Create(ctx, "acme", def)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Post(ctx, "acme", s.ID, EventUserMessage, json.RawMessage(`{"text":"go"}`), "go"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for st := fold(s.ID); st.Status != StatusIdle || st.Calls < 2; st = fold(s.ID) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the session did not finish within 2 minutes (status %s)", st.Status)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	m.Close()
+	if fl.fails.Load() != 2 {
+		t.Fatalf("%d sandbox_created appends failed, want 2", fl.fails.Load())
+	}
+	check(s.ID)
+	if err := env.Engine.Destroy(ctx, "acme", fold(s.ID).Sandbox); err != nil {
+		t.Fatal(err)
+	}
+
+	// The daemon dies between the create and the record.
+	s, err = NewManager(h(nil)).Create(ctx, "acme", def)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Log.Append(ctx, Stream(s.ID), 0, eventlog.Any, eventlog.Event{Tenant: "acme", ID: s.ID + ".in.1", Type: EventUserMessage, Version: 1, Payload: mustJSON(UserMessage{Text: "go"})}); err != nil {
+		t.Fatal(err)
+	}
+	fp := failpoint.New()
+	fp.Arm(FPSandboxBeforeRecord, 1, failpoint.ErrCrash)
+	if _, err := h(fp).Wake(ctx, s.ID); !errors.Is(err, failpoint.ErrCrash) {
+		t.Fatalf("first daemon: %v, want the crash", err)
+	}
+	env.Restart(t)
+	if st, err := h(nil).Wake(ctx, s.ID); err != nil || st != StatusIdle {
+		t.Fatalf("restarted daemon: %v %v", st, err)
+	}
+	check(s.ID)
 }

@@ -23,10 +23,28 @@ import (
 // checkpoints would only duplicate them.
 type EngineSandboxes struct{ E *engine.Engine }
 
-// Create implements Sandboxes.
-func (b EngineSandboxes) Create(ctx context.Context, tenant, template string) (string, error) {
-	sb, err := b.E.Create(ctx, engine.CreateRequest{Tenant: tenant, Template: template, Policy: "none"})
+// Create implements Sandboxes: the labels are the sandbox's metadata.
+func (b EngineSandboxes) Create(ctx context.Context, tenant, template string, labels map[string]string) (string, error) {
+	sb, err := b.E.Create(ctx, engine.CreateRequest{Tenant: tenant, Template: template, Policy: "none", Metadata: labels})
 	return sb.ID, err
+}
+
+// Labeled implements Sandboxes: the engine's list by metadata, of this
+// node's sandboxes only — on shared stores the engine refuses every call
+// for a sandbox another node runs (fenced), so one made there can be
+// neither used nor destroyed from here.
+func (b EngineSandboxes) Labeled(ctx context.Context, tenant string, labels map[string]string) ([]string, error) {
+	sbs, err := b.E.Find(ctx, tenant, engine.ListFilter{Metadata: labels})
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, sb := range sbs {
+		if sb.Node == b.E.NodeID() {
+			ids = append(ids, sb.ID)
+		}
+	}
+	return ids, nil
 }
 
 // Running implements Sandboxes: a sandbox stopped for idleness counts as

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/core/metadata"
 )
 
 // fakeBoxes is an in-memory Sandboxes whose state makes re-runs visible:
@@ -17,6 +18,7 @@ import (
 type fakeBoxes struct {
 	mu      sync.Mutex
 	boxes   map[string]*fakeBox
+	order   []string // ids in the order made
 	ckpts   map[string]fakeBox
 	n       int
 	execs   int // every Exec, write and read: a tool execution
@@ -25,9 +27,11 @@ type fakeBoxes struct {
 }
 
 type fakeBox struct {
-	running bool
-	counter int
-	files   map[string]string
+	running   bool
+	destroyed bool
+	counter   int
+	files     map[string]string
+	labels    map[string]string
 }
 
 func newFakeBoxes() *fakeBoxes {
@@ -45,13 +49,39 @@ func (f *fakeBoxes) box(id string) (*fakeBox, error) {
 	return b, nil
 }
 
-func (f *fakeBoxes) Create(ctx context.Context, tenant, template string) (string, error) {
+func (f *fakeBoxes) Create(ctx context.Context, tenant, template string, labels map[string]string) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.n++
 	id := fmt.Sprintf("sbx-%d", f.n)
-	f.boxes[id] = &fakeBox{running: true, files: map[string]string{}}
+	f.boxes[id] = &fakeBox{running: true, files: map[string]string{}, labels: maps.Clone(labels)}
+	f.order = append(f.order, id)
 	return id, nil
+}
+
+func (f *fakeBoxes) Labeled(ctx context.Context, tenant string, labels map[string]string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ids []string
+	for _, id := range f.order {
+		if b := f.boxes[id]; !b.destroyed && metadata.Matches(b.labels, labels) {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
+// live lists the sandboxes not destroyed (running or lost).
+func (f *fakeBoxes) live() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ids []string
+	for _, id := range f.order {
+		if !f.boxes[id].destroyed {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 func (f *fakeBoxes) Running(ctx context.Context, tenant, id string) (bool, error) {
@@ -126,7 +156,11 @@ func (f *fakeBoxes) Restore(ctx context.Context, tenant, id, ckpt string) error 
 		return errdefs.NotFoundf("checkpoint %s", ckpt)
 	}
 	f.restore++
-	f.boxes[id] = &fakeBox{running: true, counter: c.counter, files: maps.Clone(c.files)}
+	var labels map[string]string
+	if b := f.boxes[id]; b != nil {
+		labels = b.labels
+	}
+	f.boxes[id] = &fakeBox{running: true, counter: c.counter, files: maps.Clone(c.files), labels: labels}
 	return nil
 }
 
@@ -134,7 +168,7 @@ func (f *fakeBoxes) Destroy(ctx context.Context, tenant, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if b := f.boxes[id]; b != nil {
-		b.running = false
+		b.running, b.destroyed = false, true
 	}
 	return nil
 }

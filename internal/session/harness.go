@@ -28,6 +28,8 @@ const (
 	FPModelAfterRecord  = "session.model.after-record"  // the answer is durable; nothing acted on
 	FPToolBeforeRecord  = "session.tool.before-record"  // the tool ran (strict: checkpoint committed); result not recorded
 	FPToolAfterRecord   = "session.tool.after-record"   // the result is durable
+	// FPSandboxBeforeRecord: a new sandbox runs; the log does not name it.
+	FPSandboxBeforeRecord = "session.sandbox.before-record"
 )
 
 // Harness drives sessions. It holds no state of a session: Wake rebuilds it
@@ -56,6 +58,15 @@ const (
 // covers); if the sandbox is lost, Wake restores the newest one and re-runs
 // the recorded changing steps after it in order, reporting any whose output
 // differs (session.divergence).
+//
+// Sandbox: a new one (the first, or a replacement for one lost before any
+// checkpoint) is named in the log (session.sandbox_created or
+// session.sandbox_restored) before anything runs in it or is cut of it,
+// and is made with labels naming the session and which of its sandboxes
+// it is (LabelSession, LabelSessionSandbox). A failed record or a crash
+// before it leaves one the log does not name: the next attempt finds it by
+// its labels and takes it (it is as a new one would be) or, if it no
+// longer runs, destroys it and makes another (newSandbox).
 //
 // Status: every change of status is an event; the metadata row copies it
 // after the append.
@@ -226,7 +237,7 @@ func (r *run) refresh(ctx context.Context) error {
 	for {
 		evs, err := r.h.Log.Read(ctx, r.stream, r.st.Head+1, 512)
 		if err != nil {
-			return fmt.Errorf("session %s: read: %w", r.id, err)
+			return logError{fmt.Errorf("session %s: read: %w", r.id, err)}
 		}
 		for _, ev := range evs {
 			if ev, err = r.h.Registry.Upcast(ev); err != nil {
@@ -266,10 +277,16 @@ func (r *run) appendEvents(ctx context.Context, evs ...eventlog.Event) (eventlog
 	}
 	res, err := r.h.Log.Append(ctx, r.stream, epoch, eventlog.Any, evs...)
 	if err != nil {
-		return res, fmt.Errorf("session %s: append %s: %w", r.id, evs[0].Type, err)
+		return res, logError{fmt.Errorf("session %s: append %s: %w", r.id, evs[0].Type, err)}
 	}
 	return res, r.refresh(ctx)
 }
+
+// logError is a failed append to or read of the session's log: an error
+// of the log, never of the step being recorded.
+type logError struct{ error }
+
+func (e logError) Unwrap() error { return e.error }
 
 // leaseCallTimeout bounds one Acquire or Renew of a session's lease
 // (a third of its TTL): a lease call that hangs (a log that stopped
@@ -325,6 +342,7 @@ func (r *run) loop(ctx context.Context) (Status, error) {
 					r.h.Logger.WarnContext(ctx, "destroy session sandbox", "session", r.id, "sandbox", st.Sandbox, "err", err)
 				}
 			}
+			r.destroyLabeled(ctx)
 			return StatusTerminated, nil
 		case st.Status == StatusTerminated:
 			return StatusTerminated, nil
@@ -578,9 +596,9 @@ func (r *run) fastCheckpoint(ctx context.Context, sbx string) {
 func (r *run) sandbox(ctx context.Context) (string, error) {
 	st := r.st
 	if st.Sandbox == "" {
-		id, err := r.h.Boxes.Create(ctx, st.Tenant, st.Def.Template)
+		id, err := r.newSandbox(ctx)
 		if err != nil {
-			return "", fmt.Errorf("create sandbox: %w", err)
+			return "", err
 		}
 		if _, err := r.appendEvents(ctx, r.event("sandbox."+id, EventSandboxCreated, SandboxCreated{Sandbox: id, Template: st.Def.Template})); err != nil {
 			return "", err
@@ -601,10 +619,12 @@ func (r *run) sandbox(ctx context.Context) (string, error) {
 		if errors.Is(err, failpoint.ErrCrash) || ctx.Err() != nil {
 			return "", err
 		}
-		if errdefs.IsUnavailable(err) {
-			// A store down for a while, a runtime slow to let a sandbox
-			// go: the Wake is retried with backoff (Manager), and the
-			// session stays recovering rather than waiting for a person.
+		if errdefs.IsUnavailable(err) || errors.As(err, new(logError)) {
+			// A store down for a while (the session's own log full or
+			// failing included: that says nothing of the sandbox), a
+			// runtime slow to let a sandbox go: the Wake is retried with
+			// backoff (Manager), and the session stays recovering rather
+			// than waiting for a person.
 			return "", err
 		}
 		r.recordError(ctx, "recover sandbox", err)
@@ -673,8 +693,8 @@ func (r *run) recover(ctx context.Context) error {
 		if err := r.h.Boxes.Destroy(ctx, st.Tenant, sbx); err != nil && !errdefs.IsNotFound(err) {
 			return err
 		}
-		if sbx, err = r.h.Boxes.Create(ctx, st.Tenant, st.Def.Template); err != nil {
-			return fmt.Errorf("create sandbox: %w", err)
+		if sbx, err = r.newSandbox(ctx); err != nil {
+			return err
 		}
 	}
 	ev.Sandbox = sbx

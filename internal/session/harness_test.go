@@ -368,8 +368,8 @@ func (s *skewedBoxes) Restore(ctx context.Context, tenant, id, ckpt string) erro
 	return err
 }
 
-func (s *skewedBoxes) Create(ctx context.Context, tenant, template string) (string, error) {
-	id, err := s.fakeBoxes.Create(ctx, tenant, template)
+func (s *skewedBoxes) Create(ctx context.Context, tenant, template string, labels map[string]string) (string, error) {
+	id, err := s.fakeBoxes.Create(ctx, tenant, template, labels)
 	s.mu.Lock()
 	s.boxes[id].counter = 10
 	s.mu.Unlock()
@@ -448,9 +448,9 @@ func (f *failingCutBoxes) Checkpoint(ctx context.Context, tenant, id string) (st
 	return f.fakeBoxes.Checkpoint(ctx, tenant, id)
 }
 
-func (f *failingCutBoxes) Create(ctx context.Context, tenant, template string) (string, error) {
+func (f *failingCutBoxes) Create(ctx context.Context, tenant, template string, labels map[string]string) (string, error) {
 	f.creates++
-	return f.fakeBoxes.Create(ctx, tenant, template)
+	return f.fakeBoxes.Create(ctx, tenant, template, labels)
 }
 
 // TestStrictFirstCutBeforeAnyTool: under the strict policy a new sandbox's

@@ -58,6 +58,11 @@ type State struct {
 	Custom       map[string]CustomToolResult
 
 	Sandbox string
+	// SandboxesNamed counts the sandboxes the log has named for the
+	// session (sandbox_created, and each sandbox_restored that names
+	// another): the next one made is the SandboxesNamed+1-th (its labels,
+	// sandboxLabels, say so).
+	SandboxesNamed int
 	// Cut is the newest checkpoint tied to a step boundary (strict: from
 	// a tool result; fast: a checkpointed event) and the log position of
 	// the last tool result it covers; ChangedSinceCut counts the
@@ -187,7 +192,7 @@ func (s *State) Apply(ev eventlog.Event) error {
 		if err := dec(&p); err != nil {
 			return err
 		}
-		s.Sandbox = p.Sandbox
+		s.nameSandbox(p.Sandbox)
 		s.Cut, s.ChangedSinceCut, s.ChangedAfterCut = Checkpointed{}, 0, nil
 	case EventCheckpointed:
 		var p Checkpointed
@@ -208,12 +213,20 @@ func (s *State) Apply(ev eventlog.Event) error {
 		if err := dec(&p); err != nil {
 			return err
 		}
-		s.Sandbox = p.Sandbox
+		s.nameSandbox(p.Sandbox)
 	case EventDivergence, EventError:
 	default:
 		return errdefs.DataLossf("session %s: event %d has unknown type %s", s.ID, ev.Seq, ev.Type)
 	}
 	return nil
+}
+
+// nameSandbox makes id the session's sandbox (counted when it is another).
+func (s *State) nameSandbox(id string) {
+	if id != s.Sandbox {
+		s.SandboxesNamed++
+	}
+	s.Sandbox = id
 }
 
 // applyToolResult applies the result p of a tool call, the event at seq:

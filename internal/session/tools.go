@@ -14,8 +14,14 @@ import (
 // made lazily, commands and files in it, and checkpoints tied to step
 // boundaries. EngineSandboxes adapts *engine.Engine; tests may use a fake.
 type Sandboxes interface {
-	// Create makes a sandbox of template for tenant and returns its id.
-	Create(ctx context.Context, tenant, template string) (string, error)
+	// Create makes a sandbox of template for tenant with labels (kept with
+	// the sandbox from before it runs, so a caller that dies after the
+	// create finds it by them) and returns its id.
+	Create(ctx context.Context, tenant, template string, labels map[string]string) (string, error)
+	// Labeled lists tenant's sandboxes that this harness can use,
+	// destroyed ones excepted, whose labels hold every pair of labels,
+	// oldest first.
+	Labeled(ctx context.Context, tenant string, labels map[string]string) ([]string, error)
 	// Running says whether the sandbox is running (false when it crashed,
 	// was killed, or is gone).
 	Running(ctx context.Context, tenant, id string) (bool, error)

@@ -159,8 +159,11 @@ type Env struct {
 	// WrapMeta, when set, wraps the metadata store the engine is given,
 	// from the next open (Restart) on (a store failing one call).
 	WrapMeta func(metadata.Store) metadata.Store
-	opts     engine.Options
-	driver   string
+	// WrapLog, when set, wraps the event log the engine is given, from
+	// the next open (Restart) on.
+	WrapLog func(eventlog.Store) eventlog.Store
+	opts    engine.Options
+	driver  string
 }
 
 // TestMasterKey is the checkpoint store's master key in tests.
@@ -219,6 +222,9 @@ func (env *Env) open(t testing.TB) {
 	}
 	if env.WrapMeta != nil {
 		o.Meta = env.WrapMeta(env.Meta)
+	}
+	if env.WrapLog != nil {
+		o.Log = env.WrapLog(env.Log)
 	}
 	if o.Logger == nil {
 		o.Logger = Logger(t)
