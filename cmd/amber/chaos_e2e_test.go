@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +17,7 @@ import (
 )
 
 // TestE2EChaosShort is the default suite's chaos run: `amber chaos` with
-// every fault class once per driver (8 faults in one run of the reference
+// every fault class once per driver (one fault per class in one run of the reference
 // workload, after its golden run), with HTTP effects through the egress
 // gateway, under each driver. It
 // requires zero lost acknowledged events, zero duplicated effects and every
@@ -40,7 +41,8 @@ func TestE2EChaosShort(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 			defer cancel()
 			var out bytes.Buffer
-			cmd := exec.CommandContext(ctx, bin, "chaos", "--driver", drv, "--faults", "8", "--faults-per-run", "8",
+			k := strconv.Itoa(len(chaos.Classes))
+			cmd := exec.CommandContext(ctx, bin, "chaos", "--driver", drv, "--faults", k, "--faults-per-run", k,
 				"--seed", "8", "--min-hits", "1", "--report", report)
 			cmd.Stdout, cmd.Stderr = &out, &out
 			err := cmd.Run()
@@ -56,7 +58,7 @@ func TestE2EChaosShort(t *testing.T) {
 			if err := json.Unmarshal(b, &rep); err != nil {
 				t.Fatal(err)
 			}
-			if rep.Runs != 1 || rep.FaultsPlanned != 8 || rep.LostEventRuns != 0 || rep.DuplicateEffectRuns != 0 {
+			if rep.Runs != 1 || rep.FaultsPlanned != len(chaos.Classes) || rep.LostEventRuns != 0 || rep.DuplicateEffectRuns != 0 {
 				t.Fatalf("report: %d runs, %d faults, %d lost, %d duplicated", rep.Runs, rep.FaultsPlanned, rep.LostEventRuns, rep.DuplicateEffectRuns)
 			}
 			for _, cl := range chaos.Classes {

@@ -50,10 +50,16 @@ const (
 	fcDBErrors       = "db-errors"
 	fcDiskFull       = "disk-full"
 	fcSlowDisk       = "slow-disk"
+	// fcCutKill: the daemon killed at a step of a cut committed on the
+	// node (the engine's upload.go): as the driver freezes and dumps the
+	// sandbox (driver.checkpoint), once the hot copy is durable and before
+	// the row commits (checkpoint.local-kept), or as the upload behind
+	// the acknowledgement begins (checkpoint.upload).
+	fcCutKill = "cut-kill"
 )
 
 // Classes are the fault classes, in the order the help and the report name them.
-var Classes = []string{fcSandboxKill, fcDaemonKill, fcBothKill, fcTornCheckpoint, fcBlobErrors, fcDBErrors, fcDiskFull, fcSlowDisk}
+var Classes = []string{fcSandboxKill, fcDaemonKill, fcBothKill, fcTornCheckpoint, fcBlobErrors, fcDBErrors, fcDiskFull, fcSlowDisk, fcCutKill}
 
 // Options are amber chaos's flags (cmd/amber binds them).
 type Options struct {
@@ -439,6 +445,9 @@ func (c *chaos) plan(seed int64, k int) []*chaosFault {
 			f.AtMS = rng.Int63n(c.killWindowMS(f.AtAnswer))
 		case fcTornCheckpoint:
 			p := pick("blob.write", "chunkstore.chunks", "chunkstore.manifest", "chunkstore.publish")
+			f.point, f.Spec = p, fmt.Sprintf("%s=%d:kill-daemon", p, n(p))
+		case fcCutKill:
+			p := pick("driver.checkpoint", "checkpoint.local-kept", "checkpoint.upload")
 			f.point, f.Spec = p, fmt.Sprintf("%s=%d:kill-daemon", p, n(p))
 		case fcBlobErrors:
 			p := pick("blob.write", "blob.read")
