@@ -53,6 +53,7 @@ duplicated effect, or a class hit fewer than --min-hits times. Runs as root
 	f.StringVar(&o.Format, "format", "text", "report on stdout: text or json")
 	f.IntVar(&o.MinHits, "min-hits", 1, "fail unless each class's fault was observed at least this many times")
 	f.BoolVar(&o.Keep, "keep", false, "keep the data directories of failing runs")
+	f.DurationVar(&o.KeepSlow, "keep-slow", 0, "also keep the data directory of a run in which a fault took longer than this to recover from (0: off)")
 	f.DurationVar(&o.RunTimeout, "run-timeout", 6*time.Minute, "give up on a run that has not finished after this long")
 	f.DurationVar(&o.Budget, "time-budget", 0, "start no new run after this long (0: none); the report says how many faults ran")
 	_ = g

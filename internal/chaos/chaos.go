@@ -63,15 +63,19 @@ var Classes = []string{fcSandboxKill, fcDaemonKill, fcBothKill, fcTornCheckpoint
 
 // Options are amber chaos's flags (cmd/amber binds them).
 type Options struct {
-	Seed       int64
-	Faults     int
-	PerRun     int
-	Classes    []string
-	Driver     string
-	Report     string
-	Format     string
-	MinHits    int
-	Keep       bool
+	Seed    int64
+	Faults  int
+	PerRun  int
+	Classes []string
+	Driver  string
+	Report  string
+	Format  string
+	MinHits int
+	Keep    bool
+	// KeepSlow, when > 0, also keeps the data directory of a run in
+	// which a fault took longer than this to recover from (its daemon
+	// log shows where the time went).
+	KeepSlow   time.Duration
 	RunTimeout time.Duration
 	Budget     time.Duration
 }

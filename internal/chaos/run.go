@@ -59,6 +59,10 @@ func (c *chaos) runOnce(ctx context.Context, seed int64, plan []*chaosFault) (r 
 		if !r.Identical && c.o.Keep && plan != nil && ctx.Err() == nil { // an interrupted run is not kept
 			keep = true
 		}
+		if c.o.KeepSlow > 0 && r.slowest() > c.o.KeepSlow.Seconds() && ctx.Err() == nil {
+			c.say("run seed %d: a fault took %.1fs to recover from: data kept in %s", seed, r.slowest(), dir)
+			keep = true
+		}
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		if dd.Running() {
@@ -508,4 +512,15 @@ func retryServerErrors(ctx context.Context, f func() error) error {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// slowest is the longest recovery of r's observed faults, in seconds.
+func (r *chaosRun) slowest() float64 {
+	var m float64
+	for _, f := range r.Faults {
+		if f.recovered {
+			m = max(m, f.RecoverS)
+		}
+	}
+	return m
 }
