@@ -30,7 +30,7 @@ type Manager struct {
 	// retryFor is how long a Wake failing for another reason (a store
 	// down, full or slow; a model unreachable) is retried (10 min).
 	retryFor time.Duration
-	backoff  time.Duration // the first retry's delay (1 s); every later one is twice it (retryDelay)
+	backoff  time.Duration // the first retry's delay (500 ms); every later one is twice it (retryDelay)
 	bg       context.Context
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -43,7 +43,7 @@ func NewManager(h *Harness) *Manager {
 	h.defaults()
 	RegisterEvents(h.Registry)
 	bg, cancel := context.WithCancel(context.Background())
-	m := &Manager{h: h, retries: 3, retryFor: 10 * time.Minute, backoff: time.Second, runners: map[string]*runner{}, deltas: map[string]map[chan string]struct{}{}, bg: bg, cancel: cancel}
+	m := &Manager{h: h, retries: 3, retryFor: 10 * time.Minute, backoff: 500 * time.Millisecond, runners: map[string]*runner{}, deltas: map[string]map[chan string]struct{}{}, bg: bg, cancel: cancel}
 	if h.OnDelta == nil {
 		h.OnDelta = m.publish
 	}
@@ -309,11 +309,12 @@ func (m *Manager) run(id string, r *runner) {
 			return
 		}
 		// A failed Wake (a model, sandbox or store error; it is in the
-		// log) is tried again after 1 s, then every 2 s (retryDelay; every
-		// 30 s once it has failed for a minute): the
+		// log) is tried again after 500 ms, then every second (retryDelay;
+		// every 15 s once it has failed for a minute): the
 		// next Wake recovers what the failure cut off, and a store error
-		// window of a few seconds costs a session a second or two, not
-		// a doubling backoff's 16 s. An error that will not pass by
+		// window of a few seconds costs a session a second at most, not
+		// a doubling backoff's 16 s (the chaos runs' stacked windows: each
+		// window's end waited up to a whole retry interval). An error that will not pass by
 		// itself (refused, fenced, invalid) gets m.retries attempts —
 		// counted apart from the transient failures before it, so a
 		// store window does not use up a lasting error's tries; any
