@@ -243,11 +243,38 @@ func (d *Driver) agentAlive(ctx context.Context, id string) error {
 	return nil
 }
 
+// FPAgentWait is evaluated (with the sandbox id) as a wait for an agent
+// begins, under the wait's deadline: an armed failpoint.Hang is an agent
+// that never answers (tests).
+const FPAgentWait = "gvisor.agent.wait"
+
+// logTail is the last max bytes of sandbox id's runsc log ("" if none).
+func (d *Driver) logTail(id string, max int64) string {
+	f, err := os.Open(filepath.Join(d.dir(id), "runsc.log"))
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Size() > max {
+		_, _ = f.Seek(st.Size()-max, io.SeekStart)
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, max))
+	return string(b)
+}
+
 // waitAgent waits until rec's agent answers, and checks that it runs the
 // build the record names.
 func (d *Driver) waitAgent(ctx context.Context, rec *record) error {
-	ctx, cancel := context.WithTimeout(ctx, agentReadyTimeout)
+	return d.waitAgentFor(ctx, rec, agentReadyTimeout)
+}
+
+// waitAgentFor is waitAgent waiting up to wait.
+func (d *Driver) waitAgentFor(ctx context.Context, rec *record, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
+	if err := d.opts.Failpoints.EvalCtx(ctx, FPAgentWait, rec.ID); err != nil {
+		return errdefs.Unavailablef("sandbox %s: agent unavailable: not ready: %v", rec.ID, err)
+	}
 	h, err := d.agentFor(rec).WaitReady(ctx)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", rec.ID, err)
