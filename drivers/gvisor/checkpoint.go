@@ -221,7 +221,8 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	return stats, nil
 }
 
-// Restore implements sandbox.Checkpointer.
+// restoreOnce is one attempt of Restore (restoreagain.go), waiting
+// agentWait for the restored agent.
 //
 // A sandbox with spec.ID that exists here must be stopped: its runtime
 // container is deleted and its layer's content replaced by the image's. On
@@ -230,38 +231,6 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 // Create makes them, with the runsc flags, limits and environment of the
 // image; then `runsc restore --detach`. The image's runsc version and the
 // template's name and version must be this driver's and spec's.
-func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string, opts sandbox.RestoreOptions) (sandbox.RestoreStats, error) {
-	stats, err := d.restoreOnce(ctx, spec, imageDir, opts, restoreAgentWait)
-	if !errors.Is(err, errAgentSilent) || ctx.Err() != nil {
-		return stats, err
-	}
-	// A restored sandbox whose agent never answered (seen in CI under
-	// load, twice in two days: every dial for 60 s timed out, the other
-	// sandboxes restored from the same node fine) is killed and restored
-	// again from the same image: its layer is put back from the image
-	// too, so nothing the silent copy wrote survives. Its runsc log is
-	// logged for the diagnosis.
-	d.log.Warn("restore: the restored agent did not answer; killing the sandbox and restoring it again",
-		"sandbox", spec.ID, "waited", restoreAgentWait, "err", err, "runsc_log", d.logTail(spec.ID, 4096))
-	d.mu.Lock()
-	d.calls["restore:again"]++
-	d.mu.Unlock()
-	if kerr := d.Kill(ctx, spec.ID); kerr != nil && !errdefs.IsNotFound(kerr) {
-		return stats, errors.Join(err, kerr)
-	}
-	return d.restoreOnce(ctx, spec, imageDir, opts, agentReadyTimeout)
-}
-
-// restoreAgentWait bounds a restore's first wait for its agent (Restore
-// then restores again, waiting agentReadyTimeout): a restored agent
-// answers in milliseconds, or within seconds on a loaded host. A variable
-// for tests.
-var restoreAgentWait = 20 * time.Second
-
-// errAgentSilent: a restored sandbox's agent did not answer in time.
-var errAgentSilent = errors.New("the restored agent does not answer")
-
-// restoreOnce is Restore with agentWait as the wait for the agent.
 func (d *Driver) restoreOnce(ctx context.Context, spec sandbox.Spec, imageDir string, opts sandbox.RestoreOptions, agentWait time.Duration) (_ sandbox.RestoreStats, err error) {
 	var stats sandbox.RestoreStats
 	start := time.Now()
@@ -380,10 +349,7 @@ func (d *Driver) restoreOnce(ctx context.Context, spec sandbox.Spec, imageDir st
 		// The restored agent listens again; a new connection reaches
 		// it (the old ones died with the old sandbox).
 		d.dropAgent(id)
-		if err := d.waitAgentFor(ctx, rec, agentWait); err != nil {
-			if errdefs.IsUnavailable(err) && ctx.Err() == nil {
-				err = fmt.Errorf("%w: %w", errAgentSilent, err)
-			}
+		if err := d.waitRestoredAgent(ctx, rec, agentWait); err != nil {
 			return stats, fmt.Errorf("restore %s: %w", id, err)
 		}
 	}
