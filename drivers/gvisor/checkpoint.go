@@ -126,7 +126,10 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		}
 		defer letDial()
 	}
-	// Freeze.
+	// Freeze (marked first: leftover.go).
+	if err := d.markCut(id); err != nil {
+		return stats, err
+	}
 	if err := d.control(ctx, id, ctlPause, nil); err != nil {
 		if controlDown(err) {
 			st, _, serr := d.state(ctx, rec, id)
@@ -148,8 +151,9 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		err := d.control(context.Background(), id, ctlResume, nil)
 		stats.Frozen = time.Since(frozen)
 		if err != nil {
-			return fmt.Errorf("checkpoint %s: resume: %w", id, err)
+			return fmt.Errorf("checkpoint %s: resume: %w", id, err) // the mark stays: it may be paused
 		}
+		d.clearCut(id)
 		return nil
 	}
 	defer func() {
@@ -550,9 +554,10 @@ func (d *Driver) restoreLayerContent(ctx context.Context, id string, l *layer.La
 // runsc kill refuses a paused one): its host processes (the gVisor kernel,
 // the gofer) are SIGKILLed while it is still paused, so nothing of it runs
 // after the cut, and its runtime state is deleted (runsc would go on
-// reporting it paused). The driver's record, the layer and the network
-// namespace stay: Inspect reports the sandbox stopped, Restore and
-// Destroy work as after Kill.
+// reporting it paused), and the mark of its cut cleared (leftover.go).
+// The driver's record, the layer and the network namespace stay: Inspect
+// reports the sandbox stopped, Restore and Destroy work as after Kill.
+// Kill stops a sandbox a dead daemon's cut left paused the same way.
 func (d *Driver) stopPaused(rec *record) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -566,6 +571,7 @@ func (d *Driver) stopPaused(rec *record) error {
 	if err := killCgroup(rec.Cgroup, 10*time.Second); err != nil {
 		return err
 	}
+	d.clearCut(id)
 	return d.removeRuntimeState(id)
 }
 
