@@ -292,7 +292,6 @@ func (d *Driver) restoreOnce(ctx context.Context, spec sandbox.Spec, imageDir st
 	}
 	unlock := d.lock(id)
 	defer unlock()
-
 	tmpl := meta.Template
 	tmpl.RootFS = rootfs
 	rec := &record{
@@ -547,32 +546,6 @@ func (d *Driver) restoreLayerContent(ctx context.Context, id string, l *layer.La
 		return 0, fmt.Errorf("restore %s: %w", id, err)
 	}
 	return entries, nil
-}
-
-// stopPaused stops a sandbox that a checkpoint left paused (runsc
-// checkpoint without --leave-running does not stop a paused sandbox, and
-// runsc kill refuses a paused one): its host processes (the gVisor kernel,
-// the gofer) are SIGKILLed while it is still paused, so nothing of it runs
-// after the cut, and its runtime state is deleted (runsc would go on
-// reporting it paused), and the mark of its cut cleared (leftover.go).
-// The driver's record, the layer and the network namespace stay: Inspect
-// reports the sandbox stopped, Restore and Destroy work as after Kill.
-// Kill stops a sandbox a dead daemon's cut left paused the same way.
-func (d *Driver) stopPaused(rec *record) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	id := rec.ID
-	if err := killCgroup(rec.Cgroup, 10*time.Second); err != nil {
-		return err
-	}
-	if _, err := d.run(ctx, rec, "delete", "--force", runtimeID(id)); err != nil && !notExist(err) {
-		d.log.Debug("checkpoint: runsc delete of the stopped sandbox failed; removing its state by hand", "sandbox", id, "err", err)
-	}
-	if err := killCgroup(rec.Cgroup, 10*time.Second); err != nil {
-		return err
-	}
-	d.clearCut(id)
-	return d.removeRuntimeState(id)
 }
 
 // restoreRuntime runs `runsc restore --detach` of the image in runscDir
