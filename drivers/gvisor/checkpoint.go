@@ -126,7 +126,10 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		}
 		defer letDial()
 	}
-	// Freeze.
+	// Freeze (marked first: leftover.go).
+	if err := d.markCut(id); err != nil {
+		return stats, err
+	}
 	if err := d.control(ctx, id, ctlPause, nil); err != nil {
 		if controlDown(err) {
 			st, _, serr := d.state(ctx, rec, id)
@@ -148,8 +151,9 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		err := d.control(context.Background(), id, ctlResume, nil)
 		stats.Frozen = time.Since(frozen)
 		if err != nil {
-			return fmt.Errorf("checkpoint %s: resume: %w", id, err)
+			return fmt.Errorf("checkpoint %s: resume: %w", id, err) // the mark stays: it may be paused
 		}
+		d.clearCut(id)
 		return nil
 	}
 	defer func() {
@@ -257,7 +261,6 @@ func (d *Driver) restoreOnce(ctx context.Context, spec sandbox.Spec, imageDir st
 	}
 	unlock := d.lock(id)
 	defer unlock()
-
 	tmpl := meta.Template
 	tmpl.RootFS = rootfs
 	rec := &record{
@@ -509,30 +512,6 @@ func (d *Driver) restoreLayerContent(ctx context.Context, id string, l *layer.La
 		return 0, fmt.Errorf("restore %s: %w", id, err)
 	}
 	return entries, nil
-}
-
-// stopPaused stops a sandbox that a checkpoint left paused (runsc
-// checkpoint without --leave-running does not stop a paused sandbox, and
-// runsc kill refuses a paused one): its host processes (the gVisor kernel,
-// the gofer) are SIGKILLed while it is still paused, so nothing of it runs
-// after the cut, and its runtime state is deleted (runsc would go on
-// reporting it paused). The driver's record, the layer and the network
-// namespace stay: Inspect reports the sandbox stopped, Restore and
-// Destroy work as after Kill.
-func (d *Driver) stopPaused(rec *record) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	id := rec.ID
-	if err := killCgroup(rec.Cgroup, 10*time.Second); err != nil {
-		return err
-	}
-	if _, err := d.run(ctx, rec, "delete", "--force", runtimeID(id)); err != nil && !notExist(err) {
-		d.log.Debug("checkpoint: runsc delete of the stopped sandbox failed; removing its state by hand", "sandbox", id, "err", err)
-	}
-	if err := killCgroup(rec.Cgroup, 10*time.Second); err != nil {
-		return err
-	}
-	return d.removeRuntimeState(id)
 }
 
 // restoreRuntime runs `runsc restore --detach` of the image in runscDir

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -14,6 +17,8 @@ import (
 
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
+	"github.com/amber-run/amber/drivers/internal/layer"
+	"github.com/amber-run/amber/lib/failpoint"
 )
 
 // TestCutStartsNoRunsc: a cut (pause, layer, checkpoint, resume) and the
@@ -193,4 +198,98 @@ func TestControlWaitsForTheListener(t *testing.T) {
 	if perr := d.portForwardError("never", 80, err); !errors.Is(perr, errdefs.ErrUnavailable) || errors.Is(perr, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("a dial refused for a while is %v, want Unavailable (the agent's wait goes on)", perr)
 	}
+}
+
+// TestKillLeftPaused: a sandbox a daemon left paused by dying inside its
+// cut (SIGKILL between the control socket's Pause and Resume: a helper
+// process makes the cut and kills itself in the layer's archive) is
+// killed by the next daemon's driver at once — its host processes gone,
+// Inspect saying stopped — and restores from its checkpoint. A paused
+// sentry acts on no signal and runsc still reports it running: Kill
+// waited out runsc kill (10 s) and the cgroup (5 s) before it killed the
+// host processes, the 15 s of the chaos run's slowest recoveries after a
+// daemon kill (gvisor seed 885252: the session restores the cut-off
+// call's sandbox, and the restore kills it first).
+//
+//	go test -tags seccomp -count=1 -run TestKillLeftPaused -v ./drivers/gvisor
+func TestKillLeftPaused(t *testing.T) {
+	runsc := requireHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	d := newTestDriver(t, runsc, "/amber/gvisor-leftpaused")
+	id := fmt.Sprintf("leftpaused-%d", os.Getpid())
+	spec := sandbox.Spec{ID: id, Template: minimalTemplate(t)}
+	if _, err := d.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
+	mustSh(t, d, id, "echo before > /root/f")
+	image := filepath.Join(t.TempDir(), "image")
+	if _, err := d.Checkpoint(ctx, id, image, sandbox.CheckpointOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The dying daemon: another process's driver on the same state.
+	helper := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperCutAndDie$", "-test.count=1")
+	helper.Env = append(os.Environ(), "AMBER_TEST_CUT_AND_DIE="+strings.Join([]string{d.opts.StateDir, runsc, d.opts.CgroupParent, id, t.TempDir()}, "\n"))
+	out, err := helper.CombinedOutput()
+	if ws, ok := helper.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("the helper's cut did not end in its SIGKILL: %v\n%s", err, out)
+	}
+	// The next daemon's driver: the same state, nothing in memory.
+	d2, err := New(Options{StateDir: d.opts.StateDir, RunscPath: runsc, CgroupParent: d.opts.CgroupParent, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := d2.Kill(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	t.Logf("kill of the sandbox left paused: %v", took)
+	if took > 5*time.Second {
+		t.Errorf("the kill of a sandbox left paused took %v, want under 5 s", took)
+	}
+	rec, err := d2.loadRecord(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pids := cgroupProcs(rec.Cgroup); len(pids) > 0 {
+		t.Errorf("after the kill the sandbox's cgroup still has processes %v", pids)
+	}
+	if info, err := d2.Inspect(ctx, id); err != nil || info.State != sandbox.StateStopped {
+		t.Errorf("after the kill Inspect says %+v, %v; want stopped", info, err)
+	}
+	if _, err := d2.Restore(ctx, spec, image, sandbox.RestoreOptions{}); err != nil {
+		t.Fatalf("restore after the kill: %v", err)
+	}
+	if out := mustSh(t, d2, id, "cat /root/f"); out != "before\n" {
+		t.Fatalf("after the restore the sandbox reads %q", out)
+	}
+	start = time.Now()
+	if err := d2.Kill(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kill of the restored sandbox: %v", time.Since(start))
+}
+
+// TestHelperCutAndDie is TestKillLeftPaused's dying daemon (it runs only
+// in the helper process): a cut of the sandbox that SIGKILLs this process
+// once the sandbox is paused, in the layer's archive.
+func TestHelperCutAndDie(t *testing.T) {
+	env := os.Getenv("AMBER_TEST_CUT_AND_DIE")
+	if env == "" {
+		t.Skip("TestKillLeftPaused's helper")
+	}
+	a := strings.Split(env, "\n") // state dir, runsc, cgroup parent, id, image parent
+	fp := failpoint.New()
+	fp.ArmFunc(layer.FPArchiveListed, 1, func(string) error {
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way
+	})
+	d, err := New(Options{StateDir: a[0], RunscPath: a[1], CgroupParent: a[2], Logger: testLogger(t), Failpoints: fp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.Checkpoint(context.Background(), a[3], filepath.Join(a[4], "image"), sandbox.CheckpointOptions{})
+	t.Fatalf("the cut ended (%v): the failpoint did not kill this process", err)
 }

@@ -22,7 +22,8 @@
 // out) and Signal are agent calls. No `runsc exec` runs for any of them,
 // so every process a command leaves behind (`nohup server &`, a daemon's
 // double fork) is in the init's tree and comes back with a restore. Kill
-// is `runsc kill --all KILL`; Destroy is `runsc delete --force` and the
+// is `runsc kill --all KILL` (a sandbox left paused by a dead daemon's cut
+// ignores it and has its host processes killed: leftover.go); Destroy is `runsc delete --force` and the
 // removal of everything below.
 //
 // Sandboxes (and checkpoints) made before the agent — spec generations 0

@@ -346,7 +346,9 @@ func (d *Driver) List(ctx context.Context) ([]sandbox.Info, error) {
 // (`runsc kill --all`). The init dies with the rest, so the gVisor kernel
 // exits; Kill returns once no host process of the sandbox is left. The
 // writable layer, the network namespace and the runtime's record stay, so
-// that Destroy, or a restore, finds them.
+// that Destroy, or a restore, finds them. A sandbox a dead daemon's cut
+// left paused ignores runsc kill: its host processes are killed at once
+// (leftover.go).
 func (d *Driver) Kill(ctx context.Context, id string) error {
 	if err := validID(id); err != nil {
 		return errdefs.NotFoundf("sandbox %s", id)
@@ -358,6 +360,19 @@ func (d *Driver) Kill(ctx context.Context, id string) error {
 		return err
 	}
 	d.dropAgent(id)
+	if d.leftPaused(id) {
+		// A paused sentry ignores runsc kill: the waits below ran out
+		// (10 s, then 5 s for the cgroup) before its host processes
+		// were killed — the chaos run's slowest recoveries after a
+		// daemon kill mid-cut (leftover.go). It is stopped at once, as
+		// a LeaveStopped cut stops its sandbox.
+		d.log.Warn("sandbox was left paused by a cut that did not end (the daemon stopped during it); killing its host processes", "sandbox", id)
+		if err := d.stopPaused(rec); err != nil {
+			return fmt.Errorf("kill %s (left paused): %w", id, err)
+		}
+		d.log.Info("sandbox killed", "sandbox", id)
+		return nil
+	}
 	if _, err := d.run(ctx, rec, "kill", "--all", runtimeID(id), "KILL"); err != nil {
 		st, ok, serr := d.state(ctx, rec, id)
 		if serr != nil || (ok && st.Status == "running") {
@@ -407,6 +422,7 @@ func (d *Driver) Kill(ctx context.Context, id string) error {
 			return err
 		}
 	}
+	d.clearCut(id) // a cut whose resume failed: nothing of it runs now
 	d.log.Info("sandbox killed", "sandbox", id)
 	return nil
 }
