@@ -200,6 +200,9 @@ func (d *upDaemon) openDriver(ctx context.Context) error {
 		return usageError{err}
 	}
 	d.fps = fps
+	if fs, ok := d.drv.(interface{ SetFailpoints(*failpoint.Set) }); ok && fps != nil {
+		fs.SetFailpoints(fps) // the drivers' own points: layer.archive.* while a cut is frozen
+	}
 	d.atExit(func() { writeFailpointCounts(fps) })
 	return nil
 }

@@ -124,6 +124,11 @@ var _ sandbox.Driver = (*Driver)(nil)
 
 // New returns a driver keeping its state under opts.StateDir (created if
 // missing). It does not check the host; Check does.
+// SetFailpoints sets Options.Failpoints of a driver made without them
+// (amber up arms its test failpoints after it made its driver). Call it
+// before the driver is used; nil leaves them off.
+func (d *Driver) SetFailpoints(fps *failpoint.Set) { d.opts.Failpoints = fps }
+
 func New(opts Options) (*Driver, error) {
 	if opts.StateDir == "" {
 		opts.StateDir = DefaultStateDir

@@ -51,8 +51,9 @@ const (
 	fcDiskFull       = "disk-full"
 	fcSlowDisk       = "slow-disk"
 	// fcCutKill: the daemon killed at a step of a cut committed on the
-	// node (the engine's upload.go): as the driver freezes and dumps the
-	// sandbox (driver.checkpoint), once the hot copy is durable and before
+	// node (the engine's upload.go): as the driver begins the cut
+	// (driver.checkpoint), while the sandbox is frozen and its layer
+	// archived (layer.archive.listed), once the hot copy is durable and before
 	// the row commits (checkpoint.local-kept), or as the upload behind
 	// the acknowledgement begins (checkpoint.upload).
 	fcCutKill = "cut-kill"
@@ -451,7 +452,7 @@ func (c *chaos) plan(seed int64, k int) []*chaosFault {
 			p := pick("blob.write", "chunkstore.chunks", "chunkstore.manifest", "chunkstore.publish")
 			f.point, f.Spec = p, fmt.Sprintf("%s=%d:kill-daemon", p, n(p))
 		case fcCutKill:
-			p := pick("driver.checkpoint", "checkpoint.local-kept", "checkpoint.upload")
+			p := pick("driver.checkpoint", "layer.archive.listed", "checkpoint.local-kept", "checkpoint.upload")
 			f.point, f.Spec = p, fmt.Sprintf("%s=%d:kill-daemon", p, n(p))
 		case fcBlobErrors:
 			p := pick("blob.write", "blob.read")
