@@ -168,6 +168,10 @@ func HTTPStatus(err error) int {
 // collected, or when an operator adds room) — rather than an internal error.
 func noSpace(err error) bool { return errors.Is(err, syscall.ENOSPC) }
 
+// IsNoSpace reports whether err is a full disk (ENOSPC from any store or
+// file under the call): a passing condition, as ErrUnavailable is.
+func IsNoSpace(err error) bool { return noSpace(err) }
+
 // Kind returns the short name of err's kind ("not found", "conflict", …) or
 // "internal" when it has none. It is the machine-readable code in API errors.
 func Kind(err error) string {

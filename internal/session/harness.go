@@ -619,12 +619,14 @@ func (r *run) sandbox(ctx context.Context) (string, error) {
 		if errors.Is(err, failpoint.ErrCrash) || ctx.Err() != nil {
 			return "", err
 		}
-		if errdefs.IsUnavailable(err) || errors.As(err, new(logError)) {
-			// A store down for a while (the session's own log full or
-			// failing included: that says nothing of the sandbox), a
-			// runtime slow to let a sandbox go: the Wake is retried with
-			// backoff (Manager), and the session stays recovering rather
-			// than waiting for a person.
+		if errdefs.IsUnavailable(err) || errdefs.IsNoSpace(err) || errors.As(err, new(logError)) {
+			// A store down or full for a while (the session's own log
+			// full or failing included: that says nothing of the
+			// sandbox; a metadata store's ENOSPC under the restore: the
+			// chaos run's seeds 261117 and 261119 ended needing a person
+			// for it), a runtime slow to let a sandbox go: the Wake is
+			// retried with backoff (Manager), and the session stays
+			// recovering rather than waiting for a person.
 			return "", err
 		}
 		r.recordError(ctx, "recover sandbox", err)

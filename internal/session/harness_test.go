@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -381,10 +382,14 @@ func (s *skewedBoxes) Create(ctx context.Context, tenant, template string, label
 type flakyRestoreBoxes struct {
 	*fakeBoxes
 	failing bool
+	err     error // what a failing restore answers (nil: unavailable)
 }
 
 func (f *flakyRestoreBoxes) Restore(ctx context.Context, tenant, id, ckpt string) error {
 	if f.failing {
+		if f.err != nil {
+			return f.err
+		}
 		return errdefs.Unavailablef("sandbox %s: runsc still reports it running 10s after the kill", id)
 	}
 	return f.fakeBoxes.Restore(ctx, tenant, id, ckpt)
@@ -394,14 +399,25 @@ func (f *flakyRestoreBoxes) Restore(ctx context.Context, tenant, id, ckpt string
 // reason leaves the session recovering (its Wake fails and is retried by
 // the manager), not needs-reconciliation; once the restore works, the
 // session ends as an uninterrupted run does.
+//
+// A full disk under the restore (the metadata store's ENOSPC, of no
+// error kind: chaos seeds 261117 and 261119) is as passing as a store
+// down.
 func TestRecoverRetriedWhileUnavailable(t *testing.T) {
+	t.Run("unavailable", func(t *testing.T) { recoverRetried(t, nil) })
+	t.Run("disk full", func(t *testing.T) {
+		recoverRetried(t, fmt.Errorf("set egress run: failpoint meta.write: write insert: %w", syscall.ENOSPC))
+	})
+}
+
+func recoverRetried(t *testing.T, failure error) {
 	wantConv, wantBox := baseline(t, PolicyStrict)
 	e, id := crashedAtThirdTool(t)
-	boxes := &flakyRestoreBoxes{fakeBoxes: e.boxes, failing: true}
+	boxes := &flakyRestoreBoxes{fakeBoxes: e.boxes, failing: true, err: failure}
 	h := e.harness(nil)
 	h.Boxes = boxes
-	if _, err := h.Wake(context.Background(), id); !errdefs.IsUnavailable(err) {
-		t.Fatalf("wake while restores fail: %v, want the unavailable error back (to be retried)", err)
+	if _, err := h.Wake(context.Background(), id); !errdefs.IsUnavailable(err) && !errdefs.IsNoSpace(err) {
+		t.Fatalf("wake while restores fail: %v, want the passing error back (to be retried)", err)
 	}
 	if st := e.state(id); st.Status == StatusNeedsReconciliation {
 		t.Fatalf("status %s after a restore that failed for a passing reason (%s)", st.Status, st.StatusReason)
