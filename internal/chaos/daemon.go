@@ -84,6 +84,16 @@ func (dd *Daemon) Start() error {
 	}
 }
 
+// Killed reports whether the daemon's last process ended by SIGKILL (a
+// kill-daemon failpoint, or the harness).
+func (dd *Daemon) Killed() bool {
+	if dd.cmd == nil || dd.cmd.ProcessState == nil {
+		return false
+	}
+	ws, ok := dd.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+}
+
 func (dd *Daemon) Client() (*client.Client, error) {
 	key, err := os.ReadFile(filepath.Join(dd.Dir, "admin.key"))
 	if err != nil {

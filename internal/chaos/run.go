@@ -177,7 +177,7 @@ func (c *chaos) revive(dd *Daemon, fplog string, r *chaosRun) (stop func()) {
 // daemon (armed with the faults not yet seen) and nudges a stuck session.
 func (c *chaos) watch(ctx context.Context, r *chaosRun, seed int64, plan []*chaosFault, st *chaosStream, dd *Daemon, arm func(), cl *client.Client, fplog, session string, wantAnswers int) (runStart time.Time, ok bool) {
 	runStart = time.Now()
-	fpSeen := 0
+	fpSeen, startKills := 0, 0
 	var lastNudge time.Time
 	deadline := runStart.Add(c.o.RunTimeout)
 	for {
@@ -222,10 +222,21 @@ func (c *chaos) watch(ctx context.Context, r *chaosRun, seed int64, plan []*chao
 		if !dd.Running() {
 			c.rearm(plan, seed, r.DaemonRestarts+1, st.progress(wantAnswers))
 			arm()
-			if err := dd.Start(); err != nil {
+			err := dd.Start()
+			if err != nil && dd.Killed() && startKills < 5 {
+				// A kill-daemon fault fired while the daemon started (an
+				// upload a previous life left pending, resumed at start):
+				// one more daemon death, restarted on the next turn once
+				// its firing is read (so it is not armed again).
+				startKills++
+				r.DaemonRestarts++
+				continue
+			}
+			if err != nil {
 				r.Problem = "restart daemon: " + err.Error()
 				break
 			}
+			startKills = 0
 			r.DaemonRestarts++
 		}
 		// A session that makes no progress for long (its Wake gave up
