@@ -52,6 +52,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -124,20 +125,44 @@ type ArchiveOptions struct {
 	// Failpoints, when set (tests), are evaluated at FPArchiveListed and
 	// FPExtractMkdir; an error one returns ends the walk with it.
 	Failpoints *failpoint.Set
+	// BlobCache, for WriteArchiveFile, is the sandbox's blob cache
+	// directory (blobs.go): set, regular files of BlobMinSize bytes or
+	// more are blobs of the image, copied only when they changed since
+	// the previous cut that used the same cache. Empty: every file's
+	// bytes are in the archive, as before.
+	BlobCache string
+	// BlobDir, for ExtractArchive, is the directory of the blobs the
+	// archive references (ExtractArchiveFile: BlobDirName beside the
+	// archive). Empty: a reference is ErrDataLoss.
+	BlobDir string
 }
 
 // WriteArchiveFile writes the archive of the upper directory upper into a
 // new file at path (an existing one is replaced) and returns its number of
-// entries and its size. The file is not fsynced: the caller syncs the
-// image directory it belongs to.
+// entries and its size (the archive's, blobs not counted). The archive is
+// not fsynced: the caller syncs the image directory it belongs to. With
+// o.BlobCache set, large files are blobs in BlobDirName beside path
+// (blobs.go); the new cache files are fsynced, and the cache's index is
+// replaced once the archive is whole.
 func WriteArchiveFile(path, upper string, o ArchiveOptions) (entries int, size int64, err error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer f.Close()
+	var blobs *blobWriter
+	if o.BlobCache != "" {
+		if blobs, err = newBlobWriter(o.BlobCache, filepath.Dir(path)); err != nil {
+			return 0, 0, err
+		}
+		defer func() {
+			if err != nil {
+				blobs.abort()
+			}
+		}()
+	}
 	bw := bufio.NewWriterSize(f, 1<<20)
-	if entries, err = WriteArchive(bw, upper, o); err != nil {
+	if entries, err = writeArchive(bw, upper, o, blobs); err != nil {
 		return 0, 0, err
 	}
 	if err := bw.Flush(); err != nil {
@@ -147,15 +172,31 @@ func WriteArchiveFile(path, upper string, o ArchiveOptions) (entries int, size i
 	if err != nil {
 		return 0, 0, err
 	}
-	return entries, fi.Size(), f.Close()
+	if err := f.Close(); err != nil {
+		return 0, 0, err
+	}
+	if blobs != nil {
+		if err := blobs.commit(); err != nil {
+			return 0, 0, err
+		}
+	}
+	return entries, fi.Size(), nil
 }
 
 // WriteArchive writes the archive of the upper directory upper (a path the
 // daemon chose; nothing under it is resolved by name) to w and returns its
 // number of entries. Nothing may write to upper meanwhile (the sandbox is
 // frozen, the files API held off): an entry found changed between two
-// looks at it is ErrConflict.
+// looks at it is ErrConflict. o.BlobCache must be empty (blobs are files
+// beside an archive file: WriteArchiveFile).
 func WriteArchive(w io.Writer, upper string, o ArchiveOptions) (int, error) {
+	if o.BlobCache != "" {
+		return 0, errdefs.InvalidArgumentf("layer archive: blobs need an archive file (WriteArchiveFile)")
+	}
+	return writeArchive(w, upper, o, nil)
+}
+
+func writeArchive(w io.Writer, upper string, o ArchiveOptions, blobs *blobWriter) (int, error) {
 	fd, err := unix.Open(upper, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, fmt.Errorf("layer archive: open %s: %w", upper, err)
@@ -165,7 +206,7 @@ func WriteArchive(w io.Writer, upper string, o ArchiveOptions) (int, error) {
 		unix.Close(fd)
 		return 0, err
 	}
-	a := &archiver{tw: tar.NewWriter(w), o: o, links: map[[2]uint64]string{}}
+	a := &archiver{tw: tar.NewWriter(w), o: o, links: map[[2]uint64]string{}, blobs: blobs}
 	if err := a.dir(fd, ".", &st, 0); err != nil {
 		return 0, err
 	}
@@ -179,6 +220,7 @@ type archiver struct {
 	tw      *tar.Writer
 	o       ArchiveOptions
 	links   map[[2]uint64]string // (dev, ino) → first name, of files with more than one link
+	blobs   *blobWriter          // nil: no blobs
 	entries int
 }
 
@@ -197,7 +239,9 @@ func (a *archiver) header(typ byte, name string, st *unix.Stat_t) *tar.Header {
 
 func (a *archiver) write(hdr *tar.Header, xs map[string]string) error {
 	if len(xs) > 0 {
-		hdr.PAXRecords = make(map[string]string, len(xs))
+		if hdr.PAXRecords == nil {
+			hdr.PAXRecords = make(map[string]string, len(xs))
+		}
 		for k, v := range xs {
 			hdr.PAXRecords[xattrRecord+k] = v
 		}
@@ -344,6 +388,12 @@ func (a *archiver) file(dfd int, n, name string, st *unix.Stat_t) error {
 		} else {
 			a.links[k] = name
 		}
+	}
+	if a.blobs != nil && hdr.Typeflag == tar.TypeReg && hdr.Size >= BlobMinSize {
+		if hdr.PAXRecords, err = a.blobs.ref(name, f, &now); err != nil {
+			return err
+		}
+		hdr.Size = 0
 	}
 	if err := a.write(hdr, xs); err != nil {
 		return err
