@@ -37,6 +37,10 @@ import (
 //	             every xattr, among them trusted.overlay.opaque):
 //	             drivers/internal/layer's archive, walked and extracted by
 //	             descriptor
+//	layer-blobs/ the bytes of the layer's files of 1 MiB or more, which
+//	             layer.tar references: hard links to the sandbox's blob
+//	             cache (blobCacheDir), so a file unchanged since the last
+//	             cut is not copied again (drivers/internal/layer, blobs.go)
 //
 // The consistent cut: Checkpoint freezes the sandbox's freezer cgroup
 // itself, archives the upper directory, then lets CRIU dump the frozen
@@ -219,7 +223,9 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 			starts[p.PID] = p.StartTicks
 		}
 	}
-	files, layerBytes, err := layer.WriteArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), d.archiveOptions(rec))
+	ao := d.archiveOptions(rec)
+	ao.BlobCache = d.blobCacheDir(id)
+	files, layerBytes, err := layer.WriteArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), ao)
 	if err != nil {
 		return stats, recordErr(id, fmt.Errorf("archive layer: %w", err))
 	}
@@ -647,6 +653,11 @@ func (d *Driver) restoreRootfs(rec *record, tarPath string) (string, int, error)
 	}
 	if err := unix.Unmount(l.Merged(), 0); err != nil {
 		return "", 0, fmt.Errorf("unmount fresh overlay: %w", err)
+	}
+	// A blob cache describes the files a layer had (their inodes): the
+	// next cut copies the restored ones afresh.
+	if err := os.RemoveAll(d.blobCacheDir(rec.ID)); err != nil {
+		return "", 0, fmt.Errorf("clear blob cache: %w", err)
 	}
 	files, err := layer.ExtractArchiveFile(tarPath, l.Upper(), d.archiveOptions(rec))
 	if err != nil {

@@ -33,6 +33,10 @@ const imageVersion = 1
 //	             owners, times, symlinks, hard links, whiteouts as 0/0
 //	             character devices, xattrs such as trusted.overlay.opaque;
 //	             owners as host ids): drivers/internal/layer's archive
+//	layer-blobs/ the bytes of the layer's files of 1 MiB or more, which
+//	             layer.tar references: hard links to the sandbox's blob
+//	             cache (blobCacheDir), so a file unchanged since the last
+//	             cut is not copied again (drivers/internal/layer, blobs.go)
 //	runsc/       `runsc checkpoint --compression=none` output (kernel state
 //	             and memory pages)
 const (
@@ -164,7 +168,8 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	}()
 
 	// The layer, as of the frozen moment.
-	entries, layerBytes, err := layer.WriteArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), layer.ArchiveOptions{Failpoints: d.opts.Failpoints})
+	entries, layerBytes, err := layer.WriteArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(),
+		layer.ArchiveOptions{Failpoints: d.opts.Failpoints, BlobCache: d.blobCacheDir(id)})
 	if err != nil {
 		return stats, fmt.Errorf("checkpoint %s: layer: %w", id, err)
 	}
@@ -500,6 +505,11 @@ func (d *Driver) restoreLayerContent(ctx context.Context, id string, l *layer.La
 	}
 	if err := emptyDir(filepath.Join(filepath.Dir(l.Upper()), "work")); err != nil {
 		return 0, fmt.Errorf("restore %s: clear layer: %w", id, err)
+	}
+	// The blob cache describes the files the layer had (their inodes):
+	// the next cut copies the restored ones afresh.
+	if err := os.RemoveAll(d.blobCacheDir(id)); err != nil {
+		return 0, fmt.Errorf("restore %s: clear blob cache: %w", id, err)
 	}
 	entries, err := layer.ExtractArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), layer.ArchiveOptions{Failpoints: d.opts.Failpoints})
 	if err != nil {
