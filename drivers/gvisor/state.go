@@ -74,10 +74,10 @@ func (d *Driver) layerDir(id string) string   { return filepath.Join(d.sbxDir, i
 // blobs.go): the large files of its upper directory as its last cut saw
 // them, which the next cut's image links instead of copying them again.
 func (d *Driver) blobCacheDir(id string) string { return filepath.Join(d.sbxDir, id, "layer-cache") }
-func (d *Driver) bundleDir(id string) string  { return filepath.Join(d.sbxDir, id, "bundle") }
-func (d *Driver) execDir(id string) string    { return filepath.Join(d.sbxDir, id, "exec") }
-func (d *Driver) netnsPath(id string) string  { return filepath.Join(d.netnsDir, id) }
-func (d *Driver) cgroupPath(id string) string { return filepath.Join(d.opts.CgroupParent, id) }
+func (d *Driver) bundleDir(id string) string    { return filepath.Join(d.sbxDir, id, "bundle") }
+func (d *Driver) execDir(id string) string      { return filepath.Join(d.sbxDir, id, "exec") }
+func (d *Driver) netnsPath(id string) string    { return filepath.Join(d.netnsDir, id) }
+func (d *Driver) cgroupPath(id string) string   { return filepath.Join(d.opts.CgroupParent, id) }
 
 func (d *Driver) loadRecord(id string) (*record, error) {
 	b, err := os.ReadFile(d.recordPath(id))
