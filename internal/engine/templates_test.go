@@ -220,6 +220,13 @@ func TestTemplateUpgradeRemoveGC(t *testing.T) {
 		"mkdir -p /root/work && echo data > /root/work/data && chmod 600 /root/work/data && ln -s data /root/work/link && rm /etc/group && echo changed > /etc/hosts"); code != 0 {
 		t.Fatal("prepare files")
 	}
+	// A file of 1 MiB or more is a blob of the checkpoint's layer archive
+	// (drivers/internal/layer, blobs.go): the upgrade reads its bytes from
+	// the image's layer-blobs/.
+	bigSum, code := execOut(t, e, "default", sb.ID, "sh", "-c", "dd if=/dev/urandom of=/root/work/big bs=1024 count=3000 2>/dev/null && sha256sum /root/work/big")
+	if code != 0 {
+		t.Fatal("write the large file")
+	}
 	v2 := importRelease(t, env.Catalog, "tpl", "v2").Version
 
 	// v1 is referenced by the sandbox: not removable.
@@ -243,6 +250,9 @@ func TestTemplateUpgradeRemoveGC(t *testing.T) {
 		"cat /root/work/data; readlink /root/work/link; stat -c %a /root/work/data; cat /etc/hosts; test -e /etc/group && echo group-back; echo MINE=$MINE")
 	if want := "data\ndata\n600\nchanged\nMINE=1\n"; out != want {
 		t.Fatalf("upgraded sandbox's files:\n%q\nwant\n%q", out, want)
+	}
+	if got, _ := execOut(t, e, "default", up.ID, "sha256sum", "/root/work/big"); got != bigSum {
+		t.Fatalf("upgraded sandbox's large file: %q, was %q", got, bigSum)
 	}
 	old, err := e.Get(ctx, "default", sb.ID)
 	if err != nil || old.State != "stopped" {
