@@ -225,10 +225,12 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	}
 	ao := d.archiveOptions(rec)
 	ao.BlobCache = d.blobCacheDir(id)
-	files, layerBytes, err := layer.WriteArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), ao)
+	lc, err := layer.CutArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), ao)
 	if err != nil {
 		return stats, recordErr(id, fmt.Errorf("archive layer: %w", err))
 	}
+	defer lc.Abort() // after Commit, nothing
+	files, layerBytes := lc.Entries, lc.Size
 	// CRIU finds the cgroup frozen and leaves it frozen. LeaveStopped is
 	// not CRIU's kill-after-dump: the driver kills the frozen tree itself,
 	// as Kill does, so that no task outlives the cut.
@@ -253,6 +255,10 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		}
 	}
 	thaw()
+	// The new blob cache files are fsynced now, the sandbox running.
+	if err := lc.Commit(); err != nil {
+		return stats, recordErr(id, fmt.Errorf("archive layer: %w", err))
+	}
 	mem := pagesBytes(criuDir)
 	meta := imageMeta{
 		Version:     imageFormatVersion,

@@ -168,11 +168,13 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	}()
 
 	// The layer, as of the frozen moment.
-	entries, layerBytes, err := layer.WriteArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(),
+	lc, err := layer.CutArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(),
 		layer.ArchiveOptions{Failpoints: d.opts.Failpoints, BlobCache: d.blobCacheDir(id)})
 	if err != nil {
 		return stats, fmt.Errorf("checkpoint %s: layer: %w", id, err)
 	}
+	defer lc.Abort() // after Commit, nothing
+	entries, layerBytes := lc.Entries, lc.Size
 	tLayer := time.Now()
 	// Memory and kernel state.
 	if err := d.saveKernelRetried(ctx, id, runscDir, !opts.LeaveStopped); err != nil {
@@ -182,7 +184,12 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	if err := resume(); err != nil {
 		return stats, err
 	}
-	d.log.Debug("checkpoint: steps", "sandbox", id, "pause", frozen.Sub(start), "layer", tLayer.Sub(frozen), "runsc_checkpoint", tImage.Sub(tLayer), "resume", time.Since(tImage))
+	d.log.Debug("checkpoint: steps", "sandbox", id, "pause", frozen.Sub(start), "layer", tLayer.Sub(frozen), "runsc_checkpoint", tImage.Sub(tLayer), "resume", time.Since(tImage),
+		"layer_blobs_reused", lc.Reused, "layer_blobs_copied", lc.Copied)
+	// The new blob cache files are fsynced now, the sandbox running.
+	if err := lc.Commit(); err != nil {
+		return stats, fmt.Errorf("checkpoint %s: layer: %w", id, err)
+	}
 
 	mem, err := dirSize(runscDir)
 	if err != nil {

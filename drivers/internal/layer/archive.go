@@ -141,46 +141,97 @@ type ArchiveOptions struct {
 // new file at path (an existing one is replaced) and returns its number of
 // entries and its size (the archive's, blobs not counted). The archive is
 // not fsynced: the caller syncs the image directory it belongs to. With
-// o.BlobCache set, large files are blobs in BlobDirName beside path
-// (blobs.go); the new cache files are fsynced, and the cache's index is
-// replaced once the archive is whole.
+// o.BlobCache set it is CutArchiveFile and Commit at once.
 func WriteArchiveFile(path, upper string, o ArchiveOptions) (entries int, size int64, err error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
+	c, err := CutArchiveFile(path, upper, o)
 	if err != nil {
 		return 0, 0, err
 	}
+	if err := c.Commit(); err != nil {
+		return 0, 0, err
+	}
+	return c.Entries, c.Size, nil
+}
+
+// ArchiveCut is an archive file written by CutArchiveFile whose blob cache
+// is not updated yet.
+type ArchiveCut struct {
+	Entries int
+	Size    int64 // of the archive file, blobs not counted
+	// Reused and Copied count the blobs linked from the cache and the
+	// ones copied into it (blobs.go).
+	Reused, Copied int
+	blobs          *blobWriter
+}
+
+// CutArchiveFile is the part of WriteArchiveFile that must see the frozen
+// layer: the archive, and, with o.BlobCache set, the large files as blobs
+// in BlobDirName beside path (blobs.go), those changed since the cache's
+// last cut copied into new cache files, not yet fsynced. The caller thaws
+// the sandbox, then calls Commit (fsync of the new cache files, the
+// cache's index replaced, unreferenced cache files removed) before the
+// image counts as written, or Abort if the cut fails; until Commit the
+// cache's previous state stands. On error nothing needs undoing.
+func CutArchiveFile(path, upper string, o ArchiveOptions) (_ *ArchiveCut, err error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, err
+	}
 	defer f.Close()
-	var blobs *blobWriter
+	c := &ArchiveCut{}
 	if o.BlobCache != "" {
-		if blobs, err = newBlobWriter(o.BlobCache, filepath.Dir(path)); err != nil {
-			return 0, 0, err
+		if c.blobs, err = newBlobWriter(o.BlobCache, filepath.Dir(path)); err != nil {
+			return nil, err
 		}
 		defer func() {
 			if err != nil {
-				blobs.abort()
+				c.blobs.abort()
 			}
 		}()
 	}
 	bw := bufio.NewWriterSize(f, 1<<20)
-	if entries, err = writeArchive(bw, upper, o, blobs); err != nil {
-		return 0, 0, err
+	if c.Entries, err = writeArchive(bw, upper, o, c.blobs); err != nil {
+		return nil, err
 	}
 	if err := bw.Flush(); err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	fi, err := f.Stat()
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	if err := f.Close(); err != nil {
-		return 0, 0, err
+		return nil, err
 	}
-	if blobs != nil {
-		if err := blobs.commit(); err != nil {
-			return 0, 0, err
-		}
+	c.Size = fi.Size()
+	if c.blobs != nil {
+		c.Reused, c.Copied = c.blobs.reused, c.blobs.copied
 	}
-	return entries, fi.Size(), nil
+	return c, nil
+}
+
+// Commit makes the cut's blobs the cache's (see CutArchiveFile). A second
+// call does nothing.
+func (c *ArchiveCut) Commit() error {
+	b := c.blobs
+	c.blobs = nil
+	if b == nil {
+		return nil
+	}
+	if err := b.commit(); err != nil {
+		b.abort()
+		return err
+	}
+	return nil
+}
+
+// Abort removes the cache files the cut made; the cache stays as it was
+// before the cut. After Commit it does nothing.
+func (c *ArchiveCut) Abort() {
+	if c != nil && c.blobs != nil {
+		c.blobs.abort()
+		c.blobs = nil
+	}
 }
 
 // WriteArchive writes the archive of the upper directory upper (a path the

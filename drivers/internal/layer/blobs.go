@@ -26,17 +26,19 @@ package layer
 // that moment. A cut reuses the cache file of a path whose file still has
 // all six (a hard link, no bytes copied); any other large file is copied
 // into a new cache file while the sandbox is frozen — what layer.tar's
-// copy cost before — its digest computed on the way, fsync'd, checked
-// unchanged afterwards, and referenced. The change time is what makes
-// "unchanged" sound: every write, truncate, chmod, chown, xattr change or
-// rename through the kernel sets it to the current time, and no system
-// call sets it to a chosen value (only a change of the host's clock, or
-// writing the block device under the filesystem, could forge it). A cache
-// file is never written once made (a changed file gets a new key), so the
-// images and hot copies that link it keep their bytes. After a successful
-// cut the index is replaced (temporary file, fsync, rename, fsync of the
-// directory) and every cache file the cut did not reference is removed; a
-// failed cut removes the cache files it made and keeps the old index.
+// copy cost before — its digest computed on the way, checked unchanged
+// afterwards, and referenced. The change time is what makes "unchanged"
+// sound: every write, truncate, chmod, chown, xattr change or rename
+// through the kernel sets it to the current time, and no system call sets
+// it to a chosen value (only a change of the host's clock within the
+// timestamp granularity, or writing the block device under the
+// filesystem, could forge it). A cache file is never written once made (a
+// changed file gets a new key), so the images and hot copies that link it
+// keep their bytes. After the thaw, ArchiveCut.Commit fsyncs the new cache
+// files, then replaces the index (temporary file, fsync, rename, fsync of
+// the directory) and removes every cache file the cut did not reference;
+// a failed cut (Abort) removes the cache files it made and keeps the old
+// index, so the index only ever names durable files.
 //
 // # Restore
 //
@@ -211,9 +213,7 @@ func (w *blobWriter) copy(name string, f *os.File, st *unix.Stat_t) (blobEntry, 
 	if err := unix.Fstat(int(f.Fd()), &after); err != nil || after.Size != st.Size || after.Mtim != st.Mtim || after.Ctim != st.Ctim {
 		return blobEntry{}, changed(name, err)
 	}
-	if err := cf.Sync(); err != nil {
-		return blobEntry{}, fmt.Errorf("layer blob cache: %w", err)
-	}
+	// Not fsynced here: commit does, after the sandbox is thawed.
 	if err := cf.Close(); err != nil {
 		return blobEntry{}, fmt.Errorf("layer blob cache: %w", err)
 	}
@@ -254,6 +254,11 @@ func (w *blobWriter) link(key string) error {
 // commit makes this cut's references the cache's (the index replaced
 // durably), then removes the cache files nothing references.
 func (w *blobWriter) commit() error {
+	for _, k := range w.created {
+		if err := syncFile(filepath.Join(w.cache, k)); err != nil {
+			return fmt.Errorf("layer blob cache: %w", err)
+		}
+	}
 	b, err := json.Marshal(blobIndex{Version: blobIndexVersion, Files: w.now})
 	if err != nil {
 		return err
@@ -307,6 +312,15 @@ func writeSyncedFile(path string, b []byte) error {
 		return err
 	}
 	return f.Close()
+}
+
+func syncFile(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
 
 func syncDirPath(dir string) error {

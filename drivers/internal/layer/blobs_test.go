@@ -260,6 +260,36 @@ func TestArchiveBlobsFailedCut(t *testing.T) {
 	if refs3["big/a"] != refs1["big/a"] || refs3["big/b"] != refs1["big/b"] || refs3["big/new"] == "" {
 		t.Errorf("after the failed cut: %v, before %v", refs3, refs1)
 	}
+
+	// A cut aborted after the archive (the runtime's dump failed) leaves
+	// the cache as it was; the next one reuses all three and copies the
+	// changed file only.
+	if err := os.WriteFile(filepath.Join(src, "big/new"), big[1:], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := cacheNames(t, cache)
+	c, err := CutArchiveFile(filepath.Join(t.TempDir(), "layer.tar"), src, ArchiveOptions{BlobCache: cache})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Reused != 2 || c.Copied != 1 {
+		t.Errorf("cut: %d blobs reused, %d copied; want 2 and 1", c.Reused, c.Copied)
+	}
+	c.Abort()
+	if got := cacheNames(t, cache); strings.Join(got, " ") != strings.Join(before, " ") {
+		t.Errorf("cache after an aborted cut: %v, before %v", got, before)
+	}
+	c, err = CutArchiveFile(filepath.Join(t.TempDir(), "layer.tar"), src, ArchiveOptions{BlobCache: cache})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	c.Abort() // after Commit: nothing
+	if c.Reused != 2 || c.Copied != 1 || len(cacheNames(t, cache)) != 4 {
+		t.Errorf("cut after the abort: %d reused, %d copied, cache %v", c.Reused, c.Copied, cacheNames(t, cache))
+	}
 }
 
 // refTar is an archive of the root and one file f referencing blob key.
