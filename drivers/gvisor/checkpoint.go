@@ -33,10 +33,8 @@ const imageVersion = 1
 //	             owners, times, symlinks, hard links, whiteouts as 0/0
 //	             character devices, xattrs such as trusted.overlay.opaque;
 //	             owners as host ids): drivers/internal/layer's archive
-//	layer-blobs/ the bytes of the layer's files of 1 MiB or more, which
-//	             layer.tar references: hard links to the sandbox's blob
-//	             cache (blobCacheDir), so a file unchanged since the last
-//	             cut is not copied again (drivers/internal/layer, blobs.go)
+//	layer-blobs/ the layer's files of 1 MiB or more, which layer.tar
+//	             references: links into blobCacheDir (layer's blobs.go)
 //	runsc/       `runsc checkpoint --compression=none` output (kernel state
 //	             and memory pages)
 const (
@@ -168,8 +166,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	}()
 
 	// The layer, as of the frozen moment.
-	lc, err := layer.CutArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(),
-		layer.ArchiveOptions{Failpoints: d.opts.Failpoints, BlobCache: d.blobCacheDir(id)})
+	lc, err := layer.CutArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), layer.ArchiveOptions{Failpoints: d.opts.Failpoints, BlobCache: d.blobCacheDir(id)})
 	if err != nil {
 		return stats, fmt.Errorf("checkpoint %s: layer: %w", id, err)
 	}
@@ -184,10 +181,8 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	if err := resume(); err != nil {
 		return stats, err
 	}
-	d.log.Debug("checkpoint: steps", "sandbox", id, "pause", frozen.Sub(start), "layer", tLayer.Sub(frozen), "runsc_checkpoint", tImage.Sub(tLayer), "resume", time.Since(tImage),
-		"layer_blobs_reused", lc.Reused, "layer_blobs_copied", lc.Copied)
-	// The new blob cache files are fsynced now, the sandbox running.
-	if err := lc.Commit(); err != nil {
+	d.log.Debug("checkpoint: steps", "sandbox", id, "pause", frozen.Sub(start), "layer", tLayer.Sub(frozen), "runsc_checkpoint", tImage.Sub(tLayer), "resume", time.Since(tImage), "blobs_reused", lc.Reused, "blobs_copied", lc.Copied)
+	if err := lc.Commit(); err != nil { // new blob cache files fsynced, the sandbox running
 		return stats, fmt.Errorf("checkpoint %s: layer: %w", id, err)
 	}
 
@@ -513,9 +508,7 @@ func (d *Driver) restoreLayerContent(ctx context.Context, id string, l *layer.La
 	if err := emptyDir(filepath.Join(filepath.Dir(l.Upper()), "work")); err != nil {
 		return 0, fmt.Errorf("restore %s: clear layer: %w", id, err)
 	}
-	// The blob cache describes the files the layer had (their inodes):
-	// the next cut copies the restored ones afresh.
-	if err := os.RemoveAll(d.blobCacheDir(id)); err != nil {
+	if err := os.RemoveAll(d.blobCacheDir(id)); err != nil { // it describes the old files' inodes
 		return 0, fmt.Errorf("restore %s: clear blob cache: %w", id, err)
 	}
 	entries, err := layer.ExtractArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), layer.ArchiveOptions{Failpoints: d.opts.Failpoints})

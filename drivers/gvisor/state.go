@@ -73,6 +73,7 @@ func (d *Driver) layerDir(id string) string   { return filepath.Join(d.sbxDir, i
 // blobCacheDir is sandbox id's layer blob cache (drivers/internal/layer,
 // blobs.go): the large files of its upper directory as its last cut saw
 // them, which the next cut's image links instead of copying them again.
+// A restore removes it: it describes the inodes of the files replaced.
 func (d *Driver) blobCacheDir(id string) string { return filepath.Join(d.sbxDir, id, "layer-cache") }
 func (d *Driver) bundleDir(id string) string    { return filepath.Join(d.sbxDir, id, "bundle") }
 func (d *Driver) execDir(id string) string      { return filepath.Join(d.sbxDir, id, "exec") }
