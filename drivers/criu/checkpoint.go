@@ -229,8 +229,8 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	if err != nil {
 		return stats, recordErr(id, fmt.Errorf("archive layer: %w", err))
 	}
-	defer lc.Abort() // after Commit, nothing
-	files, layerBytes := lc.Entries, lc.Size
+	defer lc.Abort() // after Commit, nothing; the layer's bytes count its blobs:
+	files, layerBytes := lc.Entries, lc.Size+lc.BlobBytes
 	// CRIU finds the cgroup frozen and leaves it frozen. LeaveStopped is
 	// not CRIU's kill-after-dump: the driver kills the frozen tree itself,
 	// as Kill does, so that no task outlives the cut.

@@ -170,8 +170,8 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	if err != nil {
 		return stats, fmt.Errorf("checkpoint %s: layer: %w", id, err)
 	}
-	defer lc.Abort() // after Commit, nothing
-	entries, layerBytes := lc.Entries, lc.Size
+	defer lc.Abort() // after Commit, nothing; the layer's bytes count its blobs:
+	entries, layerBytes := lc.Entries, lc.Size+lc.BlobBytes
 	tLayer := time.Now()
 	// Memory and kernel state.
 	if err := d.saveKernelRetried(ctx, id, runscDir, !opts.LeaveStopped); err != nil {

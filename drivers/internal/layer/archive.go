@@ -158,8 +158,11 @@ func WriteArchiveFile(path, upper string, o ArchiveOptions) (entries int, size i
 type ArchiveCut struct {
 	Entries int
 	Size    int64 // of the archive file, blobs not counted
-	// Reused and Copied count the blobs linked from the cache and the
-	// ones copied into it (blobs.go).
+	// BlobBytes is the size of the blobs (Size+BlobBytes: the layer's,
+	// as an archive of every byte would have had it, about); Reused and
+	// Copied count the blobs linked from the cache and the ones copied
+	// into it (blobs.go).
+	BlobBytes      int64
 	Reused, Copied int
 	blobs          *blobWriter
 }
@@ -205,7 +208,7 @@ func CutArchiveFile(path, upper string, o ArchiveOptions) (_ *ArchiveCut, err er
 	}
 	c.Size = fi.Size()
 	if c.blobs != nil {
-		c.Reused, c.Copied = c.blobs.reused, c.blobs.copied
+		c.Reused, c.Copied, c.BlobBytes = c.blobs.reused, c.blobs.copied, c.blobs.bytes
 	}
 	return c, nil
 }

@@ -135,6 +135,7 @@ type blobWriter struct {
 	// Reused, Copied count the references of this cut by how they were
 	// made (tests, logs).
 	reused, copied int
+	bytes          int64
 }
 
 func newBlobWriter(cache, imageDir string) (*blobWriter, error) {
@@ -185,6 +186,7 @@ func (w *blobWriter) ref(name string, f *os.File, st *unix.Stat_t) (map[string]s
 		return nil, fmt.Errorf("layer archive: %s: blob: %w", name, err)
 	}
 	w.now[name] = e
+	w.bytes += e.Size
 	return map[string]string{paxBlob: e.Key, paxBlobSize: strconv.FormatInt(e.Size, 10), paxBlobSHA256: e.SHA256}, nil
 }
 
