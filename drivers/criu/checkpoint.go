@@ -231,6 +231,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	}
 	defer lc.Abort() // after Commit, nothing; the layer's bytes count its blobs:
 	files, layerBytes := lc.Entries, lc.Size+lc.BlobBytes
+	layerTook := time.Since(frozenAt)
 	// CRIU finds the cgroup frozen and leaves it frozen. LeaveStopped is
 	// not CRIU's kill-after-dump: the driver kills the frozen tree itself,
 	// as Kill does, so that no task outlives the cut.
@@ -291,7 +292,8 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	stats.MemoryBytes = mem
 	stats.LayerBytes = layerBytes
 	stats.Total = time.Since(start)
-	d.log.Info("sandbox checkpointed", "sandbox", id, "frozen", stats.Frozen, "total", stats.Total, "memory_bytes", mem, "layer_bytes", layerBytes)
+	d.log.Info("sandbox checkpointed", "sandbox", id, "frozen", stats.Frozen, "total", stats.Total, "memory_bytes", mem, "layer_bytes", layerBytes,
+		"frozen_to_layer", layerTook, "blobs_reused", lc.Reused, "blobs_copied", lc.Copied)
 	return stats, nil
 }
 
