@@ -261,11 +261,25 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		return stats, recordErr(id, fmt.Errorf("archive layer: %w", err))
 	}
 	mem := pagesBytes(criuDir)
+	if err := d.writeImageMeta(ctx, imageDir, rec, frozenAt, conns, files, mem, starts); err != nil {
+		return stats, err
+	}
+	stats.MemoryBytes = mem
+	stats.LayerBytes = layerBytes
+	stats.Total = time.Since(start)
+	d.log.Info("sandbox checkpointed", "sandbox", id, "frozen", stats.Frozen, "total", stats.Total, "memory_bytes", mem, "layer_bytes", layerBytes,
+		"frozen_to_layer", layerTook, "blobs_reused", lc.Reused, "blobs_copied", lc.Copied)
+	return stats, nil
+}
+
+// writeImageMeta writes imageDir's image.json for the cut of rec made at
+// cut.
+func (d *Driver) writeImageMeta(ctx context.Context, imageDir string, rec *record, cut time.Time, conns, files int, mem int64, starts map[int]uint64) error {
 	meta := imageMeta{
 		Version:     imageFormatVersion,
 		Driver:      "criu",
 		CriuVersion: d.criuVersion(ctx),
-		ID:          id,
+		ID:          rec.ID,
 		Tenant:      rec.Tenant,
 		Template:    rec.Template,
 		Limits:      rec.Limits,
@@ -273,7 +287,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		HostID:      rec.HostID,
 		IDs:         idsPerSandbox,
 		Created:     rec.Created,
-		Cut:         frozenAt.UTC(),
+		Cut:         cut.UTC(),
 		Connections: conns,
 		LayerFiles:  files,
 		MemoryBytes: mem,
@@ -284,17 +298,9 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	}
 	b, err := json.MarshalIndent(meta, "", "  ")
 	if err != nil {
-		return stats, err
+		return err
 	}
-	if err := writeFileAtomic(filepath.Join(imageDir, imageMetaName), b, 0o600); err != nil {
-		return stats, err
-	}
-	stats.MemoryBytes = mem
-	stats.LayerBytes = layerBytes
-	stats.Total = time.Since(start)
-	d.log.Info("sandbox checkpointed", "sandbox", id, "frozen", stats.Frozen, "total", stats.Total, "memory_bytes", mem, "layer_bytes", layerBytes,
-		"frozen_to_layer", layerTook, "blobs_reused", lc.Reused, "blobs_copied", lc.Copied)
-	return stats, nil
+	return writeFileAtomic(filepath.Join(imageDir, imageMetaName), b, 0o600)
 }
 
 func (d *Driver) criuVersion(ctx context.Context) string {
