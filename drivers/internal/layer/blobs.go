@@ -124,7 +124,7 @@ func validBlobKey(k string) bool {
 	return true
 }
 
-// blobWriter makes the blob references of one WriteArchiveFile.
+// blobWriter makes the blob references of one CutArchiveFile.
 type blobWriter struct {
 	cache   string // the cache directory (the daemon's)
 	blobDir string // the image's BlobDirName
@@ -190,8 +190,8 @@ func (w *blobWriter) ref(name string, f *os.File, st *unix.Stat_t) (map[string]s
 	return map[string]string{paxBlob: e.Key, paxBlobSize: strconv.FormatInt(e.Size, 10), paxBlobSHA256: e.SHA256}, nil
 }
 
-// copy makes a new cache file of f's st.Size bytes, fsync'd, and checks
-// that f did not change meanwhile.
+// copy makes a new cache file of f's st.Size bytes (fsynced by commit)
+// and checks that f did not change meanwhile.
 func (w *blobWriter) copy(name string, f *os.File, st *unix.Stat_t) (blobEntry, error) {
 	var r [16]byte
 	if _, err := rand.Read(r[:]); err != nil {
@@ -272,6 +272,7 @@ func (w *blobWriter) commit() error {
 	if err := os.Rename(tmp, filepath.Join(w.cache, blobIndexName)); err != nil {
 		return fmt.Errorf("layer blob cache: %w", err)
 	}
+	w.created = nil // the index names them now: abort must not remove them
 	if err := syncDirPath(w.cache); err != nil {
 		return fmt.Errorf("layer blob cache: %w", err)
 	}
