@@ -60,8 +60,13 @@ import (
 // from a private copy of the images with their host ids moved to it
 // (fork.go), so it runs beside the original.
 
+// imageFormatVersion 2: layer.tar references blobs in layer-blobs/; an
+// image without blobs is written as imageFormatNoBlobs, which binaries
+// from before blobs read (they would restore a blob as an empty file, and
+// refuse a 2).
 const (
-	imageFormatVersion = 1
+	imageFormatVersion = 2
+	imageFormatNoBlobs = 1
 	imageMetaName      = "image.json"
 	imageCriuDir       = "criu"
 	imageLayerName     = "layer.tar"
@@ -261,7 +266,8 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		return stats, recordErr(id, fmt.Errorf("archive layer: %w", err))
 	}
 	mem := pagesBytes(criuDir)
-	if err := d.writeImageMeta(ctx, imageDir, rec, frozenAt, conns, files, mem, starts); err != nil {
+	version := imageFormatNoBlobs + min(lc.Reused+lc.Copied, 1)
+	if err := d.writeImageMeta(ctx, imageDir, rec, version, frozenAt, conns, files, mem, starts); err != nil {
 		return stats, err
 	}
 	stats.MemoryBytes = mem
@@ -272,11 +278,11 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	return stats, nil
 }
 
-// writeImageMeta writes imageDir's image.json for the cut of rec made at
-// cut.
-func (d *Driver) writeImageMeta(ctx context.Context, imageDir string, rec *record, cut time.Time, conns, files int, mem int64, starts map[int]uint64) error {
+// writeImageMeta writes imageDir's image.json (format version) for the
+// cut of rec made at cut.
+func (d *Driver) writeImageMeta(ctx context.Context, imageDir string, rec *record, version int, cut time.Time, conns, files int, mem int64, starts map[int]uint64) error {
 	meta := imageMeta{
-		Version:     imageFormatVersion,
+		Version:     version,
 		Driver:      "criu",
 		CriuVersion: d.criuVersion(ctx),
 		ID:          rec.ID,
@@ -391,7 +397,7 @@ func readImageMeta(imageDir string) (*imageMeta, error) {
 	if m.Driver != "criu" {
 		return nil, errdefs.InvalidArgumentf("checkpoint image %s: made by driver %q, not criu", imageDir, m.Driver)
 	}
-	if m.Version != imageFormatVersion {
+	if m.Version != imageFormatVersion && m.Version != imageFormatNoBlobs {
 		return nil, errdefs.DataLossf("checkpoint image %s: format version %d, this driver reads %d", imageDir, m.Version, imageFormatVersion)
 	}
 	if m.IDs != idsPerSandbox {

@@ -2,6 +2,7 @@ package criu
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
@@ -11,6 +12,20 @@ import (
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/drivers/internal/layer"
 )
+
+// imageVersionOf is the format version in imageDir's image.json.
+func imageVersionOf(t *testing.T, imageDir string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(imageDir, "image.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct{ Version int }
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m.Version
+}
 
 // onlyBlob returns the one blob of an image and its inode.
 func onlyBlob(t *testing.T, imageDir string) (string, uint64) {
@@ -38,7 +53,6 @@ func TestCheckpointLayerBlobs(t *testing.T) {
 	requireCriu(t, td)
 	ctx := context.Background()
 	id := td.create(sandbox.Limits{})
-	sum := td.sh(id, `dd if=/dev/urandom of=/root/big.bin bs=1048576 count=64 2>/dev/null && chown 1000:1000 /root/big.bin && sha256sum /root/big.bin && stat -c '%u %g %a' /root/big.bin`)
 	cut := func() (string, sandbox.CheckpointStats) {
 		t.Helper()
 		dir := t.TempDir()
@@ -49,7 +63,15 @@ func TestCheckpointLayerBlobs(t *testing.T) {
 		t.Logf("cut: frozen %v, total %v, layer %d B", cs.Frozen, cs.Total, cs.LayerBytes)
 		return dir, cs
 	}
+	img0, _ := cut()
+	if v := imageVersionOf(t, img0); v != imageFormatNoBlobs {
+		t.Errorf("image without blobs: format %d", v)
+	}
+	sum := td.sh(id, `dd if=/dev/urandom of=/root/big.bin bs=1048576 count=64 2>/dev/null && chown 1000:1000 /root/big.bin && sha256sum /root/big.bin && stat -c '%u %g %a' /root/big.bin`)
 	img1, _ := cut()
+	if v := imageVersionOf(t, img1); v != imageFormatVersion {
+		t.Errorf("image with a blob: format %d, want %d", v, imageFormatVersion)
+	}
 	img2, cs2 := cut()
 	if fi, err := os.Stat(filepath.Join(img2, "layer.tar")); err != nil || fi.Size() > 1<<20 {
 		t.Errorf("second cut's layer.tar: %v %v: the unchanged 64 MiB file was archived again", fi, err)

@@ -23,8 +23,11 @@ import (
 var _ sandbox.Checkpointer = (*Driver)(nil)
 
 // imageVersion is the format of image.json (and of the image directory's
-// layout). Bump it when either changes meaning.
-const imageVersion = 1
+// layout). Bump it when either changes meaning. 2: layer.tar references
+// blobs in layer-blobs/; an image without blobs is written as 1, which
+// binaries from before blobs read (they would restore a blob as an empty
+// file, and refuse a 2).
+const imageVersion, imageVersionNoBlobs = 2, 1
 
 // Names inside an image directory:
 //
@@ -191,7 +194,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		return stats, err
 	}
 	meta := imageMeta{
-		Version:        imageVersion,
+		Version:        imageVersionNoBlobs + min(lc.Reused+lc.Copied, 1),
 		Driver:         "gvisor",
 		RunscVersion:   rec.RunscVersion,
 		RunscFlags:     rec.RunscFlags,
@@ -621,7 +624,7 @@ func readImageMeta(imageDir string) (*imageMeta, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, errdefs.DataLossf("image %s: %s: %v", imageDir, imageMetaName, err)
 	}
-	if m.Version != imageVersion {
+	if m.Version != imageVersion && m.Version != imageVersionNoBlobs {
 		return nil, errdefs.FailedPreconditionf("image %s: format version %d, this driver reads %d", imageDir, m.Version, imageVersion)
 	}
 	if m.Driver != "gvisor" {

@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,20 @@ import (
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/drivers/internal/layer"
 )
+
+// imageVersionOf is the format version in imageDir's image.json.
+func imageVersionOf(t *testing.T, imageDir string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(imageDir, "image.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct{ Version int }
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m.Version
+}
 
 // onlyBlob returns the one blob of an image and its inode.
 func onlyBlob(t *testing.T, imageDir string) (string, uint64) {
@@ -46,7 +61,6 @@ func TestCheckpointLayerBlobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
-	sum := mustSh(t, d, id, `dd if=/dev/urandom of=/root/big.bin bs=1M count=64 2>/dev/null && sha256sum /root/big.bin`)
 	cut := func(name string) (string, sandbox.CheckpointStats) {
 		t.Helper()
 		dir := filepath.Join(t.TempDir(), name)
@@ -57,7 +71,16 @@ func TestCheckpointLayerBlobs(t *testing.T) {
 		t.Logf("%s: frozen %v, total %v, layer %d B", name, cs.Frozen, cs.Total, cs.LayerBytes)
 		return dir, cs
 	}
+	// An image without a large file stays of format 1 (what binaries
+	// from before blobs read); one with blobs is 2.
+	if img0, _ := cut("image0"); imageVersionOf(t, img0) != imageVersionNoBlobs {
+		t.Errorf("image without blobs: format %d", imageVersionOf(t, img0))
+	}
+	sum := mustSh(t, d, id, `dd if=/dev/urandom of=/root/big.bin bs=1M count=64 2>/dev/null && sha256sum /root/big.bin`)
 	img1, _ := cut("image1")
+	if v := imageVersionOf(t, img1); v != imageVersion {
+		t.Errorf("image with a blob: format %d, want %d", v, imageVersion)
+	}
 	img2, cs2 := cut("image2")
 	if fi, err := os.Stat(filepath.Join(img2, "layer.tar")); err != nil || fi.Size() > 1<<20 {
 		t.Errorf("second cut's layer.tar: %v %v: the unchanged 64 MiB file was archived again", fi, err)
