@@ -37,6 +37,10 @@ import (
 //	             every xattr, among them trusted.overlay.opaque):
 //	             drivers/internal/layer's archive, walked and extracted by
 //	             descriptor
+//	layer-blobs/ the bytes of the layer's files of 1 MiB or more, which
+//	             layer.tar references: hard links to the sandbox's blob
+//	             cache (blobCacheDir), so a file unchanged since the last
+//	             cut is not copied again (drivers/internal/layer, blobs.go)
 //
 // The consistent cut: Checkpoint freezes the sandbox's freezer cgroup
 // itself, archives the upper directory, then lets CRIU dump the frozen
@@ -56,8 +60,13 @@ import (
 // from a private copy of the images with their host ids moved to it
 // (fork.go), so it runs beside the original.
 
+// imageFormatVersion 2: layer.tar references blobs in layer-blobs/; an
+// image without blobs is written as imageFormatNoBlobs, which binaries
+// from before blobs read (they would restore a blob as an empty file, and
+// refuse a 2).
 const (
-	imageFormatVersion = 1
+	imageFormatVersion = 2
+	imageFormatNoBlobs = 1
 	imageMetaName      = "image.json"
 	imageCriuDir       = "criu"
 	imageLayerName     = "layer.tar"
@@ -219,10 +228,15 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 			starts[p.PID] = p.StartTicks
 		}
 	}
-	files, layerBytes, err := layer.WriteArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), d.archiveOptions(rec))
+	ao := d.archiveOptions(rec)
+	ao.BlobCache = d.blobCacheDir(id)
+	lc, err := layer.CutArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), ao)
 	if err != nil {
 		return stats, recordErr(id, fmt.Errorf("archive layer: %w", err))
 	}
+	defer lc.Abort() // after Commit, nothing; the layer's bytes count its blobs:
+	files, layerBytes := lc.Entries, lc.Size+lc.BlobBytes
+	layerTook := time.Since(frozenAt)
 	// CRIU finds the cgroup frozen and leaves it frozen. LeaveStopped is
 	// not CRIU's kill-after-dump: the driver kills the frozen tree itself,
 	// as Kill does, so that no task outlives the cut.
@@ -247,12 +261,31 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		}
 	}
 	thaw()
+	// The new blob cache files are fsynced now, the sandbox running.
+	if err := lc.Commit(); err != nil {
+		return stats, recordErr(id, fmt.Errorf("archive layer: %w", err))
+	}
 	mem := pagesBytes(criuDir)
+	version := imageFormatNoBlobs + min(lc.Reused+lc.Copied, 1)
+	if err := d.writeImageMeta(ctx, imageDir, rec, version, frozenAt, conns, files, mem, starts); err != nil {
+		return stats, err
+	}
+	stats.MemoryBytes = mem
+	stats.LayerBytes = layerBytes
+	stats.Total = time.Since(start)
+	d.log.Info("sandbox checkpointed", "sandbox", id, "frozen", stats.Frozen, "total", stats.Total, "memory_bytes", mem, "layer_bytes", layerBytes,
+		"frozen_to_layer", layerTook, "blobs_reused", lc.Reused, "blobs_copied", lc.Copied)
+	return stats, nil
+}
+
+// writeImageMeta writes imageDir's image.json (format version) for the
+// cut of rec made at cut.
+func (d *Driver) writeImageMeta(ctx context.Context, imageDir string, rec *record, version int, cut time.Time, conns, files int, mem int64, starts map[int]uint64) error {
 	meta := imageMeta{
-		Version:     imageFormatVersion,
+		Version:     version,
 		Driver:      "criu",
 		CriuVersion: d.criuVersion(ctx),
-		ID:          id,
+		ID:          rec.ID,
 		Tenant:      rec.Tenant,
 		Template:    rec.Template,
 		Limits:      rec.Limits,
@@ -260,7 +293,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		HostID:      rec.HostID,
 		IDs:         idsPerSandbox,
 		Created:     rec.Created,
-		Cut:         frozenAt.UTC(),
+		Cut:         cut.UTC(),
 		Connections: conns,
 		LayerFiles:  files,
 		MemoryBytes: mem,
@@ -271,16 +304,9 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	}
 	b, err := json.MarshalIndent(meta, "", "  ")
 	if err != nil {
-		return stats, err
+		return err
 	}
-	if err := writeFileAtomic(filepath.Join(imageDir, imageMetaName), b, 0o600); err != nil {
-		return stats, err
-	}
-	stats.MemoryBytes = mem
-	stats.LayerBytes = layerBytes
-	stats.Total = time.Since(start)
-	d.log.Info("sandbox checkpointed", "sandbox", id, "frozen", stats.Frozen, "total", stats.Total, "memory_bytes", mem, "layer_bytes", layerBytes)
-	return stats, nil
+	return writeFileAtomic(filepath.Join(imageDir, imageMetaName), b, 0o600)
 }
 
 func (d *Driver) criuVersion(ctx context.Context) string {
@@ -371,7 +397,7 @@ func readImageMeta(imageDir string) (*imageMeta, error) {
 	if m.Driver != "criu" {
 		return nil, errdefs.InvalidArgumentf("checkpoint image %s: made by driver %q, not criu", imageDir, m.Driver)
 	}
-	if m.Version != imageFormatVersion {
+	if m.Version != imageFormatVersion && m.Version != imageFormatNoBlobs {
 		return nil, errdefs.DataLossf("checkpoint image %s: format version %d, this driver reads %d", imageDir, m.Version, imageFormatVersion)
 	}
 	if m.IDs != idsPerSandbox {
@@ -647,6 +673,11 @@ func (d *Driver) restoreRootfs(rec *record, tarPath string) (string, int, error)
 	}
 	if err := unix.Unmount(l.Merged(), 0); err != nil {
 		return "", 0, fmt.Errorf("unmount fresh overlay: %w", err)
+	}
+	// A blob cache describes the files a layer had (their inodes): the
+	// next cut copies the restored ones afresh.
+	if err := os.RemoveAll(d.blobCacheDir(rec.ID)); err != nil {
+		return "", 0, fmt.Errorf("clear blob cache: %w", err)
 	}
 	files, err := layer.ExtractArchiveFile(tarPath, l.Upper(), d.archiveOptions(rec))
 	if err != nil {

@@ -124,7 +124,9 @@
 // Checkpoint and Restore, which drive CRIU against the same container,
 // rootfs and cgroups this driver sets up. The cut: the driver freezes the
 // sandbox's freezer cgroup, archives the layer's upper directory
-// (layer.tar), lets CRIU dump the frozen tree (leave-running; CRIU keeps a
+// (layer.tar; a file of 1 MiB or more as a blob in layer-blobs/, linked
+// from the sandbox's blob cache, blobCacheDir, when it did not change
+// since the last cut), lets CRIU dump the frozen tree (leave-running; CRIU keeps a
 // cgroup it found frozen frozen), then thaws it, or kills it for
 // LeaveStopped. Restore rebuilds layer and container from the template and
 // the image, in this or a fresh state directory: under the image's own

@@ -94,6 +94,12 @@ func (d *Driver) recordDir(id string) string  { return filepath.Join(d.sbxDir, i
 func (d *Driver) recordPath(id string) string { return filepath.Join(d.sbxDir, id, "sandbox.json") }
 func (d *Driver) layerDir(id string) string   { return filepath.Join(d.sbxDir, id, "layer") }
 
+// blobCacheDir is sandbox id's layer blob cache (drivers/internal/layer,
+// blobs.go): the large files of its upper directory as its last cut saw
+// them, which the next cut's image links instead of copying them again.
+// It goes with the record directory at Destroy.
+func (d *Driver) blobCacheDir(id string) string { return filepath.Join(d.sbxDir, id, "layer-cache") }
+
 func (d *Driver) loadRecord(id string) (*record, error) {
 	b, err := os.ReadFile(d.recordPath(id))
 	if err != nil {

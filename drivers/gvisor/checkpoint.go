@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -23,8 +22,11 @@ import (
 var _ sandbox.Checkpointer = (*Driver)(nil)
 
 // imageVersion is the format of image.json (and of the image directory's
-// layout). Bump it when either changes meaning.
-const imageVersion = 1
+// layout). Bump it when either changes meaning. 2: layer.tar references
+// blobs in layer-blobs/; an image without blobs is written as 1, which
+// binaries from before blobs read (they would restore a blob as an empty
+// file, and refuse a 2).
+const imageVersion, imageVersionNoBlobs = 2, 1
 
 // Names inside an image directory:
 //
@@ -33,6 +35,8 @@ const imageVersion = 1
 //	             owners, times, symlinks, hard links, whiteouts as 0/0
 //	             character devices, xattrs such as trusted.overlay.opaque;
 //	             owners as host ids): drivers/internal/layer's archive
+//	layer-blobs/ the layer's files of 1 MiB or more, which layer.tar
+//	             references: links into blobCacheDir (layer's blobs.go)
 //	runsc/       `runsc checkpoint --compression=none` output (kernel state
 //	             and memory pages)
 const (
@@ -164,10 +168,12 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	}()
 
 	// The layer, as of the frozen moment.
-	entries, layerBytes, err := layer.WriteArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), layer.ArchiveOptions{Failpoints: d.opts.Failpoints})
+	lc, err := layer.CutArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), layer.ArchiveOptions{Failpoints: d.opts.Failpoints, BlobCache: d.blobCacheDir(id)})
 	if err != nil {
 		return stats, fmt.Errorf("checkpoint %s: layer: %w", id, err)
 	}
+	defer lc.Abort() // after Commit, nothing; the layer's bytes count its blobs:
+	entries, layerBytes := lc.Entries, lc.Size+lc.BlobBytes
 	tLayer := time.Now()
 	// Memory and kernel state.
 	if err := d.saveKernelRetried(ctx, id, runscDir, !opts.LeaveStopped); err != nil {
@@ -177,14 +183,17 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	if err := resume(); err != nil {
 		return stats, err
 	}
-	d.log.Debug("checkpoint: steps", "sandbox", id, "pause", frozen.Sub(start), "layer", tLayer.Sub(frozen), "runsc_checkpoint", tImage.Sub(tLayer), "resume", time.Since(tImage))
+	d.log.Debug("checkpoint: steps", "sandbox", id, "pause", frozen.Sub(start), "layer", tLayer.Sub(frozen), "runsc_checkpoint", tImage.Sub(tLayer), "resume", time.Since(tImage), "blobs_reused", lc.Reused, "blobs_copied", lc.Copied)
+	if err := lc.Commit(); err != nil { // new blob cache files fsynced, the sandbox running
+		return stats, fmt.Errorf("checkpoint %s: layer: %w", id, err)
+	}
 
 	mem, err := dirSize(runscDir)
 	if err != nil {
 		return stats, err
 	}
 	meta := imageMeta{
-		Version:        imageVersion,
+		Version:        imageVersionNoBlobs + min(lc.Reused+lc.Copied, 1),
 		Driver:         "gvisor",
 		RunscVersion:   rec.RunscVersion,
 		RunscFlags:     rec.RunscFlags,
@@ -501,6 +510,9 @@ func (d *Driver) restoreLayerContent(ctx context.Context, id string, l *layer.La
 	if err := emptyDir(filepath.Join(filepath.Dir(l.Upper()), "work")); err != nil {
 		return 0, fmt.Errorf("restore %s: clear layer: %w", id, err)
 	}
+	if err := os.RemoveAll(d.blobCacheDir(id)); err != nil { // it describes the old files' inodes
+		return 0, fmt.Errorf("restore %s: clear blob cache: %w", id, err)
+	}
 	entries, err := layer.ExtractArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), layer.ArchiveOptions{Failpoints: d.opts.Failpoints})
 	if err != nil {
 		return 0, fmt.Errorf("restore %s: layer: %w", id, err)
@@ -611,7 +623,7 @@ func readImageMeta(imageDir string) (*imageMeta, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, errdefs.DataLossf("image %s: %s: %v", imageDir, imageMetaName, err)
 	}
-	if m.Version != imageVersion {
+	if m.Version != imageVersion && m.Version != imageVersionNoBlobs {
 		return nil, errdefs.FailedPreconditionf("image %s: format version %d, this driver reads %d", imageDir, m.Version, imageVersion)
 	}
 	if m.Driver != "gvisor" {
@@ -643,60 +655,6 @@ func unmountRetry(ctx context.Context, path string) error {
 		return errdefs.Unavailablef("%s is still mounted", path)
 	}
 	return nil
-}
-
-// emptyDir removes everything inside dir.
-func emptyDir(dir string) error {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
-	for _, e := range ents {
-		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// dirSize sums the sizes of the regular files under dir.
-func dirSize(dir string) (int64, error) {
-	var n int64
-	err := filepath.WalkDir(dir, func(_ string, de fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if de.Type().IsRegular() {
-			fi, err := de.Info()
-			if err != nil {
-				return err
-			}
-			n += fi.Size()
-		}
-		return nil
-	})
-	return n, err
-}
-
-// syncTree fsyncs every file and directory under dir.
-func syncTree(dir string) error {
-	return filepath.WalkDir(dir, func(p string, de fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if !de.IsDir() && !de.Type().IsRegular() {
-			return nil
-		}
-		f, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		err = f.Sync()
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		return err
-	})
 }
 
 // saveKernel writes sandbox id's kernel and memory into runscDir as

@@ -123,6 +123,9 @@
 //	                                  it holds the agent's token)
 //	    bundle/config.json            the OCI spec
 //	    layer/                        drivers/internal/layer: disk.img, fs/, merged/
+//	    layer-cache/                  the layer's blob cache: the large files
+//	                                  the last cut saw (drivers/internal/layer,
+//	                                  blobs.go), linked into the next image
 //	    exec/                         per-exec process specs and pid files
 //	    runsc.log                     runsc's errors while booting
 //
@@ -137,7 +140,9 @@
 //
 // Checkpoint (checkpoint.go) cuts the sandbox into an image directory:
 // `runsc pause`; the layer's upper directory archived to layer.tar (modes,
-// owners, times, symlinks, hard links, whiteouts, xattrs); `runsc
+// owners, times, symlinks, hard links, whiteouts, xattrs; a file of 1 MiB
+// or more as a blob in layer-blobs/, linked from the sandbox's blob cache
+// when it did not change since the last cut, else copied once); `runsc
 // checkpoint --compression=none --leave-running` into runsc/; `runsc
 // resume`; image.json (format version, runsc version and flags, template,
 // limits, environment, spec generation, agent build and token; 0600). No

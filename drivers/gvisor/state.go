@@ -69,10 +69,16 @@ type record struct {
 func (d *Driver) dir(id string) string        { return filepath.Join(d.sbxDir, id) }
 func (d *Driver) recordPath(id string) string { return filepath.Join(d.sbxDir, id, "sandbox.json") }
 func (d *Driver) layerDir(id string) string   { return filepath.Join(d.sbxDir, id, "layer") }
-func (d *Driver) bundleDir(id string) string  { return filepath.Join(d.sbxDir, id, "bundle") }
-func (d *Driver) execDir(id string) string    { return filepath.Join(d.sbxDir, id, "exec") }
-func (d *Driver) netnsPath(id string) string  { return filepath.Join(d.netnsDir, id) }
-func (d *Driver) cgroupPath(id string) string { return filepath.Join(d.opts.CgroupParent, id) }
+
+// blobCacheDir is sandbox id's layer blob cache (drivers/internal/layer,
+// blobs.go): the large files of its upper directory as its last cut saw
+// them, which the next cut's image links instead of copying them again.
+// A restore removes it: it describes the inodes of the files replaced.
+func (d *Driver) blobCacheDir(id string) string { return filepath.Join(d.sbxDir, id, "layer-cache") }
+func (d *Driver) bundleDir(id string) string    { return filepath.Join(d.sbxDir, id, "bundle") }
+func (d *Driver) execDir(id string) string      { return filepath.Join(d.sbxDir, id, "exec") }
+func (d *Driver) netnsPath(id string) string    { return filepath.Join(d.netnsDir, id) }
+func (d *Driver) cgroupPath(id string) string   { return filepath.Join(d.opts.CgroupParent, id) }
 
 func (d *Driver) loadRecord(id string) (*record, error) {
 	b, err := os.ReadFile(d.recordPath(id))

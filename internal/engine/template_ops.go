@@ -19,6 +19,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -333,6 +334,8 @@ type UpgradeRequest struct {
 }
 
 // copyLayer applies a checkpoint's layer.tar (an overlay upper directory)
+// — a large file's bytes read from the image's layer-blobs/ where the
+// archive references them (openLayerBlob) —
 // to sandbox id through its confined FS: whiteouts (0/0 character devices)
 // remove the path, an opaque directory is emptied first, other devices are
 // skipped, and regular files, directories, symlinks and hard links are
@@ -400,10 +403,26 @@ func (e *templateOps) copyLayer(ctx context.Context, id, layerTar string) (files
 		if h.Typeflag != tar.TypeReg {
 			nh.Size = 0
 		}
+		var blob *layerBlob
+		if h.Typeflag == tar.TypeReg {
+			if blob, err = openLayerBlob(filepath.Dir(layerTar), h); err != nil {
+				return fail(err)
+			}
+		}
+		if blob != nil {
+			nh.Size = blob.size
+		}
 		if err := tw.WriteHeader(nh); err != nil {
+			blob.close()
 			return fail(err)
 		}
-		if h.Typeflag == tar.TypeReg {
+		if blob != nil {
+			err = blob.copyTo(tw)
+			blob.close()
+			if err != nil {
+				return fail(err)
+			}
+		} else if h.Typeflag == tar.TypeReg {
 			if _, err := io.Copy(tw, tr); err != nil {
 				return fail(err)
 			}

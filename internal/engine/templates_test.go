@@ -220,6 +220,13 @@ func TestTemplateUpgradeRemoveGC(t *testing.T) {
 		"mkdir -p /root/work && echo data > /root/work/data && chmod 600 /root/work/data && ln -s data /root/work/link && rm /etc/group && echo changed > /etc/hosts"); code != 0 {
 		t.Fatal("prepare files")
 	}
+	// A file of 1 MiB or more is a blob of the checkpoint's layer archive
+	// (drivers/internal/layer, blobs.go): the upgrade reads its bytes from
+	// the image's layer-blobs/.
+	bigSum, code := execOut(t, e, "default", sb.ID, "sh", "-c", "dd if=/dev/urandom of=/root/work/big bs=1024 count=3000 2>/dev/null && sha256sum /root/work/big")
+	if code != 0 {
+		t.Fatal("write the large file")
+	}
 	v2 := importRelease(t, env.Catalog, "tpl", "v2").Version
 
 	// v1 is referenced by the sandbox: not removable.
@@ -243,6 +250,9 @@ func TestTemplateUpgradeRemoveGC(t *testing.T) {
 		"cat /root/work/data; readlink /root/work/link; stat -c %a /root/work/data; cat /etc/hosts; test -e /etc/group && echo group-back; echo MINE=$MINE")
 	if want := "data\ndata\n600\nchanged\nMINE=1\n"; out != want {
 		t.Fatalf("upgraded sandbox's files:\n%q\nwant\n%q", out, want)
+	}
+	if got, _ := execOut(t, e, "default", up.ID, "sha256sum", "/root/work/big"); got != bigSum {
+		t.Fatalf("upgraded sandbox's large file: %q, was %q", got, bigSum)
 	}
 	old, err := e.Get(ctx, "default", sb.ID)
 	if err != nil || old.State != "stopped" {
@@ -364,6 +374,13 @@ func TestTemplateRestoreOnAFreshNode(t *testing.T) {
 	if _, code := execOut(t, env.Engine, "default", sb.ID, "sh", "-c", "echo kept > /root/state"); code != 0 {
 		t.Fatal("write state")
 	}
+	// A file of 1 MiB or more travels as a blob of the image
+	// (layer-blobs/, drivers/internal/layer's blobs.go) through the chunk
+	// store.
+	bigSum, code := execOut(t, env.Engine, "default", sb.ID, "sh", "-c", "dd if=/dev/urandom of=/root/big bs=1024 count=3000 2>/dev/null && sha256sum /root/big")
+	if code != 0 {
+		t.Fatal("write the large file")
+	}
 	if _, err := env.Engine.Checkpoint(ctx, engine.CheckpointRequest{Tenant: "default", Sandbox: sb.ID}); err != nil {
 		t.Fatal(err)
 	}
@@ -394,7 +411,10 @@ func TestTemplateRestoreOnAFreshNode(t *testing.T) {
 	if _, err := cat.Get("minimal"); !errdefs.IsNotFound(err) {
 		t.Fatalf("node 2 has setup-script templates (%v): the test would prove nothing", err)
 	}
-	env.SetOptions(func(o *engine.Options) { o.Templates = cat })
+	// Node 2's own work directory: no hot copy, the image comes from the
+	// chunk store.
+	os.MkdirAll(filepath.Join(node2, "work"), 0o700)
+	env.SetOptions(func(o *engine.Options) { o.Templates, o.WorkDir = cat, filepath.Join(node2, "work") })
 	env.Restart(t)
 	got, err := env.Engine.Recover(ctx, "default", sb.ID, nil)
 	if err != nil {
@@ -405,6 +425,9 @@ func TestTemplateRestoreOnAFreshNode(t *testing.T) {
 	}
 	if out, _ := execOut(t, env.Engine, "default", sb.ID, "cat", "/root/state"); strings.TrimSpace(out) != "kept" {
 		t.Fatalf("state on node 2: %q", out)
+	}
+	if out, _ := execOut(t, env.Engine, "default", sb.ID, "sha256sum", "/root/big"); out != bigSum {
+		t.Fatalf("large file on node 2: %q, was %q", out, bigSum)
 	}
 	if _, err := os.Stat(filepath.Join(node2, "templates", "versions", strings.TrimPrefix(v1.Digest, "sha256:"), "rootfs", "etc", "amber-release")); err != nil {
 		t.Fatalf("node 2 did not cache the fetched version: %v", err)

@@ -52,6 +52,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -124,38 +125,132 @@ type ArchiveOptions struct {
 	// Failpoints, when set (tests), are evaluated at FPArchiveListed and
 	// FPExtractMkdir; an error one returns ends the walk with it.
 	Failpoints *failpoint.Set
+	// BlobCache, for WriteArchiveFile, is the sandbox's blob cache
+	// directory (blobs.go): set, regular files of BlobMinSize bytes or
+	// more are blobs of the image, copied only when they changed since
+	// the previous cut that used the same cache. Empty: every file's
+	// bytes are in the archive, as before.
+	BlobCache string
+	// BlobDir, for ExtractArchive, is the directory of the blobs the
+	// archive references (ExtractArchiveFile: BlobDirName beside the
+	// archive). Empty: a reference is ErrDataLoss.
+	BlobDir string
 }
 
 // WriteArchiveFile writes the archive of the upper directory upper into a
 // new file at path (an existing one is replaced) and returns its number of
-// entries and its size. The file is not fsynced: the caller syncs the
-// image directory it belongs to.
+// entries and its size (the archive's, blobs not counted). The archive is
+// not fsynced: the caller syncs the image directory it belongs to. With
+// o.BlobCache set it is CutArchiveFile and Commit at once.
 func WriteArchiveFile(path, upper string, o ArchiveOptions) (entries int, size int64, err error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
+	c, err := CutArchiveFile(path, upper, o)
 	if err != nil {
 		return 0, 0, err
 	}
-	defer f.Close()
-	bw := bufio.NewWriterSize(f, 1<<20)
-	if entries, err = WriteArchive(bw, upper, o); err != nil {
+	if err := c.Commit(); err != nil {
 		return 0, 0, err
 	}
+	return c.Entries, c.Size, nil
+}
+
+// ArchiveCut is an archive file written by CutArchiveFile whose blob cache
+// is not updated yet.
+type ArchiveCut struct {
+	Entries int
+	Size    int64 // of the archive file, blobs not counted
+	// BlobBytes is the size of the blobs (Size+BlobBytes: the layer's,
+	// as an archive of every byte would have had it, about); Reused and
+	// Copied count the blobs linked from the cache and the ones copied
+	// into it (blobs.go).
+	BlobBytes      int64
+	Reused, Copied int
+	blobs          *blobWriter
+}
+
+// CutArchiveFile is the part of WriteArchiveFile that must see the frozen
+// layer: the archive, and, with o.BlobCache set, the large files as blobs
+// in BlobDirName beside path (blobs.go), those changed since the cache's
+// last cut copied into new cache files, not yet fsynced. The caller thaws
+// the sandbox, then calls Commit (fsync of the new cache files, the
+// cache's index replaced, unreferenced cache files removed) before the
+// image counts as written, or Abort if the cut fails; until Commit the
+// cache's previous state stands. On error nothing needs undoing.
+func CutArchiveFile(path, upper string, o ArchiveOptions) (_ *ArchiveCut, err error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	c := &ArchiveCut{}
+	if o.BlobCache != "" {
+		if c.blobs, err = newBlobWriter(o.BlobCache, filepath.Dir(path)); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				c.blobs.abort()
+			}
+		}()
+	}
+	bw := bufio.NewWriterSize(f, 1<<20)
+	if c.Entries, err = writeArchive(bw, upper, o, c.blobs); err != nil {
+		return nil, err
+	}
 	if err := bw.Flush(); err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	fi, err := f.Stat()
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
-	return entries, fi.Size(), f.Close()
+	if err := f.Close(); err != nil {
+		return nil, err
+	}
+	c.Size = fi.Size()
+	if c.blobs != nil {
+		c.Reused, c.Copied, c.BlobBytes = c.blobs.reused, c.blobs.copied, c.blobs.bytes
+	}
+	return c, nil
+}
+
+// Commit makes the cut's blobs the cache's (see CutArchiveFile). A second
+// call does nothing.
+func (c *ArchiveCut) Commit() error {
+	b := c.blobs
+	c.blobs = nil
+	if b == nil {
+		return nil
+	}
+	if err := b.commit(); err != nil {
+		b.abort()
+		return err
+	}
+	return nil
+}
+
+// Abort removes the cache files the cut made; the cache stays as it was
+// before the cut. After Commit it does nothing.
+func (c *ArchiveCut) Abort() {
+	if c != nil && c.blobs != nil {
+		c.blobs.abort()
+		c.blobs = nil
+	}
 }
 
 // WriteArchive writes the archive of the upper directory upper (a path the
 // daemon chose; nothing under it is resolved by name) to w and returns its
 // number of entries. Nothing may write to upper meanwhile (the sandbox is
 // frozen, the files API held off): an entry found changed between two
-// looks at it is ErrConflict.
+// looks at it is ErrConflict. o.BlobCache must be empty (blobs are files
+// beside an archive file: WriteArchiveFile).
 func WriteArchive(w io.Writer, upper string, o ArchiveOptions) (int, error) {
+	if o.BlobCache != "" {
+		return 0, errdefs.InvalidArgumentf("layer archive: blobs need an archive file (WriteArchiveFile)")
+	}
+	return writeArchive(w, upper, o, nil)
+}
+
+func writeArchive(w io.Writer, upper string, o ArchiveOptions, blobs *blobWriter) (int, error) {
 	fd, err := unix.Open(upper, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, fmt.Errorf("layer archive: open %s: %w", upper, err)
@@ -165,7 +260,7 @@ func WriteArchive(w io.Writer, upper string, o ArchiveOptions) (int, error) {
 		unix.Close(fd)
 		return 0, err
 	}
-	a := &archiver{tw: tar.NewWriter(w), o: o, links: map[[2]uint64]string{}}
+	a := &archiver{tw: tar.NewWriter(w), o: o, links: map[[2]uint64]string{}, blobs: blobs}
 	if err := a.dir(fd, ".", &st, 0); err != nil {
 		return 0, err
 	}
@@ -179,6 +274,7 @@ type archiver struct {
 	tw      *tar.Writer
 	o       ArchiveOptions
 	links   map[[2]uint64]string // (dev, ino) → first name, of files with more than one link
+	blobs   *blobWriter          // nil: no blobs
 	entries int
 }
 
@@ -197,7 +293,9 @@ func (a *archiver) header(typ byte, name string, st *unix.Stat_t) *tar.Header {
 
 func (a *archiver) write(hdr *tar.Header, xs map[string]string) error {
 	if len(xs) > 0 {
-		hdr.PAXRecords = make(map[string]string, len(xs))
+		if hdr.PAXRecords == nil {
+			hdr.PAXRecords = make(map[string]string, len(xs))
+		}
 		for k, v := range xs {
 			hdr.PAXRecords[xattrRecord+k] = v
 		}
@@ -344,6 +442,12 @@ func (a *archiver) file(dfd int, n, name string, st *unix.Stat_t) error {
 		} else {
 			a.links[k] = name
 		}
+	}
+	if a.blobs != nil && hdr.Typeflag == tar.TypeReg && hdr.Size >= BlobMinSize {
+		if hdr.PAXRecords, err = a.blobs.ref(name, f, &now); err != nil {
+			return err
+		}
+		hdr.Size = 0
 	}
 	if err := a.write(hdr, xs); err != nil {
 		return err

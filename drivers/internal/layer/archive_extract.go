@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -23,8 +24,12 @@ import (
 )
 
 // ExtractArchiveFile extracts the archive in file path (see
-// ExtractArchive); a missing file is ErrDataLoss.
+// ExtractArchive), its blobs (if o.BlobDir is empty) read from BlobDirName
+// beside it; a missing file is ErrDataLoss.
 func ExtractArchiveFile(path, upper string, o ArchiveOptions) (int, error) {
+	if o.BlobDir == "" {
+		o.BlobDir = filepath.Join(filepath.Dir(path), BlobDirName)
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -42,7 +47,9 @@ func ExtractArchiveFile(path, upper string, o ArchiveOptions) (int, error) {
 // data from the blob store: a name that is absolute or climbs with "..",
 // an entry whose parent is not a directory (a symlink among them), a hard
 // link to a name outside upper, an unknown entry type and an unreadable
-// archive are ErrDataLoss. Owners are translated by o.IDs; set-ID bits are
+// archive are ErrDataLoss, and so is a blob reference (blobs.go) whose
+// blob in o.BlobDir is missing, not a regular file, or not of the size and
+// digest the archive records. Owners are translated by o.IDs; set-ID bits are
 // kept (they act inside the sandbox only). Directory times are set last.
 // Extraction is not atomic: on error the entries before stay.
 func ExtractArchive(r io.Reader, upper string, o ArchiveOptions) (int, error) {
@@ -50,7 +57,7 @@ func ExtractArchive(r io.Reader, upper string, o ArchiveOptions) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("layer archive: open %s: %w", upper, err)
 	}
-	x := &extractor{o: o, stack: []dirRef{{fd: root}}}
+	x := &extractor{o: o, stack: []dirRef{{fd: root}}, blobs: &blobReader{dir: o.BlobDir, fd: -1}}
 	defer x.close()
 	tr := tar.NewReader(r)
 	for {
@@ -90,6 +97,7 @@ type extractor struct {
 	// most entries find their parent open already.
 	stack   []dirRef
 	dirs    []dirTimes
+	blobs   *blobReader
 	entries int
 }
 
@@ -103,6 +111,7 @@ func (x *extractor) close() {
 		unix.Close(d.fd)
 	}
 	x.stack = nil
+	x.blobs.close()
 }
 
 // cleanName is an archive name relative to the root ("." for the root
@@ -299,7 +308,11 @@ func (x *extractor) extract(hdr *tar.Header, r io.Reader) error {
 		}
 		f := os.NewFile(uintptr(fd), name)
 		defer f.Close()
-		if _, err := io.Copy(f, r); err != nil {
+		if isBlobRef(hdr) {
+			if err := x.blobs.copyBlob(f, name, hdr); err != nil {
+				return err
+			}
+		} else if _, err := io.Copy(f, r); err != nil {
 			if errors.Is(err, io.ErrUnexpectedEOF) {
 				return errdefs.DataLossf("layer archive: %s: %v", name, err)
 			}

@@ -694,7 +694,8 @@ func TestArchiveChangedEntry(t *testing.T) {
 // FuzzLayerArchive extracts arbitrary bytes as a layer archive into a
 // temporary upper directory and asserts that nothing outside it is created
 // or changed: the host directory beside it (its marker's content, mode,
-// owner, times, link count) and /etc/passwd.
+// owner, times, link count), the blob directory the archive's references
+// read from, and /etc/passwd.
 func FuzzLayerArchive(f *testing.F) {
 	host := "/nonexistent-fuzz-host" // seeds name it; the fixture's is below
 	for _, ents := range [][]tarEnt{
@@ -713,7 +714,18 @@ func FuzzLayerArchive(f *testing.F) {
 	} {
 		f.Add(tarBytes(f, ents...))
 	}
+	blobKey := strings.Repeat("ab", 16)
+	blobSum := sha256.Sum256([]byte("blob bytes"))
+	for _, k := range []string{blobKey, "../host/marker", "/etc/passwd", strings.Repeat("0", 32)} {
+		f.Add(refTar(f, map[string]string{paxBlob: k, paxBlobSize: "10", paxBlobSHA256: hex.EncodeToString(blobSum[:])}))
+	}
 	base := f.TempDir()
+	if err := os.Mkdir(filepath.Join(base, "blobs"), 0o700); err != nil {
+		f.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(base, "blobs", blobKey), []byte("blob bytes"), 0o600); err != nil {
+		f.Fatal(err)
+	}
 	hostd := filepath.Join(base, "host")
 	if err := os.Mkdir(hostd, 0o755); err != nil {
 		f.Fatal(err)
@@ -738,7 +750,7 @@ func FuzzLayerArchive(f *testing.F) {
 			t.Fatal(err)
 		}
 		setTestTimes(t, upper)
-		_, _ = ExtractArchive(bytes.NewReader(data), upper, ArchiveOptions{IDs: IDMap{Host: 200000, Size: 65536}})
+		_, _ = ExtractArchive(bytes.NewReader(data), upper, ArchiveOptions{IDs: IDMap{Host: 200000, Size: 65536}, BlobDir: filepath.Join(base, "blobs")})
 		if err := os.RemoveAll(upper); err != nil {
 			t.Fatal(err)
 		}
