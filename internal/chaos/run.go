@@ -178,15 +178,24 @@ func (c *chaos) revive(dd *Daemon, fplog string, r *chaosRun) (stop func()) {
 func (c *chaos) watch(ctx context.Context, r *chaosRun, seed int64, plan []*chaosFault, st *chaosStream, dd *Daemon, arm func(), cl *client.Client, fplog, session string, wantAnswers int) (runStart time.Time, ok bool) {
 	runStart = time.Now()
 	fpSeen, startKills := 0, 0
-	var lastNudge time.Time
+	var lastNudge, doneAt time.Time
 	deadline := runStart.Add(c.o.RunTimeout)
 	for {
 		now := time.Now()
 		done, rec, lastAt := st.state(wantAnswers)
 		r.Reconciliation = r.Reconciliation || rec
 		if done {
+			// The uploads behind the session's last cuts go on after its
+			// last step: a store fault armed and not yet seen is given
+			// chaosSettle to fire in them (the firings are read, a
+			// killed daemon restarted, as during the run).
 			r.Completed = true
-			break
+			if doneAt.IsZero() {
+				doneAt = now
+			}
+			if !unseenStoreFault(plan) || now.Sub(doneAt) > chaosSettle {
+				break
+			}
 		}
 		if rec {
 			r.Problem = "the session needs reconciliation"
@@ -534,4 +543,19 @@ func (r *chaosRun) slowest() float64 {
 		}
 	}
 	return m
+}
+
+// chaosSettle is how long a finished run is watched further while a
+// store fault armed in its daemon has not fired (watch).
+const chaosSettle = 8 * time.Second
+
+// unseenStoreFault reports whether a fault of plan armed at a failpoint
+// has not been seen firing.
+func unseenStoreFault(plan []*chaosFault) bool {
+	for _, f := range plan {
+		if f.Spec != "" && f.armed && !f.Hit {
+			return true
+		}
+	}
+	return false
 }
