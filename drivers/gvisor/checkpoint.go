@@ -130,7 +130,11 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		}
 		defer letDial()
 	}
-	// Freeze (marked first: leftover.go).
+	// Freeze (marked first: leftover.go). A mark found here, under the
+	// lock, is a dead daemon's cut.
+	if err := d.stopLeftPausedLocked(id); err != nil {
+		return stats, fmt.Errorf("checkpoint %s: %w", id, err)
+	}
 	if err := d.markCut(id); err != nil {
 		return stats, err
 	}

@@ -272,6 +272,70 @@ func TestKillLeftPaused(t *testing.T) {
 	t.Logf("kill of the restored sandbox: %v", time.Since(start))
 }
 
+// TestCallsStopLeftPaused: a sandbox a dying daemon's cut left paused is
+// stopped by the next driver's first call into it — an exec answers
+// FailedPrecondition at once instead of waiting on a sentry that runs
+// nothing — and by its next cut, whose Pause would stack on the dead one's
+// (its Resume left the sandbox paused and its mark gone: chaos seed
+// 303381, a kill 15 s later). Either way it restores from its image.
+func TestCallsStopLeftPaused(t *testing.T) {
+	runsc := requireHost(t)
+	for _, via := range []string{"exec", "checkpoint"} {
+		t.Run(via, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			d := newTestDriver(t, runsc, "/amber/gvisor-leftpaused2")
+			id := fmt.Sprintf("leftcall-%s-%d", via, os.Getpid())
+			spec := sandbox.Spec{ID: id, Template: minimalTemplate(t)}
+			if _, err := d.Create(ctx, spec); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
+			mustSh(t, d, id, "echo before > /root/f")
+			image := filepath.Join(t.TempDir(), "image")
+			if _, err := d.Checkpoint(ctx, id, image, sandbox.CheckpointOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			helper := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperCutAndDie$", "-test.count=1")
+			helper.Env = append(os.Environ(), "AMBER_TEST_CUT_AND_DIE="+strings.Join([]string{d.opts.StateDir, runsc, d.opts.CgroupParent, id, t.TempDir()}, "\n"))
+			if out, err := helper.CombinedOutput(); !helperKilled(helper) {
+				t.Fatalf("the helper's cut did not end in its SIGKILL: %v\n%s", err, out)
+			}
+			d2, err := New(Options{StateDir: d.opts.StateDir, RunscPath: runsc, CgroupParent: d.opts.CgroupParent, Logger: testLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			switch via {
+			case "exec":
+				_, err = sh(d2, id, "true")
+			case "checkpoint":
+				_, err = d2.Checkpoint(ctx, id, filepath.Join(t.TempDir(), "image2"), sandbox.CheckpointOptions{})
+			}
+			if !errors.Is(err, errdefs.ErrFailedPrecondition) || time.Since(start) > 10*time.Second {
+				t.Fatalf("%s into the sandbox left paused: %v after %v, want FailedPrecondition at once", via, err, time.Since(start).Round(time.Millisecond))
+			}
+			if n := d2.runscCalls("stop:left-paused"); n != 1 {
+				t.Fatalf("stop:left-paused = %d, want 1", n)
+			}
+			if info, err := d2.Inspect(ctx, id); err != nil || info.State != sandbox.StateStopped {
+				t.Fatalf("after the %s Inspect says %+v, %v; want stopped", via, info, err)
+			}
+			if _, err := d2.Restore(ctx, spec, image, sandbox.RestoreOptions{}); err != nil {
+				t.Fatalf("restore: %v", err)
+			}
+			if out := mustSh(t, d2, id, "cat /root/f"); out != "before\n" {
+				t.Fatalf("after the restore the sandbox reads %q", out)
+			}
+		})
+	}
+}
+
+func helperKilled(c *exec.Cmd) bool {
+	ws, ok := c.ProcessState.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+}
+
 // TestHelperCutAndDie is TestKillLeftPaused's dying daemon (it runs only
 // in the helper process): a cut of the sandbox that SIGKILLs this process
 // once the sandbox is paused, in the layer's archive.

@@ -260,6 +260,30 @@ func (d *Driver) lock(id string) func() {
 	}
 }
 
+// tryLock is lock when id's lock is free at once (ok false: held).
+func (d *Driver) tryLock(id string) (unlock func(), ok bool) {
+	d.mu.Lock()
+	l := d.locks[id]
+	if l == nil {
+		l = &idLock{}
+		d.locks[id] = l
+	}
+	l.refs++
+	d.mu.Unlock()
+	release := func() {
+		d.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(d.locks, id)
+		}
+		d.mu.Unlock()
+	}
+	if !l.mu.TryLock() {
+		release()
+		return nil, false
+	}
+	return func() { l.mu.Unlock(); release() }, true
+}
+
 // mergeLimits fills each zero field of l from def.
 func mergeLimits(l, def sandbox.Limits) sandbox.Limits {
 	if l.MemoryBytes == 0 {

@@ -85,6 +85,9 @@ func (d *Driver) running(id string) (*record, error) {
 	if rec.Phase != phaseCreated {
 		return nil, errdefs.FailedPreconditionf("sandbox %s is being created", id)
 	}
+	if err := d.stopIfLeftPaused(id); err != nil {
+		return nil, err
+	}
 	return rec, nil
 }
 

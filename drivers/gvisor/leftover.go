@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/amber-run/amber/core/errdefs"
 )
 
 // A cut pauses the sentry and resumes it by calls on its control socket
@@ -72,4 +74,45 @@ func (d *Driver) stopPaused(rec *record) error {
 	}
 	d.clearCut(id)
 	return d.removeRuntimeState(id)
+}
+
+// stopIfLeftPaused stops sandbox id when a cut that did not end left it
+// paused, for a caller that does not hold id's lock (running: an exec
+// would wait on a sentry that runs nothing). A mark whose lock is held is
+// a cut of this process under way: left alone.
+func (d *Driver) stopIfLeftPaused(id string) error {
+	if !d.leftPaused(id) {
+		return nil
+	}
+	unlock, ok := d.tryLock(id)
+	if !ok {
+		return nil
+	}
+	defer unlock()
+	return d.stopLeftPausedLocked(id)
+}
+
+// stopLeftPausedLocked is stopIfLeftPaused under id's lock (Checkpoint:
+// a new cut's Pause on a sentry left paused stacks on the old one, and
+// its Resume leaves the sandbox paused, its mark gone — chaos seed 303381:
+// the next kill waited runsc kill's 10 s and the cgroup's 5 s). Whether
+// the dead cut's Pause was made is unknown (the mark comes first), and a
+// Resume without one takes the sentry down, so the sandbox is stopped as
+// a crash stops it: it is restored from its last checkpoint.
+func (d *Driver) stopLeftPausedLocked(id string) error {
+	if !d.leftPaused(id) {
+		return nil
+	}
+	rec, err := d.loadRecord(id)
+	if err != nil {
+		return err
+	}
+	d.log.Warn("a cut that did not end (its daemon died mid-cut) left the sandbox paused; stopping it", "sandbox", id)
+	if err := d.stopPaused(rec); err != nil {
+		return fmt.Errorf("stop sandbox %s left paused: %w", id, err)
+	}
+	d.mu.Lock()
+	d.calls["stop:left-paused"]++
+	d.mu.Unlock()
+	return errdefs.FailedPreconditionf("sandbox %s was left paused by a cut that did not end (its daemon died mid-cut) and is stopped; restore it from its last checkpoint", id)
 }
