@@ -158,6 +158,9 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	}
 	if st, err := ls.c.Status(); err != nil {
 		return stats, recordErr(id, err)
+	} else if st == libcontainer.Paused && d.thawLeftoverLocked(id, ls) {
+		// A dead daemon's cut left it frozen (the lock is ours: no cut
+		// of this process is under way); thawed, it is cut as any other.
 	} else if st != libcontainer.Running {
 		return stats, errdefs.FailedPreconditionf("sandbox %s is %s", id, st)
 	}

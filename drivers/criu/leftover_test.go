@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -37,6 +38,30 @@ func TestThawLeftFrozen(t *testing.T) {
 	st, err := td.Exec(ctx, id, sandbox.ExecSpec{Args: []string{"echo", "alive"}, Stdout: &out})
 	if err != nil || st.Code != 0 || out.String() != "alive\n" {
 		t.Fatalf("exec into a sandbox left frozen: %+v %v %q", st, err, out.String())
+	}
+	assertThawedAndAlone(t, td.Driver, id)
+}
+
+// TestCheckpointThawsLeftFrozen: the next cut of a sandbox a dead
+// daemon's cut left frozen thaws it and is cut as any other — it was
+// refused as "paused" (its lock is the cut's own, so the thaw on the first
+// call never ran), three times, and the session waited for a client event
+// (chaos seeds 736966, 736971: 29–31 s).
+func TestCheckpointThawsLeftFrozen(t *testing.T) {
+	td := newTestDriver(t)
+	requireCriu(t, td)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	id := td.create(sandbox.Limits{})
+	ls, err := td.container(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ls.c.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := td.Checkpoint(ctx, id, filepath.Join(t.TempDir(), "image"), sandbox.CheckpointOptions{}); err != nil {
+		t.Fatalf("checkpoint of a sandbox left frozen: %v", err)
 	}
 	assertThawedAndAlone(t, td.Driver, id)
 }
