@@ -213,33 +213,10 @@ func TestControlWaitsForTheListener(t *testing.T) {
 //
 //	go test -tags seccomp -count=1 -run TestKillLeftPaused -v ./drivers/gvisor
 func TestKillLeftPaused(t *testing.T) {
-	runsc := requireHost(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	d := newTestDriver(t, runsc, "/amber/gvisor-leftpaused")
-	id := fmt.Sprintf("leftpaused-%d", os.Getpid())
-	spec := sandbox.Spec{ID: id, Template: minimalTemplate(t)}
-	if _, err := d.Create(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
-	mustSh(t, d, id, "echo before > /root/f")
-	image := filepath.Join(t.TempDir(), "image")
-	if _, err := d.Checkpoint(ctx, id, image, sandbox.CheckpointOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	// The dying daemon: another process's driver on the same state.
-	helper := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperCutAndDie$", "-test.count=1")
-	helper.Env = append(os.Environ(), "AMBER_TEST_CUT_AND_DIE="+strings.Join([]string{d.opts.StateDir, runsc, d.opts.CgroupParent, id, t.TempDir()}, "\n"))
-	out, err := helper.CombinedOutput()
-	if ws, ok := helper.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("the helper's cut did not end in its SIGKILL: %v\n%s", err, out)
-	}
-	// The next daemon's driver: the same state, nothing in memory.
-	d2, err := New(Options{StateDir: d.opts.StateDir, RunscPath: runsc, CgroupParent: d.opts.CgroupParent, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d2, spec, image := leftPausedByDyingCut(t, ctx, "leftpaused")
+	id := spec.ID
 	start := time.Now()
 	if err := d2.Kill(ctx, id); err != nil {
 		t.Fatal(err)
@@ -279,32 +256,13 @@ func TestKillLeftPaused(t *testing.T) {
 // (its Resume left the sandbox paused and its mark gone: chaos seed
 // 303381, a kill 15 s later). Either way it restores from its image.
 func TestCallsStopLeftPaused(t *testing.T) {
-	runsc := requireHost(t)
 	for _, via := range []string{"exec", "checkpoint"} {
 		t.Run(via, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			d := newTestDriver(t, runsc, "/amber/gvisor-leftpaused2")
-			id := fmt.Sprintf("leftcall-%s-%d", via, os.Getpid())
-			spec := sandbox.Spec{ID: id, Template: minimalTemplate(t)}
-			if _, err := d.Create(ctx, spec); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
-			mustSh(t, d, id, "echo before > /root/f")
-			image := filepath.Join(t.TempDir(), "image")
-			if _, err := d.Checkpoint(ctx, id, image, sandbox.CheckpointOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			helper := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperCutAndDie$", "-test.count=1")
-			helper.Env = append(os.Environ(), "AMBER_TEST_CUT_AND_DIE="+strings.Join([]string{d.opts.StateDir, runsc, d.opts.CgroupParent, id, t.TempDir()}, "\n"))
-			if out, err := helper.CombinedOutput(); !helperKilled(helper) {
-				t.Fatalf("the helper's cut did not end in its SIGKILL: %v\n%s", err, out)
-			}
-			d2, err := New(Options{StateDir: d.opts.StateDir, RunscPath: runsc, CgroupParent: d.opts.CgroupParent, Logger: testLogger(t)})
-			if err != nil {
-				t.Fatal(err)
-			}
+			d2, spec, image := leftPausedByDyingCut(t, ctx, "leftcall-"+via)
+			id := spec.ID
+			var err error
 			start := time.Now()
 			switch via {
 			case "exec":
@@ -329,6 +287,37 @@ func TestCallsStopLeftPaused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// leftPausedByDyingCut makes a sandbox (a file written, a checkpoint in
+// image), has a helper process's driver cut it and SIGKILL itself while
+// the sandbox is paused (TestHelperCutAndDie), and returns the next
+// daemon's driver on the same state, with nothing in memory.
+func leftPausedByDyingCut(t *testing.T, ctx context.Context, name string) (*Driver, sandbox.Spec, string) {
+	t.Helper()
+	runsc := requireHost(t)
+	d := newTestDriver(t, runsc, "/amber/gvisor-"+name)
+	id := fmt.Sprintf("%s-%d", name, os.Getpid())
+	spec := sandbox.Spec{ID: id, Template: minimalTemplate(t)}
+	if _, err := d.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
+	mustSh(t, d, id, "echo before > /root/f")
+	image := filepath.Join(t.TempDir(), "image")
+	if _, err := d.Checkpoint(ctx, id, image, sandbox.CheckpointOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	helper := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperCutAndDie$", "-test.count=1")
+	helper.Env = append(os.Environ(), "AMBER_TEST_CUT_AND_DIE="+strings.Join([]string{d.opts.StateDir, runsc, d.opts.CgroupParent, id, t.TempDir()}, "\n"))
+	if out, err := helper.CombinedOutput(); !helperKilled(helper) {
+		t.Fatalf("the helper's cut did not end in its SIGKILL: %v\n%s", err, out)
+	}
+	d2, err := New(Options{StateDir: d.opts.StateDir, RunscPath: runsc, CgroupParent: d.opts.CgroupParent, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d2, spec, image
 }
 
 func helperKilled(c *exec.Cmd) bool {
