@@ -184,7 +184,12 @@ func (s *Server) mcpServe(w http.ResponseWriter, r *http.Request, cl mcpCaller) 
 		msgs = mcpMessages(body)
 	}
 	if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
-		if !s.mcpOwns(cl, sid) {
+		// Once the daemon shuts down every session is ending
+		// (mcpCloseOnShutdown closes them in the background): a request in
+		// one is answered 404 at once, not by a session a moment from its
+		// end (a POST answered 200 between its GET stream's end and its
+		// removal: TestMCPSessionsEndAtShutdown, once in CI).
+		if s.streams.Err() != nil || !s.mcpOwns(cl, sid) {
 			writeJSON(w, http.StatusNotFound, api.Error{Error: api.ErrorBody{Kind: errdefs.Kind(errdefs.ErrNotFound),
 				Message: "MCP session " + sid + " not found (it ended, or another key opened it): initialize a new one"}})
 			return
