@@ -378,13 +378,7 @@ func TestE2EDaemonRestart(t *testing.T) {
 	d.must("files", "put", alive, "-", "/root/kept") // empty file, must survive
 	d.stop(syscall.SIGKILL)
 
-	// Behind the daemon's back: the driver, from its on-disk state.
-	drv := enginetest.NewDriver(t, filepath.Join(dir, "drivers", enginetest.DriverName()))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := drv.Kill(ctx, lost); err != nil {
-		t.Fatalf("kill %s behind the daemon's back: %v", lost, err)
-	}
+	killBehindBack(t, dir, lost)
 
 	d = startDaemon(t, bin, dir, addr, "--pool", "0")
 	ls := d.must("sandbox", "ls")
@@ -406,4 +400,16 @@ func TestE2EDaemonRestart(t *testing.T) {
 		t.Fatalf("lost sandbox events: %v", evs)
 	}
 	d.must("sandbox", "rm", alive, lost)
+}
+
+// killBehindBack kills sandbox id of data dir dir with the driver itself,
+// from its on-disk state, while no daemon runs.
+func killBehindBack(t *testing.T, dir, id string) {
+	t.Helper()
+	drv := enginetest.NewDriver(t, filepath.Join(dir, "drivers", enginetest.DriverName()))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := drv.Kill(ctx, id); err != nil {
+		t.Fatalf("kill %s behind the daemon's back: %v", id, err)
+	}
 }

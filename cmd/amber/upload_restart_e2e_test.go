@@ -1,15 +1,11 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/amber-run/amber/internal/engine/enginetest"
 )
 
 // TestE2EUploadPendingSurvivesRestart: a strict exec is acknowledged once
@@ -58,12 +54,7 @@ func TestE2EUploadPendingSurvivesRestart(t *testing.T) {
 	}
 	d.stop(syscall.SIGKILL)
 
-	drv := enginetest.NewDriver(t, filepath.Join(dir, "drivers", enginetest.DriverName()))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := drv.Kill(ctx, id); err != nil {
-		t.Fatalf("kill %s behind the daemon's back: %v", id, err)
-	}
+	killBehindBack(t, dir, id)
 
 	d = startDaemon(t, bin, dir, addr, "--pool", "0")
 	if _, errs, code := d.amber("sandbox", "recover", id); code != 0 {

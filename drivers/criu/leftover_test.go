@@ -21,19 +21,9 @@ import (
 // session ended needing reconciliation (criu, seed 885261). Now the first
 // call into a sandbox frozen by no cut of this driver thaws it and runs.
 func TestThawLeftFrozen(t *testing.T) {
-	td := newTestDriver(t)
-	requireCriu(t, td)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	id := td.create(sandbox.Limits{})
-	ls, err := td.container(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// As the dead daemon's cut left it: frozen, the driver's lock free.
-	if err := ls.c.Pause(); err != nil {
-		t.Fatal(err)
-	}
+	td, id := leftFrozen(t)
 	var out bytes.Buffer
 	st, err := td.Exec(ctx, id, sandbox.ExecSpec{Args: []string{"echo", "alive"}, Stdout: &out})
 	if err != nil || st.Code != 0 || out.String() != "alive\n" {
@@ -48,10 +38,21 @@ func TestThawLeftFrozen(t *testing.T) {
 // call never ran), three times, and the session waited for a client event
 // (chaos seeds 736966, 736971: 29–31 s).
 func TestCheckpointThawsLeftFrozen(t *testing.T) {
-	td := newTestDriver(t)
-	requireCriu(t, td)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	td, id := leftFrozen(t)
+	if _, err := td.Checkpoint(ctx, id, filepath.Join(t.TempDir(), "image"), sandbox.CheckpointOptions{}); err != nil {
+		t.Fatalf("checkpoint of a sandbox left frozen: %v", err)
+	}
+	assertThawedAndAlone(t, td.Driver, id)
+}
+
+// leftFrozen makes a sandbox as a dead daemon's cut leaves it: frozen,
+// the driver's lock free.
+func leftFrozen(t *testing.T) (*testDriver, string) {
+	t.Helper()
+	td := newTestDriver(t)
+	requireCriu(t, td)
 	id := td.create(sandbox.Limits{})
 	ls, err := td.container(id)
 	if err != nil {
@@ -60,10 +61,7 @@ func TestCheckpointThawsLeftFrozen(t *testing.T) {
 	if err := ls.c.Pause(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := td.Checkpoint(ctx, id, filepath.Join(t.TempDir(), "image"), sandbox.CheckpointOptions{}); err != nil {
-		t.Fatalf("checkpoint of a sandbox left frozen: %v", err)
-	}
-	assertThawedAndAlone(t, td.Driver, id)
+	return td, id
 }
 
 // TestThawLeftFrozenReplumbs: with egress the unfinished cut had also
