@@ -121,3 +121,46 @@ func ReadAllSized(ctx context.Context, s Store, key string, limit, sizeHint int6
 	}
 	return b, nil
 }
+
+// RangeGetter is a Store that reads part of an object. A chunk store packs
+// many small objects into one large one and reads back only the runs a
+// restore needs: one request instead of one per small object.
+type RangeGetter interface {
+	// GetRange opens n bytes of the object from offset off. An object
+	// shorter than off+n yields fewer bytes (ReadRange reports that).
+	GetRange(ctx context.Context, key string, off, n int64) (io.ReadCloser, error)
+}
+
+// ReadRange returns exactly n bytes of the object under key from offset
+// off, with s's GetRange when it has one and by skipping otherwise. An
+// object too short for the range is errdefs.ErrDataLoss: its bytes are
+// not there.
+func ReadRange(ctx context.Context, s Store, key string, off, n int64) ([]byte, error) {
+	if off < 0 || n < 0 {
+		return nil, errdefs.InvalidArgumentf("read %s: bad range %d+%d", key, off, n)
+	}
+	var rc io.ReadCloser
+	var err error
+	if rg, ok := s.(RangeGetter); ok {
+		rc, err = rg.GetRange(ctx, key, off, n)
+	} else if rc, err = s.Get(ctx, key); err == nil {
+		if _, err = io.CopyN(io.Discard, rc, off); err == io.EOF {
+			err = errdefs.DataLossf("read %s: %d bytes from %d: the object is shorter", key, n, off)
+		}
+		if err != nil {
+			rc.Close()
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	b := make([]byte, n)
+	if _, err := io.ReadFull(rc, b); err != nil {
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return nil, errdefs.DataLossf("read %s: %d bytes from %d: the object is shorter", key, n, off)
+		}
+		return nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	return b, nil
+}

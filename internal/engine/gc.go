@@ -62,8 +62,8 @@ func (e *checkpointer) collectOnce(tenant string) {
 		res, err := e.ck.store.GC(e.bg.ctx, tenant)
 		switch {
 		case err == nil && !res.Deferred:
-			if res.DeletedChunks > 0 || res.DeletedManifests > 0 {
-				e.lg.Info("checkpoint garbage collected", "tenant_id", tenant, "chunks", res.DeletedChunks,
+			if res.DeletedChunks > 0 || res.DeletedPacks > 0 || res.DeletedManifests > 0 {
+				e.lg.Info("checkpoint garbage collected", "tenant_id", tenant, "chunks", res.DeletedChunks, "packs", res.DeletedPacks,
 					"bytes", res.DeletedBytes, "manifests", res.DeletedManifests, "kept_checkpoints", res.Checkpoints)
 			}
 			return

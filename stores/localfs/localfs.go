@@ -230,6 +230,19 @@ func (s *Store) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	return f, nil
 }
 
+// GetRange implements blob.RangeGetter.
+func (s *Store) GetRange(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	rc, err := s.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	f := rc.(*os.File)
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.NewSectionReader(f, off, n), f}, nil
+}
+
 // Stat implements blob.Store.
 func (s *Store) Stat(ctx context.Context, key string) (blob.Info, error) {
 	if err := blob.ValidateKey(key); err != nil {

@@ -209,6 +209,25 @@ func (s *Store) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	return rc, nil
 }
 
+// GetRange implements blob.RangeGetter with an HTTP range request.
+func (s *Store) GetRange(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	if err := blob.ValidateKey(key); err != nil {
+		return nil, err
+	}
+	if n <= 0 {
+		return io.NopCloser(strings.NewReader("")), nil
+	}
+	opts := minio.GetObjectOptions{}
+	if err := opts.SetRange(off, off+n-1); err != nil {
+		return nil, errdefs.InvalidArgumentf("get %s: %v", key, err)
+	}
+	rc, _, _, err := s.core.GetObject(ctx, s.cfg.Bucket, s.object(key), opts)
+	if err != nil {
+		return nil, s.mapErr("get", key, err)
+	}
+	return rc, nil
+}
+
 // Stat implements blob.Store.
 func (s *Store) Stat(ctx context.Context, key string) (blob.Info, error) {
 	if err := blob.ValidateKey(key); err != nil {

@@ -1,6 +1,7 @@
 package blobtest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -86,6 +87,21 @@ func (f *Faulty) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 		return nil, err
 	}
 	return f.inner.Get(ctx, key)
+}
+
+// GetRange implements blob.RangeGetter: a fault on OpGet fails it too.
+func (f *Faulty) GetRange(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	if err := f.check(OpGet, key); err != nil {
+		return nil, err
+	}
+	if rg, ok := f.inner.(blob.RangeGetter); ok {
+		return rg.GetRange(ctx, key, off, n)
+	}
+	b, err := blob.ReadRange(ctx, f.inner, key, off, n)
+	if err != nil {
+		return nil, err
+	}
+	return io.NopCloser(bytes.NewReader(b)), nil
 }
 
 // Stat implements blob.Store.

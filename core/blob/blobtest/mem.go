@@ -97,6 +97,20 @@ func (m *Mem) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	return io.NopCloser(bytes.NewReader(o.data)), nil
 }
 
+// GetRange implements blob.RangeGetter.
+func (m *Mem) GetRange(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	if err := blob.ValidateKey(key); err != nil {
+		return nil, err
+	}
+	m.mu.RLock()
+	o, ok := m.objs[key]
+	m.mu.RUnlock()
+	if !ok {
+		return nil, errdefs.NotFoundf("get %s", key)
+	}
+	return io.NopCloser(io.NewSectionReader(bytes.NewReader(o.data), off, n)), nil
+}
+
 // Stat implements blob.Store.
 func (m *Mem) Stat(ctx context.Context, key string) (blob.Info, error) {
 	if err := blob.ValidateKey(key); err != nil {

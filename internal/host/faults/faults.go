@@ -21,6 +21,7 @@
 package faults
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"iter"
@@ -80,6 +81,21 @@ func (b *blobs) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 		return nil, err
 	}
 	return b.s.Get(ctx, key)
+}
+
+// GetRange implements blob.RangeGetter, failing where Get would.
+func (b *blobs) GetRange(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	if err := b.fps.EvalCtx(ctx, BlobRead, key); err != nil {
+		return nil, err
+	}
+	if rg, ok := b.s.(blob.RangeGetter); ok {
+		return rg.GetRange(ctx, key, off, n)
+	}
+	data, err := blob.ReadRange(ctx, b.s, key, off, n)
+	if err != nil {
+		return nil, err
+	}
+	return io.NopCloser(bytes.NewReader(data)), nil
 }
 
 func (b *blobs) Stat(ctx context.Context, key string) (blob.Info, error) {

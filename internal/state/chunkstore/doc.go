@@ -11,11 +11,15 @@
 // checkpoint after a small change shares all chunks but the few around the
 // change. Each chunk is compressed (zstd, kept raw when that does not help),
 // encrypted (AES-256-GCM) and stored once per tenant under a name that is a
-// keyed hash of its plaintext.
+// keyed hash of its plaintext. The chunks a checkpoint adds are written back
+// to back into packs of about 4 MiB (pack.go: a restore reads a run of them
+// with one ranged read, not one request per chunk); checkpoints written
+// before packs (format 1) keep one object per chunk, and both are read.
 //
 // # Keys and layout
 //
-//	tenants/<t>/chunks/<nn>/<name>                   one sealed chunk; nn = name[:2]
+//	tenants/<t>/packs/<nn>/<pack>                    sealed chunks back to back; pack = 32 random hex digits
+//	tenants/<t>/chunks/<nn>/<name>                   one sealed chunk (format 1); nn = name[:2]
 //	tenants/<t>/checkpoints/<id>/manifest.<digest>   the sealed manifest
 //	tenants/<t>/checkpoints/<id>/COMMITTED           the pointer: makes <id> visible
 //	tenants/<t>/pending/<id>.<nonce>                 a writer in progress (see GC)
@@ -49,10 +53,12 @@
 //
 //  1. pending marker: tenants/<t>/pending/<id>.<nonce> (with an expiry) tells
 //     a collector that a writer may be about to reference existing chunks.
-//  2. chunks: every chunk not already stored is written; each Put is durable
-//     when it returns. All chunk writes finish before step 3.
+//  2. chunks: every chunk the parent's manifest does not list is written,
+//     in packs; each pack's Put is durable when it returns. All pack writes
+//     finish before step 3.
 //  3. manifest: format version, tenant, id, every file with its mode, size,
-//     SHA-256 and chunk list (plaintext SHA-256 and size of each chunk), and
+//     SHA-256 and chunk list (plaintext SHA-256 and size of each chunk, and
+//     its pack, offset and sealed length), and
 //     the whole-image digest; sealed and written under a name that includes
 //     its digest, so manifests are immutable.
 //  4. commit hook: PutOptions.Commit(ctx, digest, publish) is called; it
@@ -76,8 +82,9 @@
 //
 // # Garbage collection
 //
-// GC deletes, for one tenant, the chunks no committed manifest references
-// and manifests no pointer names. A writer may find a chunk already stored
+// GC deletes, for one tenant, the packs and chunk objects no committed
+// manifest references and manifests no pointer names (a pack goes whole,
+// once none of its chunks is referenced; packs are not rewritten). A writer may find a chunk already stored
 // and reference it without writing it, so a collector must never delete a
 // chunk between a writer's check and its commit. The two sides use markers
 // (Dekker style: each writes its own marker, then reads the other's, over a

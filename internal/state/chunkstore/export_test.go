@@ -2,13 +2,17 @@ package chunkstore
 
 import "encoding/hex"
 
-// ChunkKey returns the object key of the chunk with plaintext SHA-256
-// sumHex, for tests that damage stored objects.
-func ChunkKey(s *Store, tenant, sumHex string) string {
+// ChunkPlace returns the key of the object that holds chunk c and where in
+// it c's sealed bytes are (the whole object when c has no pack), for tests
+// that damage stored objects.
+func ChunkPlace(s *Store, tenant string, c ChunkRef) (key string, off, n int64) {
+	if c.Pack != "" {
+		return packKey(tenant, c.Pack), c.Offset, c.Sealed
+	}
 	k, err := s.tenantKeys(tenant)
 	if err != nil {
 		panic(err)
 	}
-	sum, _ := hex.DecodeString(sumHex)
-	return chunkKey(tenant, k.chunkName([32]byte(sum)))
+	sum, _ := hex.DecodeString(c.SHA256)
+	return chunkKey(tenant, k.chunkName([32]byte(sum))), 0, -1
 }

@@ -183,16 +183,20 @@ type GCResult struct {
 	// Checkpoints is the number of committed checkpoints kept; Referenced
 	// the number of distinct chunks they use.
 	Checkpoints, Referenced int
-	// DeletedChunks and DeletedBytes count the chunks removed.
-	DeletedChunks int
-	DeletedBytes  int64
+	// Packs is the number of packs they use.
+	Packs int
+	// DeletedChunks and DeletedPacks count the chunk objects and the packs
+	// removed, DeletedBytes the bytes of both.
+	DeletedChunks, DeletedPacks int
+	DeletedBytes                int64
 	// DeletedManifests counts manifests of checkpoints never committed (or
 	// deleted); StaleMarkers the expired pending markers removed.
 	DeletedManifests, StaleMarkers int
 }
 
-// GC deletes the tenant's chunks that no committed manifest references and
-// its manifests that no pointer names. It is safe against concurrent Puts
+// GC deletes the tenant's chunks and packs that no committed manifest
+// references and its manifests that no pointer names. A pack goes when no
+// chunk in it is referenced (packs are not rewritten). It is safe against concurrent Puts
 // (see the package comment): while a live writer exists it deletes nothing
 // and returns Deferred. A second concurrent GC of the same tenant fails with
 // errdefs.ErrConflict. A committed manifest that cannot be read stops GC
@@ -273,7 +277,8 @@ func (s *Store) GC(ctx context.Context, tenant string) (res GCResult, err error)
 	if err != nil {
 		return res, err
 	}
-	referenced := map[string]bool{}
+	referenced := map[string]bool{} // chunks stored as their own object
+	packs := map[string]bool{}
 	for id, digest := range committed {
 		if err := lock.renew(ctx); err != nil {
 			return res, err
@@ -284,12 +289,16 @@ func (s *Store) GC(ctx context.Context, tenant string) (res GCResult, err error)
 		}
 		for _, e := range m.Entries {
 			for _, c := range e.Chunks {
+				if c.Pack != "" {
+					packs[c.Pack] = true
+					continue
+				}
 				sum, _ := hex.DecodeString(c.SHA256)
 				referenced[keys.chunkName([32]byte(sum))] = true
 			}
 		}
 	}
-	res.Checkpoints, res.Referenced = len(committed), len(referenced)
+	res.Checkpoints, res.Referenced, res.Packs = len(committed), len(referenced), len(packs)
 	if err := s.failAt("listed"); err != nil {
 		return res, err
 	}
@@ -305,26 +314,47 @@ func (s *Store) GC(ctx context.Context, tenant string) (res GCResult, err error)
 		}
 		res.DeletedManifests++
 	}
-	for info, err := range s.cfg.Blobs.List(ctx, chunksPrefix(tenant)) {
+	n, size, err := s.deleteUnreferenced(ctx, lock, chunksPrefix(tenant), func(key string) bool {
+		name := chunkNameFromKey(tenant, key)
+		return name != "" && referenced[name]
+	})
+	res.DeletedChunks, res.DeletedBytes = n, size
+	if err != nil {
+		return res, err
+	}
+	n, size, err = s.deleteUnreferenced(ctx, lock, packsPrefix(tenant), func(key string) bool {
+		name := packNameFromKey(tenant, key)
+		return name != "" && packs[name]
+	})
+	res.DeletedPacks, res.DeletedBytes = n, res.DeletedBytes+size
+	if err != nil {
+		return res, err
+	}
+	s.log.Info("garbage collected", "tenant", tenant, "checkpoints", res.Checkpoints,
+		"deleted_chunks", res.DeletedChunks, "deleted_packs", res.DeletedPacks, "deleted_bytes", res.DeletedBytes, "deleted_manifests", res.DeletedManifests)
+	return res, nil
+}
+
+// deleteUnreferenced deletes the objects under prefix that keep refuses,
+// renewing the collector's lock as it goes.
+func (s *Store) deleteUnreferenced(ctx context.Context, lock *gcLock, prefix string, keep func(key string) bool) (n int, size int64, err error) {
+	for info, err := range s.cfg.Blobs.List(ctx, prefix) {
 		if err != nil {
-			return res, err
+			return n, size, err
 		}
 		if err := lock.renew(ctx); err != nil {
-			return res, err
+			return n, size, err
 		}
-		name := chunkNameFromKey(tenant, info.Key)
-		if name != "" && referenced[name] {
+		if keep(info.Key) {
 			continue
 		}
 		if err := s.cfg.Blobs.Delete(ctx, info.Key); err != nil {
-			return res, err
+			return n, size, err
 		}
-		res.DeletedChunks++
-		res.DeletedBytes += info.Size
+		n++
+		size += info.Size
 	}
-	s.log.Info("garbage collected", "tenant", tenant, "checkpoints", res.Checkpoints,
-		"deleted_chunks", res.DeletedChunks, "deleted_bytes", res.DeletedBytes, "deleted_manifests", res.DeletedManifests)
-	return res, nil
+	return n, size, nil
 }
 
 // gcLock is a held gc.lock.

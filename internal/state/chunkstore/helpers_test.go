@@ -27,10 +27,12 @@ import (
 type backend struct {
 	name string
 	open func(t *testing.T) blob.Store
+	// packSize is the stores' Config.PackSize (0: the default, packs).
+	packSize int
 }
 
 func localBackend() backend {
-	return backend{"localfs", func(t *testing.T) blob.Store {
+	return backend{name: "localfs", open: func(t *testing.T) blob.Store {
 		s, err := localfs.Open(t.TempDir())
 		if err != nil {
 			t.Fatal(err)
@@ -39,11 +41,26 @@ func localBackend() backend {
 	}}
 }
 
+// perChunk stores every chunk as its own object (format 1's layout).
+func perChunk(b backend) backend {
+	b.name += "-per-chunk"
+	b.packSize = -1
+	return b
+}
+
+// smallPacks closes packs at 256 KiB (when the store packs at all), so that
+// a test's few MiB make many packs.
+func smallPacks(c *chunkstore.Config) {
+	if c.PackSize >= 0 {
+		c.PackSize = 256 << 10
+	}
+}
+
 // minioBackend starts one MinIO for the calling test; each open is a new
 // bucket on it.
 func minioBackend(t *testing.T) backend {
 	srv := miniotest.Start(t)
-	return backend{"minio", func(t *testing.T) blob.Store { return srv.Store(t) }}
+	return backend{name: "minio", open: func(t *testing.T) blob.Store { return srv.Store(t) }}
 }
 
 // env is a chunkstore over a (faulty-wrapped) backend with a fake clock.
@@ -63,7 +80,7 @@ func newEnv(t *testing.T, b backend, mod ...func(*chunkstore.Config)) *env {
 	e := &env{t: t, blobs: blobs, faulty: blobtest.NewFaulty(blobs, nil),
 		clock: clock.NewFake(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))}
 	e.cfg = chunkstore.Config{Blobs: e.faulty, MasterKey: masterKey, Clock: e.clock, PollInterval: 10 * time.Millisecond,
-		Logger: slog.New(slog.DiscardHandler)}
+		Logger: slog.New(slog.DiscardHandler), PackSize: b.packSize}
 	for _, m := range mod {
 		m(&e.cfg)
 	}
@@ -113,7 +130,19 @@ func (e *env) storedBytes(prefix string) int64 {
 	return n
 }
 
-func (e *env) chunkKeys(tenant string) []string { return e.keys("tenants/" + tenant + "/chunks/") }
+// dataKeys lists the objects that hold the tenant's chunks: chunk objects
+// and packs.
+func (e *env) dataKeys(tenant string) []string {
+	return append(e.keys("tenants/"+tenant+"/chunks/"), e.keys("tenants/"+tenant+"/packs/")...)
+}
+
+// packed tells whether the store writes packs.
+func (e *env) packed() bool { return e.cfg.PackSize >= 0 }
+
+// isDataPut matches the writes of chunk objects and packs.
+func isDataPut(op blobtest.Op, key string) bool {
+	return op == blobtest.OpPut && (strings.Contains(key, "/chunks/") || strings.Contains(key, "/packs/"))
+}
 
 func (e *env) put(tenant, id, src string, opts chunkstore.PutOptions) chunkstore.PutResult {
 	e.t.Helper()
@@ -230,13 +259,19 @@ func describe(t *testing.T, root string) []string {
 }
 
 // corrupt flips one byte in the middle of the stored object key.
-func (e *env) corrupt(key string) {
+func (e *env) corrupt(key string) { e.corruptAt(key, -1) }
+
+// corruptAt flips a bit of the object's byte at off (-1: its middle).
+func (e *env) corruptAt(key string, off int64) {
 	e.t.Helper()
 	b, err := blob.ReadAll(context.Background(), e.blobs, key, 1<<30)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	b[len(b)/2] ^= 0x01
+	if off < 0 {
+		off = int64(len(b) / 2)
+	}
+	b[off] ^= 0x01
 	if err := blob.PutBytes(context.Background(), e.blobs, key, b); err != nil {
 		e.t.Fatal(err)
 	}

@@ -99,6 +99,21 @@ func manifestKey(t, id, digest string) string {
 	return checkpointPrefix(t, id) + manifestPrefix + digest
 }
 func chunkKey(t, name string) string { return chunksPrefix(t) + name[:2] + "/" + name }
+func packsPrefix(t string) string    { return tenantPrefix(t) + "packs/" }
+func packKey(t, name string) string  { return packsPrefix(t) + name[:2] + "/" + name }
+
+// packNameFromKey returns the pack name of a key under packsPrefix, or "".
+func packNameFromKey(t, key string) string {
+	rest, ok := strings.CutPrefix(key, packsPrefix(t))
+	if !ok {
+		return ""
+	}
+	_, name, ok := strings.Cut(rest, "/")
+	if !ok || !isPackName(name) || rest[:2] != name[:2] {
+		return ""
+	}
+	return name
+}
 
 const (
 	pointerName    = "COMMITTED"

@@ -18,7 +18,12 @@ import (
 
 // FormatVersion is the manifest format this package writes. Restore refuses
 // (errdefs.ErrFailedPrecondition) manifests of a newer version than it knows.
-const FormatVersion = 1
+// Version 2 added chunk locations in packs (ChunkRef.Pack); version 1
+// manifests (every chunk its own object) are still read.
+const FormatVersion = 2
+
+// pointerVersion is the COMMITTED object's format (unchanged by version 2).
+const pointerVersion = 1
 
 // Entry types.
 const (
@@ -65,10 +70,15 @@ type Entry struct {
 	Chunks []ChunkRef `json:"chunks,omitempty"`
 }
 
-// ChunkRef is one chunk of a file: its plaintext SHA-256 (hex) and size.
+// ChunkRef is one chunk of a file: its plaintext SHA-256 (hex) and size,
+// and where its sealed bytes are: Sealed bytes at Offset of pack Pack, or,
+// with no Pack, the chunk's own object (format 1 and Config.PackSize < 0).
 type ChunkRef struct {
 	SHA256 string `json:"sha256"`
 	Size   int64  `json:"size"`
+	Pack   string `json:"pack,omitempty"`
+	Offset int64  `json:"off,omitempty"`
+	Sealed int64  `json:"len,omitempty"`
 }
 
 // imageDigest computes Manifest.ImageDigest over entries.
@@ -155,6 +165,9 @@ func (m *Manifest) check(maxChunk int64) error {
 			for i, c := range e.Chunks {
 				if c.Size <= 0 || c.Size > maxChunk || !isHex64(c.SHA256) {
 					return fmt.Errorf("entry %q: chunk #%d: bad size or digest", p, i)
+				}
+				if err := c.checkPlace(maxChunk); err != nil {
+					return fmt.Errorf("entry %q: chunk #%d: %v", p, i, err)
 				}
 				sum += c.Size
 			}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -49,7 +50,7 @@ func TestManifestFromTheFuture(t *testing.T) {
 	m.ImageDigest = imageDigest(nil)
 	commitRaw(t, s, m)
 	_, err := s.Manifest(context.Background(), "acme", "ck")
-	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "format version 2") {
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), fmt.Sprintf("format version %d", FormatVersion+1)) {
 		t.Fatalf("manifest of a newer format: got %v", err)
 	}
 }
@@ -58,20 +59,30 @@ func TestManifestFromTheFuture(t *testing.T) {
 // sizes that do not add up, a wrong image digest) is refused as data loss.
 func TestManifestChecks(t *testing.T) {
 	sum := strings.Repeat("ab", 32)
+	// placed is a one-chunk file stored where c says.
+	placed := func(c ChunkRef) Entry {
+		c.SHA256, c.Size = sum, 10
+		return Entry{Path: "a", Type: TypeFile, Mode: 0o644, Size: 10, SHA256: sum, Chunks: []ChunkRef{c}}
+	}
 	file := func(p string) Entry {
 		return Entry{Path: p, Type: TypeFile, Mode: 0o644, Size: 10, SHA256: sum, Chunks: []ChunkRef{{SHA256: sum, Size: 10}}}
 	}
 	cases := map[string][]Entry{
-		"dotdot":         {file("../evil")},
-		"absolute":       {file("/etc/passwd")},
-		"unclean":        {file("a/./b")},
-		"no parent":      {file("a/b")},
-		"symlink parent": {{Path: "a", Type: TypeSymlink, Target: "/"}, file("a/b")},
-		"twice":          {file("a"), file("a")},
-		"bad size":       {{Path: "a", Type: TypeFile, Size: 11, SHA256: sum, Chunks: []ChunkRef{{SHA256: sum, Size: 10}}}},
-		"huge chunk":     {{Path: "a", Type: TypeFile, Size: MaxChunk + 1, SHA256: sum, Chunks: []ChunkRef{{SHA256: sum, Size: MaxChunk + 1}}}},
-		"bad mode":       {{Path: "a", Type: TypeDir, Mode: 0o170000}},
-		"unknown type":   {{Path: "a", Type: "fifo"}},
+		"dotdot":          {file("../evil")},
+		"absolute":        {file("/etc/passwd")},
+		"unclean":         {file("a/./b")},
+		"no parent":       {file("a/b")},
+		"symlink parent":  {{Path: "a", Type: TypeSymlink, Target: "/"}, file("a/b")},
+		"twice":           {file("a"), file("a")},
+		"bad size":        {{Path: "a", Type: TypeFile, Size: 11, SHA256: sum, Chunks: []ChunkRef{{SHA256: sum, Size: 10}}}},
+		"huge chunk":      {{Path: "a", Type: TypeFile, Size: MaxChunk + 1, SHA256: sum, Chunks: []ChunkRef{{SHA256: sum, Size: MaxChunk + 1}}}},
+		"bad mode":        {{Path: "a", Type: TypeDir, Mode: 0o170000}},
+		"unknown type":    {{Path: "a", Type: "fifo"}},
+		"bad pack name":   {placed(ChunkRef{Pack: "../../x", Sealed: 100})},
+		"negative offset": {placed(ChunkRef{Pack: strings.Repeat("0f", 16), Offset: -1, Sealed: 100})},
+		"tiny sealed":     {placed(ChunkRef{Pack: strings.Repeat("0f", 16), Sealed: SealOverhead - 1})},
+		"huge sealed":     {placed(ChunkRef{Pack: strings.Repeat("0f", 16), Sealed: MaxChunk + SealOverhead + 2048})},
+		"place no pack":   {placed(ChunkRef{Offset: 4096})},
 	}
 	for name, entries := range cases {
 		t.Run(name, func(t *testing.T) {

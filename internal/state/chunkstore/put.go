@@ -148,6 +148,7 @@ func (s *Store) Put(ctx context.Context, tenant, id, src string, opts PutOptions
 	if err := up.wait(); err != nil {
 		return res, err
 	}
+	up.place(entries, known)
 	res.NewChunks, res.StoredBytes = int(up.newChunks.Load()), up.stored.Load()
 	if err := s.failAt("chunks"); err != nil {
 		return res, err
@@ -200,7 +201,7 @@ func (s *Store) Put(ctx context.Context, tenant, id, src string, opts PutOptions
 		if err := s.failAt("publish"); err != nil {
 			return err
 		}
-		p := pointer{FormatVersion: FormatVersion, Checkpoint: id, Manifest: digest, CommittedAt: s.cfg.Clock.Now().UTC()}
+		p := pointer{FormatVersion: pointerVersion, Checkpoint: id, Manifest: digest, CommittedAt: s.cfg.Clock.Now().UTC()}
 		b, _ := json.Marshal(p)
 		err := s.cfg.Blobs.PutIfAbsent(ctx, pointerKey(tenant, id), bytes.NewReader(b), int64(len(b)))
 		if errors.Is(err, errdefs.ErrAlreadyExists) {
@@ -236,13 +237,13 @@ func (s *Store) Put(ctx context.Context, tenant, id, src string, opts PutOptions
 	return res, nil
 }
 
-// parentChunks returns the names of the chunks of checkpoint id's parent
-// (none without a parent, or when the parent is gone: that only costs
-// lookups). Put reads them after the pending marker is written: from then
+// parentChunks returns the chunks of checkpoint id's parent by name, with
+// where each is stored (none without a parent, or when the parent is gone:
+// that only costs lookups, or new copies in packs). Put reads them after the pending marker is written: from then
 // on no collector removes the parent's chunks, even if the parent is
 // deleted meanwhile.
-func (s *Store) parentChunks(ctx context.Context, keys *tenantKeys, tenant, id, parent string) (map[string]bool, error) {
-	known := map[string]bool{}
+func (s *Store) parentChunks(ctx context.Context, keys *tenantKeys, tenant, id, parent string) (map[string]ChunkRef, error) {
+	known := map[string]ChunkRef{}
 	if parent == "" {
 		return known, nil
 	}
@@ -256,7 +257,7 @@ func (s *Store) parentChunks(ctx context.Context, keys *tenantKeys, tenant, id, 
 	for _, e := range pm.Entries {
 		for _, c := range e.Chunks {
 			sum, _ := hex.DecodeString(c.SHA256)
-			known[keys.chunkName([32]byte(sum))] = true
+			known[keys.chunkName([32]byte(sum))] = c
 		}
 	}
 	return known, nil
@@ -358,6 +359,8 @@ type uploader struct {
 	jobs     chan upJob
 	wg       sync.WaitGroup
 	queued   map[string]bool // names known stored or queued by this Put
+	seq      int64           // the next job's number (file's goroutine)
+	pk       *packer         // nil: every chunk its own object
 	bufs     sync.Pool
 	progress func(Progress)
 	progMu   sync.Mutex
@@ -369,18 +372,25 @@ type uploader struct {
 }
 
 type upJob struct {
+	seq  int64
 	name string
 	data *[]byte
 }
 
-func (s *Store) newUploader(ctx context.Context, keys *tenantKeys, tenant string, known map[string]bool, total int64, progress func(Progress)) *uploader {
+func (s *Store) newUploader(ctx context.Context, keys *tenantKeys, tenant string, known map[string]ChunkRef, total int64, progress func(Progress)) *uploader {
 	ctx, cancel := context.WithCancelCause(ctx)
 	u := &uploader{
 		s: s, keys: keys, tenant: tenant, ctx: ctx, cancel: cancel,
 		jobs:     make(chan upJob, s.cfg.Concurrency),
-		queued:   known,
+		queued:   make(map[string]bool, len(known)),
 		progress: progress,
 		total:    total,
+	}
+	for name := range known {
+		u.queued[name] = true
+	}
+	if s.cfg.PackSize > 0 {
+		u.pk = newPacker(u, s.cfg.PackSize)
 	}
 	u.bufs.New = func() any { b := make([]byte, 0, MaxChunk); return &b }
 	for range s.cfg.Concurrency {
@@ -403,12 +413,19 @@ func (u *uploader) report(n int64) {
 
 func (u *uploader) abort(err error) { u.cancel(err) }
 
-// wait waits for the workers and returns the first error.
+// wait waits for the workers, writes the last pack, and returns the first
+// error.
 func (u *uploader) wait() error {
 	close(u.jobs)
 	u.wg.Wait()
 	if err := context.Cause(u.ctx); err != nil {
 		return err
+	}
+	if u.pk != nil {
+		if err := u.pk.flush(); err != nil {
+			u.cancel(err)
+			return err
+		}
 	}
 	u.cancel(nil)
 	return nil
@@ -473,7 +490,8 @@ func (u *uploader) file(path string, e *Entry, w *writer) error {
 		} else {
 			u.queued[name] = true
 			select {
-			case u.jobs <- upJob{name: name, data: b}:
+			case u.jobs <- upJob{seq: u.seq, name: name, data: b}:
+				u.seq++
 			case <-u.ctx.Done():
 				u.bufs.Put(b)
 				stop = context.Cause(u.ctx)
@@ -505,7 +523,16 @@ func (u *uploader) worker() {
 			continue
 		}
 		n := int64(len(*j.data))
-		if err := u.store(j.name, *j.data, &sealed, &scratch); err != nil {
+		var err error
+		if u.pk != nil {
+			sealed = u.keys.seal(sealed[:0], kindChunk, chunkKey(u.tenant, j.name), *j.data, &scratch)
+			if err = u.pk.add(j.seq, j.name, sealed); err == nil {
+				u.newChunks.Add(1)
+			}
+		} else {
+			err = u.store(j.name, *j.data, &sealed, &scratch)
+		}
+		if err != nil {
 			u.cancel(err)
 		} else {
 			u.report(n)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"hash"
 	"os"
@@ -14,7 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/amber-run/amber/core/blob"
 	"github.com/amber-run/amber/core/errdefs"
 )
 
@@ -117,6 +115,7 @@ type restorer struct {
 	root     string // "" verifies only
 	progress func(Progress)
 
+	jobs          []job
 	files, chunks int
 	done          int64
 	fetched       atomic.Int64
@@ -143,14 +142,18 @@ type job struct {
 }
 
 type fetched struct {
-	data []byte
+	data [][]byte // a unit's chunks' plaintexts
 	err  error
 }
 
 func (r *restorer) where(j job) string {
 	c := j.entry.Chunks[j.index]
-	return fmt.Sprintf("checkpoint %s/%s: file %q: chunk #%d at offset %d (sha256 %s, object %s)",
-		r.m.Tenant, r.m.Checkpoint, j.entry.Path, j.index, j.offset, c.SHA256, chunkKey(r.m.Tenant, j.name))
+	at := "object " + chunkKey(r.m.Tenant, j.name)
+	if c.Pack != "" {
+		at = fmt.Sprintf("%d bytes at %d of pack %s", c.Sealed, c.Offset, packKey(r.m.Tenant, c.Pack))
+	}
+	return fmt.Sprintf("checkpoint %s/%s: file %q: chunk #%d at offset %d (sha256 %s, %s)",
+		r.m.Tenant, r.m.Checkpoint, j.entry.Path, j.index, j.offset, c.SHA256, at)
 }
 
 func (r *restorer) run(ctx context.Context) error {
@@ -173,39 +176,56 @@ func (r *restorer) run(ctx context.Context) error {
 			off += c.Size
 		}
 	}
-	// Fetch ahead with Concurrency workers; consume in order. A slot is
-	// freed only when its chunk is consumed, which bounds memory.
-	results := make([]chan fetched, len(jobs))
+	r.jobs = jobs
+	units := planUnits(jobs)
+	// Fetch ahead with Concurrency reads in flight; consume in order. A
+	// slot is freed only when its unit is consumed, which bounds memory.
+	results := make([]chan fetched, len(units))
 	for i := range results {
 		results[i] = make(chan fetched, 1)
 	}
 	slots := make(chan struct{}, r.s.cfg.Concurrency)
 	wg.Go(func() {
-		for i, j := range jobs {
+		for i, u := range units {
 			select {
 			case slots <- struct{}{}:
 			case <-ctx.Done():
 				return
 			}
+			// Reserved here, in manifest order, so that every later
+			// repeat of a chunk finds its entry and waits for this read.
+			r.reserve(u)
 			wg.Go(func() {
-				data, err := r.fetch(ctx, j)
+				data, err := r.fetchUnit(ctx, u)
 				results[i] <- fetched{data, err}
 			})
 		}
 	})
-	next := 0
+	next, ui := 0, 0
+	var cur [][]byte
 	take := func() (job, []byte, error) {
 		j := jobs[next]
-		var f fetched
-		select {
-		case f = <-results[next]:
-		case <-ctx.Done():
-			return j, nil, ctx.Err()
+		if cur == nil {
+			var f fetched
+			select {
+			case f = <-results[ui]:
+			case <-ctx.Done():
+				return j, nil, ctx.Err()
+			}
+			if f.err != nil {
+				return j, nil, f.err
+			}
+			cur = f.data
 		}
+		data := cur[next-units[ui].first]
 		next++
-		<-slots
+		if next == units[ui].first+len(cur) {
+			cur = nil
+			ui++
+			<-slots
+		}
 		r.release(j.name)
-		return j, f.data, f.err
+		return j, data, nil
 	}
 	total := r.m.Size
 	r.report(total)
@@ -321,67 +341,4 @@ func isZero(b []byte) bool {
 		}
 	}
 	return true
-}
-
-// fetch returns chunk j's verified plaintext, sharing one read among the
-// references of a repeated chunk while the cache has room.
-func (r *restorer) fetch(ctx context.Context, j job) ([]byte, error) {
-	r.mu.Lock()
-	if c, ok := r.cache[j.name]; ok {
-		r.mu.Unlock()
-		<-c.ready
-		return c.data, c.err
-	}
-	if r.refs[j.name] <= 1 || r.cacheSz+MaxChunk > repeatCache {
-		r.mu.Unlock()
-		return r.load(ctx, j)
-	}
-	c := &cached{ready: make(chan struct{})}
-	r.cache[j.name] = c
-	r.cacheSz += MaxChunk
-	r.mu.Unlock()
-	c.data, c.err = r.load(ctx, j)
-	close(c.ready)
-	return c.data, c.err
-}
-
-// release notes that one reference to name was written.
-func (r *restorer) release(name string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.refs[name]--
-	if r.refs[name] <= 0 {
-		if _, ok := r.cache[name]; ok {
-			delete(r.cache, name)
-			r.cacheSz -= MaxChunk
-		}
-	}
-}
-
-func (r *restorer) load(ctx context.Context, j job) ([]byte, error) {
-	ref := j.entry.Chunks[j.index]
-	key := chunkKey(r.m.Tenant, j.name)
-	obj, err := blob.ReadAllSized(ctx, r.s.cfg.Blobs, key, MaxChunk+SealOverhead+1024, ref.Size+SealOverhead)
-	if err != nil {
-		if errdefs.IsNotFound(err) {
-			return nil, errdefs.DataLossf("%s: missing", r.where(j))
-		}
-		if errors.Is(err, errdefs.ErrResourceExhausted) {
-			return nil, errdefs.DataLossf("%s: stored object is too large", r.where(j))
-		}
-		return nil, fmt.Errorf("%s: %w", r.where(j), err)
-	}
-	r.fetched.Add(1)
-	// The manifest gives the chunk's size: the plaintext's buffer is made
-	// that size (chunks average far less than MaxChunk), and a chunk that
-	// would decompress to more is damaged anyway.
-	plain, err := r.keys.open(kindChunk, key, obj, int(min(ref.Size, MaxChunk)))
-	if err != nil {
-		return nil, errdefs.DataLossf("%s: %v", r.where(j), err)
-	}
-	sum := sha256.Sum256(plain)
-	if int64(len(plain)) != ref.Size || hex.EncodeToString(sum[:]) != ref.SHA256 {
-		return nil, errdefs.DataLossf("%s: content is %d bytes with sha256 %x", r.where(j), len(plain), sum)
-	}
-	return plain, nil
 }

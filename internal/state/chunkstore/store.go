@@ -41,6 +41,10 @@ type Config struct {
 	Clock clock.Clock
 	// Concurrency is the number of chunk transfers in flight (default 8).
 	Concurrency int
+	// PackSize is the size at which Put closes a pack of new chunks
+	// (default DefaultPackSize; see pack.go). Negative: every chunk its own
+	// object, as format 1 stored them (kept for tests of old checkpoints).
+	PackSize int
 	// PendingTTL is how long a writer's marker stays live without
 	// renewal (default one hour); see the package comment.
 	PendingTTL time.Duration
@@ -84,6 +88,9 @@ func New(cfg Config) (*Store, error) {
 	}
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 8
+	}
+	if cfg.PackSize == 0 {
+		cfg.PackSize = DefaultPackSize
 	}
 	if cfg.PendingTTL <= 0 {
 		cfg.PendingTTL = time.Hour
