@@ -286,7 +286,7 @@ func TestCheckpointCommitFailures(t *testing.T) {
 	// What the failed checkpoints stored is collected: no checkpoint is
 	// committed yet, so no chunk may stay.
 	for deadline := time.Now().Add(time.Minute); ; {
-		chunks, _ := filepath.Glob(filepath.Join(env.Blobs, "objects/tenants/default/chunks/*/*"))
+		chunks, _ := filepath.Glob(filepath.Join(env.Blobs, "objects/tenants/default/packs/*/*"))
 		if len(chunks) == 0 {
 			break
 		}
@@ -344,7 +344,7 @@ func TestCheckpointCommitFailures(t *testing.T) {
 	}
 
 	// A damaged chunk is found before anything runs.
-	chunks, _ := filepath.Glob(filepath.Join(env.Blobs, "objects/tenants/default/chunks/*/*"))
+	chunks, _ := filepath.Glob(filepath.Join(env.Blobs, "objects/tenants/default/packs/*/*"))
 	if len(chunks) == 0 {
 		t.Fatal("no chunks stored")
 	}

@@ -555,7 +555,8 @@ func (s *Store) push(ctx context.Context, hexd string) error {
 		return err
 	}
 	res, err := s.cfg.Chunks.Put(ctx, SystemTenant, "v-"+hexd, work, chunkstore.PutOptions{
-		Meta: map[string]string{"kind": "template", "name": v.Name, "digest": v.Digest},
+		Parent: s.previousVersion(v),
+		Meta:   map[string]string{"kind": "template", "name": v.Name, "digest": v.Digest},
 	})
 	if errors.Is(err, errdefs.ErrAlreadyExists) {
 		return nil
@@ -568,6 +569,27 @@ func (s *Store) push(ctx context.Context, hexd string) error {
 	}
 	s.lg.Info("template version stored in the blob store", "version", v.Short(), "name", v.Name, "chunks", res.Chunks, "new_chunks", res.NewChunks, "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// previousVersion names the checkpoint of the newest other local version
+// of v's template: the parent of v's push, whose manifest lists the chunks
+// v shares with it (the chunk store deduplicates against a parent only). ""
+// when there is none.
+func (s *Store) previousVersion(v Version) string {
+	vs, err := s.Local()
+	if err != nil {
+		return ""
+	}
+	var best Version
+	for _, o := range vs {
+		if o.Name == v.Name && o.Digest != v.Digest && (best.Digest == "" || o.Created.After(best.Created)) {
+			best = o
+		}
+	}
+	if best.Digest == "" {
+		return ""
+	}
+	return "v-" + best.Hex()
 }
 
 // Evict removes version digest's local copy only (the blob store keeps it;

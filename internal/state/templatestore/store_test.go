@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -363,12 +364,14 @@ func TestCollectChunksRemovesAFailedPushsChunks(t *testing.T) {
 	}
 	chunks := func() int {
 		n := 0
-		filepath.WalkDir(filepath.Join(e.blobs, "objects", "tenants", SystemTenant, "chunks"), func(p string, d os.DirEntry, err error) error {
-			if err == nil && !d.IsDir() {
-				n++
-			}
-			return nil
-		})
+		for _, dir := range []string{"chunks", "packs"} {
+			filepath.WalkDir(filepath.Join(e.blobs, "objects", "tenants", SystemTenant, dir), func(p string, d os.DirEntry, err error) error {
+				if err == nil && !d.IsDir() {
+					n++
+				}
+				return nil
+			})
+		}
 		return n
 	}
 	before := chunks()
@@ -476,5 +479,47 @@ func TestVersionsOnMinIO(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(v.Path, "etc/release")); string(b) != "v1\n" {
 		t.Fatalf("node 2 reads %q", b)
+	}
+}
+
+// A new version of a template is pushed with the previous one as its
+// parent, so the chunks they share are not stored twice (the chunk store
+// deduplicates against a parent's manifest only).
+func TestNewVersionPushSharesChunks(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	s := e.node(t)
+	src := filepath.Join(t.TempDir(), "rootfs")
+	tree(t, src)
+	big := make([]byte, 8<<20)
+	for i := range big {
+		big[i] = byte(i*7 + i/4096 + i/999)
+	}
+	if err := os.WriteFile(filepath.Join(src, "etc/big"), big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stored := func() int64 {
+		var n int64
+		filepath.WalkDir(filepath.Join(e.blobs, "objects", "tenants", SystemTenant), func(p string, d os.DirEntry, err error) error {
+			if info, ierr := d.Info(); err == nil && ierr == nil && !d.IsDir() {
+				n += info.Size()
+			}
+			return nil
+		})
+		return n
+	}
+	if _, err := s.Import(ctx, "tpl", bytes.NewReader(tarOf(t, src)), Defaults{}); err != nil {
+		t.Fatal(err)
+	}
+	first := stored()
+	if err := os.WriteFile(filepath.Join(src, "etc/small"), []byte("v2"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond) // a later Created
+	if _, err := s.Import(ctx, "tpl", bytes.NewReader(tarOf(t, src)), Defaults{}); err != nil {
+		t.Fatal(err)
+	}
+	if grew := stored() - first; grew > first/4 {
+		t.Fatalf("the second version stored %d bytes more (the first %d): its chunks were not shared", grew, first)
 	}
 }
