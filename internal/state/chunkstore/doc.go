@@ -75,8 +75,9 @@
 //  6. the pending marker is deleted.
 //
 // Restore reads the pointer, the manifest (checking its digest), and every
-// chunk (checking its SHA-256 and size), then each file's SHA-256 and the
-// whole-image digest; any mismatch, missing object or failed decryption is
+// chunk (checking its SHA-256 and size), then the whole-image digest;
+// Verify also hashes each file again (Restore does not: a file is its
+// verified chunks in order); any mismatch, missing object or failed decryption is
 // errdefs.ErrDataLoss naming the file and chunk. It writes into a temporary
 // directory that is renamed to the target only when all of it verified.
 //

@@ -205,7 +205,7 @@ func sampleTree(t *testing.T, seed uint64) string {
 	return root
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)

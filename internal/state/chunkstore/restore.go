@@ -284,7 +284,13 @@ func (r *restorer) report(total int64) {
 }
 
 // file writes one file from its chunks, skipping (leaving sparse) chunks of
-// zeros, and checks the whole file's digest.
+// zeros. Verify also hashes the whole file again; Restore does not: each
+// chunk's plaintext was checked against its SHA-256 and size in the
+// authenticated manifest (after AES-GCM proved it sealed under its name),
+// the chunk sizes add up to the file's (Manifest.check), and the file is
+// exactly those chunks in order — a second SHA-256 over the same 256 MiB
+// cost ~0.2 s of a cold restore's CPU on this machine, for no check the
+// chunks had not made.
 func (r *restorer) file(e *Entry, p string, take func() (job, []byte, error), total int64) (string, error) {
 	var f *os.File
 	if p != "" {
@@ -295,14 +301,19 @@ func (r *restorer) file(e *Entry, p string, take func() (job, []byte, error), to
 		}
 		defer f.Close()
 	}
-	var h hash.Hash = sha256.New()
+	var h hash.Hash
+	if f == nil {
+		h = sha256.New()
+	}
 	for range e.Chunks {
 		j, data, err := take()
 		if err != nil {
 			return "", err
 		}
 		r.chunks++
-		h.Write(data)
+		if h != nil {
+			h.Write(data)
+		}
 		if f != nil && !isZero(data) {
 			if _, err := f.WriteAt(data, j.offset); err != nil {
 				return "", fmt.Errorf("restore %q: %w", e.Path, err)
@@ -311,14 +322,15 @@ func (r *restorer) file(e *Entry, p string, take func() (job, []byte, error), to
 		r.done += int64(len(data))
 		r.report(total)
 	}
-	got := hex.EncodeToString(h.Sum(nil))
-	if got != e.SHA256 {
-		return "", errdefs.DataLossf("checkpoint %s/%s: file %q: content sha256 %s, manifest says %s",
-			r.m.Tenant, r.m.Checkpoint, e.Path, got, e.SHA256)
-	}
 	if f == nil {
+		got := hex.EncodeToString(h.Sum(nil))
+		if got != e.SHA256 {
+			return "", errdefs.DataLossf("checkpoint %s/%s: file %q: content sha256 %s, manifest says %s",
+				r.m.Tenant, r.m.Checkpoint, e.Path, got, e.SHA256)
+		}
 		return got, nil
 	}
+	got := e.SHA256
 	if err := f.Truncate(e.Size); err != nil {
 		return "", fmt.Errorf("restore %q: %w", e.Path, err)
 	}
