@@ -8,13 +8,14 @@
 #
 # SRC is the checkout whose bin/amber runs (default: this one), for an A/B of two builds.
 # CUT_MIB=256 runs the restore benchmark's ticker holding 256 MiB instead of the shell loop.
+# UP_ARGS="--hot-tier off --blobs s3://..." adds flags to `amber up` (e.g. every restore cold).
 set -euo pipefail
 drv=${1:?driver}; rounds=${2:-4}
 cd "${SRC:-$(dirname "$0")/..}"
 export AMBER_CACHE=${AMBER_CACHE:-/var/cache/amber}
 export PATH=$AMBER_CACHE/bin:$PATH AMBER_ADDR=127.0.0.1:${CUT_PORT:-7790}
 dir=$(mktemp -d /tmp/amber-cut-rounds.XXXXXX)
-bin/amber up --data-dir "$dir/d" --addr "$AMBER_ADDR" --driver "$drv" --pool 0 --log-level debug >"$dir/up.log" 2>&1 &
+bin/amber up --data-dir "$dir/d" --addr "$AMBER_ADDR" --driver "$drv" --pool 0 --log-level debug ${UP_ARGS:-} >"$dir/up.log" 2>&1 &
 pid=$!
 sbx=""
 cleanup() {
@@ -47,5 +48,5 @@ for _ in $(seq "$rounds"); do
     bin/amber sandbox kill "$sbx" >/dev/null
     t=$(date +%s%N); bin/amber sandbox recover "$sbx" >/dev/null; echo "recover call $(ms "$t") ms"
 done
-grep -E "(sandbox restored|sandbox checkpointed|checkpoint: steps).*driver=$drv" "$dir/up.log" | sed 's/^time=[^ ]* //' || true
+grep -E "(sandbox restored|sandbox checkpointed|checkpoint: steps).*(driver=$drv|fetch=)" "$dir/up.log" | sed 's/^time=[^ ]* //' || true
 echo "load: $(cut -d' ' -f1-3 /proc/loadavg)"
