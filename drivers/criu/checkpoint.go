@@ -23,6 +23,7 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/drivers/internal/layer"
+	"github.com/amber-run/amber/drivers/internal/writebehind"
 )
 
 // Checkpoint images. An image directory holds:
@@ -245,7 +246,13 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	// as Kill does, so that no task outlives the cut.
 	co := criuOpts(criuDir, work)
 	co.LeaveRunning = true
-	if err := d.dumpWithin(ctx, ls, co, cm); err != nil {
+	// The disk writes the images while CRIU dumps them, so the fsync of
+	// the image (a strict tool call's acknowledgement waits for it) has
+	// little left (writebehind).
+	wb := writebehind.Dir(criuDir, writebehind.Interval)
+	err = d.dumpWithin(ctx, ls, co, cm)
+	wb.Stop()
+	if err != nil {
 		b, _ := os.ReadFile(filepath.Join(work, "dump.log"))
 		if errdefs.IsUnavailable(err) {
 			return stats, recordErr(id, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/drivers/internal/layer"
+	"github.com/amber-run/amber/drivers/internal/writebehind"
 	"github.com/amber-run/amber/lib/agentproto"
 )
 
@@ -680,6 +681,11 @@ func (d *Driver) saveKernel(ctx context.Context, id, runscDir string, leaveRunni
 		files = append(files, f)
 	}
 	arg := saveOpts{Metadata: map[string]string{"compression": "none"}, HavePagesFile: true, Resume: leaveRunning}
+	// The disk writes the pages while the sentry saves them, so the fsync
+	// after the resume (syncTree) has little left: it is what a strict
+	// tool call's acknowledgement waits for (writebehind).
+	wb := writebehind.Files(files, writebehind.Interval)
+	defer wb.Stop()
 	return d.control(ctx, id, ctlCheckpoint, &arg, files...)
 }
 
