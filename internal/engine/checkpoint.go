@@ -312,8 +312,9 @@ func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (met
 		}
 	}
 	res, err := e.ck.store.Put(ctx, sb.Tenant, ck.ID, dir, chunkstore.PutOptions{
-		Parent: parent.ID,
-		Meta:   pm,
+		Parent:    parent.ID,
+		Meta:      pm,
+		Unchanged: isLayerBlob,
 		Progress: func(p chunkstore.Progress) {
 			report(r.Progress, Progress{Phase: "upload", Done: p.Done, Total: p.Total})
 		},
@@ -371,7 +372,7 @@ func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (met
 		lg.Warn("retention", "err", err)
 	}
 	lg.InfoContext(ctx, "checkpoint committed", "frozen", cs.Frozen.Round(time.Millisecond), "total", time.Since(start).Round(time.Millisecond),
-		"image_bytes", res.Size, "stored_bytes", res.StoredBytes, "new_chunks", res.NewChunks, "chunks", res.Chunks)
+		"image_bytes", res.Size, "stored_bytes", res.StoredBytes, "new_chunks", res.NewChunks, "chunks", res.Chunks, "reused_files", res.ReusedFiles)
 	return ck, nil
 }
 

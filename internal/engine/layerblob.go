@@ -14,17 +14,27 @@ import (
 	"archive/tar"
 	"crypto/sha256"
 	"encoding/hex"
-
 	"fmt"
 	"hash"
 	"io"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/amber-run/amber/core/errdefs"
 )
+
+// isLayerBlob tells the chunk store which files of an image it may take
+// from the parent checkpoint's manifest unread (PutOptions.Unchanged): a
+// layer blob's name is the key of a cache file the driver never writes
+// once made (drivers/internal/layer/blobs.go), random per file, so the
+// same name of the same size is the same bytes. An upload then re-reads
+// only what the cut changed, not every large file of the layer.
+func isLayerBlob(path string) bool {
+	return strings.HasPrefix(path, layerBlobDir+"/")
+}
 
 const (
 	layerBlobDir     = "layer-blobs"

@@ -173,7 +173,7 @@ func (e *checkpointer) upload(ctx context.Context, ck meta.Checkpoint) error {
 	}
 	defer os.RemoveAll(dir)
 	pm := e.ck.hot.metaOf(cur.ID)
-	res, err := e.ck.store.Put(ctx, cur.Tenant, cur.ID, dir, chunkstore.PutOptions{Parent: cur.Parent, Meta: pm})
+	res, err := e.ck.store.Put(ctx, cur.Tenant, cur.ID, dir, chunkstore.PutOptions{Parent: cur.Parent, Meta: pm, Unchanged: isLayerBlob})
 	if errors.Is(err, errdefs.ErrAlreadyExists) {
 		// An earlier attempt published it and stopped before the row.
 		info, serr := e.ck.store.Stat(ctx, cur.Tenant, cur.ID)
@@ -194,7 +194,7 @@ func (e *checkpointer) upload(ctx context.Context, ck meta.Checkpoint) error {
 	}
 	e.ck.hot.unpin(cur.ID)
 	e.lg.Info("checkpoint uploaded", "checkpoint_id", cur.ID, "sandbox_id", cur.SandboxID, "upload", time.Since(start).Round(time.Millisecond),
-		"stored_bytes", res.StoredBytes, "new_chunks", res.NewChunks)
+		"stored_bytes", res.StoredBytes, "new_chunks", res.NewChunks, "reused_files", res.ReusedFiles)
 	if sb, err := e.meta.Get(ctx, cur.SandboxID); err == nil {
 		if err := e.retain(ctx, sb); err != nil {
 			e.lg.Warn("retention", "err", err)

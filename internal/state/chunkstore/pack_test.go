@@ -1,10 +1,12 @@
 package chunkstore_test
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/amber-run/amber/internal/state/chunkstore"
@@ -163,4 +165,43 @@ func writeFile(t *testing.T, path string, data []byte) {
 	t.Helper()
 	must(t, os.MkdirAll(filepath.Dir(path), 0o755))
 	must(t, os.WriteFile(path, data, 0o644))
+}
+
+// A file Unchanged says is its parent's (a layer blob) is described from
+// the parent's manifest without a byte read; one whose size differs, or
+// that Unchanged does not name, is read as always.
+func TestPutUnchangedFilesFromParent(t *testing.T) {
+	e := newEnv(t, localBackend())
+	root := filepath.Join(t.TempDir(), "image")
+	blob := filepath.Join(root, "layer-blobs", "k1")
+	b1 := writeRandom(t, blob, 20, 8<<20)
+	writeRandom(t, filepath.Join(root, "mem.img"), 21, 1<<20)
+	e.put("acme", "ck1", root, chunkstore.PutOptions{})
+	// Other bytes of the same size under the blob's name: a Put told the
+	// blob is unchanged does not read it, so ck2 describes ck1's bytes.
+	writeRandom(t, blob, 22, 8<<20)
+	isBlob := func(p string) bool { return strings.HasPrefix(p, "layer-blobs/") }
+	r2 := e.put("acme", "ck2", root, chunkstore.PutOptions{Parent: "ck1", Unchanged: isBlob})
+	if r2.ReusedFiles != 1 || r2.NewChunks != 0 {
+		t.Fatalf("reused %d files, %d new chunks; want the blob reused, nothing written", r2.ReusedFiles, r2.NewChunks)
+	}
+	dst := filepath.Join(t.TempDir(), "ck2")
+	if _, err := e.store.Restore(ctx(t), "acme", "ck2", dst, chunkstore.RestoreOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dst, "layer-blobs", "k1")); !bytes.Equal(got, b1) {
+		t.Fatal("ck2's blob is not ck1's bytes: the Put read the file")
+	}
+	// Without the hint, or with a size that differs, the file is read.
+	r3 := e.put("acme", "ck3", root, chunkstore.PutOptions{Parent: "ck2"})
+	if r3.ReusedFiles != 0 || r3.NewChunks == 0 {
+		t.Fatalf("without Unchanged: reused %d files, %d new chunks", r3.ReusedFiles, r3.NewChunks)
+	}
+	e.restoreEqual(e.store, "acme", "ck3", root)
+	writeRandom(t, blob, 23, 8<<20+1)
+	r4 := e.put("acme", "ck4", root, chunkstore.PutOptions{Parent: "ck3", Unchanged: isBlob})
+	if r4.ReusedFiles != 0 || r4.NewChunks == 0 {
+		t.Fatalf("a blob of another size: reused %d, new chunks %d", r4.ReusedFiles, r4.NewChunks)
+	}
+	e.restoreEqual(e.store, "acme", "ck4", root)
 }

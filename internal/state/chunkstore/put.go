@@ -13,6 +13,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,6 +64,14 @@ type PutOptions struct {
 	// Progress, when set, is called as chunks become durable. It must be
 	// quick; it is called from one goroutine at a time.
 	Progress func(Progress)
+	// Unchanged, when set, names the files (by image path) that are, when
+	// they have the size the parent's file of the same path has, byte for
+	// byte that file: Put takes their chunks and digest from the parent's
+	// manifest without reading them. It is for files whose name stands for
+	// content that never changes (a layer blob: a cache file never written
+	// once made, named by a random key); a wrong answer stores a manifest
+	// that does not describe the file.
+	Unchanged func(path string) bool
 }
 
 // PutResult tells what a Put stored.
@@ -77,6 +86,9 @@ type PutResult struct {
 	Chunks int
 	// NewChunks were written by this Put (the others were already stored).
 	NewChunks int
+	// ReusedFiles were described from the parent's manifest without being
+	// read (PutOptions.Unchanged).
+	ReusedFiles int
 	// StoredBytes is the size of every object this Put wrote: new chunks,
 	// the manifest, the pointer.
 	StoredBytes int64
@@ -128,7 +140,7 @@ func (s *Store) Put(ctx context.Context, tenant, id, src string, opts PutOptions
 	}
 	defer w.end()
 
-	known, err := s.parentChunks(ctx, keys, tenant, id, opts.Parent)
+	known, parentFiles, err := s.parentChunks(ctx, keys, tenant, id, opts.Parent)
 	if err != nil {
 		return res, err
 	}
@@ -138,6 +150,14 @@ func (s *Store) Put(ctx context.Context, tenant, id, src string, opts PutOptions
 	for i := range entries {
 		e := &entries[i]
 		if e.Type != TypeFile {
+			continue
+		}
+		if pe, ok := parentFiles[e.Path]; ok && opts.Unchanged != nil && pe.Size == e.Size && opts.Unchanged(e.Path) {
+			// Known content: the parent's chunks, which the pending
+			// marker keeps from collection like every known chunk.
+			e.SHA256, e.Chunks = pe.SHA256, slices.Clone(pe.Chunks)
+			res.ReusedFiles++
+			up.report(e.Size)
 			continue
 		}
 		if err := up.file(filepath.Join(src, filepath.FromSlash(e.Path)), e, w); err != nil {
@@ -242,25 +262,28 @@ func (s *Store) Put(ctx context.Context, tenant, id, src string, opts PutOptions
 // that only costs lookups, or new copies in packs). Put reads them after the pending marker is written: from then
 // on no collector removes the parent's chunks, even if the parent is
 // deleted meanwhile.
-func (s *Store) parentChunks(ctx context.Context, keys *tenantKeys, tenant, id, parent string) (map[string]ChunkRef, error) {
-	known := map[string]ChunkRef{}
+func (s *Store) parentChunks(ctx context.Context, keys *tenantKeys, tenant, id, parent string) (map[string]ChunkRef, map[string]*Entry, error) {
+	known, files := map[string]ChunkRef{}, map[string]*Entry{}
 	if parent == "" {
-		return known, nil
+		return known, files, nil
 	}
 	pm, err := s.Manifest(ctx, tenant, parent)
 	if errdefs.IsNotFound(err) {
 		s.log.Info("parent checkpoint is gone; looking chunks up instead", "tenant", tenant, "checkpoint", id, "parent", parent)
 		pm = &Manifest{}
 	} else if err != nil {
-		return nil, fmt.Errorf("parent %s: %w", parent, err)
+		return nil, nil, fmt.Errorf("parent %s: %w", parent, err)
 	}
-	for _, e := range pm.Entries {
+	for i, e := range pm.Entries {
+		if e.Type == TypeFile {
+			files[e.Path] = &pm.Entries[i]
+		}
 		for _, c := range e.Chunks {
 			sum, _ := hex.DecodeString(c.SHA256)
 			known[keys.chunkName([32]byte(sum))] = c
 		}
 	}
-	return known, nil
+	return known, files, nil
 }
 
 // scanTree lists src: directories, symlinks and regular files, parents
