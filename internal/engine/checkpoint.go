@@ -312,9 +312,7 @@ func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (met
 		}
 	}
 	res, err := e.ck.store.Put(ctx, sb.Tenant, ck.ID, dir, chunkstore.PutOptions{
-		Parent:    parent.ID,
-		Meta:      pm,
-		Unchanged: isLayerBlob,
+		Parent: parent.ID, Meta: pm, Unchanged: isLayerBlob,
 		Progress: func(p chunkstore.Progress) {
 			report(r.Progress, Progress{Phase: "upload", Done: p.Done, Total: p.Total})
 		},
