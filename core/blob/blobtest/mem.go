@@ -85,30 +85,33 @@ func (m *Mem) PutIfAbsent(ctx context.Context, key string, r io.Reader, size int
 
 // Get implements blob.Store.
 func (m *Mem) Get(ctx context.Context, key string) (io.ReadCloser, error) {
-	if err := blob.ValidateKey(key); err != nil {
+	o, err := m.lookup(key)
+	if err != nil {
 		return nil, err
-	}
-	m.mu.RLock()
-	o, ok := m.objs[key]
-	m.mu.RUnlock()
-	if !ok {
-		return nil, errdefs.NotFoundf("get %s", key)
 	}
 	return io.NopCloser(bytes.NewReader(o.data)), nil
 }
 
 // GetRange implements blob.RangeGetter.
 func (m *Mem) GetRange(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
-	if err := blob.ValidateKey(key); err != nil {
+	o, err := m.lookup(key)
+	if err != nil {
 		return nil, err
+	}
+	return io.NopCloser(io.NewSectionReader(bytes.NewReader(o.data), off, n)), nil
+}
+
+func (m *Mem) lookup(key string) (memObj, error) {
+	if err := blob.ValidateKey(key); err != nil {
+		return memObj{}, err
 	}
 	m.mu.RLock()
 	o, ok := m.objs[key]
 	m.mu.RUnlock()
 	if !ok {
-		return nil, errdefs.NotFoundf("get %s", key)
+		return memObj{}, errdefs.NotFoundf("get %s", key)
 	}
-	return io.NopCloser(io.NewSectionReader(bytes.NewReader(o.data), off, n)), nil
+	return o, nil
 }
 
 // Stat implements blob.Store.
