@@ -258,10 +258,11 @@ func (s *Store) Put(ctx context.Context, tenant, id, src string, opts PutOptions
 }
 
 // parentChunks returns the chunks of checkpoint id's parent by name, with
-// where each is stored (none without a parent, or when the parent is gone:
-// that only costs lookups, or new copies in packs). Put reads them after the pending marker is written: from then
-// on no collector removes the parent's chunks, even if the parent is
-// deleted meanwhile.
+// where each is stored, and its files by path (none without a parent, or
+// when the parent is gone: that only costs lookups, or new copies in
+// packs). Put reads them after the pending marker is written: from then on
+// no collector removes the parent's chunks, even if the parent is deleted
+// meanwhile.
 func (s *Store) parentChunks(ctx context.Context, keys *tenantKeys, tenant, id, parent string) (map[string]ChunkRef, map[string]*Entry, error) {
 	known, files := map[string]ChunkRef{}, map[string]*Entry{}
 	if parent == "" {
