@@ -16,7 +16,8 @@ type CreateSandboxRequest struct {
 	// its tenant's policy and the operator's ceiling (403 otherwise).
 	Egress *EgressPolicy `json:"egress,omitempty"`
 	// Metadata are the sandbox's labels (GET /v1/sandboxes?metadata=k=v
-	// selects by them).
+	// selects by them). Keys beginning "amber." (in any case) are Amber's
+	// own labels: a create with one is a 400 naming it.
 	Metadata map[string]string `json:"metadata,omitempty"`
 	// Timeout is the seconds until the sandbox's deadline (0: none);
 	// OnTimeout what happens then: "kill" (default) or "pause".

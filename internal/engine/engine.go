@@ -508,6 +508,10 @@ type CreateRequest struct {
 	Metadata  map[string]string
 	Timeout   time.Duration
 	OnTimeout string
+	// ReservedLabels lets Metadata hold Amber's own labels (keys beginning
+	// ReservedLabelPrefix, labels.go). Only Amber's own callers set it (the
+	// session harness); never an edge, from a request.
+	ReservedLabels bool
 }
 
 // Create returns a running sandbox for r: one claimed from the warm pool

@@ -3,10 +3,12 @@ package engine_test
 import (
 	"context"
 	"maps"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/eventlog"
 	"github.com/amber-run/amber/core/metadata"
 	"github.com/amber-run/amber/internal/engine"
@@ -51,7 +53,7 @@ func TestCreateLabelsBeforeRunning(t *testing.T) {
 	waitPool(t, e, "minimal", 1)
 	for _, cold := range []bool{false, true} {
 		md := map[string]string{"amber.session": "ses-1", "cold": map[bool]string{false: "no", true: "yes"}[cold]}
-		sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Cold: cold, Metadata: md})
+		sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Cold: cold, Metadata: md, ReservedLabels: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -67,5 +69,77 @@ func TestCreateLabelsBeforeRunning(t *testing.T) {
 		if !maps.Equal(sb.Metadata, md) {
 			t.Fatalf("cold=%v: created sandbox's labels %v, want %v", cold, sb.Metadata, md)
 		}
+	}
+}
+
+// reservedLookalikes are keys a caller might try for Amber's own labels:
+// the exact ones, and ones that read as them.
+var reservedLookalikes = []string{
+	"amber.session",
+	"amber.session.sandbox",
+	"amber.",
+	"amber.anything",
+	"Amber.Session",
+	"AMBER.SESSION",
+	" amber.session",       // a leading space
+	"amber.session ",       // a trailing space
+	"\tamber.session",      // a leading tab
+	"\u200bamber.session",  // a zero-width space first
+	"am\u200dber.session",  // a zero-width joiner inside
+	"\ufeffamber.session",  // a byte-order mark first
+	"\u00a0amber.session",  // a no-break space first
+	"ａｍｂｅｒ．session",        // fullwidth
+	"amber\uff0esession",   // a fullwidth full stop
+	"amber \u2060.session", // a space and a word joiner before the dot
+}
+
+// TestReservedLabel: the keys of Amber's own labels, in any case and
+// with invisible characters or compatibility forms, are reserved; keys
+// that only contain the word, or are Amber's "amber/" switches, are not.
+func TestReservedLabel(t *testing.T) {
+	for _, k := range reservedLookalikes {
+		if !engine.ReservedLabel(k) {
+			t.Errorf("ReservedLabel(%q) = false, want true", k)
+		}
+	}
+	for _, k := range []string{"amber", "amberx.session", "amber_session", "my.amber.session", "team", "amber/public-ports", "ambe.r", "", "\u0430mber.session" /* a Cyrillic а */} {
+		if engine.ReservedLabel(k) {
+			t.Errorf("ReservedLabel(%q) = true, want false", k)
+		}
+	}
+}
+
+// TestCreateRefusesReservedLabels: a create with a key of Amber's own
+// labels (amber.session: a session's Wake takes a running sandbox so
+// labeled as its own), or one that reads as one, is InvalidArgument
+// naming the key, and nothing is made — from the pool or cold. Amber's
+// own create (ReservedLabels, the session harness's) sets them, and any
+// caller may select by them (reading is open).
+func TestCreateRefusesReservedLabels(t *testing.T) {
+	env := enginetest.New(t, engine.Options{Pool: map[string]int{"minimal": 1}})
+	e, ctx := env.Engine, ctxT(t)
+	waitPool(t, e, "minimal", 1)
+	for _, cold := range []bool{false, true} {
+		for _, k := range reservedLookalikes {
+			_, err := e.Create(ctx, engine.CreateRequest{Tenant: "acme", Template: "minimal", Cold: cold, Metadata: map[string]string{"team": "red", k: "ses-1"}})
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), strconv.Quote(k)) || !strings.Contains(err.Error(), "reserved") {
+				t.Errorf("cold=%v: create with metadata key %q: %v, want InvalidArgument naming it as reserved", cold, k, err)
+			}
+		}
+	}
+	if err := engine.ValidateMetadata(map[string]string{"AMBER.session": "x"}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("ValidateMetadata of a reserved key: %v", err)
+	}
+	if rows, err := e.List(ctx, "acme"); err != nil || len(rows) != 0 {
+		t.Fatalf("refused creates made sandboxes: %d %v", len(rows), err)
+	}
+	md := map[string]string{"amber.session": "ses-1", "amber.session.sandbox": "1"}
+	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "acme", Template: "minimal", Metadata: md, ReservedLabels: true})
+	if err != nil || !maps.Equal(sb.Metadata, md) {
+		t.Fatalf("Amber's own create with its labels: %+v %v", sb.Metadata, err)
+	}
+	rows, err := e.Find(ctx, "acme", engine.ListFilter{Metadata: map[string]string{"amber.session": "ses-1"}})
+	if err != nil || len(rows) != 1 || rows[0].ID != sb.ID {
+		t.Fatalf("find by amber.session: %d rows %v", len(rows), err)
 	}
 }

@@ -4,7 +4,8 @@ package engine
 //
 // Metadata are the owner's labels, string to string, given at create and
 // kept in the sandbox's row; List selects by them (every pair given must
-// match) and by state.
+// match) and by state. Keys beginning "amber." are Amber's own: a
+// caller's create may not set them (labels.go).
 //
 // A deadline (meta.Sandbox.Expires) is given at create as a timeout from
 // then and moved by SetTimeout (a new timeout from now; 0 removes it). It
@@ -58,13 +59,23 @@ const expiredReason = "timed out: killed at its deadline"
 // deadline.
 const expiryEvery = 250 * time.Millisecond
 
-// ValidateMetadata checks a sandbox's metadata: at most MaxMetadataPairs
-// pairs, keys of 1 to MaxMetadataKey printable characters without '=' or
-// ',' (a filter names a pair as key=value), values of at most
+// ValidateMetadata checks a caller's metadata for a new sandbox: at most
+// MaxMetadataPairs pairs, no key of Amber's own (ReservedLabel, labels.go),
+// keys of 1 to MaxMetadataKey printable characters without '=' or ','
+// (a filter names a pair as key=value), values of at most
 // MaxMetadataValue bytes of UTF-8 without NUL.
-func ValidateMetadata(md map[string]string) error {
+func ValidateMetadata(md map[string]string) error { return validateMetadata(md, false) }
+
+// validateMetadata is ValidateMetadata; reservedOK lets the keys of
+// Amber's own labels through (Amber's own creates).
+func validateMetadata(md map[string]string, reservedOK bool) error {
 	if len(md) > MaxMetadataPairs {
 		return errdefs.InvalidArgumentf("metadata has %d pairs; at most %d", len(md), MaxMetadataPairs)
+	}
+	if !reservedOK {
+		if err := checkReservedLabels(md); err != nil {
+			return err
+		}
 	}
 	for k, v := range md {
 		if err := ValidateMetadataKey(k); err != nil {
@@ -113,7 +124,7 @@ func normExpire(s string) string {
 // checkAnnotations refuses r's bad metadata or timeout before anything is
 // made.
 func (e *Engine) checkAnnotations(r CreateRequest) error {
-	if err := ValidateMetadata(r.Metadata); err != nil {
+	if err := validateMetadata(r.Metadata, r.ReservedLabels); err != nil {
 		return err
 	}
 	if err := ValidateTimeout(r.Timeout, r.OnTimeout); err != nil {

@@ -23,9 +23,10 @@ import (
 // checkpoints would only duplicate them.
 type EngineSandboxes struct{ E *engine.Engine }
 
-// Create implements Sandboxes: the labels are the sandbox's metadata.
+// Create implements Sandboxes: the labels are the sandbox's metadata,
+// Amber's own (engine.ReservedLabelPrefix), which no tenant can set.
 func (b EngineSandboxes) Create(ctx context.Context, tenant, template string, labels map[string]string) (string, error) {
-	sb, err := b.E.Create(ctx, engine.CreateRequest{Tenant: tenant, Template: template, Policy: "none", Metadata: labels})
+	sb, err := b.E.Create(ctx, engine.CreateRequest{Tenant: tenant, Template: template, Policy: "none", Metadata: labels, ReservedLabels: true})
 	return sb.ID, err
 }
 

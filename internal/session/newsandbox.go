@@ -6,15 +6,19 @@ import (
 	"strconv"
 
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/internal/engine"
 )
 
 // The labels of a session's sandboxes (the engine's sandbox metadata).
+// They are under engine.ReservedLabelPrefix, which only Amber's own
+// creates may set: a tenant cannot label a sandbox of its own so that a
+// Wake takes it for one an earlier attempt made (newSandbox).
 const (
 	// LabelSession is the session a sandbox was made for.
-	LabelSession = "amber.session"
+	LabelSession = engine.ReservedLabelPrefix + "session"
 	// LabelSessionSandbox is which of the session's sandboxes it is: n for
 	// the n-th the log names (State.SandboxesNamed+1 when it was made).
-	LabelSessionSandbox = "amber.session.sandbox"
+	LabelSessionSandbox = engine.ReservedLabelPrefix + "session.sandbox"
 )
 
 func sandboxLabels(session string, n int) map[string]string {

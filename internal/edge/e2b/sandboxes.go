@@ -144,6 +144,12 @@ func (h *handler) create(w http.ResponseWriter, r *http.Request, c call) error {
 		env = append(env, k+"="+v)
 	}
 	sort.Strings(env)
+	// The caller's metadata, before Amber adds its own: keys of Amber's
+	// labels ("amber." in any case, engine.ReservedLabel) and of Amber's
+	// E2B switches ("amber/") are refused.
+	if err := engine.ValidateMetadata(req.Metadata); err != nil {
+		return err
+	}
 	md := map[string]string{}
 	for k, v := range req.Metadata {
 		if strings.HasPrefix(k, amberKeys) {

@@ -86,7 +86,7 @@ type (
 		Template string            `json:"template" jsonschema:"the template, e.g. python or minimal"`
 		Limits   mcpLimits         `json:"limits,omitempty" jsonschema:"resource limits; omitted ones take the daemon's defaults"`
 		Env      []string          `json:"env,omitempty" jsonschema:"entries of the form KEY=VALUE, added to every process of the sandbox"`
-		Metadata map[string]string `json:"metadata,omitempty" jsonschema:"labels of the sandbox (key to value), to find it again with sandbox_list"`
+		Metadata map[string]string `json:"metadata,omitempty" jsonschema:"labels of the sandbox (key to value), to find it again with sandbox_list; keys beginning amber. are Amber's own and refused"`
 		Timeout  int64             `json:"timeout_seconds,omitempty" jsonschema:"seconds until the sandbox is killed (0: no deadline)"`
 	}
 	mcpLimits struct {

@@ -304,7 +304,8 @@ class Client:
                        timeout: int = 0, on_timeout: Optional[str] = None) -> JSON:
         """Creates a sandbox. With idempotency_key, a retry of the same call
         returns the first sandbox instead of making a second. metadata are
-        its labels (sandboxes(metadata=…) selects by them); timeout, in
+        its labels (sandboxes(metadata=…) selects by them; keys beginning
+        "amber." are Amber's own, refused with a 400); timeout, in
         seconds, its deadline, when it is killed (on_timeout "kill") or
         paused ("pause": checkpointed and stopped, resumed by the next call)."""
         body: JSON = {"template": template}

@@ -315,6 +315,15 @@ class SDKTest(unittest.TestCase):
             with self.assertRaises(amber.Error) as cm:
                 self.c.create_sandbox("minimal", metadata={"a=b": "x"})
             self.assertEqual(cm.exception.status, 400)
+            # Keys beginning "amber." are Amber's own labels: refused at
+            # create, naming the key; selecting by them is open.
+            with self.assertRaises(amber.Error) as cm:
+                self.c.create_sandbox("minimal", metadata={"run": tag, "amber.session": tag})
+            self.assertEqual((cm.exception.status, cm.exception.kind), (400, "invalid argument"))
+            self.assertIn('"amber.session"', cm.exception.message)
+            self.assertIn("reserved", cm.exception.message)
+            self.assertEqual(self.c.sandboxes(metadata={"amber.session": tag}), [])
+            self.assertEqual([s["id"] for s in self.c.sandboxes(metadata={"run": tag})], [a["id"]])
         finally:
             self.c.destroy(a["id"])
 

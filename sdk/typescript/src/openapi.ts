@@ -1035,7 +1035,7 @@ export interface components {
              */
             recovery?: "" | "none" | "fast" | "strict";
             egress?: components["schemas"]["EgressPolicy"];
-            /** @description Labels, string to string: at most 64 pairs, keys of 1 to 128 characters without spaces, '=' or ',', values of at most 1024 bytes. GET /v1/sandboxes?metadata=key=value selects by them. */
+            /** @description Labels, string to string: at most 64 pairs, keys of 1 to 128 characters without spaces, '=' or ',', values of at most 1024 bytes. Keys beginning amber. (in any case) are Amber's own labels: a create with one is a 400 naming it. GET /v1/sandboxes?metadata=key=value selects by them (by amber. keys too). */
             metadata?: {
                 [key: string]: string;
             };

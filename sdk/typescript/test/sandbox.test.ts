@@ -47,6 +47,14 @@ describe("sandboxes", { skip: skipLive }, () => {
       const moved = await c.setTimeout(a.id, 60);
       assert.ok(moved.expires_at && Date.parse(moved.expires_at) < Date.now() + 61_000, `moved to ${moved.expires_at}`);
       await assert.rejects(c.setTimeout(a.id, -1), (e: unknown) => e instanceof AmberError && e.status === 400);
+      // Keys beginning "amber." are Amber's own labels: refused at create,
+      // naming the key; selecting by them is open.
+      await assert.rejects(
+        c.createSandbox({ template: "minimal", metadata: { run: tag, "Amber.Session": tag } }),
+        (e: unknown) => e instanceof AmberError && e.status === 400 && e.message.includes('"Amber.Session"') && e.message.includes("reserved"),
+      );
+      assert.deepEqual(await c.listSandboxes({ metadata: { "amber.session": tag } }), []);
+      assert.deepEqual((await c.listSandboxes({ metadata: { run: tag } })).map((s) => s.id), [a.id]);
     } finally {
       await c.destroySandbox(a.id).catch(() => {});
     }
