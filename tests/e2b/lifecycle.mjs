@@ -17,7 +17,7 @@
 // env: PHASE, STATE_FILE, DAEMON_ADDR (host:port the daemon listens on:
 // getHost names a sandbox's port, which this program reaches through the
 // daemon with that Host, as a wildcard DNS name would).
-import { Sandbox } from 'e2b'
+import { FileNotFoundError, Sandbox } from 'e2b'
 import fs from 'node:fs'
 import http from 'node:http'
 
@@ -41,10 +41,20 @@ const fetchVia = (host, path) => new Promise((resolve, reject) => {
   req.on('error', reject)
 })
 
-const COUNTER = 'R=$(od -An -N4 -tu4 /dev/urandom | tr -d " "); i=0; while :; do i=$((i+1)); echo "$R $i" > /tmp/counter; sleep 0.1; done'
+// The counter file is replaced by a rename, never truncated in place: a
+// read between a truncate and the write saw an empty file (flaky).
+const COUNTER = 'R=$(od -An -N4 -tu4 /dev/urandom | tr -d " "); i=0; while :; do i=$((i+1)); echo "$R $i" > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; sleep 0.1; done'
+// readCounter waits (up to 5 s) for the counter's first write.
 const readCounter = async (sbx) => {
-  const [r, n] = (await sbx.files.read('/tmp/counter')).trim().split(' ')
-  return { r, n: Number(n) }
+  for (let i = 0; ; i++) {
+    try {
+      const [r, n] = (await sbx.files.read('/tmp/counter')).trim().split(' ')
+      return { r, n: Number(n) }
+    } catch (e) {
+      if (i >= 50 || !(e instanceof FileNotFoundError)) throw e
+      await new Promise((res) => setTimeout(res, 100))
+    }
+  }
 }
 
 const run = process.env.RUN_TAG || `run-${Date.now()}`
