@@ -43,6 +43,11 @@ func sandboxFlags(spec string) ([]string, error) {
 			flags[i] = f
 		}
 	}
+	// runsc refuses the pair on every call (runsc list included, so a
+	// daemon would not even start): say so here, by name.
+	if !slices.Contains(flags, "--overlay2=none") && slices.Contains(flags, "--file-access=shared") {
+		return nil, fmt.Errorf("gvisor: %s: an --overlay2 other than none needs --file-access=exclusive (runsc: overlay flag is incompatible with shared file access for rootfs)", RunscFlagsEnv)
+	}
 	return flags, nil
 }
 

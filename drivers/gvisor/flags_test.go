@@ -24,7 +24,7 @@ func TestSandboxFlags(t *testing.T) {
 	if runtimeFlags[2] != "--overlay2=none" {
 		t.Fatalf("sandboxFlags changed runtimeFlags: %q", runtimeFlags)
 	}
-	for _, bad := range []string{"--network=host", "--host-uds=all", "--overlay2", "--overlay2=", "overlay2=none", "--platform ptrace"} {
+	for _, bad := range []string{"--network=host", "--host-uds=all", "--overlay2", "--overlay2=", "overlay2=none", "--platform ptrace", "--overlay2=root:memory"} {
 		if _, err := sandboxFlags(bad); err == nil {
 			t.Errorf("%q: accepted", bad)
 		}
