@@ -41,7 +41,8 @@ import (
 //
 // Knobs: AMBER_BENCH_STACKS (names starting sqlite- select these stacks),
 // AMBER_BENCH_SQLITE_N (rounds, default 3), AMBER_BENCH_SQLITE_ROWS
-// (default 400000).
+// (default 400000), AMBER_BENCH_SQLITE_CACHE_KIB (SQLite's page cache on
+// every stack; unset, SQLite's default: an experiment, see setup.py).
 
 // sqliteVariants are the runsc options a sqlite-gvisor+… stack may add
 // (each replaces the default of its flag; drivers/gvisor/flags.go).
@@ -135,7 +136,11 @@ func benchSQLite(t *testing.T, bin, dir string, names []string) string {
 		s.close()
 	}
 	t.Logf("sqlite: load at the end %s", loadAvg())
-	return formatSQLiteTable(stacks, res)
+	cache := "SQLite's default (2 MiB)"
+	if kib := os.Getenv("AMBER_BENCH_SQLITE_CACHE_KIB"); kib != "" {
+		cache = kib + " KiB (AMBER_BENCH_SQLITE_CACHE_KIB)"
+	}
+	return fmt.Sprintf("SQLite setup, %d rows, page cache %s:\n\n", rows, cache) + formatSQLiteTable(stacks, res)
 }
 
 // newSQLiteStack builds stack name: nil (logged) for sqlite-native on a
@@ -147,6 +152,10 @@ func newSQLiteStack(t *testing.T, bin, dir, name string, script []byte, rows int
 			a = append(a, "check")
 		}
 		return a
+	}
+	var env []string // the script's
+	if kib := os.Getenv("AMBER_BENCH_SQLITE_CACHE_KIB"); kib != "" {
+		env = []string{"SQLITE_CACHE_KIB=" + kib}
 	}
 	if name == "sqlite-native" {
 		const py = "/usr/bin/python3"
@@ -162,6 +171,7 @@ func newSQLiteStack(t *testing.T, bin, dir, name string, script []byte, rows int
 			a := args(check)
 			a[1] = work
 			cmd := exec.Command(py, a...)
+			cmd.Env = append(os.Environ(), env...)
 			cmd.Stdin = bytes.NewReader(script)
 			out, err := cmd.CombinedOutput()
 			return string(out), err
@@ -171,7 +181,7 @@ func newSQLiteStack(t *testing.T, bin, dir, name string, script []byte, rows int
 	if driver != "gvisor" && driver != "criu" || driver == "criu" && variant != "" {
 		t.Fatalf("AMBER_BENCH_STACKS: unknown stack %q (sqlite-native, sqlite-criu, sqlite-gvisor[+variant…])", name)
 	}
-	var env []string
+	var denv []string // the daemon's
 	flags := "default"
 	if variant != "" {
 		var fl []string
@@ -183,9 +193,9 @@ func newSQLiteStack(t *testing.T, bin, dir, name string, script []byte, rows int
 			fl = append(fl, f)
 		}
 		flags = strings.Join(fl, " ")
-		env = []string{gvisor.RunscFlagsEnv + "=" + flags}
+		denv = []string{gvisor.RunscFlagsEnv + "=" + flags}
 	}
-	d := startDaemonEnv(t, bin, filepath.Join(dir, strings.ReplaceAll(name, "+", "_")), freeAddr(t), env,
+	d := startDaemonEnv(t, bin, filepath.Join(dir, strings.ReplaceAll(name, "+", "_")), freeAddr(t), denv,
 		"--driver", driver, "--pool", "0", "--egress=false")
 	key, err := os.ReadFile(filepath.Join(d.dataDir, "admin.key"))
 	if err != nil {
@@ -211,7 +221,7 @@ func newSQLiteStack(t *testing.T, bin, dir, name string, script []byte, rows int
 		defer cancel()
 		var out bytes.Buffer
 		st, err := cl.Exec(ctx, s.id, api.ExecRequest{Args: append([]string{"python3"}, args(check)...),
-			Stdin: script, TimeoutMS: (15 * time.Minute).Milliseconds()}, nil, &out, &out)
+			Env: env, Stdin: script, TimeoutMS: (15 * time.Minute).Milliseconds()}, nil, &out, &out)
 		if err == nil && st.Code != 0 {
 			err = fmt.Errorf("exit %d %s %s", st.Code, st.Signal, st.Reason)
 		}
