@@ -104,13 +104,17 @@ bench: setup-test build
 # raw runc+CRIU eager and lazy, Amber gvisor and criu, hot and cold), warm
 # and after drop_caches: docs/benchmarks.md, "Restore to running". Sizes in
 # MiB; N rounds; STACKS a subset (comma-separated); the table goes to
-# BENCH_OUT too.
+# BENCH_OUT too. First, the sandbox's own speed on a SQLite setup
+# (docs/benchmarks.md, "The sandbox's own speed"): stacks sqlite-native,
+# sqlite-criu, sqlite-gvisor and sqlite-gvisor+VARIANT… (runsc options,
+# cmd/amber/bench_sqlite_e2e_test.go), BENCH_SQLITE_N rounds.
 BENCH_SIZES ?= 64,256,1024
 BENCH_N ?= 5
+BENCH_SQLITE_N ?= 3
 BENCH_STACKS ?=
 BENCH_OUT ?= bench-restore.md
 bench-restore: setup-test setup-bench-deps build
-	AMBER_BIN=$(abspath $(BIN)) AMBER_BENCH_RESTORE=1 AMBER_BENCH_SIZES=$(BENCH_SIZES) AMBER_BENCH_N=$(BENCH_N) \
+	AMBER_BIN=$(abspath $(BIN)) AMBER_BENCH_RESTORE=1 AMBER_BENCH_SIZES=$(BENCH_SIZES) AMBER_BENCH_N=$(BENCH_N) AMBER_BENCH_SQLITE_N=$(BENCH_SQLITE_N) \
 	  AMBER_BENCH_STACKS=$(BENCH_STACKS) AMBER_BENCH_OUT=$(abspath $(BENCH_OUT)) \
 	  $(GO) test -tags $(GOTAGS) -count=1 -timeout 120m -run '^TestBenchRestore$$' -v ./cmd/amber
 

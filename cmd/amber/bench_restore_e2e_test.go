@@ -50,6 +50,10 @@ import (
 // Knobs: AMBER_BENCH_SIZES (MiB, default 64,256,1024), AMBER_BENCH_N
 // (rounds, default 5), AMBER_BENCH_STACKS (a subset of stack names),
 // AMBER_BENCH_CACHES ("warm,dropped" by default).
+//
+// The stacks named sqlite-… run first and are another benchmark: the
+// sandbox's own speed on a SQLite setup (bench_sqlite_e2e_test.go), their
+// table appended to the report.
 func TestBenchRestore(t *testing.T) {
 	if os.Getenv("AMBER_BENCH_RESTORE") == "" {
 		t.Skip("set AMBER_BENCH_RESTORE=1 (make bench-restore)")
@@ -57,8 +61,21 @@ func TestBenchRestore(t *testing.T) {
 	sizes := envInts(t, "AMBER_BENCH_SIZES", []int{64, 256, 1024})
 	rounds := envInts(t, "AMBER_BENCH_N", []int{5})[0]
 	caches := envList("AMBER_BENCH_CACHES", []string{"warm", "dropped"})
-	names := envList("AMBER_BENCH_STACKS", []string{"runsc", "runc", "runc-lazy", "amber-gvisor-hot", "amber-gvisor-cold", "amber-criu-hot", "amber-criu-cold"})
+	all := envList("AMBER_BENCH_STACKS", append([]string{"runsc", "runc", "runc-lazy", "amber-gvisor-hot", "amber-gvisor-cold", "amber-criu-hot", "amber-criu-cold"}, sqliteDefaultStacks...))
+	var names, sqliteNames []string
+	for _, n := range all {
+		if strings.HasPrefix(n, "sqlite-") {
+			sqliteNames = append(sqliteNames, n)
+		} else {
+			names = append(names, n)
+		}
+	}
 	bin, dir := e2eSetup(t)
+	sqliteReport := benchSQLite(t, bin, dir, sqliteNames) // bench_sqlite_e2e_test.go
+	if len(names) == 0 {
+		writeBenchReport(t, sqliteReport)
+		return
+	}
 	ticker := filepath.Join(dir, "ticker")
 	build := exec.Command("go", "build", "-trimpath", "-o", ticker, "./testdata/ticker")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -104,6 +121,15 @@ func TestBenchRestore(t *testing.T) {
 	}
 	report := formatBenchTable(table)
 	t.Logf("restore to running, %d rounds, load at the end %s\n%s", rounds, loadAvg(), report)
+	if sqliteReport != "" {
+		report += "\n" + sqliteReport
+	}
+	writeBenchReport(t, report)
+}
+
+// writeBenchReport logs the report and writes it to AMBER_BENCH_OUT.
+func writeBenchReport(t *testing.T, report string) {
+	t.Logf("report:\n%s", report)
 	if out := os.Getenv("AMBER_BENCH_OUT"); out != "" {
 		if err := os.WriteFile(out, []byte(report), 0o644); err != nil {
 			t.Error(err)

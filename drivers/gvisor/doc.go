@@ -64,6 +64,15 @@
 //	                      the sandbox cannot open host sockets or FIFOs that
 //	                      appear in its tree (the defaults, made explicit).
 //
+// AMBER_GVISOR_RUNSC_FLAGS (RunscFlagsEnv, flags.go), read by New, replaces
+// --platform, --overlay2 or --file-access, or adds --directfs, for the
+// sandboxes that driver creates: a way to measure runsc's options on a
+// real workload (make bench-restore's sqlite-gvisor+… stacks) and to run
+// the test suites with one. An overlay inside gVisor breaks the promises
+// above (the layer on the host no longer holds the sandbox's writes), so
+// it is an experiment, not a setting; docs/benchmarks.md ("The sandbox's
+// own speed") has the figures.
+//
 // # Network
 //
 // Each sandbox starts in its own network namespace, made by createNetns and

@@ -100,6 +100,9 @@ type Driver struct {
 	// before a cut (portdial.go).
 	portConns map[string]map[*portConn]struct{}
 	calls     map[string]int // runsc invocations by subcommand (runscCalls)
+	// flags are the runtime flags new sandboxes get: runtimeFlags, or
+	// RunscFlagsEnv's variant of them (flags.go).
+	flags []string
 }
 
 type idLock struct {
@@ -138,6 +141,10 @@ func New(opts Options) (*Driver, error) {
 		return nil, err
 	}
 	opts.StateDir = abs
+	flags, err := sandboxFlagsFromEnv()
+	if err != nil {
+		return nil, err
+	}
 	d := &Driver{
 		opts:      opts,
 		log:       opts.Logger.With("driver", "gvisor"),
@@ -152,6 +159,7 @@ func New(opts Options) (*Driver, error) {
 		dialing:   map[string]int{},
 		portConns: map[string]map[*portConn]struct{}{},
 		calls:     map[string]int{},
+		flags:     flags,
 	}
 	for _, dir := range []string{d.root, d.sbxDir, d.netnsDir} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {

@@ -52,7 +52,7 @@ func (d *Driver) globalFlags(rec *record, logFile string) []string {
 	if rec != nil && len(rec.RunscFlags) > 0 {
 		return append(args, rec.RunscFlags...)
 	}
-	return append(args, runtimeFlags...)
+	return append(args, d.flags...)
 }
 
 // runsc runs a short runsc subcommand (not exec) for sandbox rec and
