@@ -131,26 +131,35 @@ type RangeGetter interface {
 	GetRange(ctx context.Context, key string, off, n int64) (io.ReadCloser, error)
 }
 
-// ReadRange returns exactly n bytes of the object under key from offset
-// off, with s's GetRange when it has one and by skipping otherwise. An
-// object too short for the range is errdefs.ErrDataLoss: its bytes are
-// not there.
-func ReadRange(ctx context.Context, s Store, key string, off, n int64) ([]byte, error) {
+// OpenRange opens n bytes of the object under key from offset off, with s's
+// GetRange when it has one and by skipping otherwise. An object shorter than
+// the range yields fewer bytes (ReadRange reports that).
+func OpenRange(ctx context.Context, s Store, key string, off, n int64) (io.ReadCloser, error) {
 	if off < 0 || n < 0 {
 		return nil, errdefs.InvalidArgumentf("read %s: bad range %d+%d", key, off, n)
 	}
-	var rc io.ReadCloser
-	var err error
 	if rg, ok := s.(RangeGetter); ok {
-		rc, err = rg.GetRange(ctx, key, off, n)
-	} else if rc, err = s.Get(ctx, key); err == nil {
-		if _, err = io.CopyN(io.Discard, rc, off); err == io.EOF {
-			err = errdefs.DataLossf("read %s: %d bytes from %d: the object is shorter", key, n, off)
-		}
-		if err != nil {
-			rc.Close()
-		}
+		return rg.GetRange(ctx, key, off, n)
 	}
+	rc, err := s.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := io.CopyN(io.Discard, rc, off); err != nil && err != io.EOF {
+		rc.Close()
+		return nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.LimitReader(rc, n), rc}, nil
+}
+
+// ReadRange returns exactly n bytes of the object under key from offset
+// off (OpenRange). An object too short for the range is
+// errdefs.ErrDataLoss: its bytes are not there.
+func ReadRange(ctx context.Context, s Store, key string, off, n int64) ([]byte, error) {
+	rc, err := OpenRange(ctx, s, key, off, n)
 	if err != nil {
 		return nil, err
 	}

@@ -1,7 +1,6 @@
 package blobtest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -94,14 +93,7 @@ func (f *Faulty) GetRange(ctx context.Context, key string, off, n int64) (io.Rea
 	if err := f.check(OpGet, key); err != nil {
 		return nil, err
 	}
-	if rg, ok := f.inner.(blob.RangeGetter); ok {
-		return rg.GetRange(ctx, key, off, n)
-	}
-	b, err := blob.ReadRange(ctx, f.inner, key, off, n)
-	if err != nil {
-		return nil, err
-	}
-	return io.NopCloser(bytes.NewReader(b)), nil
+	return blob.OpenRange(ctx, f.inner, key, off, n)
 }
 
 // Stat implements blob.Store.

@@ -21,7 +21,6 @@
 package faults
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"iter"
@@ -88,14 +87,7 @@ func (b *blobs) GetRange(ctx context.Context, key string, off, n int64) (io.Read
 	if err := b.fps.EvalCtx(ctx, BlobRead, key); err != nil {
 		return nil, err
 	}
-	if rg, ok := b.s.(blob.RangeGetter); ok {
-		return rg.GetRange(ctx, key, off, n)
-	}
-	data, err := blob.ReadRange(ctx, b.s, key, off, n)
-	if err != nil {
-		return nil, err
-	}
-	return io.NopCloser(bytes.NewReader(data)), nil
+	return blob.OpenRange(ctx, b.s, key, off, n)
 }
 
 func (b *blobs) Stat(ctx context.Context, key string) (blob.Info, error) {
