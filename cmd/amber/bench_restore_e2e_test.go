@@ -397,14 +397,7 @@ func benchStacks(t *testing.T, bin, dir, ticker string, names []string) []benchS
 				args = append(args, "--lazy-restore=false")
 			}
 			d := startDaemon(t, bin, filepath.Join(dir, n), freeAddr(t), args...)
-			key, err := os.ReadFile(filepath.Join(d.dataDir, "admin.key"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			cl, err := client.New(d.addr, strings.TrimSpace(string(key)))
-			if err != nil {
-				t.Fatal(err)
-			}
+			cl := d.adminClient()
 			a := &amberStack{label: n, driver: f[1], cl: cl, ticker: ticker}
 			t.Cleanup(a.stop) // before the daemon stops (cleanups run last first)
 			stacks = append(stacks, a)
@@ -614,4 +607,18 @@ func formatBenchTable(rows []benchRow) string {
 			ms(r.run[0]), ms(r.run[1]), ms(r.call), ms(r.frozen[0]), ms(r.frozen[1]), ratio)
 	}
 	return b.String()
+}
+
+// adminClient is a REST client of d with its admin key.
+func (d *daemon) adminClient() *client.Client {
+	d.t.Helper()
+	key, err := os.ReadFile(filepath.Join(d.dataDir, "admin.key"))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	cl, err := client.New(d.addr, strings.TrimSpace(string(key)))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return cl
 }

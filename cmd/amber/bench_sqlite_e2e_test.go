@@ -202,14 +202,7 @@ func newSQLiteStack(t *testing.T, bin, dir, name string, script []byte, rows int
 	}
 	d := startDaemonEnv(t, bin, filepath.Join(dir, strings.ReplaceAll(name, "+", "_")), freeAddr(t), denv,
 		"--driver", driver, "--pool", "0", "--egress=false")
-	key, err := os.ReadFile(filepath.Join(d.dataDir, "admin.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := client.New(d.addr, strings.TrimSpace(string(key)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl := d.adminClient()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	sb, err := cl.CreateSandbox(ctx, api.CreateSandboxRequest{Template: "python", Cold: true,

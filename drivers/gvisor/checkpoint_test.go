@@ -117,19 +117,7 @@ func TestCheckpoint(t *testing.T) {
 	// After the cut: the sandbox keeps running and writes a file.
 	mustSh(t, d, id, `echo after > /root/after.txt`)
 	time.Sleep(200 * time.Millisecond)
-	if err := d.Kill(ctx, id); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		info, err := d.Inspect(ctx, id)
-		if err == nil && info.State == sandbox.StateStopped {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after Kill: %+v %v", info, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	killStopped(t, d, id)
 	execs := d.runscCalls("agent:exec")
 	rs, err := d.Restore(ctx, spec, imageDir, sandbox.RestoreOptions{})
 	if err != nil {
@@ -280,6 +268,26 @@ func startWorkload(t *testing.T, d *Driver, id string) workload {
 	mustSh(t, d, id, filesScript)
 	w.tmpfsDir = strings.TrimSpace(mustSh(t, d, id, tmpfsSetup))
 	return w
+}
+
+// killStopped kills sandbox id and waits (10 s at most) until the driver
+// reports it stopped.
+func killStopped(t *testing.T, d *Driver, id string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := d.Kill(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		info, err := d.Inspect(ctx, id)
+		if err == nil && info.State == sandbox.StateStopped {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after Kill: %+v %v", info, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func mustSh(t *testing.T, d *Driver, id, script string) string {

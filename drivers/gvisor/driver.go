@@ -249,47 +249,41 @@ func validID(id string) error {
 // lock serialises lifecycle calls for one id. The returned function
 // unlocks.
 func (d *Driver) lock(id string) func() {
-	d.mu.Lock()
-	l := d.locks[id]
-	if l == nil {
-		l = &idLock{}
-		d.locks[id] = l
-	}
-	l.refs++
-	d.mu.Unlock()
+	l := d.ref(id)
 	l.mu.Lock()
-	return func() {
-		l.mu.Unlock()
-		d.mu.Lock()
-		if l.refs--; l.refs == 0 {
-			delete(d.locks, id)
-		}
-		d.mu.Unlock()
-	}
+	return func() { l.mu.Unlock(); d.unref(id, l) }
 }
 
 // tryLock is lock when id's lock is free at once (ok false: held).
 func (d *Driver) tryLock(id string) (unlock func(), ok bool) {
+	l := d.ref(id)
+	if !l.mu.TryLock() {
+		d.unref(id, l)
+		return nil, false
+	}
+	return func() { l.mu.Unlock(); d.unref(id, l) }, true
+}
+
+// ref returns id's lock, made if needed, counted as in use.
+func (d *Driver) ref(id string) *idLock {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	l := d.locks[id]
 	if l == nil {
 		l = &idLock{}
 		d.locks[id] = l
 	}
 	l.refs++
-	d.mu.Unlock()
-	release := func() {
-		d.mu.Lock()
-		if l.refs--; l.refs == 0 {
-			delete(d.locks, id)
-		}
-		d.mu.Unlock()
+	return l
+}
+
+// unref drops one use of id's lock l, forgetting it after the last.
+func (d *Driver) unref(id string, l *idLock) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if l.refs--; l.refs == 0 {
+		delete(d.locks, id)
 	}
-	if !l.mu.TryLock() {
-		release()
-		return nil, false
-	}
-	return func() { l.mu.Unlock(); release() }, true
 }
 
 // mergeLimits fills each zero field of l from def.

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -97,19 +96,7 @@ func TestCheckpointLayerBlobs(t *testing.T) {
 		t.Fatalf("blob: %v %v", fi, err)
 	}
 
-	if err := d.Kill(ctx, id); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		info, err := d.Inspect(ctx, id)
-		if err == nil && info.State == sandbox.StateStopped {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after Kill: %+v %v", info, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	killStopped(t, d, id)
 	if _, err := d.Restore(ctx, spec, img2, sandbox.RestoreOptions{}); err != nil {
 		t.Fatal(err)
 	}
