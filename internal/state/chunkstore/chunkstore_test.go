@@ -274,6 +274,12 @@ func testMissingAndMovedObjects(t *testing.T, b backend) {
 	if !errdefs.IsDataLoss(err) || !strings.Contains(err.Error(), "authentication") && !strings.Contains(err.Error(), "shorter") {
 		t.Fatalf("verify with a swapped chunk: got %v", err)
 	}
+	// Restore, which does not hash the plaintext, refuses it as well: the
+	// seal names the chunk.
+	dst := filepath.Join(t.TempDir(), "restored")
+	if _, err := e.store.Restore(ctx(t), "acme", "ck1", dst, chunkstore.RestoreOptions{}); !errdefs.IsDataLoss(err) {
+		t.Fatalf("restore with a swapped chunk: got %v", err)
+	}
 	must(t, blob.PutBytes(context.Background(), e.blobs, keys[1], obj1))
 	// A missing chunk names itself as missing.
 	must(t, e.blobs.Delete(context.Background(), keys[0]))

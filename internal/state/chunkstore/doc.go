@@ -75,9 +75,10 @@
 //  6. the pending marker is deleted.
 //
 // Restore reads the pointer, the manifest (checking its digest), and every
-// chunk (checking its SHA-256 and size), then the whole-image digest;
-// Verify also hashes each file again (Restore does not: a file is its
-// verified chunks in order); any mismatch, missing object or failed decryption is
+// chunk (AES-GCM opens it only if it is the chunk sealed under its name;
+// its size is checked), then the whole-image digest; Verify also hashes
+// each chunk and each file again (Restore does not: a file is its
+// authenticated chunks in order); any mismatch, missing object or failed decryption is
 // errdefs.ErrDataLoss naming the file and chunk. It writes into a temporary
 // directory that is renamed to the target only when all of it verified.
 //

@@ -181,6 +181,13 @@ func (r *restorer) readErr(j job, key string, err error) error {
 }
 
 // open decrypts and checks one sealed chunk against the manifest.
+//
+// AES-GCM under the tenant's key, with the chunk's own key (its name, the
+// SHA-256 of its plaintext) in the authenticated data, proves the bytes
+// are the ones Amber sealed for that name: a tampered, swapped, truncated
+// or misplaced chunk fails there. Verify also hashes the plaintext again
+// (a check of Amber's own writer); a Restore does not: that SHA-256 was a
+// quarter of a cold restore's CPU on this machine (~0.2 s at 256 MiB).
 func (r *restorer) open(j job, obj []byte) ([]byte, error) {
 	ref := j.entry.Chunks[j.index]
 	// The sealed chunk names the chunk's own key, wherever it is stored.
@@ -192,9 +199,13 @@ func (r *restorer) open(j job, obj []byte) ([]byte, error) {
 	if err != nil {
 		return nil, errdefs.DataLossf("%s: %v", r.where(j), err)
 	}
-	sum := sha256.Sum256(plain)
-	if int64(len(plain)) != ref.Size || hex.EncodeToString(sum[:]) != ref.SHA256 {
-		return nil, errdefs.DataLossf("%s: content is %d bytes with sha256 %x", r.where(j), len(plain), sum)
+	if int64(len(plain)) != ref.Size {
+		return nil, errdefs.DataLossf("%s: content is %d bytes", r.where(j), len(plain))
+	}
+	if r.root == "" {
+		if sum := sha256.Sum256(plain); hex.EncodeToString(sum[:]) != ref.SHA256 {
+			return nil, errdefs.DataLossf("%s: content has sha256 %x", r.where(j), sum)
+		}
 	}
 	return plain, nil
 }

@@ -284,13 +284,12 @@ func (r *restorer) report(total int64) {
 }
 
 // file writes one file from its chunks, skipping (leaving sparse) chunks of
-// zeros. Verify also hashes the whole file again; Restore does not: each
-// chunk's plaintext was checked against its SHA-256 and size in the
-// authenticated manifest (after AES-GCM proved it sealed under its name),
-// the chunk sizes add up to the file's (Manifest.check), and the file is
-// exactly those chunks in order — a second SHA-256 over the same 256 MiB
-// cost ~0.2 s of a cold restore's CPU on this machine, for no check the
-// chunks had not made.
+// zeros. Verify also hashes each chunk and the whole file again; Restore
+// does not: AES-GCM proved each chunk sealed under its name (open), its
+// size is the manifest's, the chunk sizes add up to the file's
+// (Manifest.check), and the file is exactly those chunks in order — each
+// SHA-256 pass over 256 MiB cost ~0.2 s of a cold restore's CPU on this
+// machine, for no check the seal had not made.
 func (r *restorer) file(e *Entry, p string, take func() (job, []byte, error), total int64) (string, error) {
 	var f *os.File
 	if p != "" {
