@@ -39,7 +39,7 @@ func (o *sharedOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.advertise, "advertise-addr", "", "host:port where the other nodes reach this node's API (default: --addr)")
 	f.StringVar(&o.masterKeyFile, "master-key-file", "", "the checkpoint and secrets master key (hex), the same file on every node (required with --store postgres://; default without: DATA_DIR/master.key, created on first start)")
 	f.DurationVar(&o.ttl, "node-ttl", cluster.DefaultTTL, "node lease: a node silent this long is declared dead and its sandboxes are restored elsewhere")
-	f.DurationVar(&o.heartbeat, "heartbeat", 0, "how often the node lease is renewed (default: --node-ttl / 4)")
+	f.DurationVar(&o.heartbeat, "heartbeat", 0, "how often the node lease is renewed (default: --node-ttl / 8)")
 	f.IntVar(&o.maxSandboxes, "node-max-sandboxes", 0, "sandboxes this node runs at most (0: no limit); a create arriving at a full node goes to another node with room")
 }
 

@@ -84,10 +84,11 @@ type Options struct {
 	Addr string
 	// TTL is the node lease (default DefaultTTL): a node silent for this
 	// long is dead to the others. Heartbeat is how often it is renewed
-	// (default TTL/4: three renewals may be late or lost before the
-	// others act); Scan how often the other nodes are checked (default
-	// TTL/8, so that a dead node is noticed within an eighth of the lease
-	// after it expired).
+	// (default TTL/8: seven renewals may be late or lost before the
+	// others act, and a node whose process died is noticed one overdue
+	// heartbeat after its last, see lost); Scan how often the other nodes
+	// are checked (default TTL/16, so that a dead node is noticed within
+	// a sixteenth of the lease after it was judged dead).
 	TTL, Heartbeat, Scan time.Duration
 	// StreamLeaseTTL is the lease taken over on a dead node's sandbox
 	// streams (default: the engine's, 30s; renewed at each checkpoint).
@@ -106,9 +107,10 @@ type Options struct {
 	Failpoints *failpoint.Set
 }
 
-// DefaultTTL is the node lease: with heartbeats every second, a node is
-// declared dead 4 s after its last renewal, and noticed within 500 ms more
-// (the scan). A 2 s lease (what the ≤ 5 s failover target would need, the
+// DefaultTTL is the node lease: with heartbeats every 500 ms, a node is
+// declared dead 4 s after its last renewal, and noticed within 250 ms more
+// (the scan); a node whose process died, 1–1.25 s after its last renewal
+// (lost). A 2 s lease (what the ≤ 5 s failover target would need, the
 // rest being restore time) declared a live node dead on this 2-core
 // machine while it made four sandboxes at once (its heartbeats stalled past
 // 2 s): a stall longer than the lease is a failover, so the default keeps
@@ -155,13 +157,13 @@ func Join(ctx context.Context, o Options) (*Node, error) {
 		o.TTL = DefaultTTL
 	}
 	if o.Heartbeat <= 0 {
-		o.Heartbeat = o.TTL / 4
+		o.Heartbeat = o.TTL / 8
 	}
 	if o.Heartbeat >= o.TTL {
 		return nil, errdefs.InvalidArgumentf("cluster: heartbeat %s must be shorter than the node lease %s", o.Heartbeat, o.TTL)
 	}
 	if o.Scan <= 0 {
-		o.Scan = o.TTL / 8
+		o.Scan = o.TTL / 16
 	}
 	if o.StreamLeaseTTL <= 0 {
 		o.StreamLeaseTTL = 30 * time.Second
@@ -362,6 +364,7 @@ func (n *Node) beat(ctx context.Context) {
 }
 
 func (n *Node) scanLoop(ctx context.Context) {
+	var lastStale time.Time
 	every(ctx, n.o.Scan, func() {
 		if err := n.scan(ctx); err != nil && ctx.Err() == nil {
 			n.lg.Warn("scan nodes", "err", err)
@@ -370,9 +373,14 @@ func (n *Node) scanLoop(ctx context.Context) {
 			n.lg.Warn("take over the sandboxes assigned here", "err", err)
 		}
 		// A restart that raced a takeover may have reattached a
-		// sandbox that runs elsewhere now.
-		if _, err := n.o.Engine.DiscardStale(ctx); err != nil && ctx.Err() == nil {
-			n.lg.Warn("check for stale copies", "err", err)
+		// sandbox that runs elsewhere now (a rare race: checked at most
+		// once a second, not at every scan, since it reads every row
+		// the driver runs).
+		if now := time.Now(); now.Sub(lastStale) >= staleCheckEvery {
+			lastStale = now
+			if _, err := n.o.Engine.DiscardStale(ctx); err != nil && ctx.Err() == nil {
+				n.lg.Warn("check for stale copies", "err", err)
+			}
 		}
 	})
 }
@@ -515,24 +523,36 @@ func (n *Node) takeAssigned(ctx context.Context) error {
 	return nil
 }
 
+// lostMargin is how late a heartbeat may be before a node whose liveness
+// lock is free is judged gone: the time a live node whose lock connection
+// broke has to take the lock again at a late heartbeat. With the default
+// heartbeat (500 ms) a dead process is judged gone 1 s after its last
+// renewal and claimed at the next scan (≤ 250 ms); it was 1.5–2 s with a
+// heartbeat and a scan of twice those.
+const lostMargin = 500 * time.Millisecond
+
+// staleCheckEvery is how often the scan loop looks for stale copies.
+const staleCheckEvery = time.Second
+
 // failoverRetry is the pause before a failed takeover of an assigned
 // sandbox is tried again.
 const failoverRetry = 5 * time.Second
 
 // lost reports whether live node d's process is gone before its lease
-// expired: a heartbeat is overdue (none for a heartbeat interval plus a
-// scan's) and nobody holds its liveness lock (metadata.NodeLock: only the
-// process holds it, and its death ends the database session that did).
+// expired: a heartbeat is overdue (none for a heartbeat interval plus
+// lostMargin) and nobody holds its liveness lock (metadata.NodeLock: only
+// the process holds it, and its death ends the database session that did).
 //
-// Only a node that has held its own lock for two heartbeats judges: after
-// the database restarted (every session, hence every lock, gone at once,
-// and heartbeats missed meanwhile) each node takes its lock again at its
-// next heartbeat, and none is claimed for a lock it had no time to take.
+// Only a node that has held its own lock for two heartbeats, and at least
+// half the lease, judges: after the database restarted (every
+// session, hence every lock, gone at once, and heartbeats missed
+// meanwhile) each node takes its lock again at its next heartbeat, and
+// none is claimed for a lock it had no time to take.
 func (n *Node) lost(ctx context.Context, d meta.Node, now time.Time) bool {
-	if now.Sub(d.Heartbeat) <= n.o.Heartbeat+n.o.Scan {
+	if now.Sub(d.Heartbeat) <= n.o.Heartbeat+lostMargin {
 		return false
 	}
-	if !n.locked.Load() || now.Sub(time.Unix(0, n.lockedSince.Load())) < 2*n.o.Heartbeat {
+	if !n.locked.Load() || now.Sub(time.Unix(0, n.lockedSince.Load())) < max(2*n.o.Heartbeat, n.o.TTL/2) {
 		return false
 	}
 	held, supported, err := n.o.Meta.NodeLockHeld(ctx, d.ID)

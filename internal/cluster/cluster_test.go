@@ -80,6 +80,21 @@ func TestLostNode(t *testing.T) {
 	if n.lost(ctx, d, now) {
 		t.Fatal("judged by a node that took its own lock again 1 s ago (a database restart)")
 	}
+	// With the default lease and heartbeat (4 s, 500 ms), a heartbeat is
+	// overdue 1 s after the last, and a judge must have held its own lock
+	// for half the lease (2 s), not two heartbeats (1 s).
+	def := &Node{o: Options{Meta: s, TTL: DefaultTTL, Heartbeat: DefaultTTL / 8, Scan: DefaultTTL / 16}, lg: n.lg}
+	def.locked.Store(true)
+	def.lockedSince.Store(now.Add(-time.Minute).UnixNano())
+	late, early := d, d
+	late.Heartbeat, early.Heartbeat = now.Add(-1100*time.Millisecond), now.Add(-900*time.Millisecond)
+	if !def.lost(ctx, late, now) || def.lost(ctx, early, now) {
+		t.Fatal("with the defaults, a free lock and a heartbeat 1.1 s old is lost, 0.9 s old is not")
+	}
+	def.lockedSince.Store(now.Add(-1500 * time.Millisecond).UnixNano())
+	if def.lost(ctx, late, now) {
+		t.Fatal("judged by a node that took its own lock again 1.5 s ago, under half the lease")
+	}
 	n.lockedSince.Store(now.Add(-time.Minute).UnixNano())
 	n.locked.Store(false)
 	if n.lost(ctx, d, now) {
