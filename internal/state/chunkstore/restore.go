@@ -39,8 +39,8 @@ type RestoreResult struct {
 const repeatCache = 64 << 20
 
 // Restore writes checkpoint id of tenant into dst, which must not exist.
-// Every chunk is checked against the manifest (size and SHA-256), then every
-// file's SHA-256 and the whole-image digest; a missing or damaged object is
+// Every chunk is authenticated (AES-GCM under its name) and checked against
+// the manifest's size, then the whole-image digest; a missing or damaged object is
 // errdefs.ErrDataLoss naming the file and chunk. The tree is built in a
 // temporary directory beside dst and renamed to dst only once all of it
 // verified, so a failed Restore leaves nothing at dst. Files are not
