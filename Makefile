@@ -13,7 +13,7 @@ BIN := bin/amber
 
 -include mk/setup.mk
 
-.PHONY: gen-envd build test test-unit test-extended test-fencing test-partition bench bench-restore bench-failover fuzz chaos demo vet clean console
+.PHONY: gen-envd build test test-unit test-extended test-fencing test-partition bench bench-restore bench-failover bench-session fuzz chaos demo vet clean console
 
 # amber-agent is static (no cgo): it runs inside sandboxes whatever their
 # template holds. It is looked up next to bin/amber.
@@ -126,6 +126,18 @@ FAILOVER_TICK ?= 0.1
 bench-failover: setup-test build
 	AMBER_BIN=$(abspath $(BIN)) AMBER_FAILOVER_SANDBOXES=$(FAILOVER_SANDBOXES) AMBER_FAILOVER_TICK=$(FAILOVER_TICK) \
 	  $(GO) test -tags $(GOTAGS) -count=1 -timeout 30m -run '^TestE2EFailoverTime$$' -v ./cmd/amber
+
+# Issue 21's headline: an agent session (a workspace built with >= 60 s of
+# CPU, a dev server behind an exposed port, 20 tool calls) restored after a
+# crash against redone from scratch, SESSION_N rounds on each driver of
+# SESSION_DRIVERS (cmd/amber/bench_session_e2e_test.go).
+SESSION_N ?= 3
+SESSION_DRIVERS ?= gvisor,criu
+SESSION_OUT ?= bench-session.md
+bench-session: setup-test build
+	AMBER_BIN=$(abspath $(BIN)) AMBER_BENCH_SESSION=1 AMBER_BENCH_SESSION_N=$(SESSION_N) AMBER_BENCH_SESSION_DRIVERS=$(SESSION_DRIVERS) \
+	  AMBER_BENCH_OUT=$(abspath $(SESSION_OUT)) \
+	  $(GO) test -tags $(GOTAGS) -count=1 -timeout 120m -run '^TestBenchSession$$' -v ./cmd/amber
 
 # The long chaos run: N faults (PER_RUN per run of the reference workload)
 # from seed SEED on CHAOS_DRIVER; the report in chaos-report.json, the data
