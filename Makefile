@@ -130,13 +130,15 @@ bench-failover: setup-test build
 # Issue 21's headline: an agent session (a workspace built with >= 60 s of
 # CPU, a dev server behind an exposed port, 20 tool calls) restored after a
 # crash against redone from scratch, SESSION_N rounds on each driver of
-# SESSION_DRIVERS (cmd/amber/bench_session_e2e_test.go).
+# SESSION_DRIVERS, restoring from each tier of SESSION_TIERS (hot: the
+# node's copy; cold: MinIO) (cmd/amber/bench_session_e2e_test.go).
 SESSION_N ?= 3
 SESSION_DRIVERS ?= gvisor,criu
+SESSION_TIERS ?= hot,cold
 SESSION_OUT ?= bench-session.md
 bench-session: setup-test build
 	AMBER_BIN=$(abspath $(BIN)) AMBER_BENCH_SESSION=1 AMBER_BENCH_SESSION_N=$(SESSION_N) AMBER_BENCH_SESSION_DRIVERS=$(SESSION_DRIVERS) \
-	  AMBER_BENCH_OUT=$(abspath $(SESSION_OUT)) \
+	  AMBER_BENCH_SESSION_TIERS=$(SESSION_TIERS) AMBER_BENCH_OUT=$(abspath $(SESSION_OUT)) \
 	  $(GO) test -tags $(GOTAGS) -count=1 -timeout 120m -run '^TestBenchSession$$' -v ./cmd/amber
 
 # The long chaos run: N faults (PER_RUN per run of the reference workload)

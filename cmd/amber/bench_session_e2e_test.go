@@ -18,6 +18,7 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/client"
+	"github.com/amber-run/amber/stores/s3/miniotest"
 )
 
 // TestBenchSession (make bench-session; docs/benchmarks.md, "A realistic
@@ -36,9 +37,14 @@ import (
 // ratio is redone ÷ restored, medians of the rounds; the target is ≥ 10×
 // on both drivers.
 //
+// Each driver runs twice: restoring from the node's hot copy (a crash on
+// the node) and with the hot tier off from MinIO (what a node that never
+// had the image does).
+//
 // Knobs: AMBER_BENCH_SESSION_DRIVERS (default gvisor,criu),
+// AMBER_BENCH_SESSION_TIERS (default hot,cold),
 // AMBER_BENCH_SESSION_N (rounds, default 3), AMBER_BENCH_SESSION_KDOCS
-// (thousands of documents indexed, default 220: ~75 s of CPU here),
+// (thousands of documents indexed, default 320: ~75 s of CPU here),
 // AMBER_BENCH_SESSION_MIN_CPU (the setup's CPU floor in seconds, default
 // 60: lower it only to try the benchmark out), AMBER_BENCH_OUT (the report).
 func TestBenchSession(t *testing.T) {
@@ -46,8 +52,9 @@ func TestBenchSession(t *testing.T) {
 		t.Skip("set AMBER_BENCH_SESSION=1 (make bench-session)")
 	}
 	drivers := envList("AMBER_BENCH_SESSION_DRIVERS", []string{"gvisor", "criu"})
+	tiers := envList("AMBER_BENCH_SESSION_TIERS", []string{"hot", "cold"})
 	rounds := envInts(t, "AMBER_BENCH_SESSION_N", []int{3})[0]
-	kdocs := envInts(t, "AMBER_BENCH_SESSION_KDOCS", []int{220})[0]
+	kdocs := envInts(t, "AMBER_BENCH_SESSION_KDOCS", []int{320})[0]
 	minCPU := 60.0
 	if v := os.Getenv("AMBER_BENCH_SESSION_MIN_CPU"); v != "" {
 		if _, err := fmt.Sscan(v, &minCPU); err != nil {
@@ -61,12 +68,24 @@ func TestBenchSession(t *testing.T) {
 	bin, dir := e2eSetup(t)
 	t.Logf("session: %d thousand documents, %d rounds, load at the start %s", kdocs, rounds, loadAvg())
 	var b strings.Builder
-	b.WriteString("| driver | n | setup CPU p50 (s) | redone p50 (min–max) s | restored p50 (min–max) ms | redone ÷ restored | state exact after restore |\n")
-	b.WriteString("|---|---|---|---|---|---|---|\n")
-	for _, drv := range drivers {
-		d := startDaemon(t, bin, filepath.Join(dir, "session-"+drv), freeAddr(t),
-			"--driver", drv, "--pool", "0", "--egress=false", "--port-domain", "ports.bench.localhost")
-		s := &sessionBench{t: t, d: d, cl: d.adminClient(), script: script, kdocs: kdocs, minCPU: minCPU, driver: drv}
+	b.WriteString("| driver | restored from | n | setup CPU p50 (s) | redone p50 (min–max) s | restored p50 (min–max) ms | redone ÷ restored | state exact after restore |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|\n")
+	var s3 []string
+	for _, stack := range sessionStacks(t, drivers, tiers) {
+		drv, tier := stack[0], stack[1]
+		args := []string{"--driver", drv, "--pool", "0", "--egress=false", "--port-domain", "ports.bench.localhost"}
+		if tier == "cold" {
+			if s3 == nil {
+				srv := miniotest.Start(t)
+				cfg := srv.Config()
+				t.Setenv("AMBER_S3_ACCESS_KEY", cfg.AccessKey)
+				t.Setenv("AMBER_S3_SECRET_KEY", cfg.SecretKey)
+				s3 = []string{"--blobs", "s3://" + cfg.Endpoint + "/" + cfg.Bucket + "/session?secure=false&create=true"}
+			}
+			args = append(append(args, "--hot-tier", "off"), s3...)
+		}
+		d := startDaemon(t, bin, filepath.Join(dir, "session-"+drv+"-"+tier), freeAddr(t), args...)
+		s := &sessionBench{t: t, d: d, cl: d.adminClient(), script: script, kdocs: kdocs, minCPU: minCPU, driver: drv + "/" + tier}
 		var redo, restored []time.Duration
 		var cpu []float64
 		for r := 1; r <= rounds; r++ {
@@ -74,20 +93,35 @@ func TestBenchSession(t *testing.T) {
 			rs := s.restore()
 			redo, restored, cpu = append(redo, rd), append(restored, rs), append(cpu, c)
 			t.Logf("%s round %d: redone %v (setup CPU %.1f s), restored %v, ratio %.1f× (load %s)",
-				drv, r, rd.Round(time.Millisecond), c, rs.Round(time.Millisecond), float64(rd)/float64(rs), loadAvg())
+				s.driver, r, rd.Round(time.Millisecond), c, rs.Round(time.Millisecond), float64(rd)/float64(rs), loadAvg())
 			s.drop()
 		}
 		d.stop(syscall.SIGTERM)
 		ratio := float64(medianOf(redo)) / float64(medianOf(restored))
-		fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f (%.1f–%.1f) | %d (%d–%d) | %.1f× | yes, every round |\n", drv, rounds, medianOf(cpu),
+		from := map[string]string{"hot": "the node's hot copy", "cold": "MinIO (hot tier off)"}[tier]
+		fmt.Fprintf(&b, "| %s | %s | %d | %.1f | %.1f (%.1f–%.1f) | %d (%d–%d) | %.1f× | yes, every round |\n", drv, from, rounds, medianOf(cpu),
 			medianOf(redo).Seconds(), slices.Min(redo).Seconds(), slices.Max(redo).Seconds(),
 			medianOf(restored).Milliseconds(), slices.Min(restored).Milliseconds(), slices.Max(restored).Milliseconds(), ratio)
 		if ratio < 10 {
-			t.Errorf("%s: restored is %.1f× faster than redone, want ≥ 10×", drv, ratio)
+			t.Errorf("%s: restored is %.1f× faster than redone, want ≥ 10×", s.driver, ratio)
 		}
 	}
 	t.Logf("session: load at the end %s", loadAvg())
 	writeBenchReport(t, fmt.Sprintf("Agent session, %d thousand documents indexed, 20 tool calls:\n\n%s", kdocs, b.String()))
+}
+
+// sessionStacks are the (driver, tier) pairs to run, tier by tier.
+func sessionStacks(t *testing.T, drivers, tiers []string) [][2]string {
+	var out [][2]string
+	for _, tier := range tiers {
+		if tier != "hot" && tier != "cold" {
+			t.Fatalf("AMBER_BENCH_SESSION_TIERS: unknown tier %q (hot, cold)", tier)
+		}
+		for _, drv := range drivers {
+			out = append(out, [2]string{drv, tier})
+		}
+	}
+	return out
 }
 
 // sessionBench is one driver's daemon and the round's sandbox.
