@@ -127,21 +127,11 @@ func (e *checkpointer) restoreWith(ctx context.Context, ck meta.Checkpoint, targ
 }
 
 func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, target string, progress func(Progress), resumeIdle bool) (meta.Sandbox, error) {
-	cp, err := e.checkpointStore()
-	if err != nil {
-		return meta.Sandbox{}, err
-	}
-	if ck.State != meta.CheckpointCommitted {
-		return meta.Sandbox{}, errdefs.FailedPreconditionf("checkpoint %s is %s, not committed", ck.ID, ck.State)
-	}
-	if ck.Driver != e.drv.Name() {
-		return meta.Sandbox{}, errdefs.FailedPreconditionf("checkpoint %s was cut by driver %s; this daemon runs %s", ck.ID, ck.Driver, e.drv.Name())
-	}
-	tmpl, err := e.restoreTemplate(ctx, ck)
-	if err != nil {
-		return meta.Sandbox{}, err
-	}
-	src, err := e.meta.Get(ctx, ck.SandboxID)
+	// The phases, for the restore figures (docs/benchmarks.md): checks and
+	// the template, the image (hot copy or fetch), the rows, leases and
+	// egress run before the driver, the driver, the rows and log after.
+	tStart := time.Now()
+	cp, tmpl, src, err := e.restoreInputs(ctx, ck)
 	if err != nil {
 		return meta.Sandbox{}, err
 	}
@@ -234,12 +224,14 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 	// run starts before the sandbox does.
 	err = e.eg.startRun(ctx, sb, ck.ID, false)
 	var rs sandbox.RestoreStats
+	var tDriver time.Time
 	if err == nil {
 		// The driver rebuilds the layer: no file operation meanwhile
 		// (see cutLock; a file operation that does not end within
 		// CutLockTimeout fails the restore Unavailable, cutLocks).
 		var unlockCut func()
 		if unlockCut, err = e.cuts.cut(ctx, sb.ID, "restore"); err == nil {
+			tDriver = time.Now()
 			dctx, dcancel := context.WithTimeout(ctx, e.ck.drvTimeout)
 			if err = e.ck.fps.EvalCtx(dctx, FPDriverRestore, sb.ID); err == nil {
 				rs, err = cp.Restore(dctx, sandbox.Spec{ID: sb.ID, Tenant: sb.Tenant, Template: tmpl, Limits: sb.Limits, Env: sb.Env}, dir,
@@ -256,6 +248,7 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 		handedOff = true
 		go e.awaitLoad(lg, rs.Loaded, release)
 	}
+	tRecord := time.Now()
 	if hot {
 		// It runs: now read the copy's bytes (hottier.go, Integrity).
 		e.ck.hot.spawn(img.verify)
@@ -269,8 +262,10 @@ func (e *checkpointer) restoreOnce(ctx context.Context, ck meta.Checkpoint, targ
 	if err != nil {
 		return sb, err
 	}
-	lg.InfoContext(ctx, "sandbox restored", "fork", target == "", "fetch", fetched.Round(time.Millisecond),
-		"running", rs.Running.Round(time.Millisecond), "processes", rs.Processes)
+	lg.InfoContext(ctx, "sandbox restored", "fork", target == "", "hot", hot, "fetch", fetched.Round(time.Millisecond),
+		"running", rs.Running.Round(time.Millisecond), "processes", rs.Processes,
+		"checks", fetchStart.Sub(tStart).Round(time.Millisecond), "prepare", tDriver.Sub(fetchStart.Add(fetched)).Round(time.Millisecond),
+		"driver", tRecord.Sub(tDriver).Round(time.Millisecond), "record", time.Since(tRecord).Round(time.Millisecond))
 	return sb, nil
 }
 
@@ -290,6 +285,28 @@ func (e *checkpointer) restoreFailed(ctx context.Context, lg *slog.Logger, sb me
 		lg.Error("record failed restore", "err", merr)
 	}
 	return fmt.Errorf("restore %s from %s: %w", sb.ID, ck.ID, err)
+}
+
+// restoreInputs checks that ck can be restored here and returns the
+// checkpoint store, the exact template version ck was cut on and the row
+// of the sandbox ck was cut from.
+func (e *checkpointer) restoreInputs(ctx context.Context, ck meta.Checkpoint) (sandbox.Checkpointer, sandbox.Template, meta.Sandbox, error) {
+	cp, err := e.checkpointStore()
+	if err != nil {
+		return nil, sandbox.Template{}, meta.Sandbox{}, err
+	}
+	if ck.State != meta.CheckpointCommitted {
+		return nil, sandbox.Template{}, meta.Sandbox{}, errdefs.FailedPreconditionf("checkpoint %s is %s, not committed", ck.ID, ck.State)
+	}
+	if ck.Driver != e.drv.Name() {
+		return nil, sandbox.Template{}, meta.Sandbox{}, errdefs.FailedPreconditionf("checkpoint %s was cut by driver %s; this daemon runs %s", ck.ID, ck.Driver, e.drv.Name())
+	}
+	tmpl, err := e.restoreTemplate(ctx, ck)
+	if err != nil {
+		return nil, sandbox.Template{}, meta.Sandbox{}, err
+	}
+	src, err := e.meta.Get(ctx, ck.SandboxID)
+	return cp, tmpl, src, err
 }
 
 // recordRestored records sandbox sb, restored from ck and running: its
