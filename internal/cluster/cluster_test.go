@@ -83,7 +83,7 @@ func TestLostNode(t *testing.T) {
 	// With the default lease and heartbeat (4 s, 500 ms), a heartbeat is
 	// overdue 1 s after the last, and a judge must have held its own lock
 	// for half the lease (2 s), not two heartbeats (1 s).
-	def := &Node{o: Options{Meta: s, TTL: DefaultTTL, Heartbeat: DefaultTTL / 8, Scan: DefaultTTL / 16}, lg: n.lg}
+	def := &Node{o: Options{Meta: s, TTL: DefaultTTL, Heartbeat: DefaultTTL / 8, Scan: DefaultTTL / 8}, lg: n.lg}
 	def.locked.Store(true)
 	def.lockedSince.Store(now.Add(-time.Minute).UnixNano())
 	late, early := d, d
