@@ -22,7 +22,8 @@ const check = (ok, what, got) => {
   console.log(`ok ${what}`)
 }
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
-const COUNTER = 'R=$(od -An -N4 -tu4 /dev/urandom | tr -d " "); i=0; while :; do i=$((i+1)); echo "$R $i" > /tmp/counter; sleep 0.1; done'
+// Written by rename: a read never meets the file truncated mid-write.
+const COUNTER = 'R=$(od -An -N4 -tu4 /dev/urandom | tr -d " "); i=0; while :; do i=$((i+1)); echo "$R $i" > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; sleep 0.1; done'
 const readCounter = async (sbx) => {
   const [r, n] = (await sbx.files.read('/tmp/counter')).trim().split(' ')
   return { r, n: Number(n) }

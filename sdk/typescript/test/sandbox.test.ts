@@ -9,7 +9,7 @@ import { eventually, operator, skipLive, text, unique } from "./env.js";
 // A shell loop whose first field is a random number drawn once, in memory:
 // after a restore it is the same only if the process was restored, not
 // restarted.
-const COUNTER = 'R=$(od -An -N4 -tu4 /dev/urandom | tr -d " "); i=0; while :; do i=$((i+1)); echo "$R $i" > /tmp/counter; sleep 0.05; done';
+const COUNTER = 'R=$(od -An -N4 -tu4 /dev/urandom | tr -d " "); i=0; while :; do i=$((i+1)); echo "$R $i" > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; sleep 0.05; done';
 
 describe("sandboxes", { skip: skipLive }, () => {
   const c = operator();
