@@ -17,7 +17,6 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/client"
-	"github.com/amber-run/amber/stores/s3/miniotest"
 )
 
 // TestBenchRestore is `make bench-restore` (docs/benchmarks.md, "Restore to
@@ -382,11 +381,7 @@ func benchStacks(t *testing.T, bin, dir, ticker string, names []string) []benchS
 			stacks = append(stacks, newRawRunc(t, dir, ticker, n == "runc-lazy"))
 		case "amber-gvisor-hot", "amber-gvisor-cold", "amber-criu-hot", "amber-criu-cold", "amber-criu-hot-eager", "amber-criu-cold-eager":
 			if s3 == nil {
-				srv := miniotest.Start(t)
-				cfg := srv.Config()
-				t.Setenv("AMBER_S3_ACCESS_KEY", cfg.AccessKey)
-				t.Setenv("AMBER_S3_SECRET_KEY", cfg.SecretKey)
-				s3 = []string{"--blobs", "s3://" + cfg.Endpoint + "/" + cfg.Bucket + "/bench?secure=false&create=true"}
+				s3 = minioBlobs(t, "bench")
 			}
 			f := strings.Split(n, "-")
 			args := append([]string{"--driver", f[1], "--pool", "0", "--egress=false"}, s3...)

@@ -18,7 +18,6 @@ import (
 
 	"github.com/amber-run/amber/api"
 	"github.com/amber-run/amber/client"
-	"github.com/amber-run/amber/stores/s3/miniotest"
 )
 
 // TestBenchSession (make bench-session; docs/benchmarks.md, "A realistic
@@ -76,11 +75,7 @@ func TestBenchSession(t *testing.T) {
 		args := []string{"--driver", drv, "--pool", "0", "--egress=false", "--port-domain", "ports.bench.localhost"}
 		if tier == "cold" {
 			if s3 == nil {
-				srv := miniotest.Start(t)
-				cfg := srv.Config()
-				t.Setenv("AMBER_S3_ACCESS_KEY", cfg.AccessKey)
-				t.Setenv("AMBER_S3_SECRET_KEY", cfg.SecretKey)
-				s3 = []string{"--blobs", "s3://" + cfg.Endpoint + "/" + cfg.Bucket + "/session?secure=false&create=true"}
+				s3 = minioBlobs(t, "session")
 			}
 			args = append(append(args, "--hot-tier", "off"), s3...)
 		}

@@ -275,9 +275,7 @@ func sqliteRestoreCheck(t *testing.T, s *sqliteStack, r *sqliteResult, want stri
 func formatSQLiteTable(stacks []*sqliteStack, res map[string]*sqliteResult) string {
 	med := map[string]time.Duration{}
 	for n, r := range res {
-		v := slices.Clone(r.walls)
-		slices.Sort(v)
-		med[n] = v[len(v)/2]
+		med[n] = medianOf(r.walls)
 	}
 	sec := func(d time.Duration) string { return fmt.Sprintf("%.1f", d.Seconds()) }
 	ratio := func(n, base string) string {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/amber-run/amber/internal/engine/enginetest"
+	"github.com/amber-run/amber/stores/s3/miniotest"
 )
 
 // The end-to-end tests build amber, run `amber up` as a subprocess on a free
@@ -230,6 +231,18 @@ func e2eSetup(t *testing.T) (string, string) {
 	})
 	enginetest.NewDriver(t, filepath.Join(dir, "check")) // skips (or fails under CI) without a runtime
 	return buildAmber(t), dir
+}
+
+// minioBlobs starts a MinIO on loopback for the test, puts its keys in
+// the environment `amber up` reads them from, and returns the flags that
+// make a daemon keep its checkpoints there under prefix.
+func minioBlobs(t *testing.T, prefix string) []string {
+	t.Helper()
+	srv := miniotest.Start(t)
+	cfg := srv.Config()
+	t.Setenv("AMBER_S3_ACCESS_KEY", cfg.AccessKey)
+	t.Setenv("AMBER_S3_SECRET_KEY", cfg.SecretKey)
+	return []string{"--blobs", "s3://" + cfg.Endpoint + "/" + cfg.Bucket + "/" + prefix + "?secure=false&create=true"}
 }
 
 // destroyLeftovers destroys every sandbox a driver has state for under

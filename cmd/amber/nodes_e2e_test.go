@@ -22,7 +22,6 @@ import (
 	"github.com/amber-run/amber/client"
 	"github.com/amber-run/amber/internal/engine/enginetest"
 	"github.com/amber-run/amber/internal/state/meta"
-	"github.com/amber-run/amber/stores/s3/miniotest"
 )
 
 // Nodes on shared stores, as separate `amber up` processes on loopback
@@ -71,10 +70,7 @@ func sharedStores(t *testing.T, dir string) (flags []string, adminKey string) {
 	}
 	dsn := pgTestDSN() + sep + "search_path=" + schema
 
-	srv := miniotest.Start(t)
-	cfg := srv.Config()
-	t.Setenv("AMBER_S3_ACCESS_KEY", cfg.AccessKey)
-	t.Setenv("AMBER_S3_SECRET_KEY", cfg.SecretKey)
+	blobs := minioBlobs(t, "nodes")
 
 	key := make([]byte, 32)
 	rand.Read(key)
@@ -87,8 +83,7 @@ func sharedStores(t *testing.T, dir string) (flags []string, adminKey string) {
 	}
 	// A node lease longer than the default: the machine running the tests
 	// is shared and slow, and a false takeover would fail the test.
-	return []string{"--pool", "0", "--egress=false", "--node-ttl", "6s", "--store", dsn, "--master-key-file", keyFile,
-		"--blobs", "s3://" + cfg.Endpoint + "/" + cfg.Bucket + "/nodes?secure=false&create=true"}, adminKey
+	return append([]string{"--pool", "0", "--egress=false", "--node-ttl", "6s", "--store", dsn, "--master-key-file", keyFile}, blobs...), adminKey
 }
 
 // nodeDir makes node id's data dir under dir with the shared admin key and
