@@ -104,20 +104,15 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	if err != nil {
 		return stats, err
 	}
+	if err := d.waitLoad(ctx, id); err != nil { // a lazy restore's pages first (lazy.go)
+		return stats, err
+	}
 	l, err := layer.Open(d.layerDir(id))
 	if err != nil {
 		return stats, fmt.Errorf("checkpoint %s: %w", id, err)
 	}
-	if err := os.MkdirAll(imageDir, 0o700); err != nil {
-		return stats, err
-	}
-	if ents, err := os.ReadDir(imageDir); err != nil {
-		return stats, err
-	} else if len(ents) > 0 {
-		return stats, errdefs.AlreadyExistsf("checkpoint %s: image dir %s is not empty", id, imageDir)
-	}
-	runscDir := filepath.Join(imageDir, imageRunscDir)
-	if err := os.Mkdir(runscDir, 0o700); err != nil {
+	runscDir, err := newImageDir(id, imageDir)
+	if err != nil {
 		return stats, err
 	}
 
@@ -239,6 +234,21 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	return stats, nil
 }
 
+// newImageDir makes imageDir (it must be missing or empty) and its runsc/
+// directory, which it returns.
+func newImageDir(id, imageDir string) (string, error) {
+	if err := os.MkdirAll(imageDir, 0o700); err != nil {
+		return "", err
+	}
+	if ents, err := os.ReadDir(imageDir); err != nil {
+		return "", err
+	} else if len(ents) > 0 {
+		return "", errdefs.AlreadyExistsf("checkpoint %s: image dir %s is not empty", id, imageDir)
+	}
+	runscDir := filepath.Join(imageDir, imageRunscDir)
+	return runscDir, os.Mkdir(runscDir, 0o700)
+}
+
 // restoreOnce is one attempt of Restore (restoreagain.go), waiting
 // agentWait for the restored agent.
 //
@@ -356,10 +366,10 @@ func (d *Driver) restoreOnce(ctx context.Context, spec sandbox.Spec, imageDir st
 	if err := d.writeBundle(rec, l.Merged()); err != nil {
 		return stats, fmt.Errorf("restore %s: bundle: %w", id, err)
 	}
-	// opts.Lazy is ignored: Capabilities.LazyRestore is false (runsc
-	// restore --background was not verified against the fidelity suite).
+	// Lazy: the sandbox runs while the sentry loads its memory (lazy.go).
+	lazy := opts.Lazy && d.Capabilities().LazyRestore
 	tRunsc := time.Now()
-	if err := d.withMountSources(rec, l.Merged(), func() error { return d.restoreRuntime(ctx, rec, filepath.Join(imageDir, imageRunscDir), false) }); err != nil {
+	if err := d.withMountSources(rec, l.Merged(), func() error { return d.restoreRuntime(ctx, rec, filepath.Join(imageDir, imageRunscDir), lazy) }); err != nil {
 		return stats, err
 	}
 	if rec.SpecVersion >= 2 {
@@ -378,7 +388,9 @@ func (d *Driver) restoreOnce(ctx context.Context, spec sandbox.Spec, imageDir st
 	stats.Running = time.Since(start)
 	stats.MemoryBytes = meta.MemoryBytes
 	stats.Files = entries
-	stats.Lazy = false
+	if stats.Lazy = lazy; lazy {
+		stats.Loaded = d.watchLoad(id)
+	}
 	tStats := time.Now()
 	if procs, conns, err := d.restoreStats(ctx, rec); err == nil {
 		stats.Processes, stats.ConnectionsRestored = procs, conns
@@ -393,7 +405,7 @@ func (d *Driver) restoreOnce(ctx context.Context, spec sandbox.Spec, imageDir st
 	d.log.Info("sandbox restored", "sandbox", id, "running", stats.Running, "processes", stats.Processes,
 		"setup", tLayer.Sub(start).Round(time.Millisecond), "layer", tNet.Sub(tLayer).Round(time.Millisecond),
 		"network", tRunsc.Sub(tNet).Round(time.Millisecond), "runsc", tDone.Sub(tRunsc).Round(time.Millisecond),
-		"stats", time.Since(tStats).Round(time.Millisecond))
+		"stats", time.Since(tStats).Round(time.Millisecond), "lazy", lazy)
 	return stats, nil
 }
 

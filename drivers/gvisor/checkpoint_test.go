@@ -119,7 +119,8 @@ func TestCheckpoint(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	killStopped(t, d, id)
 	execs := d.runscCalls("agent:exec")
-	rs, err := d.Restore(ctx, spec, imageDir, sandbox.RestoreOptions{})
+	// Lazy, as the engine asks (the second restore below is eager).
+	rs, err := d.Restore(ctx, spec, imageDir, sandbox.RestoreOptions{Lazy: true})
 	if err != nil {
 		t.Fatal(err)
 	}

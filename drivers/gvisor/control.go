@@ -39,6 +39,7 @@ const (
 	ctlResume      = "containerManager.Resume"
 	ctlCheckpoint  = "containerManager.Checkpoint"
 	ctlPortForward = "containerManager.PortForward"
+	ctlWaitRestore = "containerManager.WaitRestore" // lazy.go
 )
 
 // controlTimeout bounds one control call when ctx has no earlier deadline;

@@ -164,7 +164,8 @@
 // sandbox (or creates the layer from the template on a state directory
 // that never saw it), replaces the upper directory's content from
 // layer.tar with the overlay unmounted, remakes the network namespace and
-// the bundle with the image's flags, and runs `runsc restore --detach`. It
+// the bundle with the image's flags, and runs `runsc restore --detach`
+// (with --background when the restore is lazy: lazy.go). It
 // refuses an image of another runsc version or template version, and
 // (ErrFailedPrecondition, before it touches anything) one whose agent
 // build is not in this node's store: the restored init maps that very

@@ -32,7 +32,7 @@ const (
 	// the binary (-X …/runsc/version.amberPatches); Check refuses a build
 	// without it, whose port-forward proxy drops the bytes a full netstack
 	// send buffer did not take.
-	PatchDigest = "9c699fa464f6"
+	PatchDigest = "f7854725f8a6"
 )
 
 // DefaultLimits apply where neither the spec nor the template sets a limit
@@ -99,7 +99,8 @@ type Driver struct {
 	// portConns are the DialPort connections open, by sandbox id: closed
 	// before a cut (portdial.go).
 	portConns map[string]map[*portConn]struct{}
-	calls     map[string]int // runsc invocations by subcommand (runscCalls)
+	loads     map[string]*pageLoad // lazy restores still loading memory (lazy.go)
+	calls     map[string]int       // runsc invocations by subcommand (runscCalls)
 	// flags are the runtime flags new sandboxes get: runtimeFlags, or
 	// RunscFlagsEnv's variant of them (flags.go).
 	flags []string
@@ -157,6 +158,7 @@ func New(opts Options) (*Driver, error) {
 		clients:   map[string]*agentClient{},
 		cuts:      map[string]chan struct{}{},
 		dialing:   map[string]int{},
+		loads:     map[string]*pageLoad{},
 		portConns: map[string]map[*portConn]struct{}{},
 		calls:     map[string]int{},
 		flags:     flags,
@@ -177,11 +179,12 @@ func (d *Driver) Name() string { return "gvisor" }
 
 // Capabilities implements sandbox.Driver. Checkpoint is runsc
 // checkpoint/restore (checkpoint.go); outside TCP connections cannot survive
-// a runsc restore (they are reset), and runsc has no lazy restore.
+// a runsc restore (they are reset). LazyRestore is `runsc restore
+// --background` (lazy.go).
 func (d *Driver) Capabilities() sandbox.Capabilities {
 	return sandbox.Capabilities{
 		Checkpoint:     true,
-		LazyRestore:    false,
+		LazyRestore:    true,
 		LiveOutsideTCP: false,
 		PTY:            true,
 		PortForward:    true, // runsc port-forward --stream (portdial.go)

@@ -41,6 +41,13 @@ else
     for p in "${PATCHES[@]}"; do
         patch -p1 -s -d "$tmp/src" < "$p" || die "$p does not apply to gvisor.dev/gvisor@$RUNSC_VERSION"
     done
+    # The sentry's precompiled seccomp programs (runsc-precompiled-seccomp.patch):
+    # without them every `runsc boot` compiles its filter, in the path of every
+    # create and restore.
+    (cd "$tmp/src" && CGO_ENABLED=0 go run -buildvcs=false ./runsc/boot/filter/amberseccompgen \
+        > runsc/boot/filter/precompiled_amber.go 2> "$tmp/seccompgen.log") \
+        || die "generating runsc's precompiled seccomp programs failed: $(tail -5 "$tmp/seccompgen.log")"
+    log "$(grep -c . "$tmp/seccompgen.log") seccomp programs precompiled"
     # -X stamps the pin into `runsc --version` (what runsc compares with an
     # image's: unchanged, so images of the unpatched build restore) and the
     # patches' digest into the variable runsc-version-amber-patches.patch adds.
