@@ -42,8 +42,9 @@ import (
 // with CRIU lazy pages, and Amber's gvisor and criu drivers through a daemon
 // on REST, each hot (the node's hot copy) and cold (a daemon with
 // --hot-tier off: every restore fetches from the chunk store on MinIO);
-// Amber's criu restores are lazy, and amber-criu-{hot,cold}-eager are the
-// same with --lazy-restore=false (not in the default set).
+// Amber's restores are lazy, and amber-{gvisor,criu}-{hot,cold}-eager are
+// the same with --lazy-restore=false; runsc-bg is raw `runsc restore
+// --background` (neither in the default set).
 // Amber is timed only from this process, never inside the daemon.
 //
 // Knobs: AMBER_BENCH_SIZES (MiB, default 64,256,1024), AMBER_BENCH_N
@@ -375,11 +376,12 @@ func benchStacks(t *testing.T, bin, dir, ticker string, names []string) []benchS
 	var s3 []string
 	for _, n := range names {
 		switch n {
-		case "runsc":
-			stacks = append(stacks, newRawRunsc(t, dir, ticker))
+		case "runsc", "runsc-bg":
+			stacks = append(stacks, newRawRunsc(t, dir, ticker, n == "runsc-bg"))
 		case "runc", "runc-lazy":
 			stacks = append(stacks, newRawRunc(t, dir, ticker, n == "runc-lazy"))
-		case "amber-gvisor-hot", "amber-gvisor-cold", "amber-criu-hot", "amber-criu-cold", "amber-criu-hot-eager", "amber-criu-cold-eager":
+		case "amber-gvisor-hot", "amber-gvisor-cold", "amber-criu-hot", "amber-criu-cold",
+			"amber-gvisor-hot-eager", "amber-gvisor-cold-eager", "amber-criu-hot-eager", "amber-criu-cold-eager":
 			if s3 == nil {
 				s3 = minioBlobs(t, "bench")
 			}
@@ -388,7 +390,7 @@ func benchStacks(t *testing.T, bin, dir, ticker string, names []string) []benchS
 			if f[2] == "cold" {
 				args = append(args, "--hot-tier", "off")
 			}
-			if len(f) == 4 { // -eager: the criu driver's restores load all memory first
+			if len(f) == 4 { // -eager: the driver's restores load all memory first
 				args = append(args, "--lazy-restore=false")
 			}
 			d := startDaemon(t, bin, filepath.Join(dir, n), freeAddr(t), args...)

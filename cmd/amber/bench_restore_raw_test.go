@@ -167,16 +167,20 @@ func runtimeCmd(env []string, bin string, stdout *os.File, args ...string) error
 }
 
 // rawRunsc is runsc alone, with the gvisor driver's file flags and no
-// network (the driver's --network=sandbox needs the namespace Amber makes).
+// network (the driver's --network=sandbox needs the namespace Amber makes);
+// background: `runsc restore --background` (the sandbox runs before every
+// page is in), runsc's own lazy restore.
 type rawRunsc struct {
 	rawStack
-	bin   string
-	flags []string
+	bin        string
+	flags      []string
+	background bool
 }
 
-func newRawRunsc(t *testing.T, dir, ticker string) *rawRunsc {
-	r := &rawRunsc{bin: filepath.Join(enginetest.Cache(), "bin", "runsc")}
-	r.rawStack = rawStack{t: t, label: "runsc", dir: filepath.Join(dir, "raw-runsc"), ticker: ticker}
+func newRawRunsc(t *testing.T, dir, ticker string, background bool) *rawRunsc {
+	r := &rawRunsc{bin: filepath.Join(enginetest.Cache(), "bin", "runsc"), background: background}
+	label := map[bool]string{false: "runsc", true: "runsc-bg"}[background]
+	r.rawStack = rawStack{t: t, label: label, dir: filepath.Join(dir, "raw-"+label), ticker: ticker}
 	r.flags = []string{"--root=" + filepath.Join(r.dir, "root"), "--platform=systrap", "--network=none",
 		"--overlay2=none", "--file-access=shared", "--host-uds=none", "--host-fifo=none"}
 	env := []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -223,6 +227,9 @@ func (r *rawRunsc) kill() error {
 }
 
 func (r *rawRunsc) restore() error {
+	if r.background {
+		return r.withPipe("restore", "--detach", "--background", "--image-path="+r.image(), "--bundle", r.dir, r.id)
+	}
 	return r.withPipe("restore", "--detach", "--image-path="+r.image(), "--bundle", r.dir, r.id)
 }
 
