@@ -7,7 +7,8 @@
 #   SRC=/path/to/other/checkout AMBER_CACHE=... scripts/cut-rounds.sh gvisor 4
 #
 # SRC is the checkout whose bin/amber runs (default: this one), for an A/B of two builds.
-# CUT_MIB=256 runs the restore benchmark's ticker holding 256 MiB instead of the shell loop.
+# CUT_MIB=256 runs the restore benchmark's ticker holding 256 MiB instead of the shell loop
+# (CUT_MEMORY: its sandbox's memory limit, default CUT_MIB + 512 MiB, e.g. 4Gi).
 # UP_ARGS="--hot-tier off --blobs s3://..." adds flags to `amber up` (e.g. every restore cold).
 set -euo pipefail
 drv=${1:?driver}; rounds=${2:-4}
@@ -33,7 +34,7 @@ export AMBER_TOKEN=$(cat "$dir/d/admin.key")
 if [[ -n ${CUT_MIB:-} ]]; then
     # The restore benchmark's ticker holding CUT_MIB MiB of a pattern.
     CGO_ENABLED=0 go build -trimpath -o "$dir/ticker" ./cmd/amber/testdata/ticker
-    sbx=$(bin/amber sandbox create --template minimal --memory "$((CUT_MIB + 512))Mi" | tail -1)
+    sbx=$(bin/amber sandbox create --template minimal --memory "${CUT_MEMORY:-$((CUT_MIB + 512))Mi}" | tail -1)
     bin/amber files put "$sbx" "$dir/ticker" /root/ticker >/dev/null
     bin/amber exec "$sbx" -- chmod +x /root/ticker
     bin/amber exec -d "$sbx" -- /root/ticker "$CUT_MIB" 12345 >/dev/null
