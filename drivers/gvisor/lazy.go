@@ -35,6 +35,11 @@ import (
 // load.
 var lazyCutWait = 2 * time.Minute
 
+// testLazyRestored, when set (tests), is called with the sandbox's id
+// once a lazy Restore has started to watch its load (watchLoad; still
+// under the id's lock: it must not call the driver).
+var testLazyRestored func(id string)
+
 // loadWait bounds the WaitRestore call of one load.
 const loadWait = 10 * time.Minute
 
@@ -80,6 +85,9 @@ func (d *Driver) watchLoad(id string) <-chan error {
 		loaded <- err
 		close(loaded)
 	}()
+	if testLazyRestored != nil {
+		testLazyRestored(id)
+	}
 	return loaded
 }
 
