@@ -136,9 +136,11 @@
 // original. What this host needs:
 //   - libcontainer runs "criu" from PATH: the driver puts the directory of
 //     Options.CriuPath first in PATH when another criu would be found.
-//   - CRIU's network lock runs iptables-restore (Debian's iptables
-//     package); `network-lock nftables` in the CRIU config file crashes
-//     CRIU 4.1.1 in RPC mode, and libcontainer's CriuOpts cannot pass it.
+//   - CRIU locks the network with nftables (libnftables, in CRIU's
+//     process; `network-lock nftables` in the driver's CRIU config file,
+//     which the patched CRIU reads in RPC mode: libcontainer's CriuOpts
+//     cannot pass it); images of the iptables lock restore with it
+//     (Debian's iptables package).
 //   - restored tasks read some images inside the user namespace before its
 //     uid map is written, so the images are made readable by all (their
 //     directory stays private to root; CRIU reaches them through a

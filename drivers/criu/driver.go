@@ -203,10 +203,15 @@ func New(opts Options) (*Driver, error) {
 // criuConfig is the CRIU configuration file every sandbox's
 // checkpoint/restore uses: libcontainer hands its path to CRIU (settings in
 // it override the RPC options), instead of the host's /etc/criu/runc.conf,
-// which the driver does not control. (`network-lock nftables`, which the
-// driver needs too, crashes CRIU 4.1.1 when read from a config file in RPC
-// mode — criu/config.c reads argv[optind], NULL there — so the checkpoint
-// passes it over RPC.)
+// which the driver does not control. `network-lock nftables`: CRIU locks
+// the sandbox's network namespace while it dumps TCP connections with
+// libnftables, in its own process; the default, iptables, ran
+// iptables-restore processes, 48 ms of the frozen window of every cut here
+// for the unlock alone (docs/benchmarks.md). A config file is the only way
+// to choose it through libcontainer (its CriuOpts have no field); CRIU
+// 4.1.1 crashed reading it in RPC mode, which
+// scripts/setup/criu-4.1.1-network-lock-rpc.patch fixes. A restore takes
+// the method from the image.
 //
 // The irmap scan paths: an inotify watch on the sandbox's overlay cannot be
 // dumped by file handle (overlayfs without nfs_export does not decode
@@ -216,7 +221,7 @@ func New(opts Options) (*Driver, error) {
 // watched trees are (home and work directories); the scan runs only when a
 // watch exists, inside the frozen window. A watch elsewhere still makes the
 // checkpoint fail, with an error that says so (irmapError).
-var criuConfig = strings.Join(append([]string{""}, irmapScanPaths...), "\nirmap-scan-path ")[1:] + "\n"
+var criuConfig = "network-lock nftables\n" + strings.Join(append([]string{""}, irmapScanPaths...), "\nirmap-scan-path ")[1:] + "\n"
 
 // irmapScanPaths are the sandbox directories CRIU searches for the path of
 // a watched inode (criuConfig).

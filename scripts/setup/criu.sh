@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build CRIU 4.1.1 (+ Amber's four patches) into
-# $AMBER_CACHE/criu-4.1.1-p3/sbin/criu and point $AMBER_CACHE/bin/criu at it.
+# Build CRIU 4.1.1 (+ Amber's five patches) into
+# $AMBER_CACHE/criu-4.1.1-p4/sbin/criu and point $AMBER_CACHE/bin/criu at it.
 #
 # Why build it: Debian 12's criu 3.17 does not start on kernels >= 6.13 (vDSO
 # layout). Never `apt-get install criu` here: runc would find that broken
@@ -32,16 +32,21 @@
 #    full 64 MiB /dev/shm froze a sandbox for 2.3–2.6 s on this machine. The
 #    patch writes a plain tar; a restore reads the archive's first two bytes
 #    and gunzips the images of earlier builds.
+#  - criu-4.1.1-network-lock-rpc.patch: `network-lock` in the configuration
+#    file libcontainer hands CRIU (the only way to choose the lock method
+#    through runc's RPC options) crashed CRIU: argv[optind] is NULL in RPC
+#    mode. The criu driver sets `network-lock nftables` there.
 # The install dir records a hash of the patches: editing a patch rebuilds.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 CRIU_VERSION=4.1.1
-CRIU_BUILD=p3
+CRIU_BUILD=p4
 ORIG=criu_${CRIU_VERSION}.orig.tar.xz
 ORIG_SHA256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe
 PATCHES=("$SETUP_DIR/criu-$CRIU_VERSION-passcred.patch" "$SETUP_DIR/criu-$CRIU_VERSION-hw-breakpoints.patch"
-    "$SETUP_DIR/criu-$CRIU_VERSION-uffd-dev.patch" "$SETUP_DIR/criu-$CRIU_VERSION-tmpfs-plain-tar.patch")
+    "$SETUP_DIR/criu-$CRIU_VERSION-uffd-dev.patch" "$SETUP_DIR/criu-$CRIU_VERSION-tmpfs-plain-tar.patch"
+    "$SETUP_DIR/criu-$CRIU_VERSION-network-lock-rpc.patch")
 
 DIR="$CACHE/criu-$CRIU_VERSION-$CRIU_BUILD"
 BIN="$DIR/sbin/criu"
