@@ -672,7 +672,6 @@ func TestCheckpointBenchmark(t *testing.T) {
 // buildHog builds a static program that fills argv[1] MiB with random
 // bytes, prints "ready" and sleeps.
 func buildHog(t *testing.T) string {
-	dir := t.TempDir()
 	src := `package main
 
 import (
@@ -695,17 +694,25 @@ func main() {
 	}
 }
 `
+	return buildStatic(t, "hog", src)
+}
+
+// buildStatic builds the Go program src (one main.go, the standard library
+// only) as a static binary named name and returns its path.
+func buildStatic(t *testing.T, name, src string) string {
+	t.Helper()
+	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(src), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module hog\n\ngo 1.22\n"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module "+name+"\n\ngo 1.22\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("go", "build", "-o", "hog", ".")
+	cmd := exec.Command("go", "build", "-o", name, ".")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build hog: %v %s", err, out)
+		t.Fatalf("build %s: %v %s", name, err, out)
 	}
-	return filepath.Join(dir, "hog")
+	return filepath.Join(dir, name)
 }

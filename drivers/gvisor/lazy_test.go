@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -165,7 +164,6 @@ func TestCheckpointLazy(t *testing.T) {
 // pattern drawn from the seed argv[2], prints "ready", and on every
 // SIGUSR1 checks every byte: "ok <seed>" or "bad <offset>".
 func buildPattern(t *testing.T) string {
-	dir := t.TempDir()
 	src := `package main
 
 import (
@@ -211,17 +209,5 @@ func main() {
 	}
 }
 `
-	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(src), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module pattern\n\ngo 1.22\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("go", "build", "-o", "pattern", ".")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build pattern: %v %s", err, out)
-	}
-	return filepath.Join(dir, "pattern")
+	return buildStatic(t, "pattern", src)
 }
