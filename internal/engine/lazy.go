@@ -1,10 +1,10 @@
 package engine
 
 // Lazy restore. Where the driver can (Capabilities.LazyRestore: the criu
-// driver's `criu lazy-pages`), a restore runs the sandbox before every
-// page of its memory is in: the driver serves a page on its first fault
-// and loads the rest in the background, from the local image the restore
-// was given — the hot copy's hard-linked directory, or the work directory
+// driver's `criu lazy-pages`, the gvisor driver's `runsc restore
+// --background`), a restore runs the sandbox before every page of its
+// memory is in: the driver serves a page on its first fault and loads the
+// rest in the background, from the local image the restore was given — the hot copy's hard-linked directory, or the work directory
 // the chunk store's image was fetched into. That image must stay until the
 // load ends (RestoreStats.Loaded): restoreOnce hands it to awaitLoad,
 // which removes the directory and lets the hot copy go (held: neither a
