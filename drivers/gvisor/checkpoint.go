@@ -475,24 +475,15 @@ func (d *Driver) checkImageAgent(rec *record, imageDir string) error {
 // sandbox's layer opened over rootfs.
 func (d *Driver) replaceStopped(ctx context.Context, old, rec *record, rootfs string) (*layer.Layer, error) {
 	id := rec.ID
-	st, ok, err := d.state(ctx, old, id)
-	if err != nil {
-		return nil, err
-	}
-	// runsc's status can lag behind a Kill that has just returned;
-	// a sandbox with no host process left does not run.
-	for deadline := time.Now().Add(2 * time.Second); ok && st.Status != "stopped" && len(cgroupProcs(old.Cgroup)) > 0; {
-		if time.Now().After(deadline) {
-			return nil, errdefs.FailedPreconditionf("restore %s: sandbox is %s; kill it first", id, st.Status)
-		}
-		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
-			return nil, err
-		}
-		if st, ok, err = d.state(ctx, old, id); err != nil {
+	// A sandbox with no host process left does not run: runsc is not
+	// asked (one process start fewer in every restore). With processes
+	// left, runsc's status can lag behind a Kill that has just returned.
+	if len(cgroupProcs(old.Cgroup)) > 0 {
+		if err := d.waitStopped(ctx, old, id); err != nil {
 			return nil, err
 		}
 	}
-	if ok || d.runtimeStateExists(id) {
+	if d.runtimeStateExists(id) {
 		if _, err := d.run(ctx, old, "delete", "--force", runtimeID(id)); err != nil && !notExist(err) {
 			d.log.Warn("restore: runsc delete failed; removing by hand", "sandbox", id, "err", err)
 		}
@@ -511,6 +502,26 @@ func (d *Driver) replaceStopped(ctx context.Context, old, rec *record, rootfs st
 		return nil, fmt.Errorf("restore %s: layer: %w", id, err)
 	}
 	return l, nil
+}
+
+// waitStopped waits (2 s at most) until runsc says sandbox id is stopped,
+// or knows it no more, or its cgroup holds no process.
+func (d *Driver) waitStopped(ctx context.Context, old *record, id string) error {
+	for deadline := time.Now().Add(2 * time.Second); ; {
+		st, ok, err := d.state(ctx, old, id)
+		if err != nil {
+			return err
+		}
+		if !ok || st.Status == "stopped" || len(cgroupProcs(old.Cgroup)) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errdefs.FailedPreconditionf("restore %s: sandbox is %s; kill it first", id, st.Status)
+		}
+		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+			return err
+		}
+	}
 }
 
 // restoreLayerContent gives the layer l the image's content: it unmounts

@@ -118,7 +118,7 @@ func TestCheckpoint(t *testing.T) {
 	mustSh(t, d, id, `echo after > /root/after.txt`)
 	time.Sleep(200 * time.Millisecond)
 	killStopped(t, d, id)
-	execs := d.runscCalls("agent:exec")
+	execs, states := d.runscCalls("agent:exec"), d.runscCalls("state")
 	// Lazy, as the engine asks (the second restore below is eager).
 	rs, err := d.Restore(ctx, spec, imageDir, sandbox.RestoreOptions{Lazy: true})
 	if err != nil {
@@ -131,6 +131,10 @@ func TestCheckpoint(t *testing.T) {
 	// The counts are the agent's census: the restore started no process.
 	if n := d.runscCalls("agent:exec") - execs; n != 0 {
 		t.Errorf("the restore ran %d execs in the sandbox to count what came back", n)
+	}
+	// Nothing of the killed sandbox ran: runsc was not asked its state.
+	if n := d.runscCalls("state") - states; n != 0 {
+		t.Errorf("the restore of a killed sandbox ran runsc state %d times", n)
 	}
 	time.Sleep(500 * time.Millisecond)
 	checks := []struct {
