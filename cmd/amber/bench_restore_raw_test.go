@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -227,10 +228,11 @@ func (r *rawRunsc) kill() error {
 }
 
 func (r *rawRunsc) restore() error {
+	args := []string{"restore", "--detach", "--image-path=" + r.image(), "--bundle", r.dir, r.id}
 	if r.background {
-		return r.withPipe("restore", "--detach", "--background", "--image-path="+r.image(), "--bundle", r.dir, r.id)
+		args = slices.Insert(args, 2, "--background")
 	}
-	return r.withPipe("restore", "--detach", "--image-path="+r.image(), "--bundle", r.dir, r.id)
+	return r.withPipe(args...)
 }
 
 func (r *rawRunsc) signal() error { return r.run(nil, "kill", r.id, "USR1") }

@@ -14,6 +14,7 @@ import (
 	"github.com/opencontainers/runc/libcontainer"
 
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/drivers/internal/lazyload"
 )
 
 // A lazy restore (RestoreOptions.Lazy) starts the sandbox while `criu
@@ -51,8 +52,7 @@ type lazyLoad struct {
 	// exitErr is cmd.Wait's error.
 	exitErr error
 
-	done chan struct{} // closed when the load's outcome is known; err then set
-	err  error         // why the load failed (nil: every page is in)
+	load *lazyload.Load // the load's outcome (nil: every page is in)
 	// forkImages is a fork's private copy of the image, removed once
 	// lazy-pages has exited ("": not a fork).
 	forkImages string
@@ -74,7 +74,7 @@ func (d *Driver) startLazyPages(criuDir, work string, forked bool, images string
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("criu lazy-pages: %w", err)
 	}
-	lz := &lazyLoad{cmd: cmd, work: work, exited: make(chan struct{}), done: make(chan struct{})}
+	lz := &lazyLoad{cmd: cmd, work: work, exited: make(chan struct{}), load: lazyload.New()}
 	if forked {
 		lz.forkImages = images
 	}
@@ -163,8 +163,7 @@ func (d *Driver) watchLazy(id string, ls *liveSandbox) <-chan error {
 			}
 			d.log.Error("lazy restore failed; sandbox killed", "sandbox", id, "err", err)
 		}
-		lz.err = err
-		close(lz.done)
+		lz.load.End(err)
 		loaded <- err
 		close(loaded)
 	}()
@@ -175,21 +174,8 @@ func (d *Driver) watchLazy(id string, ls *liveSandbox) <-chan error {
 // load, if any, has ended: a cut must not begin before it. A load that
 // failed fails the cut.
 func waitLazy(ctx context.Context, id string, ls *liveSandbox) error {
-	lz := ls.lazy
-	if lz == nil {
+	if ls.lazy == nil {
 		return nil
 	}
-	t := time.NewTimer(lazyCutWait)
-	defer t.Stop()
-	select {
-	case <-lz.done:
-	case <-t.C:
-		return errdefs.Unavailablef("checkpoint %s: its lazy restore is still loading memory after %v; the sandbox keeps running", id, lazyCutWait)
-	case <-ctx.Done():
-		return fmt.Errorf("checkpoint %s: waiting for its lazy restore to load every page: %w", id, ctx.Err())
-	}
-	if lz.err != nil {
-		return errdefs.FailedPreconditionf("checkpoint %s: %v", id, lz.err)
-	}
-	return nil
+	return ls.lazy.load.WaitForCut(ctx, id, lazyCutWait)
 }

@@ -367,7 +367,7 @@ func (d *Driver) restoreOnce(ctx context.Context, spec sandbox.Spec, imageDir st
 		return stats, fmt.Errorf("restore %s: bundle: %w", id, err)
 	}
 	// Lazy: the sandbox runs while the sentry loads its memory (lazy.go).
-	lazy := opts.Lazy && d.Capabilities().LazyRestore
+	lazy := opts.Lazy
 	tRunsc := time.Now()
 	if err := d.withMountSources(rec, l.Merged(), func() error { return d.restoreRuntime(ctx, rec, filepath.Join(imageDir, imageRunscDir), lazy) }); err != nil {
 		return stats, err

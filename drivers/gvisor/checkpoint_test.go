@@ -585,19 +585,7 @@ func TestCheckpointBenchmark(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
-		fsys, err := d.Files(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := os.Open(hog)
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = fsys.WriteFile(ctx, "/root/hog", f, 0o755)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
+		putFile(t, d, id, hog, "/root/hog")
 		if _, err := d.Start(ctx, id, sandbox.ExecSpec{Args: []string{"/root/hog", strconv.Itoa(mib)}}); err != nil {
 			t.Fatal(err)
 		}
@@ -699,6 +687,24 @@ func main() {
 }
 `
 	return buildStatic(t, "hog", src)
+}
+
+// putFile copies the host file src into sandbox id at path, executable.
+func putFile(t *testing.T, d *Driver, id, src, path string) {
+	t.Helper()
+	ctx := context.Background()
+	fsys, err := d.Files(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := fsys.WriteFile(ctx, path, f, 0o755); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // buildStatic builds the Go program src (one main.go, the standard library

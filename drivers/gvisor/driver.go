@@ -15,6 +15,7 @@ import (
 	"github.com/amber-run/amber/core/errdefs"
 	"github.com/amber-run/amber/core/sandbox"
 	"github.com/amber-run/amber/drivers/internal/agent"
+	"github.com/amber-run/amber/drivers/internal/lazyload"
 	"github.com/amber-run/amber/lib/failpoint"
 )
 
@@ -99,8 +100,8 @@ type Driver struct {
 	// portConns are the DialPort connections open, by sandbox id: closed
 	// before a cut (portdial.go).
 	portConns map[string]map[*portConn]struct{}
-	loads     map[string]*pageLoad // lazy restores still loading memory (lazy.go)
-	calls     map[string]int       // runsc invocations by subcommand (runscCalls)
+	loads     map[string]*lazyload.Load // lazy restores still loading memory (lazy.go)
+	calls     map[string]int            // runsc invocations by subcommand (runscCalls)
 	// flags are the runtime flags new sandboxes get: runtimeFlags, or
 	// RunscFlagsEnv's variant of them (flags.go).
 	flags []string
@@ -158,7 +159,7 @@ func New(opts Options) (*Driver, error) {
 		clients:   map[string]*agentClient{},
 		cuts:      map[string]chan struct{}{},
 		dialing:   map[string]int{},
-		loads:     map[string]*pageLoad{},
+		loads:     map[string]*lazyload.Load{},
 		portConns: map[string]map[*portConn]struct{}{},
 		calls:     map[string]int{},
 		flags:     flags,

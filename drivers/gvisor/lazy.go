@@ -2,10 +2,10 @@ package gvisor
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/amber-run/amber/core/errdefs"
+	"github.com/amber-run/amber/drivers/internal/lazyload"
 )
 
 // Lazy restore (RestoreOptions.Lazy). `runsc restore --background` starts
@@ -43,17 +43,11 @@ var testLazyRestored func(id string)
 // loadWait bounds the WaitRestore call of one load.
 const loadWait = 10 * time.Minute
 
-// pageLoad is one lazy restore's load in progress.
-type pageLoad struct {
-	done chan struct{} // closed at the end; err is set before
-	err  error
-}
-
 // watchLoad follows sandbox id's page load to its end and returns
 // RestoreStats.Loaded: one value, then closed. Called under id's lock,
 // right after a `runsc restore --background` returned.
 func (d *Driver) watchLoad(id string) <-chan error {
-	pl := &pageLoad{done: make(chan struct{})}
+	pl := lazyload.New()
 	d.mu.Lock()
 	d.loads[id] = pl
 	d.mu.Unlock()
@@ -75,13 +69,12 @@ func (d *Driver) watchLoad(id string) <-chan error {
 		if err != nil {
 			d.log.Error("lazy restore did not load every page", "sandbox", id, "err", err)
 		}
-		pl.err = err
 		d.mu.Lock()
 		if d.loads[id] == pl {
 			delete(d.loads, id)
 		}
 		d.mu.Unlock()
-		close(pl.done)
+		pl.End(err)
 		loaded <- err
 		close(loaded)
 	}()
@@ -98,20 +91,5 @@ func (d *Driver) waitLoad(ctx context.Context, id string) error {
 	d.mu.Lock()
 	pl := d.loads[id]
 	d.mu.Unlock()
-	if pl == nil {
-		return nil
-	}
-	t := time.NewTimer(lazyCutWait)
-	defer t.Stop()
-	select {
-	case <-pl.done:
-	case <-t.C:
-		return errdefs.Unavailablef("checkpoint %s: its lazy restore is still loading memory after %v; the sandbox keeps running", id, lazyCutWait)
-	case <-ctx.Done():
-		return fmt.Errorf("checkpoint %s: waiting for its lazy restore to load every page: %w", id, ctx.Err())
-	}
-	if pl.err != nil {
-		return errdefs.FailedPreconditionf("checkpoint %s: %v", id, pl.err)
-	}
-	return nil
+	return pl.WaitForCut(ctx, id, lazyCutWait)
 }

@@ -37,19 +37,7 @@ func TestCheckpointLazy(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = d.Destroy(context.Background(), id) })
-	fsys, err := d.Files(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(buildPattern(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = fsys.WriteFile(ctx, "/root/pattern", f, 0o755)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	putFile(t, d, id, buildPattern(t), "/root/pattern")
 	seed := strconv.FormatInt(time.Now().UnixNano()%1_000_000_007, 10)
 	pid, err := d.Start(ctx, id, sandbox.ExecSpec{Args: []string{"/root/pattern", strconv.Itoa(mib), seed}})
 	if err != nil {
@@ -83,9 +71,7 @@ func TestCheckpointLazy(t *testing.T) {
 	if !rs.Lazy || rs.Loaded == nil {
 		t.Fatalf("asked for a lazy restore: Lazy %v, Loaded %v", rs.Lazy, rs.Loaded)
 	}
-	d.mu.Lock()
-	loading := d.loads[id] != nil
-	d.mu.Unlock()
+	loading := loadRunning(d, id)
 	t.Logf("lazy restore running after %v (pages still loading: %v)", rs.Running, loading)
 	img2 := filepath.Join(t.TempDir(), "img2")
 	cs, err := d.Checkpoint(ctx, id, img2, sandbox.CheckpointOptions{})
@@ -126,9 +112,7 @@ func TestCheckpointLazy(t *testing.T) {
 	killStopped(t, d, id)
 	var loadingAtKill bool
 	testLazyRestored = func(id string) {
-		d.mu.Lock()
-		loadingAtKill = d.loads[id] != nil
-		d.mu.Unlock()
+		loadingAtKill = loadRunning(d, id)
 		b, err := os.ReadFile(filepath.Join(d.dir(id), "sandbox.pid"))
 		if err != nil {
 			t.Errorf("sandbox pid: %v", err)
@@ -158,6 +142,13 @@ func TestCheckpointLazy(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("Loaded reported nothing within a minute of the kill")
 	}
+}
+
+// loadRunning reports whether sandbox id's lazy load is still running.
+func loadRunning(d *Driver, id string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.loads[id] != nil
 }
 
 // buildPattern builds a static program that fills argv[1] MiB with a
