@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -25,88 +24,6 @@ import (
 	"github.com/amber-run/amber/drivers/internal/layer"
 	"github.com/amber-run/amber/drivers/internal/writebehind"
 )
-
-// Checkpoint images. An image directory holds:
-//
-//	image.json   imageMeta: format version, driver, CRIU version, template,
-//	             uid range, limits, env — what Restore needs besides the
-//	             template
-//	criu/        CRIU's images of the process tree and memory (uncompressed)
-//	layer.tar    the writable layer's upper directory (uncompressed PAX tar:
-//	             modes, owners relative to the sandbox's uid range, symlinks,
-//	             hard links, overlay whiteouts as 0/0 character devices and
-//	             every xattr, among them trusted.overlay.opaque):
-//	             drivers/internal/layer's archive, walked and extracted by
-//	             descriptor
-//	layer-blobs/ the bytes of the layer's files of 1 MiB or more, which
-//	             layer.tar references: hard links to the sandbox's blob
-//	             cache (blobCacheDir), so a file unchanged since the last
-//	             cut is not copied again (drivers/internal/layer, blobs.go)
-//
-// The consistent cut: Checkpoint freezes the sandbox's freezer cgroup
-// itself, archives the upper directory, then lets CRIU dump the frozen
-// tree (CRIU finds the cgroup frozen and leaves it so), and thaws it last
-// (or kills it, LeaveStopped). Memory, processes and files are therefore
-// all as of the moment of the freeze.
-//
-// Restore rebuilds the sandbox from scratch in this driver's state
-// directory (a stopped sandbox of that id is destroyed first): a fresh
-// layer over the template with layer.tar unpacked into its upper
-// directory, the libcontainer container configured as at create, and
-// CRIU's restore into it. A restore under the image's own sandbox id goes
-// into the uid range the image had (image.json's host_id), which must be
-// free on this node and fall on this driver's UIDBase grid or on the old default's
-// (base 100000, for images made before the default moved: slotOf). A
-// fork — a restore into another sandbox id — gets a free range instead,
-// from a private copy of the images with their host ids moved to it
-// (fork.go), so it runs beside the original.
-
-// imageFormatVersion 2: layer.tar references blobs in layer-blobs/; an
-// image without blobs is written as imageFormatNoBlobs, which binaries
-// from before blobs read (they would restore a blob as an empty file, and
-// refuse a 2).
-const (
-	imageFormatVersion = 2
-	imageFormatNoBlobs = 1
-	imageMetaName      = "image.json"
-	imageCriuDir       = "criu"
-	imageLayerName     = "layer.tar"
-)
-
-// imageMeta is image.json.
-type imageMeta struct {
-	Version     int              `json:"version"`
-	Driver      string           `json:"driver"`
-	CriuVersion string           `json:"criu_version"`
-	ID          string           `json:"id"`
-	Tenant      string           `json:"tenant,omitempty"`
-	Template    sandbox.Template `json:"template"`
-	Limits      sandbox.Limits   `json:"limits"`
-	Env         []string         `json:"env,omitempty"`
-	// HostID is the first host uid/gid of the sandbox's range (IDs long).
-	// layer.tar stores owners relative to it.
-	HostID  int       `json:"host_id"`
-	IDs     int       `json:"ids"`
-	Created time.Time `json:"created"`
-	Cut     time.Time `json:"cut"`
-	// Connections is the number of established TCP connections at the cut.
-	Connections int   `json:"connections"`
-	LayerFiles  int   `json:"layer_files"`
-	MemoryBytes int64 `json:"memory_bytes"`
-	// StartTicks are the processes' start times (sandbox clock ticks, as
-	// Processes reports them) by sandbox PID. A restored process starts,
-	// for the kernel, at the restore; the driver reports these instead
-	// (record.Restored).
-	StartTicks map[int]uint64 `json:"start_ticks,omitempty"`
-	// Init, AgentBuild and AgentToken are the record's: the agent build
-	// the restored agent has mapped (a restore binds that very build from
-	// the agent store, or fails) and the token it holds in its memory.
-	// Empty in images made before the agent (their init is the sh
-	// reaper; they restore to the libcontainer exec path).
-	Init       string `json:"init,omitempty"`
-	AgentBuild string `json:"agent_build,omitempty"`
-	AgentToken string `json:"agent_token,omitempty"`
-}
 
 var _ sandbox.Checkpointer = (*Driver)(nil)
 
@@ -225,6 +142,10 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	if lerr != nil {
 		return stats, recordErr(id, lerr)
 	}
+	netns, err := readNetnsForDump(initPid)
+	if err != nil {
+		return stats, recordErr(id, err)
+	}
 	conns := countTCPEstablished(initPid)
 	starts := map[int]uint64{}
 	if procs, err := d.Processes(ctx, id); err == nil {
@@ -246,6 +167,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	// as Kill does, so that no task outlives the cut.
 	co := criuOpts(criuDir, work)
 	co.LeaveRunning = true
+	co.EmptyNs = netns.emptyNs()
 	// The disk writes the images while CRIU dumps them, so the fsync of
 	// the image (a strict tool call's acknowledgement waits for it) has
 	// little left (writebehind).
@@ -276,8 +198,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 		return stats, recordErr(id, fmt.Errorf("archive layer: %w", err))
 	}
 	mem := pagesBytes(criuDir)
-	version := imageFormatNoBlobs + min(lc.Reused+lc.Copied, 1)
-	if err := d.writeImageMeta(ctx, imageDir, rec, version, frozenAt, conns, files, mem, starts); err != nil {
+	if err := d.writeImageMeta(ctx, imageDir, rec, frozenAt, conns, files, mem, starts, netns); err != nil {
 		return stats, err
 	}
 	stats.MemoryBytes = mem
@@ -286,44 +207,6 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	d.log.Info("sandbox checkpointed", "sandbox", id, "frozen", stats.Frozen, "total", stats.Total, "memory_bytes", mem, "layer_bytes", layerBytes,
 		"frozen_to_layer", layerTook, "blobs_reused", lc.Reused, "blobs_copied", lc.Copied)
 	return stats, nil
-}
-
-// writeImageMeta writes imageDir's image.json (format version) for the
-// cut of rec made at cut.
-func (d *Driver) writeImageMeta(ctx context.Context, imageDir string, rec *record, version int, cut time.Time, conns, files int, mem int64, starts map[int]uint64) error {
-	meta := imageMeta{
-		Version:     version,
-		Driver:      "criu",
-		CriuVersion: d.criuVersion(ctx),
-		ID:          rec.ID,
-		Tenant:      rec.Tenant,
-		Template:    rec.Template,
-		Limits:      rec.Limits,
-		Env:         rec.Env,
-		HostID:      rec.HostID,
-		IDs:         idsPerSandbox,
-		Created:     rec.Created,
-		Cut:         cut.UTC(),
-		Connections: conns,
-		LayerFiles:  files,
-		MemoryBytes: mem,
-		StartTicks:  starts,
-		Init:        rec.Init,
-		AgentBuild:  rec.AgentBuild,
-		AgentToken:  rec.AgentToken,
-	}
-	b, err := json.MarshalIndent(meta, "", "  ")
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(filepath.Join(imageDir, imageMetaName), b, 0o600)
-}
-
-func (d *Driver) criuVersion(ctx context.Context) string {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	out, _ := exec.CommandContext(ctx, d.opts.CriuPath, "--version").Output()
-	return criuVersion(string(out))
 }
 
 // pagesBytes is the size of CRIU's memory pages in dir.
@@ -392,28 +275,20 @@ func restoreLosses(meta *imageMeta, after []sandbox.Process, procErr error, rese
 	return out
 }
 
-func readImageMeta(imageDir string) (*imageMeta, error) {
-	b, err := os.ReadFile(filepath.Join(imageDir, imageMetaName))
-	if err != nil {
-		if isNotExist(err) {
-			return nil, errdefs.NotFoundf("checkpoint image %s: no %s", imageDir, imageMetaName)
+// restoreTemplate is the template a restore of meta as spec uses: the
+// image's, with the rootfs spec gives (of the same version) if any.
+func restoreTemplate(spec sandbox.Spec, meta *imageMeta) (sandbox.Template, error) {
+	tmpl := meta.Template
+	if spec.Template.RootFS != "" {
+		if spec.Template.Version != "" && meta.Template.Version != "" && spec.Template.Version != meta.Template.Version {
+			return tmpl, errdefs.FailedPreconditionf("sandbox %s: image was cut from template %s version %s, not %s", spec.ID, meta.Template.Name, meta.Template.Version, spec.Template.Version)
 		}
-		return nil, err
+		tmpl.RootFS = spec.Template.RootFS
 	}
-	var m imageMeta
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, errdefs.DataLossf("checkpoint image %s: %s: %v", imageDir, imageMetaName, err)
+	if fi, err := os.Stat(tmpl.RootFS); err != nil || !fi.IsDir() {
+		return tmpl, errdefs.FailedPreconditionf("sandbox %s: template %s rootfs %s: not a directory", spec.ID, tmpl.Name, tmpl.RootFS)
 	}
-	if m.Driver != "criu" {
-		return nil, errdefs.InvalidArgumentf("checkpoint image %s: made by driver %q, not criu", imageDir, m.Driver)
-	}
-	if m.Version != imageFormatVersion && m.Version != imageFormatNoBlobs {
-		return nil, errdefs.DataLossf("checkpoint image %s: format version %d, this driver reads %d", imageDir, m.Version, imageFormatVersion)
-	}
-	if m.IDs != idsPerSandbox {
-		return nil, errdefs.InvalidArgumentf("checkpoint image %s: uid range of %d ids, this driver uses %d", imageDir, m.IDs, idsPerSandbox)
-	}
-	return &m, nil
+	return tmpl, nil
 }
 
 // Restore implements sandbox.Checkpointer.
@@ -432,15 +307,9 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	if err != nil {
 		return stats, err
 	}
-	tmpl := meta.Template
-	if spec.Template.RootFS != "" {
-		if spec.Template.Version != "" && meta.Template.Version != "" && spec.Template.Version != meta.Template.Version {
-			return stats, errdefs.FailedPreconditionf("sandbox %s: image was cut from template %s version %s, not %s", spec.ID, meta.Template.Name, meta.Template.Version, spec.Template.Version)
-		}
-		tmpl.RootFS = spec.Template.RootFS
-	}
-	if fi, err := os.Stat(tmpl.RootFS); err != nil || !fi.IsDir() {
-		return stats, errdefs.FailedPreconditionf("sandbox %s: template %s rootfs %s: not a directory", spec.ID, tmpl.Name, tmpl.RootFS)
+	tmpl, err := restoreTemplate(spec, meta)
+	if err != nil {
+		return stats, err
 	}
 	// A restore under the image's own id goes back into the image's uid
 	// range; a fork (another id) gets a free range of its own (fork.go).
@@ -489,12 +358,15 @@ func (d *Driver) Restore(ctx context.Context, spec sandbox.Spec, imageDir string
 	if err := layer.CheckMountPoints(rootfs, rootMountPoints...); err != nil {
 		return stats, recordErr(spec.ID, err)
 	}
-	c, err := libcontainer.Create(d.runc, spec.ID, d.containerConfig(rec, rootfs, agentBin))
+	cfg := d.containerConfig(rec, rootfs, agentBin)
+	cfg.Hooks = meta.Netns.setupHook()
+	c, err := libcontainer.Create(d.runc, spec.ID, cfg)
 	if err != nil {
 		return stats, recordErr(spec.ID, fmt.Errorf("libcontainer create: %w", err))
 	}
 	work := filepath.Join(d.recordDir(spec.ID), "criu-work")
 	co := criuOpts(criuDir, work)
+	co.EmptyNs = meta.Netns.emptyNs()
 	var lazy *lazyLoad
 	if opts.Lazy && d.Capabilities().LazyRestore {
 		if lazy, err = d.startLazyPages(criuDir, work, forked, criuImages); err != nil {

@@ -140,7 +140,19 @@
 //     process; `network-lock nftables` in the driver's CRIU config file,
 //     which the patched CRIU reads in RPC mode: libcontainer's CriuOpts
 //     cannot pass it); images of the iptables lock restore with it
-//     (Debian's iptables package).
+//     (Debian's iptables package). The lock is needed at the restore: a
+//     loopback connection whose one end is restored before the other
+//     would be reset (`network-lock skip` failed the kernel-objects
+//     suite's tcpfull case so).
+//   - CRIU dumps the network namespace empty (--empty-ns net) and the
+//     driver makes it again at the restore, from what image.json records
+//     (netnsimage.go): no `ip`/iptables process in a cut or a restore.
+//   - CRIU reads the sandbox's cgroups through the host's own mounts
+//     (`cgroup-yard /sys/fs/cgroup` where the layout fits, hostCgroupYard)
+//     instead of mounting every hierarchy itself at each dump, and the
+//     patched CRIU keeps its kernel-feature cache in /run though /run is
+//     not a tmpfs here (scripts/setup/criu-4.1.1-kdat-cache.patch): a cut
+//     no longer probes the kernel.
 //   - restored tasks read some images inside the user namespace before its
 //     uid map is written, so the images are made readable by all (their
 //     directory stays private to root; CRIU reaches them through a

@@ -118,6 +118,9 @@ type Driver struct {
 
 	uffdDevOnce sync.Once
 	uffdDevOK   bool // uffdDev's answer, probed once
+
+	// criuVer caches criuVersion's answer for one binary; guarded by mu.
+	criuVer struct{ bin, version string }
 }
 
 var _ sandbox.Driver = (*Driver)(nil)
@@ -187,7 +190,7 @@ func New(opts Options) (*Driver, error) {
 	if err := searchableByAll(opts.RunDir); err != nil {
 		return nil, fmt.Errorf("criu driver: run dir %s: %w", opts.RunDir, err)
 	}
-	if err := writeFileAtomic(d.criuConfigPath(), []byte(criuConfig), 0o644); err != nil {
+	if err := writeFileAtomic(d.criuConfigPath(), []byte(criuConfigFor(hostCgroupYard())), 0o644); err != nil {
 		return nil, fmt.Errorf("criu driver: %w", err)
 	}
 	if err := d.initAgentStore(); err != nil {
@@ -221,7 +224,50 @@ func New(opts Options) (*Driver, error) {
 // watched trees are (home and work directories); the scan runs only when a
 // watch exists, inside the frozen window. A watch elsewhere still makes the
 // checkpoint fail, with an error that says so (irmapError).
+//
+// `cgroup-yard` (when hostCgroupYard finds one): CRIU reads and sets the
+// sandbox's cgroups through the host's own mounts of the hierarchies
+// instead of mounting each one in a temporary yard of its own, which under
+// cgroup v1 (ten hierarchies here) was 13 ms of every dump's frozen window.
 var criuConfig = "network-lock nftables\n" + strings.Join(append([]string{""}, irmapScanPaths...), "\nirmap-scan-path ")[1:] + "\n"
+
+// criuConfigFor is criuConfig with the cgroup yard (none when empty).
+func criuConfigFor(yard string) string {
+	if yard == "" {
+		return criuConfig
+	}
+	return criuConfig + "cgroup-yard " + yard + "\n"
+}
+
+// hostCgroupYard returns /sys/fs/cgroup when it holds, under the names CRIU
+// gives them, a mount of every cgroup hierarchy this process is in (what a
+// sandbox's tasks are in too): CRIU opens <yard>/<controllers> for a
+// hierarchy, <yard>/<name> for a name=<name> one and <yard>/unified for
+// the v2 one, and fails the dump when one is missing. Otherwise "" (CRIU
+// mounts its own yard, as without the option).
+func hostCgroupYard() string {
+	const yard = "/sys/fs/cgroup"
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			return ""
+		}
+		name := strings.TrimPrefix(parts[1], "name=")
+		if name == "" {
+			name = "unified"
+		}
+		var st unix.Statfs_t
+		if unix.Statfs(filepath.Join(yard, name), &st) != nil ||
+			(st.Type != unix.CGROUP_SUPER_MAGIC && st.Type != unix.CGROUP2_SUPER_MAGIC) {
+			return ""
+		}
+	}
+	return yard
+}
 
 // irmapScanPaths are the sandbox directories CRIU searches for the path of
 // a watched inode (criuConfig).

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -92,12 +93,18 @@ func TestEgressThroughGateway(t *testing.T) {
 	if _, err := td.Checkpoint(ctx, id, image, sandbox.CheckpointOptions{LeaveStopped: true}); err != nil {
 		t.Fatal(err)
 	}
+	checkNetnsImage(t, image, egress.SandboxAddr.Addr().String()+"/32")
 	if _, err := td.Restore(ctx, spec, image, sandbox.RestoreOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	path.StartRun(t, "t1", id, "run-1")
 	if out := get(); !strings.Contains(out, "pong") {
 		t.Fatalf("through the gateway after restore: %q", out)
+	}
+	// The driver made the restored namespace: loopback up, with the
+	// sandbox's address on it.
+	if out := td.sh(id, "cat /sys/class/net/lo/operstate; ip -o -4 addr show lo"); !strings.Contains(out, egress.SandboxAddr.Addr().String()+"/32") {
+		t.Fatalf("restored loopback: %q", out)
 	}
 	if n := ledger.Requests(); n != 2 {
 		t.Fatalf("ledger saw %d requests, want 2", n)
@@ -368,4 +375,63 @@ s.sendall(b"fresh\n"); print(s.recv(100).decode().strip())'`, echo.addr().Port()
 func pingLedger(td *testDriver, id string, port uint16) string {
 	return td.sh(id, fmt.Sprintf(`ip=$(nslookup payments.test %s | sed -n 's/^Address: *\(198\.[0-9.]*\)$/\1/p')
 printf 'GET /ping HTTP/1.0\r\nHost: payments.test:%[2]d\r\n\r\n' | nc -w 10 $ip %[2]d`, egress.GatewayAddr, port))
+}
+
+// checkNetnsImage fails t unless image holds the network namespace as
+// the driver records it (netnsimage.go): CRIU's images hold no link,
+// address, route or netfilter table, image.json lists want among
+// loopback's addresses and the default route through loopback.
+func checkNetnsImage(t *testing.T, image, want string) {
+	t.Helper()
+	for _, pattern := range []string{"netdev-*.img", "ifaddr-*.img", "route-*.img", "iptables-*.img", "netns-ct-*.img"} {
+		if m, _ := filepath.Glob(filepath.Join(image, imageCriuDir, pattern)); len(m) > 0 {
+			t.Errorf("CRIU dumped the network namespace: %v", m)
+		}
+	}
+	meta, err := readImageMeta(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if meta.Version != imageFormatVersion || meta.Netns == nil || !slices.Contains(meta.Netns.Loopback, want) || !meta.Netns.DefaultViaLoopback {
+		t.Fatalf("image.json: version %d, netns %+v; want %d, %s on loopback and the default route through it", meta.Version, meta.Netns, imageFormatVersion, want)
+	}
+}
+
+// TestRestoreImageWithDumpedNetns: an image made before the driver kept
+// the network namespace out of CRIU's dump (format 2: CRIU dumped it, and
+// image.json has no record of it) still restores, the namespace CRIU's,
+// and the sandbox reaches the ledger through the gateway again.
+func TestRestoreImageWithDumpedNetns(t *testing.T) {
+	ledger := egresstest.NewLedger(t, true)
+	path := egresstest.Start(t, map[string]netip.AddrPort{"payments.test": ledger.Addr()})
+	td := newEgressDriver(t, path)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	id := newID("oldnetns")
+	spec := sandbox.Spec{ID: id, Template: sandbox.Template{Name: "minimal", RootFS: minimalRootfs(t)}}
+	path.StartRun(t, "t1", id, "run-0")
+	if _, err := td.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	image := filepath.Join(t.TempDir(), "image")
+	testDumpNetns = true
+	_, err := td.Checkpoint(ctx, id, image, sandbox.CheckpointOptions{LeaveStopped: true})
+	testDumpNetns = false
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta, err := readImageMeta(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(image, imageCriuDir, "netdev-*.img")); len(m) == 0 || meta.Version != imageFormatBlobs || meta.Netns != nil {
+		t.Fatalf("old-format image: version %d, netns %+v, netdev images %v", meta.Version, meta.Netns, m)
+	}
+	if _, err := td.Restore(ctx, spec, image, sandbox.RestoreOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	path.StartRun(t, "t1", id, "run-1")
+	if out := pingLedger(td, id, ledger.Addr().Port()); !strings.Contains(out, "pong") {
+		t.Fatalf("through the gateway after restoring an old-format image: %q", out)
+	}
 }

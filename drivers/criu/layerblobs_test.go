@@ -64,8 +64,8 @@ func TestCheckpointLayerBlobs(t *testing.T) {
 		return dir, cs
 	}
 	img0, _ := cut()
-	if v := imageVersionOf(t, img0); v != imageFormatNoBlobs {
-		t.Errorf("image without blobs: format %d", v)
+	if v := imageVersionOf(t, img0); v != imageFormatVersion {
+		t.Errorf("image without blobs: format %d, want %d", v, imageFormatVersion)
 	}
 	sum := td.sh(id, `dd if=/dev/urandom of=/root/big.bin bs=1048576 count=64 2>/dev/null && chown 1000:1000 /root/big.bin && sha256sum /root/big.bin && stat -c '%u %g %a' /root/big.bin`)
 	img1, _ := cut()

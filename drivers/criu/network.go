@@ -11,9 +11,11 @@ import (
 
 // A sandbox's network. Every sandbox has a network namespace of its own,
 // made by libcontainer with the sandbox's user namespace as its owner,
-// loopback up; CRIU dumps it with the tasks (interfaces, addresses,
-// routes, sockets) and makes it again at a restore. Without
-// Options.Network that is all: loopback only, no route anywhere.
+// loopback up; CRIU dumps its sockets with the tasks and, at a restore,
+// makes the namespace again, empty, which the driver then sets up as it
+// was (netnsimage.go: loopback, its addresses, the route) before CRIU
+// restores a socket. Without Options.Network that is all: loopback only,
+// no route anywhere.
 //
 // With Options.Network (the node's egress gateway), the driver has the
 // Network plumb the namespace once the sandbox's init runs, on create and
@@ -44,8 +46,8 @@ import (
 // the pair while the sandbox is frozen, before the dump, and plumbs it
 // again before the thaw (a leave-running cut or a failed one). The
 // sandbox's sockets stay bound to its address, which the loopback copy
-// keeps local: CRIU dumps it with loopback and restores it before the
-// sockets (which it binds to it again). CRIU also connects each restored
+// keeps local: image.json records it with loopback and the driver puts it
+// back before CRIU restores the sockets (which it binds to it again). CRIU also connects each restored
 // socket back to its peer, which needs a route ("Can't connect inet
 // socket back: Network is unreachable"): while the link is away the
 // default route is through loopback, where what the sockets send is

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build CRIU 4.1.1 (+ Amber's five patches) into
-# $AMBER_CACHE/criu-4.1.1-p4/sbin/criu and point $AMBER_CACHE/bin/criu at it.
+# Build CRIU 4.1.1 (+ Amber's seven patches) into
+# $AMBER_CACHE/criu-4.1.1-p5/sbin/criu and point $AMBER_CACHE/bin/criu at it.
 #
 # Why build it: Debian 12's criu 3.17 does not start on kernels >= 6.13 (vDSO
 # layout). Never `apt-get install criu` here: runc would find that broken
@@ -36,17 +36,27 @@
 #    file libcontainer hands CRIU (the only way to choose the lock method
 #    through runc's RPC options) crashed CRIU: argv[optind] is NULL in RPC
 #    mode. The criu driver sets `network-lock nftables` there.
+#  - criu-4.1.1-kdat-cache.patch: CRIU keeps its kernel-feature cache
+#    (/run/criu.kdat) only on a tmpfs, and /run is ext4 here, so every dump
+#    and restore probed the kernel again (28 ms of each cut's frozen window);
+#    a failed save also leaked criu.kdat.tmp, which blocked every later save.
+#    The cache now records the boot id and is refused after a reboot.
+#  - criu-4.1.1-empty-netns-dump.patch: with --empty-ns net (the criu
+#    driver makes the sandbox's network namespace itself at a restore) CRIU
+#    still mounted the namespace's sysfs and dumped its conntrack tables,
+#    ~18 ms of the frozen window; it now dumps nothing of the namespace.
 # The install dir records a hash of the patches: editing a patch rebuilds.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 CRIU_VERSION=4.1.1
-CRIU_BUILD=p4
+CRIU_BUILD=p5
 ORIG=criu_${CRIU_VERSION}.orig.tar.xz
 ORIG_SHA256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe
 PATCHES=("$SETUP_DIR/criu-$CRIU_VERSION-passcred.patch" "$SETUP_DIR/criu-$CRIU_VERSION-hw-breakpoints.patch"
     "$SETUP_DIR/criu-$CRIU_VERSION-uffd-dev.patch" "$SETUP_DIR/criu-$CRIU_VERSION-tmpfs-plain-tar.patch"
-    "$SETUP_DIR/criu-$CRIU_VERSION-network-lock-rpc.patch")
+    "$SETUP_DIR/criu-$CRIU_VERSION-network-lock-rpc.patch" "$SETUP_DIR/criu-$CRIU_VERSION-kdat-cache.patch"
+    "$SETUP_DIR/criu-$CRIU_VERSION-empty-netns-dump.patch")
 
 DIR="$CACHE/criu-$CRIU_VERSION-$CRIU_BUILD"
 BIN="$DIR/sbin/criu"
