@@ -557,11 +557,13 @@ func (d *Driver) restoreRootfs(rec *record, tarPath string) (string, int, error)
 		return "", 0, fmt.Errorf("unmount fresh overlay: %w", err)
 	}
 	// A blob cache describes the files a layer had (their inodes): the
-	// next cut copies the restored ones afresh.
+	// extraction seeds a new one with the restored files' blobs.
 	if err := os.RemoveAll(d.blobCacheDir(rec.ID)); err != nil {
 		return "", 0, fmt.Errorf("clear blob cache: %w", err)
 	}
-	files, err := layer.ExtractArchiveFile(tarPath, l.Upper(), d.archiveOptions(rec))
+	ao := d.archiveOptions(rec)
+	ao.BlobCache = d.blobCacheDir(rec.ID)
+	files, err := layer.ExtractArchiveFile(tarPath, l.Upper(), ao)
 	if err != nil {
 		return "", 0, err
 	}

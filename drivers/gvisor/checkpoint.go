@@ -538,10 +538,12 @@ func (d *Driver) restoreLayerContent(ctx context.Context, id string, l *layer.La
 	if err := emptyDir(filepath.Join(filepath.Dir(l.Upper()), "work")); err != nil {
 		return 0, fmt.Errorf("restore %s: clear layer: %w", id, err)
 	}
-	if err := os.RemoveAll(d.blobCacheDir(id)); err != nil { // it describes the old files' inodes
+	// The blob cache describes the old files' inodes: the extraction
+	// seeds a new one with the restored files' blobs.
+	if err := os.RemoveAll(d.blobCacheDir(id)); err != nil {
 		return 0, fmt.Errorf("restore %s: clear blob cache: %w", id, err)
 	}
-	entries, err := layer.ExtractArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), layer.ArchiveOptions{Failpoints: d.opts.Failpoints})
+	entries, err := layer.ExtractArchiveFile(filepath.Join(imageDir, imageLayerName), l.Upper(), layer.ArchiveOptions{Failpoints: d.opts.Failpoints, BlobCache: d.blobCacheDir(id)})
 	if err != nil {
 		return 0, fmt.Errorf("restore %s: layer: %w", id, err)
 	}

@@ -111,8 +111,14 @@ func TestCheckpointLayerBlobs(t *testing.T) {
 	if err := unix.Stat(filepath.Join(l.Upper(), "root/big.bin"), &st); err != nil || st.Ino == ino2 || st.Nlink != 1 {
 		t.Errorf("restored file: inode %d (blob %d), %d links, %v: not a file of its own", st.Ino, ino2, st.Nlink, err)
 	}
-	// After the restore the cache starts again: the next cut copies the
-	// file once, the one after links it.
+	// The restore seeded the new cache with the image's blob
+	// (drivers/internal/layer/blobseed.go): a cut right after it copies
+	// nothing. Then the file changes: the next cut copies it once, the
+	// one after links it.
+	imgR, _ := cut("image-restored")
+	if _, inoR := onlyBlob(t, imgR); inoR != ino2 {
+		t.Errorf("cut after the restore: blob inode %d, want the restored image's %d (no copy)", inoR, ino2)
+	}
 	mustSh(t, d, id, `echo x >> /root/big.bin`)
 	img3, _ := cut("image3")
 	_, ino3 := onlyBlob(t, img3)

@@ -129,7 +129,9 @@ type ArchiveOptions struct {
 	// directory (blobs.go): set, regular files of BlobMinSize bytes or
 	// more are blobs of the image, copied only when they changed since
 	// the previous cut that used the same cache. Empty: every file's
-	// bytes are in the archive, as before.
+	// bytes are in the archive, as before. For ExtractArchive, the
+	// (removed) cache of the restored layer, which the blobs it copied
+	// seed (blobseed.go); empty: the next cut copies every large file.
 	BlobCache string
 	// BlobDir, for ExtractArchive, is the directory of the blobs the
 	// archive references (ExtractArchiveFile: BlobDirName beside the

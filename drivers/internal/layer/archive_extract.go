@@ -81,6 +81,9 @@ func ExtractArchive(r io.Reader, upper string, o ArchiveOptions) (int, error) {
 			return x.entries, fmt.Errorf("layer archive: times %s: %w", d.name, err)
 		}
 	}
+	if o.BlobCache != "" {
+		seedBlobCache(o.BlobCache, root, x.blobs.fd, x.seeds)
+	}
 	return x.entries, nil
 }
 
@@ -98,7 +101,19 @@ type extractor struct {
 	stack   []dirRef
 	dirs    []dirTimes
 	blobs   *blobReader
+	seeds   []seed // with o.BlobCache: the blobs copied (blobseed.go)
 	entries int
+}
+
+// noteSeed records the restored file name, open as fd, whose bytes are
+// the blob hdr references (checked by copyBlob), to seed the cache with.
+func (x *extractor) noteSeed(fd int, name string, hdr *tar.Header) {
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		return
+	}
+	x.seeds = append(x.seeds, seed{name: name, key: hdr.PAXRecords[paxBlob], sha256: hdr.PAXRecords[paxBlobSHA256],
+		size: st.Size, dev: st.Dev, ino: st.Ino})
 }
 
 type dirTimes struct {
@@ -308,7 +323,8 @@ func (x *extractor) extract(hdr *tar.Header, r io.Reader) error {
 		}
 		f := os.NewFile(uintptr(fd), name)
 		defer f.Close()
-		if isBlobRef(hdr) {
+		blob := isBlobRef(hdr)
+		if blob {
 			if err := x.blobs.copyBlob(f, name, hdr); err != nil {
 				return err
 			}
@@ -323,6 +339,9 @@ func (x *extractor) extract(hdr *tar.Header, r io.Reader) error {
 		}
 		if err := futimens(fd, &ts); err != nil {
 			return fail(fmt.Errorf("times: %w", err))
+		}
+		if blob && x.o.BlobCache != "" {
+			x.noteSeed(fd, name, hdr)
 		}
 		return f.Close()
 	case tar.TypeSymlink:

@@ -20,7 +20,8 @@ package layer
 // # The cache
 //
 // The cache is per sandbox, in the driver's state directory (removed with
-// the sandbox, and when a restore replaces its layer). Its index.json
+// the sandbox, and when a restore replaces its layer, whose extraction
+// seeds a new one: blobseed.go). Its index.json
 // records, per relative path, the key of the cache file made from it and
 // the file's size, modification and change times (ns), inode and device at
 // that moment. A cut reuses the cache file of a path whose file still has
@@ -98,6 +99,9 @@ type blobEntry struct {
 	CtimeNS int64  `json:"ctime_ns"`
 	Ino     uint64 `json:"ino"`
 	Dev     uint64 `json:"dev"`
+	// Unsynced: a restore seeded the entry (blobseed.go) and no fsync of
+	// the cache file is known; the cut that reuses it fsyncs it first.
+	Unsynced bool `json:"unsynced,omitempty"`
 }
 
 type blobIndex struct {
@@ -132,6 +136,7 @@ type blobWriter struct {
 	old     map[string]blobEntry
 	now     map[string]blobEntry
 	created []string // keys of cache files made by this cut
+	synced  []string // keys of seeded cache files this cut reused (Unsynced)
 	// Reused, Copied count the references of this cut by how they were
 	// made (tests, logs).
 	reused, copied int
@@ -169,6 +174,10 @@ func (w *blobWriter) ref(name string, f *os.File, st *unix.Stat_t) (map[string]s
 	if ok && statMatches(e, st) && validBlobKey(e.Key) {
 		if fi, err := os.Lstat(filepath.Join(w.cache, e.Key)); err == nil && fi.Mode().IsRegular() && fi.Size() == e.Size {
 			w.reused++
+			if e.Unsynced {
+				w.synced = append(w.synced, e.Key)
+				e.Unsynced = false // commit fsyncs it before its index says so
+			}
 		} else {
 			ok = false
 		}
@@ -256,7 +265,7 @@ func (w *blobWriter) link(key string) error {
 // commit makes this cut's references the cache's (the index replaced
 // durably), then removes the cache files nothing references.
 func (w *blobWriter) commit() error {
-	for _, k := range w.created {
+	for _, k := range append(w.created, w.synced...) {
 		if err := syncFile(filepath.Join(w.cache, k)); err != nil {
 			return fmt.Errorf("layer blob cache: %w", err)
 		}
