@@ -172,7 +172,10 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	// call's acknowledgement), the disk writes the images while CRIU dumps
 	// them, so the fsync of the image has little left (writebehind); it
 	// costs the freeze, so other cuts go without.
-	wb := writeBehind(opts, criuDir)
+	var wb *writebehind.W
+	if opts.WriteBehind {
+		wb = writebehind.Dir(criuDir, writebehind.Interval)
+	}
 	err = d.dumpWithin(ctx, ls, co, cm)
 	wb.Stop()
 	if err != nil {
@@ -274,15 +277,6 @@ func restoreLosses(meta *imageMeta, after []sandbox.Process, procErr error, rese
 			Detail: fmt.Sprintf("%d of %d established at the cut did not come back established", reset, meta.Connections)})
 	}
 	return out
-}
-
-// writeBehind starts the write-behind of the images in dir when opts ask
-// for it (nil otherwise: its Stop does nothing).
-func writeBehind(opts sandbox.CheckpointOptions, dir string) *writebehind.W {
-	if !opts.WriteBehind {
-		return nil
-	}
-	return writebehind.Dir(dir, writebehind.Interval)
 }
 
 // restoreTemplate is the template a restore of meta as spec uses: the
