@@ -44,13 +44,6 @@ type Checkpointer interface {
 type CheckpointOptions struct {
 	// LeaveStopped: do not resume the sandbox after the cut.
 	LeaveStopped bool
-	// WriteBehind: the caller waits for the image to be durable (a strict
-	// tool call's acknowledgement): the driver has the disk write the
-	// image while it is being saved, so that the fsync after the resume
-	// has little left (drivers/internal/writebehind). It costs the freeze
-	// (gvisor at 256 MiB: 166 against 141 ms p50, docs/benchmarks.md), so
-	// a cut nobody waits on goes without.
-	WriteBehind bool
 }
 
 // CheckpointStats report what a checkpoint cost.

@@ -168,14 +168,10 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	co := criuOpts(criuDir, work)
 	co.LeaveRunning = true
 	co.EmptyNs = netns.emptyNs()
-	// When the caller waits for the image to be durable (a strict tool
-	// call's acknowledgement), the disk writes the images while CRIU dumps
-	// them, so the fsync of the image has little left (writebehind); it
-	// costs the freeze, so other cuts go without.
-	var wb *writebehind.W
-	if opts.WriteBehind {
-		wb = writebehind.Dir(criuDir, writebehind.Interval)
-	}
+	// The disk writes the images while CRIU dumps them, so the fsync of
+	// the image (a strict tool call's acknowledgement waits for it) has
+	// little left (writebehind).
+	wb := writebehind.Dir(criuDir, writebehind.Interval)
 	err = d.dumpWithin(ctx, ls, co, cm)
 	wb.Stop()
 	if err != nil {

@@ -176,7 +176,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts sandb
 	entries, layerBytes := lc.Entries, lc.Size+lc.BlobBytes
 	tLayer := time.Now()
 	// Memory and kernel state.
-	if err := d.saveKernelRetried(ctx, id, runscDir, !opts.LeaveStopped, opts.WriteBehind); err != nil {
+	if err := d.saveKernelRetried(ctx, id, runscDir, !opts.LeaveStopped); err != nil {
 		return stats, err
 	}
 	tImage := time.Now()
@@ -691,7 +691,7 @@ func unmountRetry(ctx context.Context, path string) error {
 // `runsc checkpoint --compression=none [--leave-running]` does: the state,
 // page metadata and pages files (the names runsc restore reads), passed to
 // the sentry's containerManager.Checkpoint.
-func (d *Driver) saveKernel(ctx context.Context, id, runscDir string, leaveRunning, writeBehind bool) error {
+func (d *Driver) saveKernel(ctx context.Context, id, runscDir string, leaveRunning bool) error {
 	var files []*os.File
 	defer func() {
 		for _, f := range files {
@@ -706,14 +706,11 @@ func (d *Driver) saveKernel(ctx context.Context, id, runscDir string, leaveRunni
 		files = append(files, f)
 	}
 	arg := saveOpts{Metadata: map[string]string{"compression": "none"}, HavePagesFile: true, Resume: leaveRunning}
-	// When the caller waits for the image to be durable (a strict tool
-	// call's acknowledgement), the disk writes the pages while the sentry
-	// saves them, so the fsync after the resume (syncTree) has little left
-	// (writebehind); it costs the freeze, so other cuts go without.
-	if writeBehind {
-		wb := writebehind.Files(files, writebehind.Interval)
-		defer wb.Stop()
-	}
+	// The disk writes the pages while the sentry saves them, so the fsync
+	// after the resume (syncTree) has little left: it is what a strict
+	// tool call's acknowledgement waits for (writebehind).
+	wb := writebehind.Files(files, writebehind.Interval)
+	defer wb.Stop()
 	return d.control(ctx, id, ctlCheckpoint, &arg, files...)
 }
 
@@ -722,9 +719,9 @@ func (d *Driver) saveKernel(ctx context.Context, id, runscDir string, leaveRunni
 // sentry (its teardown is a goroutine of the sentry's own, which the pause
 // does not stop: the save fails naming waiter.ChannelNotifier), still
 // frozen, once the proxy had time to go.
-func (d *Driver) saveKernelRetried(ctx context.Context, id, runscDir string, leaveRunning, writeBehind bool) error {
+func (d *Driver) saveKernelRetried(ctx context.Context, id, runscDir string, leaveRunning bool) error {
 	for attempt := 1; ; attempt++ {
-		err := d.saveKernel(ctx, id, runscDir, leaveRunning, writeBehind)
+		err := d.saveKernel(ctx, id, runscDir, leaveRunning)
 		if err == nil {
 			return nil
 		}

@@ -144,10 +144,6 @@ type CheckpointRequest struct {
 	// uploadBehind commits on the node and uploads after (the strict
 	// policy on local stores: upload.go); not with Stop.
 	uploadBehind bool
-	// strict: a tool call's acknowledgement waits for this cut (the strict
-	// policy); the driver writes the image behind its save
-	// (sandbox.CheckpointOptions.WriteBehind).
-	strict bool
 }
 
 // RestoreRequest asks for a restore of a checkpoint.
@@ -273,7 +269,7 @@ func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (met
 	if r.Stop {
 		e.stopping(ctx, id) // its cgroup goes with the cut
 	}
-	cs, err := e.driverCut(ctx, cp, id, dir, sandbox.CheckpointOptions{LeaveStopped: r.Stop, WriteBehind: r.strict})
+	cs, err := e.driverCut(ctx, cp, id, dir, r.Stop)
 	if err == nil {
 		// Requests from here on are the run this cut starts.
 		err = e.eg.startRun(ctx, sb, ck.ID, false)
@@ -381,13 +377,13 @@ func (e *checkpointer) checkpoint(ctx context.Context, r CheckpointRequest) (met
 // driverCut is the driver's Checkpoint, bounded by DriverTimeout. The
 // failpoint FPDriverCheckpoint is evaluated first with the bounded
 // context (failpoint.Hang: a driver call that does not come back).
-func (e *checkpointer) driverCut(ctx context.Context, cp sandbox.Checkpointer, id, dir string, o sandbox.CheckpointOptions) (sandbox.CheckpointStats, error) {
+func (e *checkpointer) driverCut(ctx context.Context, cp sandbox.Checkpointer, id, dir string, stop bool) (sandbox.CheckpointStats, error) {
 	ctx, cancel := context.WithTimeout(ctx, e.ck.drvTimeout)
 	defer cancel()
 	if err := e.ck.fps.EvalCtx(ctx, FPDriverCheckpoint, id); err != nil {
 		return sandbox.CheckpointStats{}, fmt.Errorf("driver checkpoint of %s: %w", id, err)
 	}
-	return cp.Checkpoint(ctx, id, dir, o)
+	return cp.Checkpoint(ctx, id, dir, sandbox.CheckpointOptions{LeaveStopped: stop})
 }
 
 // The failpoints in front of the driver's Checkpoint and Restore calls

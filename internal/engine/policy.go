@@ -127,7 +127,7 @@ func (e *policyRunner) policyState(id string) *policyState {
 func (e *policyRunner) afterExec(ctx context.Context, sb meta.Sandbox, took time.Duration) error {
 	switch sb.Policy {
 	case PolicyStrict:
-		if _, err := e.ckr.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID, uploadBehind: !e.lease.shared && !e.pol.uploadFirst, strict: true}); err != nil {
+		if _, err := e.ckr.Checkpoint(ctx, CheckpointRequest{Tenant: sb.Tenant, Sandbox: sb.ID, uploadBehind: !e.lease.shared && !e.pol.uploadFirst}); err != nil {
 			return fmt.Errorf("the command ran, but the checkpoint the strict policy takes after it failed: %w", err)
 		}
 	case PolicyFast:
@@ -269,5 +269,5 @@ func (e *policyRunner) SetTenantPolicy(ctx context.Context, tenant string, p met
 // answer, each cut waited for the template's push and for every blob
 // store error window.
 func (e *policyRunner) StrictCheckpoint(ctx context.Context, tenant, id string) (meta.Checkpoint, error) {
-	return e.ckr.Checkpoint(ctx, CheckpointRequest{Tenant: tenant, Sandbox: id, uploadBehind: !e.lease.shared && !e.pol.uploadFirst, strict: true})
+	return e.ckr.Checkpoint(ctx, CheckpointRequest{Tenant: tenant, Sandbox: id, uploadBehind: !e.lease.shared && !e.pol.uploadFirst})
 }

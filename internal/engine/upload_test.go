@@ -9,7 +9,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -229,72 +228,5 @@ func TestUploadBehindCrashes(t *testing.T) {
 	e.WaitUploads()
 	if r := newest(); r.State != meta.CheckpointCommitted || r.UploadPending || !pointer(r.ID) {
 		t.Fatalf("a strict checkpoint after the restart: %+v", r)
-	}
-}
-
-// cutOptsDriver records the options of every cut the engine asks for.
-type cutOptsDriver struct {
-	fullDriver
-	mu   sync.Mutex
-	opts []sandbox.CheckpointOptions
-}
-
-func (r *cutOptsDriver) Checkpoint(ctx context.Context, id, dir string, o sandbox.CheckpointOptions) (sandbox.CheckpointStats, error) {
-	r.mu.Lock()
-	r.opts = append(r.opts, o)
-	r.mu.Unlock()
-	return r.fullDriver.Checkpoint(ctx, id, dir, o)
-}
-
-func (r *cutOptsDriver) last(t *testing.T) sandbox.CheckpointOptions {
-	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if len(r.opts) == 0 {
-		t.Fatal("no cut reached the driver")
-	}
-	return r.opts[len(r.opts)-1]
-}
-
-// TestWriteBehindOnlyWhenAwaited: the driver writes an image behind its
-// save (which lengthens the freeze) only for a cut a tool call's answer
-// waits on, the strict policy's; a checkpoint asked for by a client, and
-// one with the sandbox stopped, go without.
-func TestWriteBehindOnlyWhenAwaited(t *testing.T) {
-	env := enginetest.NewFor(t, enginetest.DriverName(), engine.Options{})
-	var r *cutOptsDriver
-	env.WrapDriver = func(d sandbox.Driver) sandbox.Driver {
-		r = &cutOptsDriver{fullDriver: d.(fullDriver)}
-		return r
-	}
-	env.Restart(t)
-	e := env.Engine
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	sb, err := e.Create(ctx, engine.CreateRequest{Tenant: "default", Template: "minimal", Policy: "none", Cold: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Checkpoint(ctx, engine.CheckpointRequest{Tenant: "default", Sandbox: sb.ID}); err != nil {
-		t.Fatal(err)
-	}
-	if o := r.last(t); o.WriteBehind || o.LeaveStopped {
-		t.Errorf("a client's checkpoint: %+v, want neither write-behind nor stop", o)
-	}
-	if _, err := env.Meta.SetPolicy(ctx, sb.ID, "strict"); err != nil {
-		t.Fatal(err)
-	}
-	if _, code := execOut(t, e, "default", sb.ID, "true"); code != 0 {
-		t.Fatal("exec")
-	}
-	if o := r.last(t); !o.WriteBehind {
-		t.Errorf("the strict policy's cut after an exec: %+v, want write-behind", o)
-	}
-	e.WaitUploads()
-	if _, err := e.Checkpoint(ctx, engine.CheckpointRequest{Tenant: "default", Sandbox: sb.ID, Stop: true}); err != nil {
-		t.Fatal(err)
-	}
-	if o := r.last(t); o.WriteBehind || !o.LeaveStopped {
-		t.Errorf("a checkpoint that stops the sandbox: %+v, want stop without write-behind", o)
 	}
 }

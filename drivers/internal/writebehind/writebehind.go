@@ -101,11 +101,8 @@ func start(every time.Duration, fds func() []int, end func()) *W {
 }
 
 // Stop ends the write-behind and waits for its last call. It may be called
-// more than once, and on a nil W (none started: nothing to stop).
+// more than once.
 func (w *W) Stop() {
-	if w == nil {
-		return
-	}
 	w.once.Do(func() { close(w.stop) })
 	<-w.done
 }
